@@ -1,0 +1,176 @@
+"""Root pytest plumbing: options, GPU skips, CUDA-error stop, seeding, cleanup and the run report.
+
+Options (see README): --check-vram, --strict-vram, --report-dir, --backend, --weights.
+Tests that need a GPU carry the ``gpu`` marker and skip with a reason when torch sees no CUDA device.
+A CUDA error (illegal address, device-side assert, a failed cuBLAS call) leaves the CUDA context
+unusable: the session stops there, with a message, instead of failing every later test in confusion.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import gc
+import random
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from lora_core.environment import collect_environment
+from lora_core.report import Outcome, RunReport
+
+_REPORT_KEY = pytest.StashKey[RunReport]()
+_CUDA_ERROR = re.compile(
+    r"CUDA error|illegal memory access|device-side assert|CUBLAS_STATUS|CUDARuntimeError|CUDADriverError|"
+    r"unspecified launch failure|misaligned address", re.IGNORECASE)
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("lora-gpu-suite")
+    group.addoption("--check-vram", action="store_true",
+                    help="before each tier, compare the LoRA-aware VRAM estimate with NVML free memory; skip if short")
+    group.addoption("--strict-vram", action="store_true",
+                    help="with --check-vram: fail instead of skip when the estimate exceeds free memory")
+    group.addoption("--report-dir", default=None,
+                    help="write report.json / report.md (+ plots) of this run into this directory")
+    group.addoption("--backend", default=None, choices=("cupy", "torch"),
+                    help="LoRA backend under test (default: cupy on a GPU)")
+    group.addoption("--weights", default=None, choices=("auto", "pretrained", "random"),
+                    help="override every tier's model weights mode")
+
+
+def pytest_configure(config):
+    selection = config.getoption("markexpr") or "all"
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    run_id = f"{now}-{re.sub(r'[^A-Za-z0-9]+', '_', selection)}"
+    config.stash[_REPORT_KEY] = RunReport(run_id=run_id, selection=selection, environment=collect_environment())
+
+
+def pytest_report_header(config):
+    env = config.stash[_REPORT_KEY].environment
+    if env.gpu_name is None:
+        gpu = "no CUDA GPU found (torch.cuda.is_available() is False): tests marked 'gpu' will be skipped"
+    else:
+        gpu = f"GPU {env.gpu_name} (sm {env.compute_capability}, {env.gpu_memory_gib} GiB, driver {env.driver})"
+    return [f"lora-gpu-suite: {gpu}",
+            f"lora-gpu-suite: torch {env.torch} (CUDA {env.cuda}), cupy {env.cupy}, transformers "
+            f"{env.transformers}, peft {env.peft}, commit {env.git_commit[:12]}{' (dirty)' if env.git_dirty else ''}"]
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU: none found (torch.cuda.is_available() is False)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _seed_and_cleanup():
+    """Every test starts from the same seeds and leaves no cached GPU memory behind for the next."""
+    random.seed(0)
+    torch.manual_seed(0)
+    yield
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if call.excinfo is not None and _CUDA_ERROR.search(f"{call.excinfo.typename}: {call.excinfo.value}"):
+        item.session.shouldstop = (
+            f"CUDA error in {item.nodeid}: {call.excinfo.typename}: {str(call.excinfo.value)[:300]} -- the CUDA "
+            "context is no longer trustworthy, so the session stops here instead of cascading")
+    return report
+
+
+def pytest_runtest_logreport(report):
+    run = _RUN.get("report")
+    if run is None:
+        return
+    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        outcome = report.outcome if report.when == "call" else ("skipped" if report.skipped else "error")
+        reason = ""
+        if report.skipped and isinstance(report.longrepr, tuple):
+            reason = report.longrepr[2]
+        elif report.failed:
+            reason = str(report.longrepr).strip().splitlines()[-1] if report.longrepr else ""
+        run.outcomes.append(Outcome(report.nodeid, outcome, round(report.duration, 3), reason))
+
+
+_RUN: dict[str, RunReport] = {}
+
+
+def pytest_sessionstart(session):
+    _RUN["report"] = session.config.stash[_REPORT_KEY]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    report_dir = session.config.getoption("report_dir")
+    run = session.config.stash[_REPORT_KEY]
+    if report_dir:
+        md = run.write(Path(report_dir))
+        session.config._lora_report_path = md  # for the terminal summary
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    run = config.stash[_REPORT_KEY]
+    s = run.summary()
+    tr = terminalreporter
+    tr.section("lora-gpu-suite")
+    if run.environment.gpu_name is None:
+        skipped_gpu = sum(1 for o in run.outcomes if o.outcome == "skipped" and "CUDA GPU" in o.reason)
+        tr.write_line(f"No CUDA GPU was found: {skipped_gpu} GPU test(s) skipped; "
+                      f"{s.get('passed', 0)} passed and {s.get('failed', 0)} failed on the CPU.")
+    tr.write_line(f"checks: {s['checks_passed']} passed, {s['checks_failed']} failed")
+    path = getattr(config, "_lora_report_path", None)
+    if path:
+        tr.write_line(f"report: {path}")
+
+
+def pytest_benchmark_update_machine_info(config, machine_info):
+    """pytest-benchmark's JSON carries the GPU name, versions and git commit of the run."""
+    machine_info["lora_gpu_suite"] = dataclasses.asdict(config.stash[_REPORT_KEY].environment)
+
+
+@pytest.fixture(scope="session")
+def run_report(request) -> RunReport:
+    return request.config.stash[_REPORT_KEY]
+
+
+class Checker:
+    """``check(name, value, op, threshold)``: record a criterion in the run report and assert it."""
+
+    def __init__(self, report: RunReport, nodeid: str):
+        self.report, self.nodeid = report, nodeid
+
+    def __call__(self, name, value, op, threshold, *, unit="", source="", detail=""):
+        c = self.report.check(self.nodeid, name, value, op, threshold, unit=unit, source=source)
+        assert c.passed, f"{name}: {c.value}{unit} is not {op} {c.threshold}{unit}. {detail}".strip()
+        return c
+
+    def soft(self, name, value, op, threshold, *, unit="", source=""):
+        """Record without asserting (the caller asserts on a combination)."""
+        return self.report.check(self.nodeid, name, value, op, threshold, unit=unit, source=source)
+
+
+@pytest.fixture
+def check(run_report, request) -> Checker:
+    return Checker(run_report, request.node.nodeid)
+
+
+@pytest.fixture(scope="session")
+def backend_option(request) -> str | None:
+    return request.config.getoption("backend")
+
+
+@pytest.fixture(scope="session")
+def weights_option(request) -> str | None:
+    return request.config.getoption("weights")

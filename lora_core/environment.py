@@ -1,0 +1,84 @@
+"""What a report must say about where it ran: GPU, driver, CUDA, library versions, git commit."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.metadata
+import platform
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from lora_core.ops.cupy_interop import cupy_version
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Environment:
+    gpu_name: str | None  # None: no CUDA GPU visible to torch
+    compute_capability: str | None
+    gpu_memory_gib: float | None
+    driver: str | None
+    cuda: str | None  # the CUDA version torch was built with
+    torch: str
+    cupy: str | None  # None: CuPy does not import here
+    transformers: str | None
+    peft: str | None
+    python: str
+    git_commit: str
+    git_dirty: bool
+    hostname: str
+    timestamp_utc: str
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def git_state(root: Path = PROJECT_ROOT) -> tuple[str, bool]:
+    """(commit hash, whether tracked files differ from it); ('unknown', False) outside a git checkout."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                                check=True, timeout=10).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                                    capture_output=True, text=True, check=True, timeout=10).stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        return "unknown", False
+    return commit, dirty
+
+
+def nvidia_driver_version() -> str | None:
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:  # no NVIDIA driver here: the report says None
+        return None
+    try:
+        version = pynvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else version
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def collect_environment() -> Environment:
+    commit, dirty = git_state()
+    gpu = cc = mem = None
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        gpu, cc, mem = props.name, f"{props.major}.{props.minor}", round(props.total_memory / 2**30, 2)
+    return Environment(
+        gpu_name=gpu, compute_capability=cc, gpu_memory_gib=mem, driver=nvidia_driver_version(),
+        cuda=torch.version.cuda, torch=torch.__version__, cupy=cupy_version(),
+        transformers=_dist_version("transformers"), peft=_dist_version("peft"),
+        python=platform.python_version(), git_commit=commit, git_dirty=dirty, hostname=platform.node(),
+        timestamp_utc=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    )

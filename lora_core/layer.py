@@ -1,0 +1,85 @@
+"""``LoRALinear``: a frozen linear layer plus a trainable low-rank update, ``y = x Wᵀ + b + s·(x Aᵀ) Bᵀ``.
+
+Parameter names: the base keeps ``weight`` (and ``bias``) so that a checkpoint of the original model
+still loads into an injected one; the adapters are ``lora_A`` (r, in) and ``lora_B`` (out, r).
+Initialisation follows PEFT: A kaiming-uniform (a = √5, as ``nn.Linear``), B zeros, so an injected
+model starts exactly at its base. Scale s = alpha / r, or alpha / √r with ``use_rslora`` (rsLoRA).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from lora_core.backend import resolve_backend, validate_backend_name
+from lora_core.ops.lora_linear import lora_linear
+
+
+def lora_scale(r: int, alpha: float, use_rslora: bool = False) -> float:
+    """s = alpha / r (LoRA), or alpha / √r (rsLoRA, Kalajdzievski 2023)."""
+    if not isinstance(r, int) or r < 1:
+        raise ValueError(f"r={r!r} must be a positive integer")
+    if not math.isfinite(alpha):
+        raise ValueError(f"alpha={alpha!r} must be finite")
+    return alpha / math.sqrt(r) if use_rslora else alpha / r
+
+
+class LoRALinear(nn.Module):
+    """A frozen base (``weight`` (out, in), optional ``bias``) with trainable ``lora_A``, ``lora_B``.
+
+    Built from base tensors, which are shared (not copied) and frozen; ``from_linear`` wraps an
+    ``nn.Linear``. ``adapter_dtype`` defaults to fp32 (PEFT's default, good for AdamW); None means the
+    base dtype (an fp64 base always keeps fp64 adapters, for reference runs).
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, r: int = 8, alpha: float = 16,
+                 *, use_rslora: bool = False, backend: str | None = None,
+                 adapter_dtype: torch.dtype | None = torch.float32):
+        super().__init__()
+        if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+            raise ValueError(f"weight must be a 2-D tensor (out_features, in_features), got "
+                             f"{tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
+        self.out_features, self.in_features = weight.shape
+        self.r, self.alpha, self.use_rslora = r, alpha, use_rslora
+        self.scale = lora_scale(r, alpha, use_rslora)
+        self.backend = validate_backend_name(backend)  # requested: "cupy", "torch" or None (auto)
+        self.last_backend: str | None = None  # the backend that served the latest forward
+        self.weight = nn.Parameter(weight.detach(), requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        if adapter_dtype is None or weight.dtype == torch.float64:
+            adapter_dtype = weight.dtype
+        kw = dict(device=weight.device, dtype=adapter_dtype)
+        self.lora_A = nn.Parameter(torch.empty(r, self.in_features, **kw))
+        self.lora_B = nn.Parameter(torch.empty(self.out_features, r, **kw))
+        self.reset_lora_parameters()
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, r: int = 8, alpha: float = 16, backend: str | None = None, *,
+                    use_rslora: bool = False, adapter_dtype: torch.dtype | None = torch.float32) -> "LoRALinear":
+        """Wrap an existing ``nn.Linear``: its weight and bias are shared (not copied) and frozen."""
+        if not isinstance(linear, nn.Linear):
+            raise ValueError(f"from_linear expects an nn.Linear, got {type(linear).__name__}")
+        return cls(linear.weight, linear.bias, r, alpha, use_rslora=use_rslora, backend=backend,
+                   adapter_dtype=adapter_dtype)
+
+    @torch.no_grad()
+    def reset_lora_parameters(self) -> None:
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+        nn.init.zeros_(self.lora_B)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.last_backend = resolve_backend(self.backend, x.device)
+        y = lora_linear(x, self.weight, self.lora_A, self.lora_B, self.scale, backend=self.last_backend)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y
+
+    def adapter_parameters(self) -> list[nn.Parameter]:
+        return [self.lora_A, self.lora_B]
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, r={self.r}, "
+                f"alpha={self.alpha}, scale={self.scale:g}, rslora={self.use_rslora}, "
+                f"bias={self.bias is not None}, backend={self.backend or 'auto'}")

@@ -1,0 +1,114 @@
+"""Parity measurement: run one input through a candidate LoRA op and a float64 reference, compare all outputs.
+
+Error metric per tensor: ``max|out − ref| / max|ref|`` (max error, normalised by the reference's scale),
+with the location and count of elements beyond tolerance for diagnosis.
+
+Tolerance (``tolerance``): C·u(dtype) + C·u(fp32)·√k, where u is the unit roundoff of the compute dtype,
+the dtype's own rounding error against exact (float64) arithmetic: bf16 2⁻⁸, fp16 2⁻¹¹, fp32 2⁻²⁴.
+Why C = 8: the longest chain in the op stores three rounded results in the compute dtype (h or dH, the
+first GEMM's output, the accumulated final output), each rounding ≤ u relative to a partial result that,
+for these random inputs (unit-variance terms of comparable size), is at most ~2x max|ref|: 3·2 = 6,
+rounded up to 8. The √k term covers fp32 accumulation over k products (random-walk growth), which is
+what dominates when the compute dtype is fp32 itself. Wrong math (a transpose, a missing term or scale,
+stale or unwritten memory) gives errors of order 1, two orders above the bf16 tolerance (0.031).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from lora_core.ops.lora_linear import lora_linear, lora_linear_torch
+
+UNIT_ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24}
+TOLERANCE_C = 8
+
+
+def tolerance(dtype: torch.dtype, k: int) -> float:
+    """Max-normalised error bound for a LoRA output computed in ``dtype`` with inner dimension ≤ k."""
+    return TOLERANCE_C * (UNIT_ROUNDOFF[dtype] + UNIT_ROUNDOFF[torch.float32] * math.sqrt(k))
+
+
+@dataclass(frozen=True)
+class TensorError:
+    name: str
+    max_abs_err: float
+    max_abs_ref: float
+    scaled_err: float  # max_abs_err / max_abs_ref
+    tol: float
+    n_bad: int  # elements whose error exceeds tol·max|ref|
+    worst_index: tuple[int, ...]
+
+    @property
+    def ok(self) -> bool:
+        return self.scaled_err <= self.tol  # NaN compares False: never passes
+
+    def describe(self) -> str:
+        return (f"{self.name}: max err {self.max_abs_err:.3e} at {self.worst_index} (ref max {self.max_abs_ref:.3e}, "
+                f"scaled {self.scaled_err:.3e} > tol {self.tol:.3e}, {self.n_bad} elements beyond)")
+
+
+def compare(name: str, out: torch.Tensor | None, ref: torch.Tensor, tol: float) -> TensorError:
+    if out is None:
+        return TensorError(name, math.nan, float(ref.abs().max()), math.nan, tol, ref.numel(), ())
+    if out.shape != ref.shape:
+        raise AssertionError(f"{name}: shape {tuple(out.shape)} differs from reference {tuple(ref.shape)}")
+    diff = (out.detach().double() - ref).abs()
+    diff = torch.where(torch.isnan(diff), torch.full_like(diff, math.inf), diff)  # NaN counts as the worst
+    ref_max = float(ref.abs().max())
+    max_err = float(diff.max())
+    scaled = max_err / ref_max if ref_max > 0 else (0.0 if max_err == 0 else math.inf)
+    worst = tuple(int(i) for i in torch.unravel_index(diff.argmax(), diff.shape))
+    n_bad = int((diff > tol * ref_max).sum())
+    return TensorError(name, max_err, ref_max, scaled, tol, n_bad, worst)
+
+
+def reference_f64(x, weight, lora_a, lora_b, scale, dy):
+    """float64 autograd on the same (already rounded) inputs: y, dx, dA, dB."""
+    x64 = x.detach().double().requires_grad_(x.requires_grad)
+    a64 = lora_a.detach().double().requires_grad_()
+    b64 = lora_b.detach().double().requires_grad_()
+    y = lora_linear_torch(x64, weight.detach().double(), a64, b64, scale)
+    y.backward(dy.double())
+    return y.detach(), (x64.grad if x.requires_grad else None), a64.grad, b64.grad
+
+
+def run_candidate(x, weight, lora_a, lora_b, scale, dy, backend: str):
+    xc = x.detach().requires_grad_(x.requires_grad)  # same storage and strides as the caller's x
+    ac = lora_a.detach().requires_grad_()
+    bc = lora_b.detach().requires_grad_()
+    y = lora_linear(xc, weight, ac, bc, scale, backend=backend)
+    y.backward(dy)
+    return y.detach(), (xc.grad if x.requires_grad else None), ac.grad, bc.grad
+
+
+def parity(x, weight, lora_a, lora_b, scale, dy, backend: str = "cupy") -> list[TensorError]:
+    """Errors of y, dx, dA, dB of ``backend`` against float64, each with its tolerance."""
+    compute = x.dtype
+    out_features, in_features = weight.shape
+    k = max(in_features, out_features, x.numel() // in_features)  # longest inner dimension of any GEMM
+    tol = tolerance(compute, k)
+    got = run_candidate(x, weight, lora_a, lora_b, scale, dy, backend)
+    ref = reference_f64(x, weight, lora_a, lora_b, scale, dy)
+    names = ("y", "dx", "dA", "dB")
+    return [compare(n, g, r, tol) for n, g, r in zip(names, got, ref) if r is not None]
+
+
+def random_case(n_shape: tuple[int, ...], in_features: int, out_features: int, r: int, dtype: torch.dtype,
+                adapter_dtype: torch.dtype, device, *, layout: str = "2d", generator=None):
+    """Random inputs with every term of comparable size (so that dA and dB matter): B is non-zero."""
+    def randn(*shape, dt=dtype, std=1.0):
+        return (torch.randn(*shape, device=device, dtype=torch.float32, generator=generator) * std).to(dt)
+
+    if layout == "noncontig":  # every other column of a twice-as-wide tensor: stride 2 in the last dim
+        x = randn(*n_shape, 2 * in_features)[..., ::2]
+    else:
+        x = randn(*n_shape, in_features)
+    x.requires_grad_()
+    weight = randn(out_features, in_features, std=in_features**-0.5)
+    lora_a = randn(r, in_features, dt=adapter_dtype, std=in_features**-0.5)
+    lora_b = randn(out_features, r, dt=adapter_dtype, std=r**-0.5)
+    dy = randn(*n_shape, out_features)
+    return x, weight, lora_a, lora_b, dy
