@@ -21,6 +21,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.benchmark]
 
 DEV, DT = "cuda", torch.bfloat16
 SHAPES = {  # id: (batch, seq, in, out, r)
+    "tiny-1tok-64to64-r8": (1, 1, 64, 64, 8),  # launch-bound: shows the host cost per call
     "seed-4x512-h768-r16": (4, 512, 768, 768, 16),
     "seed-8x256-h1024-r32": (8, 256, 1024, 1024, 32),
     "seed-2x1024-h2048-r16": (2, 1024, 2048, 2048, 16),

@@ -103,49 +103,86 @@ def current_stream(device: torch.device):
     return stream
 
 
-# ---------------------------------------------------------------------------------------------
-# cuBLAS
-def gemm(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, trans_a: bool = False,
-         trans_b: bool = False, alpha: float = 1.0, beta: float = 0.0) -> torch.Tensor:
-    """``out = alpha * op(a) @ op(b) + beta * out`` on row-major contiguous 2-D tensors, via cuBLAS gemmEx.
+class on_torch_stream:
+    """Context: CuPy's current device and stream are torch's, for every launch and cuBLAS call inside.
 
-    op(t) is t or tᵀ. ``a`` and ``b`` share one dtype (fp32, fp16 or bf16); ``out`` has that dtype or
-    fp32 (cuBLAS accumulates in fp32 either way: CUBLAS_COMPUTE_32F). Runs on torch's current stream.
+    CuPy's cuBLAS wrappers set the handle's stream to *CuPy's* current stream on each call, so making
+    torch's current stream CuPy's current one is what puts the GEMMs on it. Enter once per forward or
+    backward, not per GEMM: it is the main per-call host cost.
 
-    Row-major to column-major: cuBLAS sees each row-major tensor t as tᵀ, so we ask it for
-    outᵀ = op(b)ᵀ · op(a)ᵀ, i.e. its "A" is our b and its "B" is our a, with the same transposes.
+        with on_torch_stream(x.device) as cu:
+            cu.gemm(out, a, b, trans_b=True)
     """
-    _, cublas = require_cupy()
-    m_rows, k = (a.shape[1], a.shape[0]) if trans_a else (a.shape[0], a.shape[1])
-    k_b, n_cols = (b.shape[1], b.shape[0]) if trans_b else (b.shape[0], b.shape[1])
-    assert k == k_b and tuple(out.shape) == (m_rows, n_cols), (a.shape, b.shape, out.shape, trans_a, trans_b)
-    assert a.is_contiguous() and b.is_contiguous() and out.is_contiguous()
-    assert a.dtype == b.dtype and out.dtype in (a.dtype, torch.float32), (a.dtype, b.dtype, out.dtype)
-    if m_rows == 0 or n_cols == 0:
+
+    def __init__(self, device: torch.device):
+        self.cupy, self.cublas = require_cupy()
+        self.device = device
+        self._device_ctx = self.cupy.cuda.Device(device.index)
+        self._stream_ctx = None
+
+    def __enter__(self) -> "on_torch_stream":
+        self._device_ctx.__enter__()
+        self._stream_ctx = current_stream(self.device)
+        self._stream_ctx.__enter__()
+        self.handle = self.cupy.cuda.device.get_cublas_handle()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stream_ctx.__exit__(*exc)
+        self._device_ctx.__exit__(*exc)
+
+    def gemm(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, trans_a: bool = False,
+             trans_b: bool = False, alpha: float = 1.0, beta: float = 0.0) -> torch.Tensor:
+        """``out = alpha * op(a) @ op(b) + beta * out`` on row-major contiguous 2-D tensors (cuBLAS gemmEx).
+
+        op(t) is t or tᵀ. ``a`` and ``b`` share one dtype (fp32, fp16 or bf16); ``out`` has that dtype or
+        fp32 (cuBLAS accumulates in fp32 either way: CUBLAS_COMPUTE_32F, no TF32).
+
+        Row-major to column-major: cuBLAS sees each row-major tensor t as tᵀ, so we ask it for
+        outᵀ = op(b)ᵀ · op(a)ᵀ, i.e. its "A" is our b and its "B" is our a, with the same transposes.
+        """
+        m_rows, k = (a.shape[1], a.shape[0]) if trans_a else (a.shape[0], a.shape[1])
+        k_b, n_cols = (b.shape[1], b.shape[0]) if trans_b else (b.shape[0], b.shape[1])
+        assert k == k_b and tuple(out.shape) == (m_rows, n_cols), (a.shape, b.shape, out.shape, trans_a, trans_b)
+        assert a.is_contiguous() and b.is_contiguous() and out.is_contiguous()
+        assert a.dtype == b.dtype and out.dtype in (a.dtype, torch.float32), (a.dtype, b.dtype, out.dtype)
+        if m_rows == 0 or n_cols == 0:
+            return out
+        if k == 0:  # an empty inner product: out = beta * out, without asking cuBLAS about k = 0
+            return out.zero_() if beta == 0 else out.mul_(beta)
+        in_type, out_type = _CUDA_DATA_TYPE[a.dtype], _CUDA_DATA_TYPE[out.dtype]
+        self.cublas.gemmEx(
+            self.handle, _OP_T if trans_b else _OP_N, _OP_T if trans_a else _OP_N,
+            n_cols, m_rows, k,
+            _host_scalar(alpha), b.data_ptr(), in_type, b.shape[1],
+            a.data_ptr(), in_type, a.shape[1],
+            _host_scalar(beta), out.data_ptr(), out_type, n_cols,
+            _CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT,
+        )
         return out
-    if k == 0:  # an empty inner product: out = beta * out, without asking cuBLAS about k = 0
-        return out.mul_(beta)
-    handle = cublas_handle(out.device)
-    cublas.setStream(handle, torch.cuda.current_stream(out.device).cuda_stream)
-    alpha_h = np.array(alpha, dtype=np.float32)  # host pointer mode: read before gemmEx returns
-    beta_h = np.array(beta, dtype=np.float32)
-    in_type, out_type = _CUDA_DATA_TYPE[a.dtype], _CUDA_DATA_TYPE[out.dtype]
-    cublas.gemmEx(
-        handle, _OP_T if trans_b else _OP_N, _OP_T if trans_a else _OP_N,
-        n_cols, m_rows, k,
-        alpha_h.ctypes.data, b.data_ptr(), in_type, b.shape[1],
-        a.data_ptr(), in_type, a.shape[1],
-        beta_h.ctypes.data, out.data_ptr(), out_type, n_cols,
-        _CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT,
-    )
-    return out
+
+    def launch(self, source_name: str, name_expressions: tuple[str, ...], kernel_name: str,
+               grid: tuple[int, ...], block: tuple[int, ...], args: tuple) -> None:
+        """Launch ``kernel_name`` from ``kernels/<source_name>`` (compiled once) on torch's stream.
+
+        Tensors in ``args`` are passed as raw device pointers; Python ints as 64-bit integers and floats
+        as fp32. CuPy raises on a failed launch; a later fault surfaces at the next synchronising call.
+        """
+        kernel = kernel_module(source_name, name_expressions).get_function(kernel_name)
+        kernel(grid, block, tuple(_pack(arg) for arg in args))
 
 
-def cublas_handle(device: torch.device) -> int:
-    """CuPy's cuBLAS handle for ``device`` (one per device, created by CuPy on first use)."""
-    cupy, _ = require_cupy()
-    with cupy.cuda.Device(device.index):
-        return cupy.cuda.device.get_cublas_handle()
+_host_scalars: dict[float, np.ndarray] = {}
+
+
+def _host_scalar(value: float) -> int:
+    """Address of a cached fp32 host scalar (cuBLAS host pointer mode reads it before returning)."""
+    arr = _host_scalars.get(value)
+    if arr is None:
+        if len(_host_scalars) > 1024:  # many distinct scales: do not grow without bound
+            _host_scalars.clear()
+        arr = _host_scalars[value] = np.array(value, dtype=np.float32)
+    return arr.ctypes.data
 
 
 # ---------------------------------------------------------------------------------------------
@@ -156,20 +193,6 @@ def kernel_module(source_name: str, name_expressions: tuple[str, ...]):
     cupy, _ = require_cupy()
     code = (KERNEL_DIR / source_name).read_text()
     return cupy.RawModule(code=code, options=("-std=c++17",), name_expressions=list(name_expressions))
-
-
-def launch(source_name: str, name_expressions: tuple[str, ...], kernel_name: str,
-           grid: tuple[int, ...], block: tuple[int, ...], args: tuple, device: torch.device) -> None:
-    """Launch ``kernel_name`` from ``kernels/<source_name>`` on torch's current stream of ``device``.
-
-    Tensors in ``args`` are passed as raw device pointers; Python ints as 64-bit integers and floats
-    as fp32. CuPy raises on a failed launch; a later fault surfaces at the next synchronising call.
-    """
-    cupy, _ = require_cupy()
-    kernel = kernel_module(source_name, name_expressions).get_function(kernel_name)
-    packed = tuple(_pack(arg) for arg in args)
-    with cupy.cuda.Device(device.index), current_stream(device):
-        kernel(grid, block, packed)
 
 
 def _pack(arg):

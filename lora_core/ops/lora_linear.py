@@ -80,13 +80,14 @@ class CupyLoRALinear(torch.autograd.Function):
         x2 = x.reshape(-1, in_features).contiguous()  # (N, K) act
         n = x2.shape[0]
         w = weight.contiguous()  # (O, K) act
-        a_c = _to_compute_dtype(lora_a, x.dtype)  # (r, K) act
-        b_c = _to_compute_dtype(lora_b, x.dtype)  # (O, r) act
         h = torch.empty((n, r), dtype=x.dtype, device=x.device)  # (N, r) act
         y = torch.empty((n, out_features), dtype=x.dtype, device=x.device)  # (N, O) act
-        cx.gemm(h, x2, a_c, trans_b=True)
-        cx.gemm(y, x2, w, trans_b=True)
-        cx.gemm(y, h, b_c, trans_b=True, alpha=scale, beta=1.0)
+        with cx.on_torch_stream(x.device) as cu:
+            a_c = _to_compute_dtype(cu, lora_a, x.dtype)  # (r, K) act
+            b_c = _to_compute_dtype(cu, lora_b, x.dtype)  # (O, r) act
+            cu.gemm(h, x2, a_c, trans_b=True)
+            cu.gemm(y, x2, w, trans_b=True)
+            cu.gemm(y, h, b_c, trans_b=True, alpha=scale, beta=1.0)
         ctx.save_for_backward(x2, h, w, a_c, b_c)
         ctx.scale = scale
         ctx.x_shape = x.shape
@@ -102,24 +103,25 @@ class CupyLoRALinear(torch.autograd.Function):
         out_features, r = b_c.shape
         dy2 = dy.reshape(-1, out_features).contiguous()  # (N, O) act
         dx = da = db = None
-        if need_x or need_a:
-            dh = torch.empty((n, r), dtype=dy2.dtype, device=dy2.device)  # (N, r) act
-            cx.gemm(dh, dy2, b_c)
-        if need_b:
-            db = torch.empty((out_features, r), dtype=ctx.adapter_dtype, device=dy2.device)  # (O, r) adapter
-            cx.gemm(db, dy2, h, trans_a=True, alpha=s)
-        if need_a:
-            da = torch.empty((r, in_features), dtype=ctx.adapter_dtype, device=dy2.device)  # (r, K) adapter
-            cx.gemm(da, dh, x2, trans_a=True, alpha=s)
-        if need_x:
-            dx = torch.empty((n, in_features), dtype=dy2.dtype, device=dy2.device)  # (N, K) act
-            cx.gemm(dx, dy2, w)
-            cx.gemm(dx, dh, a_c, alpha=s, beta=1.0)
-            dx = dx.view(ctx.x_shape)
+        with cx.on_torch_stream(dy2.device) as cu:
+            if need_x or need_a:
+                dh = torch.empty((n, r), dtype=dy2.dtype, device=dy2.device)  # (N, r) act
+                cu.gemm(dh, dy2, b_c)
+            if need_b:
+                db = torch.empty((out_features, r), dtype=ctx.adapter_dtype, device=dy2.device)  # (O, r) adapter
+                cu.gemm(db, dy2, h, trans_a=True, alpha=s)
+            if need_a:
+                da = torch.empty((r, in_features), dtype=ctx.adapter_dtype, device=dy2.device)  # (r, K) adapter
+                cu.gemm(da, dh, x2, trans_a=True, alpha=s)
+            if need_x:
+                dx = torch.empty((n, in_features), dtype=dy2.dtype, device=dy2.device)  # (N, K) act
+                cu.gemm(dx, dy2, w)
+                cu.gemm(dx, dh, a_c, alpha=s, beta=1.0)
+                dx = dx.view(ctx.x_shape)
         return dx, None, da, db, None
 
 
-def _to_compute_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def _to_compute_dtype(cu: cx.on_torch_stream, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``t`` in ``dtype``, contiguous: itself when it already is, else the cast.cu RawKernel's output."""
     if t.dtype == dtype:
         return t.contiguous()
@@ -128,8 +130,8 @@ def _to_compute_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     out = torch.empty(src.shape, dtype=dtype, device=src.device)
     n = src.numel()
     grid = (min(cx.ceil_div(n, _CAST_BLOCK), _CAST_MAX_GRID),)
-    cx.launch("cast.cu", _CAST_KERNELS, f"cast_from_f32<{cx.CUDA_TYPE_NAME[dtype]}>", grid, (_CAST_BLOCK,),
-              (src, out, n), src.device)
+    cu.launch("cast.cu", _CAST_KERNELS, f"cast_from_f32<{cx.CUDA_TYPE_NAME[dtype]}>", grid, (_CAST_BLOCK,),
+              (src, out, n))
     return out
 
 

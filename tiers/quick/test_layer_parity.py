@@ -169,7 +169,7 @@ def test_nan_and_inf_propagate_like_torch():
 
 
 def test_backend_in_use_is_visible_and_memory_is_torchs():
-    layer = lora_core.LoRALinear.from_linear(torch.nn.Linear(1000, 333, device=DEV, dtype=BF16), r=8)
+    layer = lora_core.LoRALinear.from_linear(torch.nn.Linear(1000, 333, bias=False, device=DEV, dtype=BF16), r=8)
     before = lora_core.backend_call_counts()["cupy"]
     x = torch.randn(37, 1000, device=DEV, dtype=BF16, requires_grad=True)
     torch.cuda.synchronize()
