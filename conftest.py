@@ -13,11 +13,13 @@ import datetime as dt
 import gc
 import random
 import re
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from lora_core.config import CONFIG_DIR, load_tier_config
 from lora_core.environment import collect_environment
 from lora_core.report import Outcome, RunReport
 
@@ -110,11 +112,30 @@ _RUN: dict[str, RunReport] = {}
 
 def pytest_sessionstart(session):
     _RUN["report"] = session.config.stash[_REPORT_KEY]
+    _RUN["start"] = time.perf_counter()
+
+
+def _check_tier_wall_time(session, run: RunReport) -> None:
+    """For ``-m <tier>`` runs whose config sets criteria.tier_seconds_max, the whole session must fit it."""
+    tier = session.config.getoption("markexpr")
+    path = CONFIG_DIR / f"{tier}.yaml"
+    if not tier or not path.exists() or not torch.cuda.is_available() or session.testscollected == 0:
+        return
+    limit = load_tier_config(path).criteria.tier_seconds_max
+    if limit is None:
+        return
+    elapsed = round(time.perf_counter() - _RUN["start"], 1)
+    c = run.check(f"session:{tier}", f"whole {tier} tier wall time", elapsed, "<=", limit, unit=" s",
+                  source=f"{path.name} criteria.tier_seconds_max")
+    if not c.passed:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        session.config._lora_wall_time_failure = f"{tier} tier took {elapsed} s, over its {limit} s budget"
 
 
 def pytest_sessionfinish(session, exitstatus):
     report_dir = session.config.getoption("report_dir")
     run = session.config.stash[_REPORT_KEY]
+    _check_tier_wall_time(session, run)
     if report_dir:
         md = run.write(Path(report_dir))
         session.config._lora_report_path = md  # for the terminal summary
@@ -130,6 +151,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         tr.write_line(f"No CUDA GPU was found: {skipped_gpu} GPU test(s) skipped; "
                       f"{s.get('passed', 0)} passed and {s.get('failed', 0)} failed on the CPU.")
     tr.write_line(f"checks: {s['checks_passed']} passed, {s['checks_failed']} failed")
+    failure = getattr(config, "_lora_wall_time_failure", None)
+    if failure:
+        tr.write_line(f"FAILED: {failure}", red=True)
     path = getattr(config, "_lora_report_path", None)
     if path:
         tr.write_line(f"report: {path}")

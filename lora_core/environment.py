@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib.metadata
+import os
 import platform
 import subprocess
 from dataclasses import dataclass
@@ -41,8 +42,18 @@ def _dist_version(name: str) -> str | None:
         return None
 
 
+COMMIT_ENV = "LORA_SUITE_GIT_COMMIT"  # for copies of the tree without .git (e.g. a lent GPU machine)
+
+
 def git_state(root: Path = PROJECT_ROOT) -> tuple[str, bool]:
-    """(commit hash, whether tracked files differ from it); ('unknown', False) outside a git checkout."""
+    """(commit hash, whether tracked files differ from it).
+
+    Outside a git checkout the commit comes from $LORA_SUITE_GIT_COMMIT, marked "(from env)", and else
+    is 'unknown'; dirtiness is then unknown and reported as False.
+    """
+    if not (root / ".git").exists():
+        env = os.environ.get(COMMIT_ENV)
+        return (f"{env} (from env)" if env else "unknown"), False
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                                 check=True, timeout=10).stdout.strip()

@@ -85,20 +85,31 @@ CUDA_TYPE_NAME = {torch.float32: "float", torch.float16: "__half", torch.bfloat1
 
 # ---------------------------------------------------------------------------------------------
 # streams
+class _RawStream:
+    """A raw ``cudaStream_t`` exposed through the CUDA stream protocol (for ``Stream.from_external``)."""
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.ptr)
+
+
 _stream_cache: dict[tuple[int, int], object] = {}
+_device_cache: dict[int, object] = {}
 
 
-def current_stream(device: torch.device):
-    """The CuPy view of torch's current stream on ``device`` (cached per raw stream handle)."""
+def current_stream(device_index: int):
+    """The CuPy view of torch's current stream on ``device_index`` (cached per raw stream handle)."""
     cupy, _ = require_cupy()
-    ts = torch.cuda.current_stream(device)
-    key = (ts.device_index, ts.cuda_stream)
+    ptr = torch.cuda.current_stream(device_index).cuda_stream
+    key = (device_index, ptr)
     stream = _stream_cache.get(key)
     if stream is None:
         if hasattr(cupy.cuda.Stream, "from_external"):  # CuPy >= 14: the CUDA stream protocol
-            stream = cupy.cuda.Stream.from_external(ts)
+            stream = cupy.cuda.Stream.from_external(_RawStream(ptr))
         else:  # CuPy 13 (cupy-cuda12x): the same external stream under its older name
-            stream = cupy.cuda.ExternalStream(ts.cuda_stream, ts.device_index)
+            stream = cupy.cuda.ExternalStream(ptr, device_index)
         _stream_cache[key] = stream
     return stream
 
@@ -107,8 +118,9 @@ class on_torch_stream:
     """Context: CuPy's current device and stream are torch's, for every launch and cuBLAS call inside.
 
     CuPy's cuBLAS wrappers set the handle's stream to *CuPy's* current stream on each call, so making
-    torch's current stream CuPy's current one is what puts the GEMMs on it. Enter once per forward or
-    backward, not per GEMM: it is the main per-call host cost.
+    torch's current stream CuPy's current one is what puts the GEMMs on it (without this, GEMMs on a
+    torch side stream raced with its producer: tiers/quick/test_layer_parity.py checks it). Enter once
+    per forward or backward, not per GEMM: it is the main per-call host cost.
 
         with on_torch_stream(x.device) as cu:
             cu.gemm(out, a, b, trans_b=True)
@@ -116,13 +128,16 @@ class on_torch_stream:
 
     def __init__(self, device: torch.device):
         self.cupy, self.cublas = require_cupy()
-        self.device = device
-        self._device_ctx = self.cupy.cuda.Device(device.index)
+        self.index = device.index if device.index is not None else torch.cuda.current_device()
+        dev = _device_cache.get(self.index)
+        if dev is None:
+            dev = _device_cache[self.index] = self.cupy.cuda.Device(self.index)
+        self._device_ctx = dev
         self._stream_ctx = None
 
     def __enter__(self) -> "on_torch_stream":
         self._device_ctx.__enter__()
-        self._stream_ctx = current_stream(self.device)
+        self._stream_ctx = current_stream(self.index)
         self._stream_ctx.__enter__()
         self.handle = self.cupy.cuda.device.get_cublas_handle()
         return self
@@ -172,17 +187,21 @@ class on_torch_stream:
         kernel(grid, block, tuple(_pack(arg) for arg in args))
 
 
-_host_scalars: dict[float, np.ndarray] = {}
+_host_scalars: dict[float, tuple[np.ndarray, int]] = {}
 
 
 def _host_scalar(value: float) -> int:
-    """Address of a cached fp32 host scalar (cuBLAS host pointer mode reads it before returning)."""
-    arr = _host_scalars.get(value)
-    if arr is None:
+    """Address of a cached fp32 host scalar (cuBLAS host pointer mode reads it before returning).
+
+    The array and its address are cached together: ``ndarray.ctypes`` costs microseconds per call.
+    """
+    hit = _host_scalars.get(value)
+    if hit is None:
         if len(_host_scalars) > 1024:  # many distinct scales: do not grow without bound
             _host_scalars.clear()
-        arr = _host_scalars[value] = np.array(value, dtype=np.float32)
-    return arr.ctypes.data
+        arr = np.array(value, dtype=np.float32)
+        hit = _host_scalars[value] = (arr, arr.ctypes.data)
+    return hit[1]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,68 @@
+"""Put LoRA into a Hugging Face Llama-family model: replace matching ``nn.Linear`` with ``LoRALinear``.
+
+Targets are the projection names of a Llama block (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj,
+down_proj) or "all-linear" (every nn.Linear except the LM head, as PEFT's shorthand). Everything that is
+not an adapter is frozen. A target that matches nothing is an error: a typo must not silently train
+nothing.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lora_core.config import TARGET_NAMES
+from lora_core.layer import LoRALinear
+
+ALL_LINEAR = "all-linear"
+
+
+def _matches(name: str, module: nn.Module, targets: tuple[str, ...]) -> str | None:
+    """The target that selects ``name``, or None."""
+    if not isinstance(module, nn.Linear):
+        return None
+    leaf = name.rsplit(".", 1)[-1]
+    if ALL_LINEAR in targets and leaf != "lm_head":
+        return ALL_LINEAR
+    return leaf if leaf in targets else None
+
+
+def inject_lora(model: nn.Module, targets: tuple[str, ...] | list[str] | str = ("q_proj", "v_proj"), r: int = 8,
+                alpha: float = 16, *, backend: str | None = None, use_rslora: bool = False,
+                adapter_dtype: torch.dtype | None = torch.float32) -> list[str]:
+    """Replace the target linears in place, freeze everything else; return the replaced module names."""
+    targets = (targets,) if isinstance(targets, str) else tuple(targets)
+    unknown = [t for t in targets if t not in TARGET_NAMES + (ALL_LINEAR,)]
+    if unknown or not targets:
+        raise ValueError(f"targets {unknown or list(targets)} are not among {TARGET_NAMES} or {ALL_LINEAR!r}")
+    for p in model.parameters():
+        p.requires_grad_(False)
+    chosen = [(name, module, hit) for name, module in model.named_modules()
+              if (hit := _matches(name, module, targets)) is not None]
+    matched = {hit for _, _, hit in chosen}
+    missing = [t for t in targets if t not in matched]
+    if missing:
+        linears = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
+        raise ValueError(f"LoRA target(s) {missing} match no nn.Linear in {type(model).__name__}; "
+                         f"its linear layers are named {linears}")
+    for name, module, _ in chosen:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, LoRALinear.from_linear(module, r=r, alpha=alpha, backend=backend,
+                                                      use_rslora=use_rslora, adapter_dtype=adapter_dtype))
+    return [name for name, _, _ in chosen]
+
+
+def lora_modules(model: nn.Module) -> dict[str, LoRALinear]:
+    return {name: m for name, m in model.named_modules() if isinstance(m, LoRALinear)}
+
+
+def adapter_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    """Name -> parameter of every adapter (lora_A / lora_B), in module order."""
+    return {f"{name}.{p}": getattr(m, p) for name, m in lora_modules(model).items() for p in ("lora_A", "lora_B")}
+
+
+def set_backend(model: nn.Module, backend: str | None) -> None:
+    """Switch every LoRALinear of ``model`` to ``backend`` (used to run a reference on the same model)."""
+    for m in lora_modules(model).values():
+        m.backend = backend

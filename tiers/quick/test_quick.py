@@ -1,0 +1,51 @@
+"""quick tier: SmolLM2-135M architecture, 10 LoRA steps on the cupy backend: is the whole stack alive?"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import lora_core
+from lora_core.inject import adapter_parameters
+from lora_core.trainer import make_optimizer, train
+
+pytestmark = [pytest.mark.gpu, pytest.mark.quick]
+
+
+def test_quick_smoke(tier):
+    cfg = tier.config("quick")
+    check = tier.check
+    check("CUDA device visible", torch.cuda.device_count(), ">=", 1)
+    prepared = tier.prepare(cfg)
+    model = prepared.model
+    adapters = adapter_parameters(model)
+    base = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    initial = {n: p.detach().clone() for n, p in adapters.items()}
+    calls_before = lora_core.backend_call_counts()[cfg.backend]
+
+    optimizer = make_optimizer(model, cfg.train)
+    result = train(model, prepared.batches, cfg.train, optimizer=optimizer,
+                   tokens_per_batch=prepared.batches.tokens_per_batch)
+    torch.cuda.synchronize()  # any asynchronous CUDA error surfaces here, and stops the session
+    tier.record_steps("quick", result.records)
+
+    tier.check_backend(model, cfg.backend)
+    check("LoRA calls served by the backend under test", lora_core.backend_call_counts()[cfg.backend] - calls_before,
+          ">=", cfg.train.steps * len(prepared.replaced))
+    check("all losses finite", all(math.isfinite(x) for x in result.losses), "==", True)
+    no_grad = [n for n, p in adapters.items() if p.grad is None]
+    non_finite = [n for n, p in adapters.items() if p.grad is not None and not torch.isfinite(p.grad).all()]
+    zero = [n for n, p in adapters.items() if p.grad is not None and not p.grad.abs().sum() > 0]
+    check("adapters without a gradient", len(no_grad), "==", 0, detail=str(no_grad[:3]))
+    check("adapter gradients with NaN/Inf", len(non_finite), "==", 0, detail=str(non_finite[:3]))
+    check("adapter gradients all zero", len(zero), "==", 0, detail=str(zero[:3]))
+    changed_base = [n for n, p in model.named_parameters() if n in base and not torch.equal(p, base[n])]
+    check("base parameters changed (must be bit-identical)", len(changed_base), "==", 0, detail=str(changed_base[:3]))
+    unchanged = [n for n, p in adapters.items() if torch.equal(p, initial[n])]
+    check("adapters unchanged by training", len(unchanged), "==", 0, detail=str(unchanged[:3]))
+    in_optimizer = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    check("optimizer params == adapter params", in_optimizer == {id(p) for p in adapters.values()}, "==", True)
+    check("model build time", round(prepared.built.build_seconds, 2), "<=", 30.0, unit=" s",
+          source="half of the 60 s tier budget")
