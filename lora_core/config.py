@@ -66,6 +66,9 @@ class DataSettings:
     batch_size: int = 8
     seq_len: int = 256
     seed: int = 0
+    # embedded only: 0 draws fresh windows every step; N > 0 cycles through N fixed windows (N = batch_size
+    # is one fixed batch: the "overfit one batch" check of a training loop)
+    pool: int = 0
 
 
 @dataclass(frozen=True)
@@ -175,7 +178,7 @@ def _read_yaml(path: Path):
 
 def load_model_config(name_or_path: str | Path, config_dir: Path = CONFIG_DIR) -> ModelConfig:
     path = Path(name_or_path)
-    if not path.suffix:
+    if path.suffix not in (".yaml", ".yml"):  # a bare name (names may contain dots: tinyllama-1.1b)
         path = config_dir / "models" / f"{name_or_path}.yaml"
     if not path.exists():
         known = sorted(p.stem for p in (config_dir / "models").glob("*.yaml"))
@@ -185,7 +188,7 @@ def load_model_config(name_or_path: str | Path, config_dir: Path = CONFIG_DIR) -
 
 def load_tier_config(path: str | Path, config_dir: Path | None = None) -> TierConfig:
     path = Path(path)
-    if not path.suffix and not path.exists():
+    if path.suffix not in (".yaml", ".yml") and not path.exists():
         path = (config_dir or CONFIG_DIR) / f"{path}.yaml"
     config_dir = config_dir or path.resolve().parent
     raw = _read_yaml(path)
@@ -228,5 +231,7 @@ def validate(cfg: TierConfig) -> None:
             raise ConfigError(f"{where}.{name}: {value} must be >= 1")
     if not 0 <= cfg.train.warmup_steps < cfg.train.steps:
         raise ConfigError(f"{where}.train.warmup_steps: {cfg.train.warmup_steps} must be in [0, steps={cfg.train.steps})")
+    if cfg.data.pool < 0:
+        raise ConfigError(f"{where}.data.pool: {cfg.data.pool} must be >= 0")
     if cfg.train.lr <= 0:
         raise ConfigError(f"{where}.train.lr: {cfg.train.lr} must be > 0")

@@ -2,9 +2,10 @@
 
 Embedded default: ``EMBEDDED_CORPUS`` (an original English text of ~4 KB written for this project),
 tokenised, repeated into a stream, and cut into windows at offsets drawn from a generator seeded with
-(seed, step). Deterministic, so a resumed run sees the same batches, and learnable by LoRA on a
-random-initialised base: the model can fit the corpus's symbol and byte-pair statistics and then memorise
-it. (A random bigram stream is not: on the lent H200 SmolLM2-135M with q,v adapters lowered its loss only
+(seed, step), or, with ``pool: N``, cycled through N fixed windows (N = batch size: one fixed batch, the
+classic "overfit one batch" check of a training loop). Deterministic, so a resumed run sees the same
+batches, and learnable by LoRA on a random-initialised base: the model can fit the corpus's statistics
+and memorise the pool. (A random bigram stream is not: on the lent H200 SmolLM2-135M with q,v adapters lowered its loss only
 5% in 100 steps on one; shared/GPU_NOTES.md.) Each tier's loss threshold is calibrated on this corpus and
 says so in its YAML.
 
@@ -146,8 +147,13 @@ class Batches:
         s = self.settings
         gen = torch.Generator().manual_seed(s.seed * 1_000_003 + step)
         if self.stream is not None:
-            starts = torch.randint(0, len(self.stream) - s.seq_len + 1, (s.batch_size,), generator=gen)
-            ids = torch.stack([self.stream[i:i + s.seq_len] for i in starts.tolist()])
+            if s.pool:
+                pool = torch.randint(0, len(self.stream) - s.seq_len + 1, (s.pool,),
+                                     generator=torch.Generator().manual_seed(s.seed)).tolist()
+                starts = [pool[(step * s.batch_size + j) % s.pool] for j in range(s.batch_size)]
+            else:
+                starts = torch.randint(0, len(self.stream) - s.seq_len + 1, (s.batch_size,), generator=gen).tolist()
+            ids = torch.stack([self.stream[i:i + s.seq_len] for i in starts])
             labels = ids.clone()
         else:
             pick = torch.randint(0, len(self.examples), (s.batch_size,), generator=gen).tolist()
