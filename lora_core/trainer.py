@@ -13,6 +13,7 @@ Learning rate at step t (0-based) with warm-up w, total T, peak η and floor rat
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import time
@@ -102,6 +103,11 @@ def train(model: nn.Module, batches: Callable[[int], dict[str, torch.Tensor]], s
     model.train()
     nvml = NvmlReader() if cuda else None
     records: list[StepRecord] = []
+    # Move the model's large object graph out of the cyclic collector's reach: a full collection over it
+    # stalls a step for hundreds of ms (seen once in an extended-tier run on the H200), which is noise in
+    # step-time statistics, not a property of the kernels under test.
+    gc.collect()
+    gc.freeze()
     try:
         for step in range(start_step, stop_step):
             t0 = time.perf_counter()
@@ -141,6 +147,7 @@ def train(model: nn.Module, batches: Callable[[int], dict[str, torch.Tensor]], s
                          step + 1, s.steps, loss, grad_norm, lr, rec.tokens_per_s, dt * 1e3, rec.allocated_mib / 1024,
                          "-" if rec.nvml_used_mib is None else f"{rec.nvml_used_mib / 1024:.2f} GiB")
     finally:
+        gc.unfreeze()
         if nvml is not None:
             nvml.close()
         model.eval()

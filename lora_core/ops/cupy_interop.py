@@ -54,14 +54,21 @@ def cupy_available() -> bool:
     return True
 
 
+_ready: tuple | None = None  # (cupy, cublas) once a GPU and CuPy were both found
+
+
 def require_cupy():
     """Return (cupy, cublas) or raise CupyUnavailableError naming what is missing."""
+    if _ready is not None:
+        return _ready
     if not torch.cuda.is_available():
         raise CupyUnavailableError(
             "the cupy backend needs a CUDA GPU, but torch.cuda.is_available() is False "
             f"(torch {torch.__version__}, CUDA build {torch.version.cuda}); use backend='torch' on this machine"
         )
-    return _import_cupy()
+    global _ready
+    _ready = _import_cupy()
+    return _ready
 
 
 def cupy_version() -> str | None:
