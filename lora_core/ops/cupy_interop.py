@@ -59,6 +59,7 @@ _ready: tuple | None = None  # (cupy, cublas) once a GPU and CuPy were both foun
 
 def require_cupy():
     """Return (cupy, cublas) or raise CupyUnavailableError naming what is missing."""
+    global _ready
     if _ready is not None:
         return _ready
     if not torch.cuda.is_available():
@@ -66,7 +67,6 @@ def require_cupy():
             "the cupy backend needs a CUDA GPU, but torch.cuda.is_available() is False "
             f"(torch {torch.__version__}, CUDA build {torch.version.cuda}); use backend='torch' on this machine"
         )
-    global _ready
     _ready = _import_cupy()
     return _ready
 
