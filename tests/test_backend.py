@@ -41,6 +41,7 @@ def test_cupy_without_gpu_says_what_is_missing(monkeypatch):
 def test_cupy_missing_says_how_to_install(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setitem(sys.modules, "cupy", None)  # makes `import cupy` raise ImportError
+    monkeypatch.setattr(cupy_interop, "_ready", None)
     cupy_interop._import_cupy.cache_clear()
     try:
         with pytest.raises(lora_core.CupyUnavailableError, match=r"needs CuPy.*cupy-cuda12x.*cupy-cuda13x"):
