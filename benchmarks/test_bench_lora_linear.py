@@ -29,8 +29,9 @@ SHAPES = {  # id: (batch, seq, in, out, r)
     "llama7b-8192tok-4096to11008-r16": (1, 8192, 4096, 11008, 16),
     "llama7b-8192tok-11008to4096-r16": (1, 8192, 11008, 4096, 16),
 }
-IMPLS = ("base", "torch", "peft", "cupy")
-CASES = [(shape, impl) for shape in SHAPES for impl in IMPLS]  # base first within each shape
+IMPLS = ("base", "torch", "peft", "cupy", "cupy-nf4")  # cupy-nf4: the same layer over an NF4 base (QLoRA)
+CASES = [(shape, impl) for shape in SHAPES for impl in IMPLS  # base first within each shape
+         if impl != "cupy-nf4" or shape.startswith("llama7b")]
 _base_ms: dict[str, float] = {}
 _ratios: dict[tuple[str, str], float] = {}
 
@@ -53,7 +54,9 @@ def _make_step(impl: str, batch: int, seq: int, k: int, o: int, r: int):
         params = (x, layer.lora_A["default"].weight, layer.lora_B["default"].weight)
         torch.nn.init.normal_(params[2], std=0.02)
     else:
-        layer = lora_core.LoRALinear.from_linear(linear, r=r, alpha=2 * r, backend=impl, adapter_dtype=DT)
+        quantize = "nf4" if impl == "cupy-nf4" else None
+        layer = lora_core.LoRALinear.from_linear(linear, r=r, alpha=2 * r, backend=impl.split("-")[0],
+                                                 adapter_dtype=DT, quantize=quantize)
         torch.nn.init.normal_(layer.lora_B, std=0.02)
         params = (x, layer.lora_A, layer.lora_B)
     assert all(p.dtype == DT for p in params[1:]), "every row runs bf16 adapters"

@@ -102,6 +102,7 @@ class Criteria:
     smooth_window: int = 50  # steps per window of the smoothed-loss check (extended tier)
     smooth_slack: float | None = None  # a window mean may exceed the previous one by at most this fraction
     checkpoint_roundtrip: bool = False  # save adapters, reload into a fresh model, compare logits
+    bf16_comparison_steps: int | None = None  # NF4 tiers: steps of the same config on a 16-bit base (None: all)
     vram_budget_gib: float | None = None  # peak torch-allocated memory
     leak_slope_max_mib_per_step: float | None = None
     fit_after_step: int = 50  # the leak fit and throughput checks ignore the warm-up steps before this

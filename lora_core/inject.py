@@ -3,7 +3,8 @@
 Targets are the projection names of a Llama block (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj,
 down_proj) or "all-linear" (every nn.Linear except the LM head, as PEFT's shorthand). Everything that is
 not an adapter is frozen. A target that matches nothing is an error: a typo must not silently train
-nothing.
+nothing. With ``quantize="nf4"`` (QLoRA) the targets get NF4 bases and every other linear except the LM
+head becomes a frozen ``NF4Linear``; embeddings and the LM head stay 16-bit, as in QLoRA.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch
 from torch import nn
 
 from lora_core.config import TARGET_NAMES
-from lora_core.layer import LoRALinear
+from lora_core.layer import LoRALinear, NF4Linear
 
 ALL_LINEAR = "all-linear"
 
@@ -29,7 +30,7 @@ def _matches(name: str, module: nn.Module, targets: tuple[str, ...]) -> str | No
 
 def inject_lora(model: nn.Module, targets: tuple[str, ...] | list[str] | str = ("q_proj", "v_proj"), r: int = 8,
                 alpha: float = 16, *, backend: str | None = None, use_rslora: bool = False,
-                adapter_dtype: torch.dtype | None = torch.float32) -> list[str]:
+                adapter_dtype: torch.dtype | None = torch.float32, quantize: str | None = None) -> list[str]:
     """Replace the target linears in place, freeze everything else; return the replaced module names."""
     targets = (targets,) if isinstance(targets, str) else tuple(targets)
     unknown = [t for t in targets if t not in TARGET_NAMES + (ALL_LINEAR,)]
@@ -46,11 +47,22 @@ def inject_lora(model: nn.Module, targets: tuple[str, ...] | list[str] | str = (
         raise ValueError(f"LoRA target(s) {missing} match no nn.Linear in {type(model).__name__}; "
                          f"its linear layers are named {linears}")
     for name, module, _ in chosen:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, LoRALinear.from_linear(module, r=r, alpha=alpha, backend=backend,
-                                                      use_rslora=use_rslora, adapter_dtype=adapter_dtype))
+        _replace(model, name, LoRALinear.from_linear(module, r=r, alpha=alpha, backend=backend, use_rslora=use_rslora,
+                                                     adapter_dtype=adapter_dtype, quantize=quantize))
+    if quantize == "nf4":
+        others = [(n, m) for n, m in model.named_modules()
+                  if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] != "lm_head"]
+        for name, module in others:
+            _replace(model, name, NF4Linear(module, backend=backend))
+    elif quantize is not None:
+        raise ValueError(f"quantize={quantize!r} is not None or 'nf4'")
     return [name for name, _, _ in chosen]
+
+
+def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, new)
 
 
 def lora_modules(model: nn.Module) -> dict[str, LoRALinear]:
@@ -63,6 +75,7 @@ def adapter_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
 
 
 def set_backend(model: nn.Module, backend: str | None) -> None:
-    """Switch every LoRALinear of ``model`` to ``backend`` (used to run a reference on the same model)."""
-    for m in lora_modules(model).values():
-        m.backend = backend
+    """Switch every LoRALinear / NF4Linear of ``model`` to ``backend``."""
+    for m in model.modules():
+        if isinstance(m, (LoRALinear, NF4Linear)):
+            m.backend = backend

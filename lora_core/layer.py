@@ -1,5 +1,9 @@
 """``LoRALinear``: a frozen linear layer plus a trainable low-rank update, ``y = x Wᵀ + b + s·(x Aᵀ) Bᵀ``.
 
+With ``quantize="nf4"`` (QLoRA) the base weight is stored as NF4 (``lora_core.nf4``) in buffers
+``weight_packed`` / ``weight_absmax*``, and ``weight`` is None; ``NF4Linear`` is the same frozen NF4
+base without adapters, for the linears that are not LoRA targets.
+
 Parameter names: the base keeps ``weight`` (and ``bias``) so that a checkpoint of the original model
 still loads into an injected one; the adapters are ``lora_A`` (r, in) and ``lora_B`` (out, r).
 Initialisation follows PEFT: A kaiming-uniform (a = √5, as ``nn.Linear``), B zeros, so an injected
@@ -14,7 +18,10 @@ import torch
 from torch import nn
 
 from lora_core.backend import resolve_backend, validate_backend_name
-from lora_core.ops.lora_linear import lora_linear
+from lora_core.nf4 import NF4Tensor, quantize_nf4
+from lora_core.ops.lora_linear import lora_linear, nf4_linear
+
+QUANTIZE_MODES = (None, "nf4")
 
 
 def lora_scale(r: int, alpha: float, use_rslora: bool = False) -> float:
@@ -26,7 +33,26 @@ def lora_scale(r: int, alpha: float, use_rslora: bool = False) -> float:
     return alpha / math.sqrt(r) if use_rslora else alpha / r
 
 
-class LoRALinear(nn.Module):
+class _NF4Storage:
+    """Keeps an NF4Tensor in registered buffers (so .to(), state_dict and memory accounting see it)."""
+
+    def _store_nf4(self, q: NF4Tensor) -> None:
+        self.register_buffer("weight_packed", q.packed)
+        self.register_buffer("weight_absmax", q.absmax)
+        self.register_buffer("weight_absmax_q", q.absmax_q)
+        self.register_buffer("weight_absmax_scale", q.absmax_scale)
+        self._nf4_meta = (q.shape, q.dtype, q.blocksize, q.absmax_mean)
+
+    @property
+    def nf4(self) -> NF4Tensor | None:
+        if getattr(self, "_nf4_meta", None) is None:
+            return None
+        shape, dtype, blocksize, mean = self._nf4_meta
+        return NF4Tensor(self.weight_packed, shape, dtype, blocksize, self.weight_absmax, self.weight_absmax_q,
+                         self.weight_absmax_scale, mean)
+
+
+class LoRALinear(_NF4Storage, nn.Module):
     """A frozen base (``weight`` (out, in), optional ``bias``) with trainable ``lora_A``, ``lora_B``.
 
     Built from base tensors, which are shared (not copied) and frozen; ``from_linear`` wraps an
@@ -36,8 +62,10 @@ class LoRALinear(nn.Module):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, r: int = 8, alpha: float = 16,
                  *, use_rslora: bool = False, backend: str | None = None,
-                 adapter_dtype: torch.dtype | None = torch.float32):
+                 adapter_dtype: torch.dtype | None = torch.float32, quantize: str | None = None):
         super().__init__()
+        if quantize not in QUANTIZE_MODES:
+            raise ValueError(f"quantize={quantize!r} is not one of {QUANTIZE_MODES}")
         if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
             raise ValueError(f"weight must be a 2-D tensor (out_features, in_features), got "
                              f"{tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
@@ -46,7 +74,12 @@ class LoRALinear(nn.Module):
         self.scale = lora_scale(r, alpha, use_rslora)
         self.backend = validate_backend_name(backend)  # requested: "cupy", "torch" or None (auto)
         self.last_backend: str | None = None  # the backend that served the latest forward
-        self.weight = nn.Parameter(weight.detach(), requires_grad=False)
+        self.quantize = quantize
+        if quantize == "nf4":
+            self.weight = None
+            self._store_nf4(quantize_nf4(weight.detach()))
+        else:
+            self.weight = nn.Parameter(weight.detach(), requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
         if adapter_dtype is None or weight.dtype == torch.float64:
             adapter_dtype = weight.dtype
@@ -57,12 +90,16 @@ class LoRALinear(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, r: int = 8, alpha: float = 16, backend: str | None = None, *,
-                    use_rslora: bool = False, adapter_dtype: torch.dtype | None = torch.float32) -> "LoRALinear":
-        """Wrap an existing ``nn.Linear``: its weight and bias are shared (not copied) and frozen."""
+                    use_rslora: bool = False, adapter_dtype: torch.dtype | None = torch.float32,
+                    quantize: str | None = None) -> "LoRALinear":
+        """Wrap an existing ``nn.Linear``: its weight and bias are shared (not copied) and frozen.
+
+        ``quantize="nf4"`` stores the weight as NF4 instead (the 16-bit one is then no longer referenced).
+        """
         if not isinstance(linear, nn.Linear):
             raise ValueError(f"from_linear expects an nn.Linear, got {type(linear).__name__}")
         return cls(linear.weight, linear.bias, r, alpha, use_rslora=use_rslora, backend=backend,
-                   adapter_dtype=adapter_dtype)
+                   adapter_dtype=adapter_dtype, quantize=quantize)
 
     @torch.no_grad()
     def reset_lora_parameters(self) -> None:
@@ -71,7 +108,8 @@ class LoRALinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.last_backend = resolve_backend(self.backend, x.device)
-        y = lora_linear(x, self.weight, self.lora_A, self.lora_B, self.scale, backend=self.last_backend)
+        weight = self.nf4 if self.quantize == "nf4" else self.weight
+        y = lora_linear(x, weight, self.lora_A, self.lora_B, self.scale, backend=self.last_backend)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y
@@ -82,4 +120,27 @@ class LoRALinear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, r={self.r}, "
                 f"alpha={self.alpha}, scale={self.scale:g}, rslora={self.use_rslora}, "
-                f"bias={self.bias is not None}, backend={self.backend or 'auto'}")
+                f"bias={self.bias is not None}, backend={self.backend or 'auto'}"
+                f"{', quantize=' + self.quantize if self.quantize else ''}")
+
+
+class NF4Linear(_NF4Storage, nn.Module):
+    """A frozen linear layer stored in NF4 (QLoRA's non-adapted projections): y = x Ŵᵀ (+ b)."""
+
+    def __init__(self, linear: nn.Linear, backend: str | None = None):
+        super().__init__()
+        if not isinstance(linear, nn.Linear):
+            raise ValueError(f"NF4Linear expects an nn.Linear, got {type(linear).__name__}")
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.backend = validate_backend_name(backend)
+        self.last_backend: str | None = None
+        self._store_nf4(quantize_nf4(linear.weight.detach()))
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.last_backend = resolve_backend(self.backend, x.device)
+        y = nf4_linear(x, self.nf4, backend=self.last_backend)
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, nf4, backend={self.backend or 'auto'}"

@@ -161,6 +161,36 @@ def estimate_training_memory(arch: LlamaArchitecture, lora: LoRASettings, *, bat
     )
 
 
+def measured_split(model, optimizer, peak_allocated: int) -> dict[str, int]:
+    """Bytes of each part of a training run's peak, read off the live objects; the remainder of the peak
+    (activations, logits, the NF4 dequantisation scratch and allocator rounding) is ``activations_and_scratch``."""
+    from lora_core.inject import adapter_parameters
+
+    adapters = adapter_parameters(model)
+    adapter_ids = {id(p) for p in adapters.values()}
+    nbytes = lambda t: t.numel() * t.element_size()  # noqa: E731
+    seen, weights = set(), 0
+    for p in model.parameters():
+        if id(p) not in adapter_ids and id(p) not in seen:  # tied embeddings count once
+            seen.add(id(p))
+            weights += nbytes(p)
+    packed = quant_state = 0
+    for name, buf in model.named_buffers():
+        if name.endswith("weight_packed"):
+            packed += nbytes(buf)
+        elif ".weight_absmax" in name:
+            quant_state += nbytes(buf)
+    split = {
+        "weights": weights + packed,
+        "quant_state": quant_state,
+        "adapters": sum(nbytes(p) for p in adapters.values()),
+        "gradients": sum(nbytes(p.grad) for p in adapters.values() if p.grad is not None),
+        "optimizer": sum(nbytes(v) for st in optimizer.state.values() for v in st.values() if torch.is_tensor(v)),
+    }
+    split["activations_and_scratch"] = peak_allocated - sum(split.values())
+    return split
+
+
 def vram_verdict(estimate: MemoryEstimate, free_bytes: int) -> tuple[bool, str]:
     """(enough?, message giving need and free) for the --check-vram pre-check."""
     need = estimate.device_need

@@ -147,7 +147,10 @@ def _materialise(module: nn.Module, device: torch.device, gen: torch.Generator) 
 def _load_pretrained(cfg: ModelConfig, path: Path, dtype, device, on_layer):
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    model = LlamaForCausalLM.from_pretrained(path, dtype=dtype, device_map=str(torch.device(device)),
+    # With a per-layer hook, load into host memory and move one decoder layer at a time, so that the hook
+    # (NF4 quantisation) runs before the next 16-bit layer reaches the GPU.
+    target = torch.device(device)
+    model = LlamaForCausalLM.from_pretrained(path, dtype=dtype, device_map="cpu" if on_layer else str(target),
                                              local_files_only=True)
     got, want = model.config, cfg.architecture
     for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -156,7 +159,10 @@ def _load_pretrained(cfg: ModelConfig, path: Path, dtype, device, on_layer):
             raise ValueError(f"checkpoint {path} has {key}={getattr(got, key)}, but configs/models/{cfg.name}.yaml "
                              f"says {getattr(want, key)}")
     if on_layer is not None:
+        for piece in (model.model.embed_tokens, model.model.norm, model.model.rotary_emb, model.lm_head):
+            piece.to(target)
         for layer in model.model.layers:
+            layer.to(target)
             on_layer(layer)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)

@@ -4,6 +4,7 @@ and recording per-step series (with plots) in the run report."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import time
 
 import pytest
@@ -12,11 +13,11 @@ import torch
 from lora_core.config import CONFIG_DIR, TierConfig, load_tier_config
 from lora_core.data import Batches, tokenizer_for
 from lora_core.inject import lora_modules
-from lora_core.memory import GIB, estimate_training_memory, nvml_memory, vram_verdict
+from lora_core.memory import GIB, estimate_training_memory, measured_split, nvml_memory, vram_verdict
 from lora_core.models import CheckpointNotFound
 from lora_core.recipe import Prepared, prepare
 from lora_core.report import Series
-from lora_core.trainer import StepRecord
+from lora_core.trainer import StepRecord, train
 
 
 class Tier:
@@ -77,6 +78,33 @@ class Tier:
             mem_rows = tuple((r.step, r.allocated_mib, r.reserved_mib, r.nvml_used_mib or 0.0) for r in records)
             self.report.add_series(Series(self.nodeid, f"{name}: memory (MiB)", mem_cols, mem_rows,
                                           plot_x="step", plot_y=mem_cols[1:]))
+
+    def run_and_measure(self, cfg, quantize, steps=None):
+        """Train ``steps`` (default: all) with the given base storage; return (peak bytes, split, records)."""
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        prepared = self.prepare(cfg, quantize=quantize)
+        result = train(prepared.model, prepared.batches, cfg.train, stop_step=steps,
+                       tokens_per_batch=prepared.batches.tokens_per_batch)
+        peak = torch.cuda.max_memory_allocated()
+        self.check_backend(prepared.model, cfg.backend)
+        split = measured_split(prepared.model, result.optimizer, peak)
+        del prepared, result.optimizer
+        gc.collect()
+        torch.cuda.empty_cache()
+        return peak, split, result.records
+
+    def record_split(self, cfg, name, peak, split, bf16=None):
+        est = self.estimate.gib()
+        est["activations_and_scratch"] = round(est["activations"] + est["logits"] + est["dequant_scratch"], 3)
+        rows = []
+        for part, value in split.items():
+            rows.append((part, round(value / GIB, 4), est[part], round(bf16[1][part] / GIB, 4) if bf16 else None))
+        rows.append(("peak allocated", round(peak / GIB, 4), est["allocated_peak"], round(bf16[0] / GIB, 4) if bf16 else None))
+        self.report.add_series(Series(self.nodeid, f"{name}: memory split (GiB)",
+                                      ("part", f"measured ({cfg.lora.quantize or cfg.dtype} base)", "estimated",
+                                       "measured, 16-bit base"), tuple(rows)))
 
     def check_peak_vs_estimate(self, peak_bytes: int) -> None:
         est = self.estimate.allocated_peak

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from lora_core.backend import count_call, resolve_backend
+from lora_core.nf4 import NF4Tensor, dequantize_nf4
 from lora_core.ops import cupy_interop as cx
 
 ACTIVATION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -32,7 +33,9 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tensor, lor
     """``y = x Wᵀ + scale·(x Aᵀ) Bᵀ`` with gradients for x (if it requires grad), lora_a and lora_b.
 
     ``weight`` is the frozen base weight and never receives a gradient: passing one that requires grad
-    is an error. ``backend`` is ``"cupy"``, ``"torch"`` or None (see ``lora_core.backend``); which
+    is an error. ``weight`` may also be an ``NF4Tensor`` (QLoRA): it is then dequantised to the activation
+    dtype for each GEMM that needs it, forward and again backward, never kept in 16 bits between them.
+    ``backend`` is ``"cupy"``, ``"torch"`` or None (see ``lora_core.backend``); which
     backend ran is counted in ``lora_core.backend_call_counts()`` and, for the cupy path, shows in the
     result's ``grad_fn`` (``CupyLoRALinearBackward``).
     """
@@ -44,7 +47,24 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tensor, lor
     count_call(name)
     if name == "cupy":
         return CupyLoRALinear.apply(x, weight, lora_a, lora_b, float(scale))
+    if isinstance(weight, NF4Tensor):  # the reference keeps its dequantised copy for autograd: reference only
+        weight = dequantize_nf4(weight, x.dtype)
     return lora_linear_torch(x, weight, lora_a, lora_b, float(scale))
+
+
+def nf4_linear(x: torch.Tensor, weight: NF4Tensor, *, backend: str | None = None) -> torch.Tensor:
+    """``y = x Ŵᵀ`` for a frozen NF4 weight (QLoRA layers without adapters); gradient for x only."""
+    if not isinstance(weight, NF4Tensor):
+        raise ValueError(f"nf4_linear expects an NF4Tensor weight, got {type(weight).__name__}")
+    if x.dim() < 1 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"x has shape {tuple(x.shape)}, expected (..., {weight.shape[1]}) to match weight {weight.shape}")
+    if x.dtype not in ACTIVATION_DTYPES or x.device != weight.device:
+        raise ValueError(f"x is {x.dtype} on {x.device}; expected one of {ACTIVATION_DTYPES} on {weight.device}")
+    name = resolve_backend(backend, x.device)
+    count_call(name)
+    if name == "cupy":
+        return CupyNF4Linear.apply(x, weight)
+    return F.linear(x, dequantize_nf4(weight, x.dtype))
 
 
 def lora_linear_torch(x: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
@@ -79,7 +99,8 @@ class CupyLoRALinear(torch.autograd.Function):
         out_features, r = lora_b.shape
         x2 = x.reshape(-1, in_features).contiguous()  # (N, K) act
         n = x2.shape[0]
-        w = weight.contiguous()  # (O, K) act
+        nf4 = weight if isinstance(weight, NF4Tensor) else None
+        w = dequantize_nf4(nf4, x.dtype) if nf4 is not None else weight.contiguous()  # (O, K) act (scratch if NF4)
         h = torch.empty((n, r), dtype=x.dtype, device=x.device)  # (N, r) act
         y = torch.empty((n, out_features), dtype=x.dtype, device=x.device)  # (N, O) act
         with cx.on_torch_stream(x.device) as cu:
@@ -88,7 +109,10 @@ class CupyLoRALinear(torch.autograd.Function):
             cu.gemm(h, x2, a_c, trans_b=True)
             cu.gemm(y, x2, w, trans_b=True)
             cu.gemm(y, h, b_c, trans_b=True, alpha=scale, beta=1.0)
-        ctx.save_for_backward(x2, h, w, a_c, b_c)
+        # An NF4 weight is not saved in 16 bits: the backward dequantises it again. ctx keeps a reference to
+        # the NF4Tensor itself: frozen module state (like a Parameter), not an activation.
+        ctx.save_for_backward(x2, h, None if nf4 is not None else w, a_c, b_c)
+        ctx.nf4 = nf4
         ctx.scale = scale
         ctx.x_shape = x.shape
         ctx.adapter_dtype = lora_a.dtype
@@ -114,11 +138,40 @@ class CupyLoRALinear(torch.autograd.Function):
                 da = torch.empty((r, in_features), dtype=ctx.adapter_dtype, device=dy2.device)  # (r, K) adapter
                 cu.gemm(da, dh, x2, trans_a=True, alpha=s)
             if need_x:
+                if ctx.nf4 is not None:
+                    w = dequantize_nf4(ctx.nf4, dy2.dtype)  # (O, K) act, scratch freed on return
                 dx = torch.empty((n, in_features), dtype=dy2.dtype, device=dy2.device)  # (N, K) act
                 cu.gemm(dx, dy2, w)
                 cu.gemm(dx, dh, a_c, alpha=s, beta=1.0)
                 dx = dx.view(ctx.x_shape)
         return dx, None, da, db, None
+
+
+class CupyNF4Linear(torch.autograd.Function):
+    """Frozen NF4 linear: y = x Ŵᵀ, dx = dY Ŵ; Ŵ dequantised (RawKernel) into scratch in each pass."""
+
+    @staticmethod
+    def forward(ctx, x, weight):
+        out_features, in_features = weight.shape
+        x2 = x.reshape(-1, in_features).contiguous()  # (N, K) act
+        w = dequantize_nf4(weight, x.dtype)  # (O, K) act scratch
+        y = torch.empty((x2.shape[0], out_features), dtype=x.dtype, device=x.device)  # (N, O) act
+        with cx.on_torch_stream(x.device) as cu:
+            cu.gemm(y, x2, w, trans_b=True)
+        ctx.nf4, ctx.x_shape = weight, x.shape
+        return y.view(*x.shape[:-1], out_features)
+
+    @staticmethod
+    def backward(ctx, dy):
+        if not ctx.needs_input_grad[0]:
+            return None, None
+        out_features, in_features = ctx.nf4.shape
+        dy2 = dy.reshape(-1, out_features).contiguous()  # (N, O) act
+        w = dequantize_nf4(ctx.nf4, dy2.dtype)  # (O, K) act scratch
+        dx = torch.empty((dy2.shape[0], in_features), dtype=dy2.dtype, device=dy2.device)  # (N, K) act
+        with cx.on_torch_stream(dy2.device) as cu:
+            cu.gemm(dx, dy2, w)
+        return dx.view(ctx.x_shape), None
 
 
 def _to_compute_dtype(cu: cx.on_torch_stream, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -141,7 +194,8 @@ def _apply_autocast(x, weight, lora_a, lora_b):
     if not (x.is_floating_point() and torch.is_autocast_enabled(device_type)):
         return x, weight, lora_a, lora_b
     dtype = torch.get_autocast_dtype(device_type)
-    x, weight = x.to(dtype), weight.to(dtype)
+    x = x.to(dtype)
+    weight = weight if isinstance(weight, NF4Tensor) else weight.to(dtype)  # NF4 dequantises to x's dtype
     if lora_a.dtype not in (dtype, torch.float32):
         lora_a, lora_b = lora_a.to(dtype), lora_b.to(dtype)
     return x, weight, lora_a, lora_b
@@ -149,10 +203,13 @@ def _apply_autocast(x, weight, lora_a, lora_b):
 
 def check_inputs(x, weight, lora_a, lora_b, scale, *, backend: str) -> None:
     """Validate at the boundary; each error names the bad value and what was expected."""
+    nf4 = isinstance(weight, NF4Tensor)
     for name, t in (("weight", weight), ("lora_a", lora_a), ("lora_b", lora_b)):
+        if nf4 and name == "weight":
+            continue
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if weight.dim() != 2:
+    if len(weight.shape) != 2:
         raise ValueError(f"weight has shape {tuple(weight.shape)}, expected 2-D (out_features, in_features)")
     out_features, in_features = weight.shape
     if x.dim() < 1 or x.shape[-1] != in_features:
@@ -169,7 +226,7 @@ def check_inputs(x, weight, lora_a, lora_b, scale, *, backend: str) -> None:
     allowed = ACTIVATION_DTYPES + (REFERENCE_ONLY_DTYPES if backend == "torch" else ())
     if x.dtype not in allowed:
         raise ValueError(f"x has dtype {x.dtype}, expected one of {allowed} for backend={backend!r}")
-    if weight.dtype != x.dtype:
+    if not nf4 and weight.dtype != x.dtype:
         raise ValueError(f"weight has dtype {weight.dtype} but x has {x.dtype}; they must match "
                          "(or run under torch.autocast)")
     if lora_a.dtype != lora_b.dtype:
@@ -178,7 +235,7 @@ def check_inputs(x, weight, lora_a, lora_b, scale, *, backend: str) -> None:
     if lora_a.dtype not in adapter_ok:
         raise ValueError(f"adapters have dtype {lora_a.dtype}, expected {' or '.join(map(str, adapter_ok))} "
                          f"for x of dtype {x.dtype}")
-    if weight.requires_grad:
+    if not nf4 and weight.requires_grad:
         raise ValueError("weight requires grad, but the LoRA base weight is frozen and never gets a gradient; "
                          "call weight.requires_grad_(False) (or pass weight.detach())")
     if isinstance(scale, torch.Tensor) or not isinstance(scale, Real) or not math.isfinite(float(scale)):

@@ -1,0 +1,111 @@
+// nf4.cu: blockwise NF4 quantisation and dequantisation of a frozen weight (QLoRA, Dettmers et al. 2023).
+//
+// What it computes (same arithmetic as lora_core/nf4.py's torch reference, which the tests compare
+// bit for bit):
+//   nf4_quantize:   per block b of BLOCK = 64 consecutive elements of the flattened row-major weight,
+//                   absmax[b] = max |w|; inv = absmax > 0 ? 1 / absmax : 0; x = w * inv (fp32);
+//                   code = number of NF4 midpoints m_i (fp32, (c_i + c_{i+1}) / 2) with x > m_i;
+//                   element 2j goes to the high nibble of byte j, element 2j+1 to the low nibble.
+//   absmax_quantize: double quantisation of the absmaxes: centred = absmax - mean (mean given);
+//                   per block of 256 centred values, scale = max |centred| (fp32);
+//                   q = rint(centred / scale * 127) as int8 (0 when scale == 0).
+//   nf4_dequantize: out[i] = code_value[nibble(i)] * absmax(i / BLOCK), with the absmax recovered as
+//                   q * (scale / 127) + mean when double-quantised; written in the output dtype.
+// Assumptions: n is a multiple of BLOCK (64); tensors are contiguous; packed holds n / 2 bytes; the
+//   dequantize launch covers n / 8 threads, each reading 4 packed bytes (one 32-bit load, so packed must be
+//   4-byte aligned: torch allocations are) and writing 8 outputs with one 16-byte store (bf16/fp16) or two
+//   (fp32): out must be 16-byte aligned (torch allocations are).
+// Checked by: tests/test_nf4.py (reference, CPU) and tiers/quick/test_nf4_kernels.py (these kernels vs it).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#define NF4_BLOCK 64
+
+__constant__ float NF4_CODE[16] = {
+    -1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f,
+    -0.28444138169288635f, -0.18477343022823334f, -0.09105003625154495f, 0.0f,
+    0.07958029955625534f, 0.16093020141124725f, 0.24611230194568634f, 0.33791524171829224f,
+    0.44070982933044434f, 0.5626170039176941f, 0.7229568362236023f, 1.0f};
+
+template <typename T> __device__ __forceinline__ float to_float(T v);
+template <> __device__ __forceinline__ float to_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <> __device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
+
+__device__ __forceinline__ unsigned char nf4_code(float x) {
+    unsigned char c = 0;
+#pragma unroll
+    for (int i = 0; i < 15; ++i) {
+        float mid = (NF4_CODE[i] + NF4_CODE[i + 1]) * 0.5f;
+        c += (x > mid) ? 1 : 0;
+    }
+    return c;
+}
+
+// One warp per 64-element block: lane l handles elements 2l and 2l+1 and writes byte l of the block.
+template <typename T>
+__global__ void nf4_quantize(const T* __restrict__ w, unsigned char* __restrict__ packed,
+                             float* __restrict__ absmax, long long n_blocks) {
+    long long block = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (block >= n_blocks) return;  // whole warps exit together: the shuffles below stay full-warp
+    const T* src = w + block * NF4_BLOCK + 2 * lane;
+    float a = to_float<T>(src[0]), b = to_float<T>(src[1]);
+    float m = fmaxf(fabsf(a), fabsf(b));
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    float inv = m > 0.0f ? 1.0f / m : 0.0f;
+    packed[block * (NF4_BLOCK / 2) + lane] = (unsigned char)((nf4_code(a * inv) << 4) | nf4_code(b * inv));
+    if (lane == 0) absmax[block] = m;
+}
+
+// One 256-thread block per 256 absmaxes (the last block may be partial).
+__global__ void absmax_quantize(const float* __restrict__ absmax, float mean, signed char* __restrict__ q,
+                                float* __restrict__ scale, long long n) {
+    __shared__ float red[256];
+    long long i = (long long)blockIdx.x * 256 + threadIdx.x;
+    float c = i < n ? absmax[i] - mean : 0.0f;
+    red[threadIdx.x] = fabsf(c);
+    __syncthreads();
+    for (int s = 128; s > 0; s >>= 1) {
+        if (threadIdx.x < s) red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + s]);
+        __syncthreads();
+    }
+    float sc = red[0];
+    if (threadIdx.x == 0) scale[blockIdx.x] = sc;
+    if (i < n) q[i] = sc > 0.0f ? (signed char)rintf(c / sc * 127.0f) : (signed char)0;
+}
+
+template <typename T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+
+__device__ __forceinline__ float block_absmax(long long blk, const float* absmax, const signed char* q,
+                                              const float* scale, float mean) {
+    if (absmax != nullptr) return absmax[blk];
+    // explicit round-to-nearest mul and add: no FMA contraction, so the result matches the torch reference
+    return __fadd_rn(__fmul_rn((float)q[blk], scale[blk / 256] / 127.0f), mean);
+}
+
+// Thread t: elements 8t .. 8t+7 (4 packed bytes, one block's absmax).
+template <typename T>
+__global__ void nf4_dequantize(const unsigned int* __restrict__ packed4, const float* __restrict__ absmax,
+                               const signed char* __restrict__ q, const float* __restrict__ scale, float mean,
+                               T* __restrict__ out, long long n8) {
+    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n8) return;
+    unsigned int bytes = packed4[t];
+    float am = block_absmax((8 * t) / NF4_BLOCK, absmax, q, scale, mean);
+    __align__(16) T vals[8];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        unsigned int byte = (bytes >> (8 * j)) & 0xffu;  // little-endian: byte j of the word is packed[4t + j]
+        vals[2 * j] = from_float<T>(NF4_CODE[byte >> 4] * am);
+        vals[2 * j + 1] = from_float<T>(NF4_CODE[byte & 0xfu] * am);
+    }
+    uint4* dst = reinterpret_cast<uint4*>(out + 8 * t);
+    const uint4* src = reinterpret_cast<const uint4*>(vals);
+#pragma unroll
+    for (int k = 0; k < (int)(8 * sizeof(T) / 16); ++k) dst[k] = src[k];
+}
