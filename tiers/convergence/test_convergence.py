@@ -54,8 +54,9 @@ def _run(tier, cfg, backend, init, perturb=0.0):
 def _run_peft(tier, cfg, init):
     peft = pytest.importorskip("peft")
     built = build_model(cfg.model, cfg.weights, DTYPES[cfg.dtype], "cuda", seed=cfg.train.seed)
+    targets = "all-linear" if cfg.lora.targets == ("all-linear",) else list(cfg.lora.targets)  # PEFT's spelling
     model = peft.get_peft_model(built.model, peft.LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha,
-                                                             target_modules=list(cfg.lora.targets), lora_dropout=0.0))
+                                                             target_modules=targets, lora_dropout=0.0))
     trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
     with torch.no_grad():
         for name, p in trainable.items():  # base_model.model.<path>.lora_A.default.weight -> <path>.lora_A
