@@ -26,11 +26,12 @@ class Prepared:
     model: nn.Module
     batches: Batches
     replaced: list[str]  # module names that received adapters
+    quantize: str | None  # the base storage actually used (None: 16-bit)
 
     def describe(self, cfg: TierConfig) -> str:
         lora = cfg.lora
         return (f"{cfg.model.name}: {self.built.source}; weights={self.built.weights}; {cfg.dtype} base"
-                f"{' (NF4)' if lora.quantize else ''}; LoRA r={lora.r} alpha={lora.alpha} on {list(lora.targets)} "
+                f"{' stored as NF4' if self.quantize else ''}; LoRA r={lora.r} alpha={lora.alpha} on {list(lora.targets)} "
                 f"({len(self.replaced)} layers, {lora.adapter_dtype} adapters); data {cfg.data.source} "
                 f"{cfg.data.batch_size}x{cfg.data.seq_len}")
 
@@ -58,4 +59,4 @@ def prepare(cfg: TierConfig, device: torch.device | str, *, backend: str | None 
             p.requires_grad_(False)
     replaced = list(lora_modules(built.model))
     batches = Batches(cfg.data, tokenizer_for(built.tokenizer), cfg.model.architecture.vocab_size, device)
-    return Prepared(built, built.model, batches, replaced)
+    return Prepared(built, built.model, batches, replaced, quantize)
