@@ -46,3 +46,23 @@ def throughput_drift(values, window: int) -> float:
 def is_non_increasing(values, slack: float = 0.0) -> bool:
     """Each value ≤ the previous one + slack (slack as a fraction of the previous value)."""
     return all(b <= a * (1 + slack) for a, b in zip(values, values[1:]))
+
+
+def loss_match(ours, reference, control, factor: float, floor: float) -> tuple[list[tuple], list[int]]:
+    """Per-step loss match of ``ours`` against ``reference``, with a band set by a ``control`` run.
+
+    gap(t) = |ours_t − ref_t| / ref_t;  e(t) = max_{s ≤ t} |control_s − ref_s| / ref_s;
+    tolerance(t) = max(factor · e(t), floor). Returns rows (step, ref, ours, gap, e(t), tolerance) and the
+    steps where gap > tolerance.
+    """
+    if not (len(ours) == len(reference) == len(control)):
+        raise ValueError(f"runs differ in length: ours {len(ours)}, reference {len(reference)}, control {len(control)}")
+    rows, beyond, envelope = [], [], 0.0
+    for step, (lo, lr, lc) in enumerate(zip(ours, reference, control)):
+        envelope = max(envelope, abs(lc - lr) / abs(lr))
+        tol = max(factor * envelope, floor)
+        gap = abs(lo - lr) / abs(lr)
+        if not gap <= tol:  # NaN is beyond
+            beyond.append(step)
+        rows.append((step, lr, lo, gap, envelope, tol))
+    return rows, beyond

@@ -13,7 +13,7 @@ Dequantisation: ŵ_i = c[code_i] · absmax_b, in the requested dtype.
 Sizes that are not a multiple of the block size raise ValueError (no silent padding): every Llama
 projection (multiples of 64 in both dimensions) qualifies. Error bound of the round trip, per element:
 |w − ŵ| ≤ absmax_b · (max gap between neighbouring codes / 2 + δ), with δ the double-quantisation error
-of the absmax relative to it (≤ s_g / (254 · absmax_b)); the largest code gap is 1 − 0.7230 = 0.2770.
+of the absmax relative to it (≤ s_g / (254 · absmax_b)); the largest code gap is −0.6962 − (−1) = 0.3038.
 
 GPU quantise/dequantise are the RawKernels of ``kernels/nf4.cu``; ``quantize_nf4_reference`` and
 ``dequantize_nf4_reference`` are the plain-torch reference they are tested against (CPU or GPU).
@@ -33,7 +33,7 @@ NF4_CODE = (
     -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
     0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0,
 )
-MAX_CODE_GAP = max(b - a for a, b in zip(NF4_CODE, NF4_CODE[1:]))  # 0.2770 (between 0.7230 and 1.0)
+MAX_CODE_GAP = max(b - a for a, b in zip(NF4_CODE, NF4_CODE[1:]))  # 0.3038 (between -1.0 and -0.6962)
 BLOCKSIZE = 64
 DQ_BLOCKSIZE = 256
 _KERNEL_NAMES = tuple(f"nf4_quantize<{t}>" for t in ("float", "__nv_bfloat16", "__half")) + tuple(

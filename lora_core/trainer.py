@@ -155,6 +155,9 @@ def train(model: nn.Module, batches: Callable[[int], dict[str, torch.Tensor]], s
 
 
 def _non_finite_message(step: int, loss: float, grad_norm: float, named: dict[str, nn.Parameter]) -> str:
-    bad = [n for n, p in named.items() if p.grad is not None and not torch.isfinite(p.grad).all()]
-    return (f"non-finite values at step {step}: loss {loss}, grad norm {grad_norm}; parameters with NaN/Inf "
-            f"gradients: {bad[:10]}{' ...' if len(bad) > 10 else ''} ({len(bad)} of {len(named)})")
+    """Name the adapters whose values are non-finite (the usual root cause) and those whose gradients are."""
+    values = [n for n, p in named.items() if not torch.isfinite(p).all()]
+    grads = [n for n, p in named.items() if p.grad is not None and not torch.isfinite(p.grad).all()]
+    return (f"non-finite values at step {step}: loss {loss}, grad norm {grad_norm}; adapters with NaN/Inf values: "
+            f"{values[:10]}{' ...' if len(values) > 10 else ''}; adapters with NaN/Inf gradients: {grads[:10]}"
+            f"{' ...' if len(grads) > 10 else ''} ({len(grads)} of {len(named)})")

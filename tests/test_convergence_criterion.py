@@ -1,0 +1,55 @@
+"""The convergence tier's loss-match criterion can fail: a wrong gradient leaves the band, a correct
+re-association of the same math stays inside it (tiny Llama, CPU, the criterion of lora_core.criteria)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lora_core.criteria import loss_match
+from lora_core.inject import adapter_parameters
+from lora_core.ops import lora_linear as op
+from lora_core.recipe import prepare
+from lora_core.trainer import train
+
+FACTOR, FLOOR, PERTURB = 4, 2.0**-10, 2.0**-8  # the convergence tier's values (configs/convergence.yaml)
+
+
+def _run(cfg, init, perturb=0.0):
+    p = prepare(cfg, "cpu")
+    with torch.no_grad():
+        for name, param in adapter_parameters(p.model).items():
+            param.copy_(init[name])
+            if perturb and name.endswith("lora_A"):
+                sign = torch.randint(0, 2, param.shape, generator=torch.Generator().manual_seed(99)) * 2 - 1
+                param.mul_(1 + perturb * sign)
+    return train(p.model, p.batches, cfg.train).losses
+
+
+def _merged(x, weight, lora_a, lora_b, scale):  # the same function, rounded differently: x (s·B A)ᵀ
+    return F.linear(x, weight) + F.linear(x, scale * (lora_b.to(x.dtype) @ lora_a.to(x.dtype)))
+
+
+def _stale_a(x, weight, lora_a, lora_b, scale):  # a classic bug: no gradient reaches A
+    return F.linear(x, weight) + scale * F.linear(F.linear(x, lora_a.detach().to(x.dtype)), lora_b.to(x.dtype))
+
+
+@pytest.fixture
+def setup(tiny_cfg):
+    cfg = dataclasses.replace(tiny_cfg, train=dataclasses.replace(tiny_cfg.train, steps=30))
+    init = {n: p.detach().clone() for n, p in adapter_parameters(prepare(cfg, "cpu").model).items()}
+    ref = _run(cfg, init)
+    control = _run(cfg, init, PERTURB)
+    return cfg, init, ref, control
+
+
+@pytest.mark.parametrize("candidate,caught", [(_merged, False), (_stale_a, True)], ids=["reassociated", "stale-dA"])
+def test_loss_match_separates_rounding_from_bugs(setup, monkeypatch, candidate, caught):
+    cfg, init, ref, control = setup
+    monkeypatch.setattr(op, "lora_linear_torch", candidate)
+    ours = _run(cfg, init)
+    _, beyond = loss_match(ours, ref, control, FACTOR, FLOOR)
+    assert bool(beyond) == caught, f"steps beyond the band: {beyond}"

@@ -1,0 +1,40 @@
+"""The arithmetic of the tiers' pass/fail criteria."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from lora_core.criteria import (coefficient_of_variation, is_non_increasing, loss_drop, loss_match,
+                                throughput_drift, windowed_means)
+
+
+def test_loss_drop_uses_window_means():
+    losses = [10.0] * 10 + [8.0] * 80 + [6.0] * 10
+    assert loss_drop(losses, 10) == pytest.approx(0.4)
+    with pytest.raises(ValueError, match="need at least one window"):
+        loss_drop([1.0, 2.0], 10)
+
+
+def test_windowed_means_and_monotonicity():
+    means = windowed_means([5, 5, 4, 4, 3, 3, 9], 2)  # the incomplete tail window is dropped
+    assert means == [5, 4, 3]
+    assert is_non_increasing(means) and not is_non_increasing([3.0, 3.05]) and is_non_increasing([3.0, 3.05], slack=0.02)
+
+
+def test_cv_and_drift():
+    assert coefficient_of_variation([1.0, 1.0, 1.0]) == 0.0
+    assert coefficient_of_variation([1.0, 3.0]) == pytest.approx(0.5)
+    assert throughput_drift([100.0] * 5 + [90.0] * 5, 5) == pytest.approx(0.1)
+    assert throughput_drift([100.0] * 5 + [110.0] * 5, 5) == pytest.approx(-0.1)
+
+
+def test_loss_match_band_follows_the_control():
+    ref = [10.0, 9.0, 8.0, 7.0]
+    control = [10.0, 9.0, 8.08, 7.0]  # 1% gap at step 2 -> e = 0.01 from then on
+    rows, beyond = loss_match([10.0, 9.02, 8.2, 7.2], ref, control, factor=4, floor=1e-3)
+    assert [r[5] for r in rows] == pytest.approx([1e-3, 1e-3, 0.04, 0.04])
+    assert beyond == [1]  # 0.22% > the 0.1% floor at step 1; 2.5% < 4% at step 2; 2.9% < 4% at step 3
+    _, nan_beyond = loss_match([math.nan], [1.0], [1.0], 4, 1e-3)
+    assert nan_beyond == [0]

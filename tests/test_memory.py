@@ -1,0 +1,75 @@
+"""Memory: the LoRA-aware estimate, the --check-vram verdict, the leak-slope fit, the measured split."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from lora_core.config import LoRASettings
+from lora_core.memory import (CONTEXT_BYTES, GIB, MemoryEstimate, estimate_training_memory, fit_slope,
+                              measured_split, nvml_memory, vram_verdict)
+from lora_core.recipe import prepare
+from lora_core.trainer import train
+from tests.conftest import TINY_ARCH
+
+
+def test_estimate_by_hand_for_the_tiny_llama():
+    lora = LoRASettings(targets=("q_proj", "v_proj"), r=4, adapter_dtype="float32")
+    est = estimate_training_memory(TINY_ARCH, lora, batch_size=2, seq_len=8, gradient_checkpointing=False)
+    h, i, kv, layers, v = 64, 128, 32, 2, 300
+    linear = layers * (h * h + h * kv + h * kv + h * h + 3 * h * i)
+    other = 2 * v * h + (2 * layers + 1) * h
+    adapter = layers * 4 * ((h + h) + (h + kv))
+    assert est.weights == (linear + other) * 2
+    assert (est.adapters, est.gradients, est.optimizer) == (adapter * 4, adapter * 4, adapter * 8)
+    assert est.activations == 16 * layers * (20 * h + 8 * i) and est.logits == 16 * v * 14
+    assert est.allocated_peak == sum(x for k, x in dataclasses.asdict(est).items() if k != "context")
+
+
+def test_checkpointing_and_nf4_shrink_the_estimate():
+    lora = LoRASettings(targets=("all-linear",), r=16)
+    base = dict(batch_size=1, seq_len=512)
+    plain = estimate_training_memory(TINY_ARCH, lora, gradient_checkpointing=False, **base)
+    ckpt = estimate_training_memory(TINY_ARCH, lora, gradient_checkpointing=True, **base)
+    nf4 = estimate_training_memory(TINY_ARCH, dataclasses.replace(lora, quantize="nf4"), gradient_checkpointing=True, **base)
+    assert ckpt.activations < plain.activations and nf4.weights < ckpt.weights and nf4.quant_state > 0
+    assert nf4.dequant_scratch == 128 * 64 * 2
+
+
+def test_vram_verdict_gives_need_and_free():
+    est = MemoryEstimate(weights=GIB, quant_state=0, adapters=0, gradients=0, optimizer=0, activations=GIB,
+                         logits=0, dequant_scratch=0)
+    ok, msg = vram_verdict(est, 10 * GIB)
+    assert ok and "need ~2.80 GiB" in msg and "NVML free 10.00 GiB: enough" in msg
+    ok, msg = vram_verdict(est, 2 * GIB)
+    assert not ok and "NOT enough" in msg
+    assert est.device_need == int(2 * GIB * 1.1) + CONTEXT_BYTES
+
+
+def test_fit_slope_recovers_a_line_and_flags_bad_input():
+    fit = fit_slope(range(50, 100), [3.0 + 0.25 * x for x in range(50, 100)])
+    assert fit.slope == pytest.approx(0.25) and fit.intercept == pytest.approx(3.0) and fit.r2 == pytest.approx(1.0)
+    flat = fit_slope([1, 2, 3, 4], [5.0, 5.0, 5.0, 5.0])
+    assert flat.slope == 0.0 and flat.r2 == 1.0
+    with pytest.raises(ValueError, match="two or more"):
+        fit_slope([1], [1.0])
+    with pytest.raises(ValueError, match="all x are equal"):
+        fit_slope([2, 2], [1.0, 3.0])
+
+
+def test_measured_split_adds_up(tiny_cfg):
+    p = prepare(tiny_cfg, "cpu")
+    result = train(p.model, p.batches, dataclasses.replace(tiny_cfg.train, steps=2, warmup_steps=0))
+    split = measured_split(p.model, result.optimizer, peak_allocated=10**8)
+    n_adapters = 2 * 7 * 2  # A and B, 7 linears, 2 layers
+    assert split["adapters"] == split["gradients"]
+    assert 2 * split["adapters"] <= split["optimizer"] <= 2 * split["adapters"] + 8 * n_adapters  # + a step count each
+    assert sum(split.values()) == 10**8
+
+
+def test_nvml_without_gpu_is_none():
+    if torch.cuda.is_available():
+        pytest.skip("this checks the no-GPU answer")
+    assert nvml_memory() is None

@@ -1,0 +1,65 @@
+"""Run reports: typed records -> JSON + Markdown + plots, written atomically."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from lora_core.environment import collect_environment
+from lora_core.report import RunReport, Series, atomic_write_text, render_markdown
+
+
+def _report():
+    return RunReport("run-1", "quick", collect_environment())
+
+
+def test_check_records_and_nan_never_passes():
+    r = _report()
+    assert r.check("t", "ok", 1.0, "<=", 2.0).passed
+    assert not r.check("t", "nan", math.nan, "<=", 2.0).passed
+    assert not r.check("t", "nan >=", math.nan, ">=", 0.0).passed
+    with pytest.raises(ValueError, match="op='~' is not one of"):
+        r.check("t", "bad", 1, "~", 1)
+    assert r.summary()["checks_failed"] == 2
+
+
+def test_write_produces_json_markdown_and_plots(tmp_path):
+    r = _report()
+    r.notes.append("weights=random (architecture of smollm2-135m, random init)")
+    r.check("tests/x.py::test_a", "loss drop", 0.4, ">=", 0.3, source="configs/x.yaml")
+    r.add_series(Series("tests/x.py::test_a", "loss", ("step", "loss"), ((0, 3.0), (1, 2.0)), plot_x="step",
+                        plot_y=("loss",)))
+    r.add_row("b", "bench", ("impl", "ms"), ("base", 1.0))
+    r.add_row("b", "bench", ("impl", "ms"), ("cupy", 1.2))
+    md = r.write(tmp_path)
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["environment"]["git_commit"] and data["checks"][0]["passed"] is True
+    assert [s["name"] for s in data["series"]] == ["loss", "bench"] and len(data["series"][1]["rows"]) == 2
+    text = md.read_text()
+    assert "| loss drop | 0.4 | >= 0.3 | PASS | configs/x.yaml |" in text and "weights=random" in text
+    assert (tmp_path / "plot_00_loss.png").stat().st_size > 1000
+    assert not list(tmp_path.glob(".*")), "temporary files left behind"
+
+
+def test_add_row_with_other_columns_is_an_error():
+    r = _report()
+    r.add_row("b", "bench", ("a",), (1,))
+    with pytest.raises(ValueError, match="table 'bench' has columns"):
+        r.add_row("b", "bench", ("b",), (1,))
+
+
+def test_atomic_write_keeps_the_old_file_on_failure(tmp_path):
+    path = tmp_path / "f.txt"
+    atomic_write_text(path, "old")
+
+    with pytest.raises(TypeError):
+        atomic_write_text(path, None)  # fails while writing
+    assert path.read_text() == "old" and len(list(tmp_path.iterdir())) == 1
+
+
+def test_markdown_marks_failures():
+    r = _report()
+    r.check("t", "peak", 7.0, "<=", 6.0, unit=" GiB")
+    assert "**FAIL**" in render_markdown(r)

@@ -1,0 +1,41 @@
+"""The nightly GPU workflow's structure (parsed, not run)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+WORKFLOW = Path(__file__).resolve().parent.parent / ".github" / "workflows" / "nightly-gpu.yml"
+
+
+def _load():
+    data = yaml.safe_load(WORKFLOW.read_text())
+    return data, data.get("on", data.get(True))  # YAML 1.1 reads a bare `on:` key as True
+
+
+def test_triggers_nightly_and_never_on_pull_requests():
+    _, on = _load()
+    assert on["schedule"][0]["cron"].split()[2:] == ["*", "*", "*"]  # daily
+    assert "pull_request" not in on and "pull_request_target" not in on
+
+
+def test_jobs_run_on_self_hosted_gpu_with_timeouts_and_fork_guard():
+    data, _ = _load()
+    for name, job in data["jobs"].items():
+        assert job["runs-on"] == ["self-hosted", "linux", "gpu"], name
+        assert isinstance(job["timeout-minutes"], int) and job["timeout-minutes"] > 0, name
+        assert "github.event_name != 'pull_request'" in job["if"], name
+
+
+def test_runs_all_tiers_and_keeps_reports_always():
+    data, _ = _load()
+    steps = data["jobs"]["gpu-tiers"]["steps"]
+    runs = [s.get("run", "") for s in steps]
+    assert any("./scripts/gpu-test.sh all --check-vram --continue-on-error" in r for r in runs)
+    upload = next(s for s in steps if s.get("uses", "").startswith("actions/upload-artifact"))
+    assert upload["if"] == "always()" and upload["with"]["path"].startswith("reports/")
+    summary = next(s for s in steps if "GITHUB_STEP_SUMMARY" in s.get("run", ""))
+    assert summary["if"] == "always()" and "report.md" in summary["run"]
+    cache = next(s for s in steps if s.get("uses", "").startswith("actions/cache"))
+    assert "HF_HOME" in cache["with"]["path"] and "HF_HOME" in data["jobs"]["gpu-tiers"]["env"]
