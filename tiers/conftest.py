@@ -106,6 +106,28 @@ class Tier:
                                       ("part", f"measured ({cfg.lora.quantize or cfg.dtype} base)", "estimated",
                                        "measured, 16-bit base"), tuple(rows)))
 
+    def bf16_baseline(self, cfg: TierConfig):
+        """For an NF4 tier: (peak, split) of the same configuration on a 16-bit base; None otherwise."""
+        if not cfg.lora.quantize:
+            return None
+        peak, split, _ = self.run_and_measure(cfg, None, cfg.criteria.bf16_comparison_steps)
+        return peak, split
+
+    def memory_verdicts(self, cfg: TierConfig, peak: int, bf16) -> list:
+        """Recorded (not yet asserted) checks: peak within the budget, and below the 16-bit baseline."""
+        verdicts = [self.check.soft("peak allocated VRAM", round(peak / GIB, 3), "<=", cfg.criteria.vram_budget_gib,
+                                    unit=" GiB", source=f"configs/{cfg.tier}.yaml vram_budget_gib")]
+        if bf16:
+            steps = cfg.criteria.bf16_comparison_steps or cfg.train.steps
+            verdicts.append(self.check.soft(f"QLoRA peak < 16-bit-base peak (same configuration, {steps} steps)",
+                                            round(peak / GIB, 3), "<", round(bf16[0] / GIB, 3), unit=" GiB"))
+        return verdicts
+
+    @staticmethod
+    def assert_all(verdicts) -> None:
+        failed = [f"{v.name}: {v.value} not {v.op} {v.threshold}" for v in verdicts if not v.passed]
+        assert not failed, "; ".join(failed)
+
     def check_peak_vs_estimate(self, peak_bytes: int) -> None:
         est = self.estimate.allocated_peak
         err = (est - peak_bytes) / peak_bytes * 100

@@ -111,5 +111,4 @@ def test_convergence_and_match_to_reference(tier):
     if peft_run is not None:
         verdicts.append(tier.check.soft(f"steps where PEFT leaves the tolerance band (first: {beyond_peft[:5]})",
                                         len(beyond_peft), "==", 0, source=source))
-    failed = [f"{c.name}: {c.value} not {c.op} {c.threshold}" for c in verdicts if not c.passed]
-    assert not failed, "; ".join(failed)
+    tier.assert_all(verdicts)
