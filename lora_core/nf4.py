@@ -183,11 +183,12 @@ def dequantize_nf4(q: NF4Tensor, dtype: torch.dtype | None = None, out: torch.Te
     elif tuple(out.shape) != q.shape or out.dtype != dtype or not out.is_contiguous() or out.device != q.device:
         raise ValueError(f"out has shape {tuple(out.shape)} {out.dtype} on {out.device}, expected contiguous "
                          f"{q.shape} {dtype} on {q.device}")
-    n8 = q.numel // 8
-    block = 256
+    n8 = q.numel // 8  # work items of 8 elements
+    block, items_per_thread = 256, 4  # items_per_thread is DEQ_ITEMS in kernels/nf4.cu
     null = 0  # a null pointer for the state the variant does not use
     with cx.on_torch_stream(q.device) as cu:
-        cu.launch("nf4.cu", _KERNEL_NAMES, f"nf4_dequantize<{cx.CUDA_TYPE_NAME[dtype]}>", (cx.ceil_div(n8, block),),
+        cu.launch("nf4.cu", _KERNEL_NAMES, f"nf4_dequantize<{cx.CUDA_TYPE_NAME[dtype]}>",
+                  (cx.ceil_div(n8, block * items_per_thread),),
                   (block,), (q.packed, q.absmax if q.absmax is not None else null,
                              q.absmax_q if q.double_quant else null, q.absmax_scale if q.double_quant else null,
                              float(q.absmax_mean), out, n8))
