@@ -48,20 +48,20 @@ COMMIT_ENV = "LORA_SUITE_GIT_COMMIT"  # for copies of the tree without .git (e.g
 def git_state(root: Path = PROJECT_ROOT) -> tuple[str, bool]:
     """(commit hash, whether tracked files differ from it).
 
-    Outside a git checkout the commit comes from $LORA_SUITE_GIT_COMMIT, marked "(from env)", and else
-    is 'unknown'; dirtiness is then unknown and reported as False.
+    Read with git (``safe.directory`` set: a copied tree is often owned by another user, and git then
+    refuses it). Where git cannot answer, the commit comes from $LORA_SUITE_GIT_COMMIT, marked as such,
+    and else is 'unknown'; dirtiness is then reported as False.
     """
-    if not (root / ".git").exists():
-        env = os.environ.get(COMMIT_ENV)
-        return (f"{env} (from env)" if env else "unknown"), False
+    git = ["git", "-c", "safe.directory=*"]
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+        commit = subprocess.run([*git, "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                                 check=True, timeout=10).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+        dirty = bool(subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], cwd=root,
                                     capture_output=True, text=True, check=True, timeout=10).stdout.strip())
+        return commit, dirty
     except (OSError, subprocess.SubprocessError):
-        return "unknown", False
-    return commit, dirty
+        env = os.environ.get(COMMIT_ENV)
+        return (f"{env} (from ${COMMIT_ENV})" if env else "unknown"), False
 
 
 def nvidia_driver_version() -> str | None:

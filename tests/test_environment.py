@@ -1,0 +1,17 @@
+"""The environment record every report carries."""
+
+from __future__ import annotations
+
+from lora_core.environment import COMMIT_ENV, collect_environment, git_state
+
+
+def test_environment_has_versions_and_commit():
+    env = collect_environment()
+    assert env.torch and env.python and env.timestamp_utc.endswith("Z") and env.git_commit
+
+
+def test_commit_outside_git_comes_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv(COMMIT_ENV, "abc123")
+    assert git_state(tmp_path) == ("abc123 (from $LORA_SUITE_GIT_COMMIT)", False)
+    monkeypatch.delenv(COMMIT_ENV)
+    assert git_state(tmp_path) == ("unknown", False)
