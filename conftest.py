@@ -24,6 +24,7 @@ from lora_core.environment import collect_environment
 from lora_core.report import Outcome, RunReport
 
 _REPORT_KEY = pytest.StashKey[RunReport]()
+_SUMMARY_KEY = pytest.StashKey[list]()  # lines for the terminal summary (report path, wall-time failure)
 _CUDA_ERROR = re.compile(
     r"CUDA error|illegal memory access|device-side assert|CUBLAS_STATUS|CUDARuntimeError|CUDADriverError|"
     r"unspecified launch failure|misaligned address", re.IGNORECASE)
@@ -93,6 +94,10 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
+# pytest_runtest_logreport gets no config: the session's report and start time are kept here.
+_RUN: dict[str, object] = {}
+
+
 def pytest_runtest_logreport(report):
     run = _RUN.get("report")
     if run is None:
@@ -105,9 +110,6 @@ def pytest_runtest_logreport(report):
         elif report.failed:
             reason = str(report.longrepr).strip().splitlines()[-1] if report.longrepr else ""
         run.outcomes.append(Outcome(report.nodeid, outcome, round(report.duration, 3), reason))
-
-
-_RUN: dict[str, RunReport] = {}
 
 
 def pytest_sessionstart(session):
@@ -129,16 +131,16 @@ def _check_tier_wall_time(session, run: RunReport) -> None:
                   source=f"{path.name} criteria.tier_seconds_max")
     if not c.passed:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        session.config._lora_wall_time_failure = f"{tier} tier took {elapsed} s, over its {limit} s budget"
+        session.config.stash[_SUMMARY_KEY].append(f"FAILED: {tier} tier took {elapsed} s, over its {limit} s budget")
 
 
 def pytest_sessionfinish(session, exitstatus):
     report_dir = session.config.getoption("report_dir")
     run = session.config.stash[_REPORT_KEY]
+    session.config.stash[_SUMMARY_KEY] = []
     _check_tier_wall_time(session, run)
     if report_dir:
-        md = run.write(Path(report_dir))
-        session.config._lora_report_path = md  # for the terminal summary
+        session.config.stash[_SUMMARY_KEY].append(f"report: {run.write(Path(report_dir))}")
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -151,12 +153,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         tr.write_line(f"No CUDA GPU was found: {skipped_gpu} GPU test(s) skipped; "
                       f"{s.get('passed', 0)} passed and {s.get('failed', 0)} failed on the CPU.")
     tr.write_line(f"checks: {s['checks_passed']} passed, {s['checks_failed']} failed")
-    failure = getattr(config, "_lora_wall_time_failure", None)
-    if failure:
-        tr.write_line(f"FAILED: {failure}", red=True)
-    path = getattr(config, "_lora_report_path", None)
-    if path:
-        tr.write_line(f"report: {path}")
+    for line in config.stash.get(_SUMMARY_KEY, []):
+        tr.write_line(line, red=line.startswith("FAILED"))
 
 
 def pytest_benchmark_update_machine_info(config, machine_info):

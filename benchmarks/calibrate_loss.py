@@ -57,7 +57,7 @@ def main() -> None:
             data=dataclasses.replace(cfg.data, pool=pool),
             train=dataclasses.replace(cfg.train, lr=lr, steps=steps, warmup_steps=min(cfg.train.warmup_steps, steps // 10)))
         p = prepare(c, "cuda")
-        res = train(p.model, p.batches, c.train, tokens_per_batch=p.batches.tokens_per_batch)
+        res = train(p.model, p.batches, c.train)
         w = cfg.criteria.loss_window
         losses = res.losses
         row = ("+".join(targets), r, lr, pool, steps, statistics.fmean(losses[:w]), statistics.fmean(losses[-w:]),

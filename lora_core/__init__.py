@@ -4,10 +4,13 @@
 """
 
 from lora_core.backend import BACKENDS, CupyUnavailableError, backend_call_counts, resolve_backend
-from lora_core.layer import LoRALinear, lora_scale
-from lora_core.ops.lora_linear import lora_linear, lora_linear_torch
+from lora_core.inject import inject_lora
+from lora_core.layer import LoRALinear, NF4Linear, lora_scale
+from lora_core.nf4 import NF4Tensor, dequantize_nf4, quantize_nf4
+from lora_core.ops.lora_linear import lora_linear, lora_linear_torch, nf4_linear
 
 __all__ = [
-    "BACKENDS", "CupyUnavailableError", "LoRALinear", "backend_call_counts", "lora_linear",
-    "lora_linear_torch", "lora_scale", "resolve_backend",
+    "BACKENDS", "CupyUnavailableError", "LoRALinear", "NF4Linear", "NF4Tensor", "backend_call_counts",
+    "dequantize_nf4", "inject_lora", "lora_linear", "lora_linear_torch", "lora_scale", "nf4_linear",
+    "quantize_nf4", "resolve_backend",
 ]

@@ -139,10 +139,6 @@ class Batches:
             self.stream = None
             self.examples = load_alpaca_jsonl(settings.path, tokenizer, settings.seq_len)
 
-    @property
-    def tokens_per_batch(self) -> int:
-        return self.settings.batch_size * self.settings.seq_len
-
     def __call__(self, step: int) -> dict[str, torch.Tensor]:
         s = self.settings
         gen = torch.Generator().manual_seed(s.seed * 1_000_003 + step)

@@ -91,7 +91,7 @@ def make_optimizer(model: nn.Module, s: TrainSettings,
 
 def train(model: nn.Module, batches: Callable[[int], dict[str, torch.Tensor]], s: TrainSettings, *,
           optimizer: torch.optim.Optimizer | None = None, start_step: int = 0, stop_step: int | None = None,
-          tokens_per_batch: int | None = None, adapters: dict[str, nn.Parameter] | None = None) -> TrainResult:
+          adapters: dict[str, nn.Parameter] | None = None) -> TrainResult:
     """Run optimizer steps ``start_step .. stop_step`` (default: to ``s.steps``); batches(i) gives micro-batch i."""
     stop_step = s.steps if stop_step is None else stop_step
     named = adapter_parameters(model) if adapters is None else adapters
@@ -134,7 +134,7 @@ def train(model: nn.Module, batches: Callable[[int], dict[str, torch.Tensor]], s
             dt = time.perf_counter() - t0
             nvml_used = nvml.used() if nvml is not None else None
             rec = StepRecord(
-                step=step, loss=loss, grad_norm=grad_norm, lr=lr, tokens_per_s=(tokens_per_batch or n_tokens) / dt,
+                step=step, loss=loss, grad_norm=grad_norm, lr=lr, tokens_per_s=n_tokens / dt,
                 step_time_s=dt,
                 allocated_mib=torch.cuda.memory_allocated() / MIB if cuda else 0.0,
                 reserved_mib=torch.cuda.memory_reserved() / MIB if cuda else 0.0,

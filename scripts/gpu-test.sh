@@ -115,7 +115,7 @@ if [[ "$TARGET" != "selftest" ]]; then
     say "${BOLD}GPU:${RESET} $("$PY" -c 'import torch; print(torch.cuda.get_device_name())') (nvidia-smi not found)"
   else
     say "${YELLOW}${BOLD}No NVIDIA GPU found${RESET}${YELLOW} (no nvidia-smi / NVML device, torch.cuda.is_available() is False).${RESET}"
-    say "${YELLOW}The GPU tests of '$TARGET' will be skipped with that reason; only its CPU parts run.${RESET}"
+    say "${YELLOW}The GPU tests of '$TARGET' will be skipped with that reason (the CPU self-tests are 'selftest').${RESET}"
   fi
 fi
 

@@ -85,8 +85,7 @@ class Tier:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         prepared = self.prepare(cfg, quantize=quantize)
-        result = train(prepared.model, prepared.batches, cfg.train, stop_step=steps,
-                       tokens_per_batch=prepared.batches.tokens_per_batch)
+        result = train(prepared.model, prepared.batches, cfg.train, stop_step=steps)
         peak = torch.cuda.max_memory_allocated()
         self.check_backend(prepared.model, cfg.backend)
         split = measured_split(prepared.model, result.optimizer, peak)

@@ -43,7 +43,7 @@ def _run(tier, cfg, backend, init, perturb=0.0):
                 gen = torch.Generator(device=p.device).manual_seed(99)
                 sign = torch.randint(0, 2, p.shape, generator=gen, device=p.device) * 2 - 1
                 p.mul_(1 + perturb * sign)
-    result = train(prepared.model, prepared.batches, cfg.train, tokens_per_batch=prepared.batches.tokens_per_batch)
+    result = train(prepared.model, prepared.batches, cfg.train)
     if backend == cfg.backend:
         tier.check_backend(prepared.model, backend)
     del prepared
@@ -65,7 +65,7 @@ def _run_peft(tier, cfg, init):
             p.copy_(init[ours].to(p.dtype))
     assert len(trainable) == len(init), f"PEFT made {len(trainable)} adapter tensors, ours {len(init)}"
     batches = tier.batches_for(cfg, built)
-    result = train(model, batches, cfg.train, adapters=trainable, tokens_per_batch=batches.tokens_per_batch)
+    result = train(model, batches, cfg.train, adapters=trainable)
     del model, built
     gc.collect()
     torch.cuda.empty_cache()

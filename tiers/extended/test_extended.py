@@ -16,7 +16,7 @@ def test_long_run_no_leak_loss_falls_steady_speed(tier):
     cfg = tier.config("extended")
     crit = cfg.criteria
     prepared = tier.prepare(cfg)
-    result = train(prepared.model, prepared.batches, cfg.train, tokens_per_batch=prepared.batches.tokens_per_batch)
+    result = train(prepared.model, prepared.batches, cfg.train)
     tier.record_steps("extended", result.records)
     tier.check_backend(prepared.model, cfg.backend)
     after = [r for r in result.records if r.step >= crit.fit_after_step]

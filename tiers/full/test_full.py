@@ -25,7 +25,7 @@ def test_llama7b_end_to_end(tier, tmp_path):
     bf16 = tier.bf16_baseline(cfg)
     torch.cuda.reset_peak_memory_stats()
     prepared = tier.prepare(cfg)
-    result = train(prepared.model, prepared.batches, cfg.train, tokens_per_batch=prepared.batches.tokens_per_batch)
+    result = train(prepared.model, prepared.batches, cfg.train)
     peak = torch.cuda.max_memory_allocated()
     tier.record_steps("full", result.records)
     tier.check_backend(prepared.model, cfg.backend)

@@ -26,8 +26,7 @@ def test_quick_smoke(tier):
     calls_before = lora_core.backend_call_counts()[cfg.backend]
 
     optimizer = make_optimizer(model, cfg.train)
-    result = train(model, prepared.batches, cfg.train, optimizer=optimizer,
-                   tokens_per_batch=prepared.batches.tokens_per_batch)
+    result = train(model, prepared.batches, cfg.train, optimizer=optimizer)
     torch.cuda.synchronize()  # any asynchronous CUDA error surfaces here, and stops the session
     tier.record_steps("quick", result.records)
 
