@@ -72,10 +72,3 @@ def lora_modules(model: nn.Module) -> dict[str, LoRALinear]:
 def adapter_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
     """Name -> parameter of every adapter (lora_A / lora_B), in module order."""
     return {f"{name}.{p}": getattr(m, p) for name, m in lora_modules(model).items() for p in ("lora_A", "lora_B")}
-
-
-def set_backend(model: nn.Module, backend: str | None) -> None:
-    """Switch every LoRALinear / NF4Linear of ``model`` to ``backend``."""
-    for m in model.modules():
-        if isinstance(m, (LoRALinear, NF4Linear)):
-            m.backend = backend

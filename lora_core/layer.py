@@ -114,9 +114,6 @@ class LoRALinear(_NF4Storage, nn.Module):
             y = y + self.bias.to(y.dtype)
         return y
 
-    def adapter_parameters(self) -> list[nn.Parameter]:
-        return [self.lora_A, self.lora_B]
-
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, r={self.r}, "
                 f"alpha={self.alpha}, scale={self.scale:g}, rslora={self.use_rslora}, "

@@ -148,6 +148,3 @@ def tier(request, run_report, check) -> Tier:
     yield t
     run_report.notes.append(f"{request.node.nodeid}: wall time {time.perf_counter() - start:.1f} s")
 
-
-def gib(x: float) -> float:
-    return round(x / GIB, 3)
