@@ -8,6 +8,8 @@ key and the file; nothing below this module sees a dict.
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +19,9 @@ import yaml
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 WEIGHTS_MODES = ("auto", "pretrained", "random")
 TARGET_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+_FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|[-+]?\.?(inf|nan)", re.IGNORECASE)
 
 
 class ConfigError(ValueError):
@@ -106,9 +111,19 @@ class Criteria:
     vram_budget_gib: float | None = None  # peak torch-allocated memory
     leak_slope_max_mib_per_step: float | None = None
     fit_after_step: int = 50  # the leak fit and throughput checks ignore the warm-up steps before this
-    step_time_cv_max: float | None = None  # std / mean of step time after warm-up
-    throughput_drift_max: float | None = None  # relative fall of tokens/s, last vs first window after warm-up
+    # Robust spread of the per-step GPU time after warm-up: 1.4826·MAD / median (criteria.robust_spread); a
+    # plain CV let one stall dominate.
+    step_time_spread_max: float | None = None
+    # Relative fall of the median tokens/s, last window vs first window after warm-up; the check adds the
+    # noise allowance z·SE of the difference of two medians (criteria.median_drift).
+    throughput_drift_max: float | None = None
+    drift_noise_z: float = 3.0  # how many standard errors of the median difference count as noise
     tier_seconds_max: float | None = None  # wall time of the tier's main test, model build included
+    # Whole-model gradient checks (quick tier): every adapter's gradient from the model under test vs an fp32
+    # copy of the same model (torch reference backend), relative to the error of the 16-bit torch reference
+    # itself: err_candidate <= grad_match_factor · max(err_reference, median err_reference over adapters).
+    grad_match_factor: float | None = None
+    grad_accum_k: int | None = None  # micro-batches in the gradient-accumulation check (None: not checked)
 
 
 @dataclass(frozen=True)
@@ -161,6 +176,12 @@ def _coerce(hint, value, where: str):
         return tuple(_coerce(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
     if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
+    if hint is float and isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
+        # YAML 1.1 (PyYAML) reads 1e-3 as a string: it wants a dot in the mantissa (1.0e-3). Accept it.
+        return float(value)
+    if hint is float:
+        raise ConfigError(f"{where}: expected a number, got {value!r}"
+                          + (" (not a number literal)" if isinstance(value, str) else ""))
     if hint in (int, bool, str) and isinstance(value, hint) and not (hint is int and isinstance(value, bool)):
         return value
     raise ConfigError(f"{where}: expected {getattr(hint, '__name__', hint)}, got {value!r}")
@@ -184,7 +205,9 @@ def load_model_config(name_or_path: str | Path, config_dir: Path = CONFIG_DIR) -
     if not path.exists():
         known = sorted(p.stem for p in (config_dir / "models").glob("*.yaml"))
         raise ConfigError(f"model config {name_or_path!r} not found at {path}; known models: {known}")
-    return _build(ModelConfig, _read_yaml(path), str(path))
+    model = _build(ModelConfig, _read_yaml(path), str(path))
+    validate_model(model, str(path))
+    return model
 
 
 def load_tier_config(path: str | Path, config_dir: Path | None = None) -> TierConfig:
@@ -206,33 +229,111 @@ def load_tier_config(path: str | Path, config_dir: Path | None = None) -> TierCo
     return cfg
 
 
+def _architecture_rules(a: LlamaArchitecture) -> list[tuple[str, object, bool, str]]:
+    """(key, value, ok, expected) for every architecture knob."""
+    rules = [(f"architecture.{n}", getattr(a, n), getattr(a, n) >= 1, ">= 1")
+             for n in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                       "num_key_value_heads", "vocab_size", "max_position_embeddings")]
+    if all(ok for _, _, ok, _ in rules):
+        rules += [
+            ("architecture.hidden_size", a.hidden_size, a.hidden_size % a.num_attention_heads == 0,
+             f"a multiple of num_attention_heads={a.num_attention_heads}"),
+            ("architecture.num_attention_heads", a.num_attention_heads,
+             a.num_attention_heads % a.num_key_value_heads == 0,
+             f"a multiple of num_key_value_heads={a.num_key_value_heads}"),
+        ]
+    rules += [("architecture.rope_theta", a.rope_theta, math.isfinite(a.rope_theta) and a.rope_theta > 0, "finite, > 0"),
+              ("architecture.rms_norm_eps", a.rms_norm_eps, math.isfinite(a.rms_norm_eps) and a.rms_norm_eps > 0,
+               "finite, > 0")]
+    return rules
+
+
+def target_shapes(a: LlamaArchitecture, targets: tuple[str, ...]) -> dict[str, tuple[int, int]]:
+    """(in, out) features of each LoRA target of a Llama block ("all-linear": every projection)."""
+    head_dim = a.hidden_size // a.num_attention_heads
+    shapes = {"q_proj": (a.hidden_size, a.num_attention_heads * head_dim),
+              "k_proj": (a.hidden_size, a.num_key_value_heads * head_dim),
+              "v_proj": (a.hidden_size, a.num_key_value_heads * head_dim),
+              "o_proj": (a.num_attention_heads * head_dim, a.hidden_size),
+              "gate_proj": (a.hidden_size, a.intermediate_size), "up_proj": (a.hidden_size, a.intermediate_size),
+              "down_proj": (a.intermediate_size, a.hidden_size)}
+    return shapes if "all-linear" in targets else {t: shapes[t] for t in targets if t in shapes}
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def validate_model(model: ModelConfig, where: str) -> None:
+    for key, value, ok, expected in _architecture_rules(model.architecture):
+        if not ok:
+            raise ConfigError(f"{where}.{key}: {value!r} is out of range; expected {expected}")
+
+
 def validate(cfg: TierConfig) -> None:
+    """Every knob against its allowed range, at load time: the message names key, value and range."""
     where = cfg.source or cfg.tier
-    if cfg.weights not in WEIGHTS_MODES:
-        raise ConfigError(f"{where}.weights: {cfg.weights!r} is not one of {WEIGHTS_MODES}")
-    if cfg.dtype not in ("bfloat16", "float16", "float32"):
-        raise ConfigError(f"{where}.dtype: {cfg.dtype!r} is not bfloat16, float16 or float32")
-    if cfg.backend not in (None, "cupy", "torch"):
-        raise ConfigError(f"{where}.backend: {cfg.backend!r} is not cupy, torch or null")
+    enum_rules = [
+        ("weights", cfg.weights, WEIGHTS_MODES), ("dtype", cfg.dtype, ("bfloat16", "float16", "float32")),
+        ("backend", cfg.backend, (None, "cupy", "torch")), ("lora.quantize", cfg.lora.quantize, (None, "nf4")),
+        ("lora.adapter_dtype", cfg.lora.adapter_dtype, ("float32", "bfloat16", "float16")),
+        ("data.source", cfg.data.source, ("embedded", "jsonl")),
+        ("train.schedule", cfg.train.schedule, ("cosine", "linear", "constant")),
+    ]
+    for key, value, allowed in enum_rules:
+        if value not in allowed:
+            raise ConfigError(f"{where}.{key}: {value!r} is not one of {list(allowed)}")
     bad = [t for t in cfg.lora.targets if t not in TARGET_NAMES + ("all-linear",)]
     if bad or not cfg.lora.targets:
         raise ConfigError(f"{where}.lora.targets: {list(bad or cfg.lora.targets)} not among {TARGET_NAMES} or 'all-linear'")
-    if cfg.lora.quantize not in (None, "nf4"):
-        raise ConfigError(f"{where}.lora.quantize: {cfg.lora.quantize!r} is not null or nf4")
-    if cfg.lora.adapter_dtype not in ("float32", "bfloat16", "float16"):
-        raise ConfigError(f"{where}.lora.adapter_dtype: {cfg.lora.adapter_dtype!r} is not float32, bfloat16 or float16")
-    if cfg.data.source not in ("embedded", "jsonl") or (cfg.data.source == "jsonl" and not cfg.data.path):
-        raise ConfigError(f"{where}.data: source {cfg.data.source!r} needs to be 'embedded' or 'jsonl' with a path")
-    if cfg.train.schedule not in ("cosine", "linear", "constant"):
-        raise ConfigError(f"{where}.train.schedule: {cfg.train.schedule!r} is not cosine, linear or constant")
-    for name, value in (("lora.r", cfg.lora.r), ("data.batch_size", cfg.data.batch_size),
-                        ("data.seq_len", cfg.data.seq_len), ("train.steps", cfg.train.steps),
-                        ("train.grad_accum", cfg.train.grad_accum), ("train.log_every", cfg.train.log_every)):
-        if value < 1:
-            raise ConfigError(f"{where}.{name}: {value} must be >= 1")
-    if not 0 <= cfg.train.warmup_steps < cfg.train.steps:
-        raise ConfigError(f"{where}.train.warmup_steps: {cfg.train.warmup_steps} must be in [0, steps={cfg.train.steps})")
-    if cfg.data.pool < 0:
-        raise ConfigError(f"{where}.data.pool: {cfg.data.pool} must be >= 0")
-    if cfg.train.lr <= 0:
-        raise ConfigError(f"{where}.train.lr: {cfg.train.lr} must be > 0")
+    if cfg.data.source == "jsonl" and not cfg.data.path:
+        raise ConfigError(f"{where}.data.path: None; source 'jsonl' needs the path of an Alpaca-format JSONL file")
+    validate_model(cfg.model, f"{where}.model({cfg.model.name})")
+    a, t, c, d = cfg.model.architecture, cfg.train, cfg.criteria, cfg.data
+    timed = any(v is not None for v in (c.leak_slope_max_mib_per_step, c.step_time_spread_max, c.throughput_drift_max))
+    smallest = min((min(io), name) for name, io in target_shapes(a, cfg.lora.targets).items())
+    rules = [
+        ("lora.r", cfg.lora.r, 1 <= cfg.lora.r <= smallest[0],
+         f"1 <= r <= {smallest[0]} (min(in, out) of {smallest[1]}: a larger rank is not low-rank)"),
+        ("lora.alpha", cfg.lora.alpha, _finite(cfg.lora.alpha) and cfg.lora.alpha > 0,
+         "finite, > 0 (alpha 0 makes the adapter a no-op: nothing would be tested)"),
+        ("data.batch_size", d.batch_size, d.batch_size >= 1, ">= 1"),
+        ("data.seq_len", d.seq_len, 2 <= d.seq_len <= a.max_position_embeddings,
+         f"2 <= seq_len <= max_position_embeddings={a.max_position_embeddings}"),
+        ("data.pool", d.pool, d.pool >= 0, ">= 0 (0: fresh windows every step)"),
+        ("data.seed", d.seed, d.seed >= 0, ">= 0"),
+        ("train.steps", t.steps, t.steps >= 1, ">= 1"),
+        ("train.lr", t.lr, _finite(t.lr) and t.lr > 0, "finite, > 0"),
+        ("train.warmup_steps", t.warmup_steps, 0 <= t.warmup_steps < t.steps, f"0 <= warmup_steps < steps={t.steps}"),
+        ("train.min_lr_ratio", t.min_lr_ratio, _finite(t.min_lr_ratio) and 0 <= t.min_lr_ratio <= 1, "0 <= x <= 1"),
+        ("train.grad_accum", t.grad_accum, t.grad_accum >= 1, ">= 1"),
+        ("train.weight_decay", t.weight_decay, _finite(t.weight_decay) and t.weight_decay >= 0, "finite, >= 0"),
+        ("train.max_grad_norm", t.max_grad_norm, t.max_grad_norm is None or (_finite(t.max_grad_norm) and t.max_grad_norm > 0),
+         "null (no clipping) or finite, > 0 (a negative norm flips the gradient, 0 zeroes it)"),
+        ("train.log_every", t.log_every, t.log_every >= 1, ">= 1"),
+        ("train.seed", t.seed, t.seed >= 0, ">= 0"),
+        ("criteria.loss_window", c.loss_window, c.loss_window >= 1 and (c.loss_drop_min is None or 2 * c.loss_window <= t.steps),
+         f">= 1, and two windows must fit in steps={t.steps} when loss_drop_min is set"),
+        ("criteria.fit_after_step", c.fit_after_step,
+         0 <= c.fit_after_step and (c.fit_after_step < t.steps or not timed), f"0 <= x < steps={t.steps}"),
+        ("criteria.smooth_window", c.smooth_window,
+         c.smooth_window >= 1 and (c.smooth_slack is None and c.throughput_drift_max is None
+                                   or 2 * c.smooth_window <= t.steps - c.fit_after_step),
+         f">= 1, and two windows must fit in the {t.steps - c.fit_after_step} steps after fit_after_step"),
+        ("criteria.control_perturbation", c.control_perturbation, _finite(c.control_perturbation) and 0 < c.control_perturbation < 1,
+         "0 < x < 1"),
+        ("criteria.drift_noise_z", c.drift_noise_z, _finite(c.drift_noise_z) and c.drift_noise_z >= 0, "finite, >= 0"),
+        ("criteria.bf16_comparison_steps", c.bf16_comparison_steps,
+         c.bf16_comparison_steps is None or 1 <= c.bf16_comparison_steps <= t.steps, f"null or 1 <= x <= steps={t.steps}"),
+        ("criteria.grad_accum_k", c.grad_accum_k, c.grad_accum_k is None or (c.grad_accum_k >= 2 and d.batch_size % c.grad_accum_k == 0),
+         f"null or >= 2 dividing batch_size={d.batch_size}"),
+    ]
+    for name in ("loss_drop_min", "loss_match_factor", "smooth_slack", "vram_budget_gib", "leak_slope_max_mib_per_step",
+                 "step_time_spread_max", "throughput_drift_max", "tier_seconds_max", "grad_match_factor"):
+        value = getattr(c, name)
+        rules.append((f"criteria.{name}", value, value is None or (_finite(value) and value > 0), "null or finite, > 0"))
+    floor = c.loss_match_floor
+    rules.append(("criteria.loss_match_floor", floor, floor is None or (_finite(floor) and floor >= 0), "null or finite, >= 0"))
+    for key, value, ok, expected in rules:
+        if not ok:
+            raise ConfigError(f"{where}.{key}: {value!r} is out of range; expected {expected}")

@@ -76,10 +76,10 @@ def test_missing_model_lists_known_ones(config_dir):
 
 @pytest.mark.parametrize("old,new,message", [
     ("weights: random", "weights: maybe", r"weights: 'maybe' is not one of"),
-    ("r: 4", "r: 0", r"lora.r: 0 must be >= 1"),
+    ("r: 4", "r: 0", r"lora.r: 0 is out of range; expected 1 <= r <="),
     ("r: 4", "r: four", r"\.lora\.r: expected int, got 'four'"),
     ("targets: [all-linear]", "targets: [qproj]", r"lora.targets: \['qproj'\]"),
-    ("warmup_steps: 4", "warmup_steps: 40", r"warmup_steps: 40 must be in \[0, steps=40\)"),
+    ("warmup_steps: 4", "warmup_steps: 40", r"warmup_steps: 40 is out of range; expected 0 <= warmup_steps < steps=40"),
     ("dtype: float32", "dtype: int8", r"dtype: 'int8' is not"),
 ])
 def test_bad_values_are_named(config_dir, old, new, message):
@@ -93,3 +93,64 @@ def test_values_are_typed_and_frozen(tiny_cfg):
     assert tiny_cfg.lora.targets == ("all-linear",) and isinstance(tiny_cfg.train.lr, float)
     with pytest.raises(AttributeError):
         tiny_cfg.train.lr = 1.0
+
+
+# Values that used to load and then silently ruin training, or fail late inside torch/transformers (issue 8):
+# each must be refused at load time with the key, the value and the allowed range in the message.
+BAD_VALUES = [
+    ("train", "max_grad_norm: -1", "train.max_grad_norm: -1.0 is out of range; expected null .* or finite, > 0"),
+    ("train", "max_grad_norm: 0", r"train.max_grad_norm: 0.0 is out of range"),
+    ("train", "min_lr_ratio: -1", r"train.min_lr_ratio: -1.0 is out of range; expected 0 <= x <= 1"),
+    ("train", "min_lr_ratio: 5", r"train.min_lr_ratio: 5.0 is out of range"),
+    ("train", "weight_decay: -1", r"train.weight_decay: -1.0 is out of range; expected finite, >= 0"),
+    ("train", "lr: .nan", r"train.lr: nan is out of range; expected finite, > 0"),
+    ("train", "lr: .inf", r"train.lr: inf is out of range"),
+    ("lora", "alpha: 0", r"lora.alpha: 0.0 is out of range; expected finite, > 0"),
+    ("lora", "r: 33", r"lora.r: 33 is out of range; expected 1 <= r <= 32 \(min\(in, out\) of k_proj"),
+    ("data", "seq_len: 5000", r"data.seq_len: 5000 is out of range; expected 2 <= seq_len <= max_position_embeddings=4096"),
+]
+
+
+@pytest.mark.parametrize("section,line,message", BAD_VALUES, ids=[b[1] for b in BAD_VALUES])
+def test_out_of_range_values_are_refused_at_load_time(config_dir, section, line, message):
+    path = config_dir / "tiny.yaml"
+    text = path.read_text()
+    key = line.split(":")[0]
+    head, body = text.split(f"{section}: {{", 1)
+    body = ", ".join(p for p in body.split("}", 1)[0].split(", ") if not p.startswith(key + ":")) + "}" + body.split("}", 1)[1]
+    path.write_text(f"{head}{section}: {{{line}, {body}")
+    with pytest.raises(ConfigError, match=message):
+        load_tier_config(path)
+
+
+@pytest.mark.parametrize("change,message", [
+    ("hidden_size: 64", "hidden_size: 0"),
+    ("num_attention_heads: 4", "num_attention_heads: 5"),
+    ("num_key_value_heads: 2", "num_key_value_heads: 3"),
+], ids=["hidden-zero", "heads-do-not-divide-hidden", "kv-heads-do-not-divide-heads"])
+def test_architectures_that_cannot_exist_are_refused(config_dir, change, message):
+    model = config_dir / "models" / "tiny-llama.yaml"
+    model.write_text(model.read_text().replace(change, message))
+    with pytest.raises(ConfigError, match=r"architecture\.(hidden_size|num_attention_heads): \d+ is out of range"):
+        load_tier_config(config_dir / "tiny.yaml")
+
+
+def test_float_written_without_a_dot_is_accepted(config_dir):
+    """PyYAML (YAML 1.1) reads `1e-3` as a string; it used to fail with "expected float, got '1e-3'"."""
+    path = config_dir / "tiny.yaml"
+    path.write_text(path.read_text().replace("lr: 1.0e-2", "lr: 1e-3"))
+    assert load_tier_config(path).train.lr == 1e-3
+
+
+def test_text_in_a_float_field_says_it_is_not_a_number(config_dir):
+    path = config_dir / "tiny.yaml"
+    path.write_text(path.read_text().replace("lr: 1.0e-2", "lr: fast"))
+    with pytest.raises(ConfigError, match=r"train.lr: expected a number, got 'fast' \(not a number literal\)"):
+        load_tier_config(path)
+
+
+def test_two_loss_windows_must_fit_the_run(config_dir):
+    path = config_dir / "tiny.yaml"
+    path.write_text(path.read_text().replace("loss_window: 5", "loss_window: 30"))
+    with pytest.raises(ConfigError, match=r"criteria.loss_window: 30 is out of range; expected >= 1, and two windows"):
+        load_tier_config(path)
