@@ -11,8 +11,11 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import gc
+import logging
+import os
 import random
 import re
+import signal
 import time
 from pathlib import Path
 
@@ -44,11 +47,57 @@ def pytest_addoption(parser):
                     help="override every tier's model weights mode")
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a CI job's timeout, a scheduler) turned into pytest's own interruption path, so that the
+    session finishes its hooks and the run report is written with status ``terminated``."""
+
+
+def _on_sigterm(signum, frame):
+    _RUN["terminated"] = True
+    raise Terminated(f"received signal {signum} (SIGTERM)")
+
+
+class _ProgressHandler(logging.Handler):
+    """Training progress lines on the terminal while a test runs, past pytest's output capture.
+
+    Long tiers (the full tier runs for minutes) would otherwise print nothing between start and result.
+    """
+
+    min_interval_s = 10.0  # at most one line per 10 s: long tiers show progress, short tests stay quiet
+
+    def __init__(self, config):
+        super().__init__(logging.INFO)
+        self.config = config
+        self.last = time.monotonic()
+
+    def emit(self, record):
+        if time.monotonic() - self.last < self.min_interval_s:
+            return
+        self.last = time.monotonic()
+        tr = self.config.pluginmanager.get_plugin("terminalreporter")
+        capman = self.config.pluginmanager.get_plugin("capturemanager")
+        if tr is None or capman is None:
+            return
+        with capman.global_and_fixture_disabled():
+            tr.ensure_newline()
+            tr.write_line(f"  [{record.name.rsplit('.', 1)[-1]}] {record.getMessage()}")
+
+
 def pytest_configure(config):
     selection = config.getoption("markexpr") or "all"
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     run_id = f"{now}-{re.sub(r'[^A-Za-z0-9]+', '_', selection)}"
     config.stash[_REPORT_KEY] = RunReport(run_id=run_id, selection=selection, environment=collect_environment())
+    if config.getoption("report_dir"):
+        check_report_dir(config.getoption("report_dir"))
+    if not hasattr(config, "workerinput"):  # the controlling process (not an xdist worker)
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    if not config.getini("log_cli") and not config.getoption("log_cli_level", None):
+        handler = _ProgressHandler(config)
+        logger = logging.getLogger("lora_core")
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        config.add_cleanup(lambda: logger.removeHandler(handler))
 
 
 def pytest_report_header(config):
@@ -102,19 +151,46 @@ def pytest_runtest_logreport(report):
     run = _RUN.get("report")
     if run is None:
         return
-    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+    if report.when == "call" or (report.when != "call" and report.outcome != "passed"):
         outcome = report.outcome if report.when == "call" else ("skipped" if report.skipped else "error")
-        reason = ""
+        reason, location = "", ""
         if report.skipped and isinstance(report.longrepr, tuple):
             reason = report.longrepr[2]
         elif report.failed:
-            reason = str(report.longrepr).strip().splitlines()[-1] if report.longrepr else ""
-        run.outcomes.append(Outcome(report.nodeid, outcome, round(report.duration, 3), reason))
+            reason, location = failure_text(report)
+        run.outcomes.append(Outcome(report.nodeid, outcome, round(report.duration, 3), reason, location))
+        if _RUN.get("report_dir"):  # report.json after every test: a killed run still leaves what it did
+            run.write_json(Path(_RUN["report_dir"]))
+
+
+def failure_text(report) -> tuple[str, str]:
+    """The whole failure message (an assertion's full text, not only its type) and where it was raised."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if crash is not None:
+        return crash.message, f"{crash.path}:{crash.lineno}"
+    text = report.longreprtext.strip()
+    return text[-4000:], ""
 
 
 def pytest_sessionstart(session):
     _RUN["report"] = session.config.stash[_REPORT_KEY]
     _RUN["start"] = time.perf_counter()
+    _RUN["terminated"] = False
+    _RUN["report_dir"] = session.config.getoption("report_dir")
+    if _RUN["report_dir"]:
+        _RUN["report"].write_json(Path(_RUN["report_dir"]))  # status "running" from the first second
+
+
+def check_report_dir(path: str) -> None:
+    """Fail before anything runs when the report directory cannot be created or written."""
+    target = Path(path)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        probe = target / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise pytest.UsageError(f"--report-dir {path}: not a writable directory ({exc.strerror or exc})") from None
 
 
 def _check_tier_wall_time(session, run: RunReport) -> None:
@@ -137,6 +213,12 @@ def _check_tier_wall_time(session, run: RunReport) -> None:
 def pytest_sessionfinish(session, exitstatus):
     report_dir = session.config.getoption("report_dir")
     run = session.config.stash[_REPORT_KEY]
+    if _RUN.get("terminated"):
+        run.status = "terminated"
+    elif exitstatus == pytest.ExitCode.INTERRUPTED:
+        run.status = "interrupted"
+    else:
+        run.status = "complete"
     session.config.stash[_SUMMARY_KEY] = []
     _check_tier_wall_time(session, run)
     if report_dir:
@@ -174,13 +256,14 @@ class Checker:
         self.report, self.nodeid = report, nodeid
 
     def __call__(self, name, value, op, threshold, *, unit="", source="", detail=""):
-        c = self.report.check(self.nodeid, name, value, op, threshold, unit=unit, source=source)
+        __tracebackhide__ = True  # a failure points at the tier's line, not at this helper
+        c = self.report.check(self.nodeid, name, value, op, threshold, unit=unit, source=source, detail=detail)
         assert c.passed, f"{name}: {c.value}{unit} is not {op} {c.threshold}{unit}. {detail}".strip()
         return c
 
-    def soft(self, name, value, op, threshold, *, unit="", source=""):
+    def soft(self, name, value, op, threshold, *, unit="", source="", detail=""):
         """Record without asserting (the caller asserts on a combination)."""
-        return self.report.check(self.nodeid, name, value, op, threshold, unit=unit, source=source)
+        return self.report.check(self.nodeid, name, value, op, threshold, unit=unit, source=source, detail=detail)
 
 
 @pytest.fixture

@@ -4,12 +4,20 @@
 - windowed_means: the mean of consecutive, non-overlapping windows (a smoothed loss curve).
 - coefficient_of_variation: std / mean (population std), e.g. of step times after warm-up.
 - throughput_drift: relative fall of the mean of the last window against the first: (first − last) / first.
+- robust_spread: 1.4826·MAD / median, the robust counterpart of the CV (equal to it for Gaussian noise; one
+  stall among n steps moves the MAD by at most one rank, where it moves a plain CV by ~stall/(mean·√n)).
+- median_drift: (median(first window) − median(last window)) / median(first window), with the standard
+  error of that difference for the noise allowance: a median of w samples of a distribution with robust
+  σ has standard error ≈ 1.2533·σ/√w (asymptotic efficiency of the median, 2/π, for Gaussian noise), so
+  the difference of two independent window medians has SE ≈ 1.2533·σ·√(2/w), σ = 1.4826·MAD of all samples.
+  A drift criterion passes when drift ≤ drift_max + z·SE / median(first window).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass
 
 
 def _check_window(values, window: int) -> None:
@@ -66,3 +74,41 @@ def loss_match(ours, reference, control, factor: float, floor: float) -> tuple[l
             beyond.append(step)
         rows.append((step, lr, lo, gap, envelope, tol))
     return rows, beyond
+
+
+MAD_TO_SIGMA = 1.4826  # σ = 1.4826·MAD for Gaussian noise
+MEDIAN_SE_FACTOR = 1.2533  # √(π/2): standard error of a median / (σ/√n) for Gaussian noise
+
+
+def median_abs_deviation(values) -> float:
+    if len(values) < 2:
+        raise ValueError(f"need two or more values, got {len(values)}")
+    med = statistics.median(values)
+    return statistics.median(abs(v - med) for v in values)
+
+
+def robust_spread(values) -> float:
+    """1.4826·MAD / median: the spread of ``values`` relative to their median, insensitive to rare stalls."""
+    med = statistics.median(values)
+    return MAD_TO_SIGMA * median_abs_deviation(values) / med if med else math.inf
+
+
+@dataclass(frozen=True)
+class Drift:
+    first_median: float
+    last_median: float
+    drift: float  # (first − last) / first: positive when the value fell
+    noise_se: float  # standard error of ``drift`` from the samples' own robust spread
+
+    def allowed(self, drift_max: float, z: float) -> float:
+        """The bar with its noise allowance: drift_max + z·SE."""
+        return drift_max + z * self.noise_se
+
+
+def median_drift(values, window: int) -> Drift:
+    """Relative fall of the median of the last ``window`` values against the first ``window`` (docstring above)."""
+    _check_window(values, 2 * window)
+    first, last = statistics.median(values[:window]), statistics.median(values[-window:])
+    sigma = MAD_TO_SIGMA * median_abs_deviation(values)
+    se = MEDIAN_SE_FACTOR * sigma * math.sqrt(2 / window) / first if first else math.inf
+    return Drift(first, last, (first - last) / first if first else math.inf, se)

@@ -36,6 +36,7 @@ class Check:
     passed: bool
     unit: str = ""
     source: str = ""  # where the threshold came from (config key, derivation)
+    detail: str = ""  # diagnosis when it fails (what is beyond, where)
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,12 @@ class Outcome:
     test: str
     outcome: str  # passed | failed | skipped | error
     duration_s: float
-    reason: str = ""
+    reason: str = ""  # the whole skip reason or failure message (an assertion's full text)
+    location: str = ""  # file:line of a failure
+
+
+SCHEMA_VERSION = 2  # 1: reports before the field existed (reports/schema/report-v1.schema.json)
+STATUSES = ("running", "complete", "interrupted", "terminated")
 
 
 @dataclass
@@ -61,12 +67,15 @@ class RunReport:
     run_id: str
     selection: str  # what was run (marker expression / tier)
     environment: Environment
+    # running (written while a run is under way), complete, interrupted (Ctrl-C), terminated (SIGTERM)
+    status: str = "running"
     notes: list[str] = field(default_factory=list)
     checks: list[Check] = field(default_factory=list)
     series: list[Series] = field(default_factory=list)
     outcomes: list[Outcome] = field(default_factory=list)
 
-    def check(self, test: str, name: str, value, op: str, threshold, *, unit: str = "", source: str = "") -> Check:
+    def check(self, test: str, name: str, value, op: str, threshold, *, unit: str = "", source: str = "",
+              detail: str = "") -> Check:
         """Record ``value op threshold`` and return the record (its ``passed`` says the verdict).
 
         NaN never passes. The caller asserts on ``passed`` so that pytest fails with the same message.
@@ -74,7 +83,8 @@ class RunReport:
         if op not in _OPS:
             raise ValueError(f"op={op!r} is not one of {sorted(_OPS)}")
         passed = not _is_nan(value) and bool(_OPS[op](value, threshold))
-        record = Check(test, name, _plain(value), op, _plain(threshold), passed, unit, source)
+        record = Check(test, name, _plain(value), op, _plain(threshold), passed, unit, source,
+                       "" if passed else detail)
         self.checks.append(record)
         return record
 
@@ -93,7 +103,8 @@ class RunReport:
 
     def to_dict(self) -> dict:
         return {
-            "run_id": self.run_id, "selection": self.selection, "environment": asdict(self.environment),
+            "schema_version": SCHEMA_VERSION, "run_id": self.run_id, "selection": self.selection,
+            "status": self.status, "environment": asdict(self.environment),
             "notes": self.notes, "summary": self.summary(),
             "outcomes": [asdict(o) for o in self.outcomes],
             "checks": [asdict(c) for c in self.checks],
@@ -108,11 +119,17 @@ class RunReport:
         counts["checks_failed"] = sum(not c.passed for c in self.checks)
         return counts
 
-    def write(self, directory: str | Path) -> Path:
-        """Write report.json, the plots and report.md into ``directory``; return the Markdown path."""
+    def write_json(self, directory: str | Path) -> Path:
+        """Only report.json (cheap: written after every test, so that a killed run leaves its evidence)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         atomic_write_text(directory / "report.json", json.dumps(self.to_dict(), indent=1, default=str) + "\n")
+        return directory / "report.json"
+
+    def write(self, directory: str | Path) -> Path:
+        """Write report.json, the plots and report.md into ``directory``; return the Markdown path."""
+        directory = Path(directory)
+        self.write_json(directory)
         plots = render_plots(self, directory)
         md = directory / "report.md"
         atomic_write_text(md, render_markdown(self, plots))
@@ -127,11 +144,18 @@ def atomic_write_text(path: Path, text: str) -> None:
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
+            os.chmod(f.fileno(), 0o666 & ~_umask())  # mkstemp makes 0600; a report is for everyone to read
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def render_plots(report: RunReport, directory: Path) -> dict[int, str]:
@@ -167,13 +191,20 @@ def render_markdown(report: RunReport, plots: dict[int, str] | None = None) -> s
     env = report.environment
     s = report.summary()
     lines = [f"# LoRA GPU suite report: {report.selection}", "",
-             f"Run `{report.run_id}`: " + ", ".join(f"{k} {v}" for k, v in s.items()), ""]
+             f"Run `{report.run_id}` ({report.status}): " + ", ".join(f"{k} {v}" for k, v in s.items()), ""]
+    if report.status != "complete":
+        lines += [f"**This run did not finish: status `{report.status}`.** What it did before it stopped is below.", ""]
     lines += ["## Environment", "", "| | |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in asdict(env).items()]
     if report.notes:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in report.notes]
     lines += ["", "## Tests", "", "| test | outcome | seconds | reason |", "|---|---|---|---|"]
-    lines += [f"| `{_short(o.test)}` | {o.outcome} | {o.duration_s:.2f} | {_cell(o.reason)} |" for o in report.outcomes]
+    lines += [f"| `{_short(o.test)}` | {o.outcome} | {o.duration_s:.2f} | {_cell(o.reason, 300)} |" for o in report.outcomes]
+    failures = [o for o in report.outcomes if o.outcome in ("failed", "error")]
+    if failures:
+        lines += ["", "## Failures", ""]
+        for o in failures:
+            lines += [f"### `{_short(o.test)}` ({o.location})", "", "```", o.reason, "```", ""]
     by_test: dict[str, list[Check]] = {}
     for c in report.checks:
         by_test.setdefault(c.test, []).append(c)
@@ -183,7 +214,7 @@ def render_markdown(report: RunReport, plots: dict[int, str] | None = None) -> s
         lines += [f"### `{_short(test)}`", "", "| check | value | criterion | verdict | threshold source |",
                   "|---|---|---|---|---|"]
         lines += [f"| {c.name} | {_fmt(c.value)}{(' ' + c.unit) if c.unit else ''} | {c.op} {_fmt(c.threshold)} | "
-                  f"{'PASS' if c.passed else '**FAIL**'} | {_cell(c.source)} |" for c in checks]
+                  f"{'PASS' if c.passed else '**FAIL**: ' + _cell(c.detail, 2000)} | {_cell(c.source)} |" for c in checks]
         lines.append("")
     for i, ser in enumerate(report.series):
         lines += ["", f"## {ser.name} (`{_short(ser.test)}`)", ""]
@@ -224,5 +255,6 @@ def _slug(text: str) -> str:
     return "".join(ch if ch.isalnum() else "_" for ch in text.lower()).strip("_")[:40]
 
 
-def _cell(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")[:300]
+def _cell(text: str, limit: int = 300) -> str:
+    text = str(text).replace("|", "\\|").replace("\n", " ")
+    return text if len(text) <= limit else text[:limit] + " …"

@@ -1,8 +1,15 @@
 """The training loop of every tier: AdamW over the adapters only, warm-up then decay, accumulation, records.
 
 One visible loop (``train``). Each optimizer step records loss, gradient norm, learning rate, tokens/s,
-step time and memory (torch allocated / reserved / peak, NVML used). A non-finite loss or gradient stops
-the run with ``NonFiniteError`` naming the offending parameters, instead of training on NaN.
+host step time, GPU step time (CUDA events around the step on the current stream) and memory (torch
+allocated / reserved / peak, NVML used). A non-finite loss or gradient stops the run with
+``NonFiniteError`` naming the offending parameters, instead of training on NaN. Records go into the
+caller's ``records`` list as they are made, so a run that stops (NaN, an error, Ctrl-C) keeps them.
+
+Gradient accumulation over k micro-batches is token-weighted, so that it equals one k-times batch:
+    L = Σ_i Σ_{t∈T_i} ℓ_t / Σ_i |T_i|,   each micro-batch contributes  mean_i · |T_i| / Σ_j |T_j|
+where T_i are the tokens with a label in micro-batch i (the model's loss is the mean over its T_i).
+Dividing by k instead is only right when every |T_i| is equal (it is not with prompt-masked data).
 
 Learning rate at step t (0-based) with warm-up w, total T, peak η and floor ratio m:
     t < w:        η·(t+1)/w
@@ -41,11 +48,12 @@ class StepRecord:
     grad_norm: float
     lr: float
     tokens_per_s: float
-    step_time_s: float
+    step_time_s: float  # host wall time of the whole step (synchronised at its end)
     allocated_mib: float
     reserved_mib: float
     peak_allocated_mib: float
     nvml_used_mib: float | None
+    gpu_time_s: float | None = None  # CUDA-event time from the step's first launch to its last (None on CPU)
 
 
 @dataclass
@@ -89,47 +97,77 @@ def make_optimizer(model: nn.Module, s: TrainSettings,
                              fused=fused or None)
 
 
+def label_tokens(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Number of tokens that carry a loss in a causal-LM batch (labels shifted by one, -100 ignored)."""
+    return (batch["labels"][:, 1:] != -100).sum()
+
+
+def accumulate_gradients(model: nn.Module, micro_batches: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+    """Forward and backward over the micro-batches, token-weighted (module docstring); returns the loss.
+
+    Gradients add into ``.grad``; the returned loss (a detached 0-d tensor, no sync) is the loss of the
+    micro-batches taken together as one batch.
+    """
+    counts = [label_tokens(b) for b in micro_batches]
+    total = torch.stack(counts).sum().clamp_min(1)
+    loss_sum = None
+    for batch, count in zip(micro_batches, counts):
+        out = model(input_ids=batch["input_ids"], labels=batch["labels"])
+        weighted = out.loss * (count / total)
+        weighted.backward()
+        loss_sum = weighted.detach() if loss_sum is None else loss_sum + weighted.detach()
+    return loss_sum
+
+
 def train(model: nn.Module, batches: Callable[[int], dict[str, torch.Tensor]], s: TrainSettings, *,
           optimizer: torch.optim.Optimizer | None = None, start_step: int = 0, stop_step: int | None = None,
-          adapters: dict[str, nn.Parameter] | None = None) -> TrainResult:
-    """Run optimizer steps ``start_step .. stop_step`` (default: to ``s.steps``); batches(i) gives micro-batch i."""
+          adapters: dict[str, nn.Parameter] | None = None, records: list[StepRecord] | None = None,
+          step_hook: Callable[[int], None] | None = None) -> TrainResult:
+    """Run optimizer steps ``start_step .. stop_step`` (default: to ``s.steps``); batches(i) gives micro-batch i.
+
+    ``records``: a list the step records are appended to as they are made (it survives an exception).
+    ``step_hook(step)``: called inside each timed step after the optimizer step (the suite's planted-defect
+    self-tests slow or leak through it; tiers pass nothing).
+    """
     stop_step = s.steps if stop_step is None else stop_step
     named = adapter_parameters(model) if adapters is None else adapters
     optimizer = optimizer or make_optimizer(model, s, named)
     params = list(named.values())
     cuda = params[0].is_cuda
+    records = [] if records is None else records
     if s.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     nvml = NvmlReader() if cuda else None
-    records: list[StepRecord] = []
     # Move the model's large object graph out of the cyclic collector's reach: a full collection over it
     # stalls a step for hundreds of ms (seen once in an extended-tier run on the H200), which is noise in
     # step-time statistics, not a property of the kernels under test.
     gc.collect()
     gc.freeze()
+    began = time.perf_counter()
     try:
         for step in range(start_step, stop_step):
             t0 = time.perf_counter()
+            if cuda:
+                ev_start, ev_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                ev_start.record()
             lr = lr_at(step, s)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             optimizer.zero_grad(set_to_none=True)
-            loss_sum = torch.zeros((), device=params[0].device)
-            n_tokens = 0
-            for micro in range(s.grad_accum):
-                batch = batches(step * s.grad_accum + micro)
-                out = model(input_ids=batch["input_ids"], labels=batch["labels"])
-                (out.loss / s.grad_accum).backward()
-                loss_sum += out.loss.detach()
-                n_tokens += batch["input_ids"].numel()
+            micro = [batches(step * s.grad_accum + i) for i in range(s.grad_accum)]
+            loss_t = accumulate_gradients(model, micro)
+            n_tokens = sum(b["input_ids"].numel() for b in micro)
             max_norm = s.max_grad_norm if s.max_grad_norm is not None else math.inf
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))  # syncs
-            loss = float(loss_sum) / s.grad_accum
+            loss = float(loss_t)
             if not (math.isfinite(loss) and math.isfinite(grad_norm)):
                 raise NonFiniteError(_non_finite_message(step, loss, grad_norm, named))
             optimizer.step()
+            if step_hook is not None:
+                step_hook(step)
             if cuda:
+                ev_end.record()
                 torch.cuda.synchronize()
             dt = time.perf_counter() - t0
             nvml_used = nvml.used() if nvml is not None else None
@@ -140,12 +178,16 @@ def train(model: nn.Module, batches: Callable[[int], dict[str, torch.Tensor]], s
                 reserved_mib=torch.cuda.memory_reserved() / MIB if cuda else 0.0,
                 peak_allocated_mib=torch.cuda.max_memory_allocated() / MIB if cuda else 0.0,
                 nvml_used_mib=None if nvml_used is None else nvml_used / MIB,
+                gpu_time_s=ev_start.elapsed_time(ev_end) / 1e3 if cuda else None,
             )
             records.append(rec)
             if (step + 1) % s.log_every == 0 or step == stop_step - 1 or step == start_step:
-                log.info("step %d/%d loss %.4f grad_norm %.3g lr %.2e %.0f tok/s %.0f ms alloc %.2f GiB nvml %s",
+                done = step + 1 - start_step
+                eta = (time.perf_counter() - began) / done * (stop_step - step - 1)
+                log.info("step %d/%d loss %.4f grad_norm %.3g lr %.2e %.0f tok/s %.0f ms alloc %.2f GiB nvml %s eta %s",
                          step + 1, s.steps, loss, grad_norm, lr, rec.tokens_per_s, dt * 1e3, rec.allocated_mib / 1024,
-                         "-" if rec.nvml_used_mib is None else f"{rec.nvml_used_mib / 1024:.2f} GiB")
+                         "-" if rec.nvml_used_mib is None else f"{rec.nvml_used_mib / 1024:.2f} GiB",
+                         f"{eta // 60:.0f}m{eta % 60:02.0f}s")
     finally:
         gc.unfreeze()
         if nvml is not None:

@@ -38,3 +38,33 @@ def test_loss_match_band_follows_the_control():
     assert beyond == [1]  # 0.22% > the 0.1% floor at step 1; 2.5% < 4% at step 2; 2.9% < 4% at step 3
     _, nan_beyond = loss_match([math.nan], [1.0], [1.0], 4, 1e-3)
     assert nan_beyond == [0]
+
+
+def test_one_stall_dominates_a_plain_cv_but_not_the_robust_spread():
+    """The extended tier's false alarm (issue 8): steady 100 ms steps with one 300 ms stall."""
+    from lora_core.criteria import robust_spread
+    times = [100.0 + (i % 5) * 0.5 for i in range(450)]
+    times[200] = 300.0
+    assert coefficient_of_variation(times) > 0.04  # the plain CV grows with one sample
+    assert robust_spread(times) < 0.02
+
+
+def test_robust_spread_catches_a_slowed_path_on_half_the_steps():
+    """A planted defect: every other step takes 30% longer (e.g. a sync plus extra work every other step)."""
+    from lora_core.criteria import robust_spread
+    times = [100.0 if i % 2 else 130.0 for i in range(450)]
+    assert robust_spread(times) > 0.10
+
+
+def test_median_drift_and_its_noise_allowance():
+    import random
+
+    from lora_core.criteria import median_drift
+    rng = random.Random(0)
+    steady = [1000.0 * (1 + rng.gauss(0, 0.05)) for _ in range(450)]
+    d = median_drift(steady, 50)
+    assert abs(d.drift) < d.allowed(0.0, 3.0)  # steady noise stays inside 3 standard errors
+    assert 0.005 < d.noise_se < 0.02  # 1.2533·0.05·√(2/50) ≈ 0.0125
+    slowing = [v * (1 - 0.25 * i / 450) for i, v in enumerate(steady)]  # a planted progressive slowdown
+    d = median_drift(slowing, 50)
+    assert d.drift > d.allowed(0.05, 3.0)

@@ -124,7 +124,9 @@ class Tier:
 
     @staticmethod
     def assert_all(verdicts) -> None:
-        failed = [f"{v.name}: {v.value} not {v.op} {v.threshold}" for v in verdicts if not v.passed]
+        __tracebackhide__ = True
+        failed = [f"{v.name}: {v.value} not {v.op} {v.threshold}{(' (' + v.detail + ')') if v.detail else ''}"
+                  for v in verdicts if not v.passed]
         assert not failed, "; ".join(failed)
 
     def check_peak_vs_estimate(self, peak_bytes: int) -> None:

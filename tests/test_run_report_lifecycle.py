@@ -1,0 +1,105 @@
+"""The run report survives failure: full failure messages, Ctrl-C, SIGTERM, a killed process, permissions.
+
+Each test runs a small pytest session in a temporary directory with the repository's root conftest (the
+suite's pytest plumbing) copied in, and reads the report.json it leaves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+ROOT_CONFTEST = Path(__file__).resolve().parents[1] / "conftest.py"
+
+
+@pytest.fixture
+def session(pytester, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(ROOT_CONFTEST.parent) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    pytester.makeconftest(ROOT_CONFTEST.read_text())
+    pytester.makeini("[pytest]\nmarkers =\n    gpu: gpu\n")
+
+    def run(body: str, *args):
+        pytester.makepyfile(test_sample=textwrap.dedent(body))
+        result = pytester.runpytest_subprocess("--report-dir", "out", "-p", "no:cacheprovider", *args)
+        path = pytester.path / "out" / "report.json"
+        return result, (json.loads(path.read_text()) if path.exists() else None), pytester.path / "out"
+    return run
+
+
+def test_failure_reason_keeps_the_whole_assertion_message(session):
+    result, report, _ = session("""
+        def test_a():
+            assert False, "adapters beyond tolerance: " + "; ".join(f"layer{i}.lora_A err 0.9" for i in range(40))
+    """)
+    assert result.ret == 1
+    (outcome,) = report["outcomes"]
+    assert "layer39.lora_A err 0.9" in outcome["reason"], "the message was cut"
+    assert "test_sample.py:" in outcome["location"]
+    assert report["status"] == "complete" and report["schema_version"] == 2
+
+
+def test_ctrl_c_marks_the_report_interrupted(session):
+    result, report, out = session("""
+        def test_first():
+            pass
+        def test_second():
+            raise KeyboardInterrupt
+        def test_never():
+            pass
+    """)
+    assert result.ret == 2
+    assert report["status"] == "interrupted"
+    assert [o["outcome"] for o in report["outcomes"]] == ["passed"]
+    assert "did not finish: status `interrupted`" in (out / "report.md").read_text()
+
+
+def test_sigterm_writes_the_report_with_status_terminated(session):
+    result, report, out = session("""
+        import os, signal
+        def test_first():
+            pass
+        def test_killed_by_ci_timeout():
+            os.kill(os.getpid(), signal.SIGTERM)
+    """)
+    assert report is not None, "no report after SIGTERM"
+    assert report["status"] == "terminated" and report["outcomes"][0]["outcome"] == "passed"
+    assert (out / "report.md").exists()
+
+
+def test_a_killed_process_leaves_report_json_of_what_ran(session):
+    result, report, _ = session("""
+        import os, signal
+        def test_first():
+            pass
+        def test_oom_killed():
+            os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    assert report["status"] == "running"
+    assert [o["test"].split("::")[-1] for o in report["outcomes"]] == ["test_first"]
+
+
+def test_report_files_are_readable_by_others(session):
+    old = os.umask(0o022)
+    try:
+        _, _, out = session("def test_a():\n    pass\n")
+    finally:
+        os.umask(old)
+    for name in ("report.json", "report.md"):
+        mode = stat.S_IMODE((out / name).stat().st_mode)
+        assert mode == 0o644, f"{name} has mode {oct(mode)}, expected 0o644 (mkstemp makes 0600)"
+
+
+def test_an_unwritable_report_dir_stops_before_any_test(pytester, tmp_path):
+    pytester.makeconftest(ROOT_CONFTEST.read_text())
+    pytester.makepyfile(test_sample="def test_a():\n    raise SystemExit('must not run')\n")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    result = pytester.runpytest_subprocess(f"--report-dir={blocker}/sub", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--report-dir*not a writable directory*"])
