@@ -112,3 +112,39 @@ def median_drift(values, window: int) -> Drift:
     sigma = MAD_TO_SIGMA * median_abs_deviation(values)
     se = MEDIAN_SE_FACTOR * sigma * math.sqrt(2 / window) / first if first else math.inf
     return Drift(first, last, (first - last) / first if first else math.inf, se)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A criterion evaluated on measurements; tiers record it as a check, self-tests assert it fails."""
+    name: str
+    value: float
+    op: str
+    threshold: float
+    source: str = ""
+    detail: str = ""
+
+    @property
+    def passed(self) -> bool:
+        ops = {"<=": lambda v, t: v <= t, ">=": lambda v, t: v >= t, "<": lambda v, t: v < t}
+        return bool(ops[self.op](self.value, self.threshold))  # NaN never passes
+
+
+def step_time_verdicts(gpu_times_s, tokens_per_step, *, spread_max: float | None, drift_max: float | None,
+                       window: int, z: float, source: str) -> list[Verdict]:
+    """Steadiness of the GPU step time after warm-up: robust spread, and median throughput drift with allowance."""
+    out = []
+    if spread_max is not None:
+        spread = robust_spread(gpu_times_s)
+        ordered = sorted(gpu_times_s)
+        out.append(Verdict("GPU step time robust spread (1.4826 MAD / median) after warm-up", round(spread, 4), "<=",
+                           spread_max, f"{source} step_time_spread_max",
+                           f"median {statistics.median(ordered) * 1e3:.1f} ms, min {ordered[0] * 1e3:.1f}, "
+                           f"max {ordered[-1] * 1e3:.1f}"))
+    if drift_max is not None:
+        d = median_drift([tokens_per_step / t for t in gpu_times_s], window)
+        out.append(Verdict(f"tokens per GPU-second drift, median of first vs last {window} steps after warm-up",
+                           round(d.drift, 4), "<=", round(d.allowed(drift_max, z), 4),
+                           f"{source} throughput_drift_max {drift_max} + drift_noise_z {z} x SE {d.noise_se:.4f}",
+                           f"first {d.first_median:.0f}, last {d.last_median:.0f} tokens/s"))
+    return out

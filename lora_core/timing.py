@@ -54,3 +54,56 @@ def cuda_time(fn: Callable[[], object], *, warmup: int = 10, reps: int = 50,
         end.record()
     torch.cuda.synchronize(device)
     return TimingStats.from_samples([s.elapsed_time(e) for s, e in zip(starts, ends)])
+
+
+def interleaved_rounds(fns: dict[str, Callable[[], object]], *, rounds: int = 7, reps: int = 15,
+                       warmup: int = 5) -> dict[str, list[float]]:
+    """Median CUDA-event ms of each callable per round, the callables taking turns within every round.
+
+    Interleaving puts slow drifts of the machine (clocks, a second job, thermals) on every candidate alike;
+    the per-round medians give the round-to-round spread a noise allowance is computed from.
+    """
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    out: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            out[name].append(cuda_time(fn, warmup=1, reps=reps).median_ms)
+    return out
+
+
+@dataclass(frozen=True)
+class PairedEstimate:
+    """Median of per-round values and its standard error (1.2533·1.4826·MAD/√n, see criteria.py)."""
+    median: float
+    se: float
+    values: tuple[float, ...]
+
+    @classmethod
+    def of(cls, values: list[float]) -> "PairedEstimate":
+        med = statistics.median(values)
+        mad = statistics.median(abs(v - med) for v in values)
+        return cls(med, 1.2533 * 1.4826 * mad / len(values) ** 0.5, tuple(values))
+
+
+@dataclass(frozen=True)
+class BarAttempt:
+    estimate: PairedEstimate
+    passed: bool
+
+
+def measure_until_pass(measure: Callable[[], PairedEstimate], passes: Callable[[PairedEstimate], bool], *,
+                       attempts: int = 3) -> list[BarAttempt]:
+    """Measure; on a failure measure again, up to ``attempts`` times. The bar fails only if every attempt does.
+
+    A real regression fails every attempt; a transient (another job's burst) rarely does three times in a row.
+    Every attempt is returned so that the report shows the re-measurements, not only the last one.
+    """
+    out = []
+    for _ in range(attempts):
+        est = measure()
+        out.append(BarAttempt(est, bool(passes(est))))
+        if out[-1].passed:
+            break
+    return out

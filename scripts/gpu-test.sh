@@ -19,6 +19,10 @@ TARGET
   all           the five tiers above, in that order
   bench         pytest-benchmark suite of the LoRA layer (forward+backward vs the frozen base and PEFT)
   selftest      the framework's own CPU tests (what CI runs)
+  selftest-gpu  planted defects (stale activation, missing scale, accumulation, leak, slow paths) that the
+                tiers' criteria must catch: the suite's own sensitivity, on a GPU
+  compare BASELINE RUN
+                compare two run directories (report.json, benchmark.json): exit 1 on a regression
 
 Options
   --check-vram          before each tier compare the LoRA-aware VRAM estimate with NVML free memory (skip if short)
@@ -28,11 +32,15 @@ Options
                         each run gets DIR/<run-id>/
   --backend NAME        cupy | torch: the LoRA backend under test (default: cupy on a GPU)
   --weights MODE        auto | pretrained | random: override the tiers' model weights mode
+  --baseline DIR        after each target, compare its run with DIR/<target> (or DIR itself when it holds a
+                        report.json); a regression fails the target. DIR may be reports/baselines/<gpu>
   --verbose             verbose pytest output with live progress lines
   -h, --help            this help
 
 Exit codes: 0 all passed (GPU tests skip, with a reason, on a machine without a GPU),
-            1 a target failed, 2 bad usage, 3 the Python environment could not be set up.
+            1 a target failed (or compare found a regression), 2 bad usage (also an unwritable report
+            directory), 3 the Python environment could not be set up, 130 interrupted (Ctrl-C).
+Environment: GPU_TEST_BOOTSTRAP_DRY_RUN=1 prints what setting up .venv would install, and stops.
 EOF
 }
 
@@ -47,7 +55,9 @@ die_usage() { printf '%sgpu-test.sh: %s%s\n' "$RED" "$1" "$RESET" >&2; printf "R
 
 # ---------------------------------------------------------------- arguments
 TARGET=""; CHECK_VRAM=0; STRICT_VRAM=0; CONTINUE=0; VERBOSE=0; REPORT_ROOT=""
-BACKEND=""; WEIGHTS=""; EXTRA=()
+BACKEND=""; WEIGHTS=""; BASELINE=""; EXTRA=(); POSITIONAL=()
+# An option's value must not be another flag: `--report-dir --check-vram` is a mistake, not a folder.
+value_of() { [[ $# -ge 3 && -n "$3" && "$3" != -* ]] || die_usage "$1 needs $2, got '${3:-}'"; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     -h|--help) usage; exit 0 ;;
@@ -55,25 +65,36 @@ while [[ $# -gt 0 ]]; do
     --strict-vram) STRICT_VRAM=1 ;;
     --continue-on-error) CONTINUE=1 ;;
     --verbose|-v) VERBOSE=1 ;;
-    --report-dir) [[ $# -ge 2 && -n "$2" ]] || die_usage "--report-dir needs a directory"; REPORT_ROOT="$2"; shift ;;
-    --report-dir=*) REPORT_ROOT="${1#*=}" ;;
-    --backend) [[ $# -ge 2 ]] || die_usage "--backend needs a value (cupy or torch)"; BACKEND="$2"; shift ;;
-    --weights) [[ $# -ge 2 ]] || die_usage "--weights needs a value (auto, pretrained or random)"; WEIGHTS="$2"; shift ;;
+    --report-dir) value_of "$1" "a directory" "${2:-}"; REPORT_ROOT="$2"; shift ;;
+    --report-dir=*) REPORT_ROOT="${1#*=}"; [[ -n "$REPORT_ROOT" && "$REPORT_ROOT" != -* ]] || die_usage "--report-dir needs a directory, got '$REPORT_ROOT'" ;;
+    --backend) value_of "$1" "a value (cupy or torch)" "${2:-}"; BACKEND="$2"; shift ;;
+    --weights) value_of "$1" "a value (auto, pretrained or random)" "${2:-}"; WEIGHTS="$2"; shift ;;
+    --baseline) value_of "$1" "a directory" "${2:-}"; BASELINE="$2"; shift ;;
     --) shift; EXTRA=("$@"); break ;;
     -*) die_usage "unknown option '$1'" ;;
-    *) [[ -z "$TARGET" ]] || die_usage "only one target allowed, got '$TARGET' and '$1'"; TARGET="$1" ;;
+    *) if [[ -z "$TARGET" ]]; then TARGET="$1"
+       elif [[ "$TARGET" == compare ]]; then POSITIONAL+=("$1")
+       else die_usage "only one target allowed, got '$TARGET' and '$1'"; fi ;;
   esac
   shift
 done
-[[ -n "$TARGET" ]] || die_usage "no target given (quick, convergence, memory, extended, full, all, bench or selftest)"
+[[ -n "$TARGET" ]] || die_usage "no target given (quick, convergence, memory, extended, full, all, bench, selftest, selftest-gpu or compare)"
 case "$BACKEND" in ""|cupy|torch) ;; *) die_usage "--backend must be cupy or torch, got '$BACKEND'" ;; esac
 case "$WEIGHTS" in ""|auto|pretrained|random) ;; *) die_usage "--weights must be auto, pretrained or random, got '$WEIGHTS'" ;; esac
 [[ $STRICT_VRAM -eq 0 || $CHECK_VRAM -eq 1 ]] || die_usage "--strict-vram only makes sense with --check-vram"
 case "$TARGET" in
-  quick|convergence|memory|extended|full|bench|selftest) TARGETS=("$TARGET") ;;
+  quick|convergence|memory|extended|full|bench|selftest|selftest-gpu) TARGETS=("$TARGET") ;;
   all) TARGETS=("${TIERS_ALL[@]}") ;;
-  *) die_usage "unknown target '$TARGET' (expected quick, convergence, memory, extended, full, all, bench or selftest)" ;;
+  compare) [[ ${#POSITIONAL[@]} -eq 2 ]] || die_usage "compare needs two run directories: compare BASELINE RUN"
+           TARGETS=(compare) ;;
+  *) die_usage "unknown target '$TARGET' (expected quick, convergence, memory, extended, full, all, bench, selftest, selftest-gpu or compare)" ;;
 esac
+[[ -z "$BASELINE" || -d "$BASELINE" ]] || die_usage "--baseline $BASELINE is not a directory"
+# The report directory must be writable before anything runs (not after a tier ran for minutes).
+if [[ -n "$REPORT_ROOT" ]]; then
+  { mkdir -p "$REPORT_ROOT" 2>/dev/null && probe="$(mktemp "$REPORT_ROOT/.write-test.XXXXXX" 2>/dev/null)" && rm -f "$probe"; } ||
+    die_usage "--report-dir $REPORT_ROOT is not a writable directory"
+fi
 [[ "${GPU_TEST_DRY_RUN:-0}" != "1" ]] || { say "targets: ${TARGETS[*]}"; exit 0; }  # for the CPU tests of this script
 
 # Progress lines appear as they happen when output is piped (CI logs), not at exit.
@@ -84,8 +105,15 @@ cd "$ROOT"
 
 # ---------------------------------------------------------------- Python environment
 # Use an interpreter that already has everything (the lent GPU machines have no network); otherwise
-# bootstrap .venv. torch is pinned first so that pip does not resolve a multi-GB build we do not want.
+# bootstrap .venv. torch is pinned first so that pip does not resolve a multi-GB build we do not want;
+# on a machine with an NVIDIA GPU the system under test also needs CuPy, built for the CUDA major of the
+# torch that is installed (cupy-cuda12x or cupy-cuda13x), and PEFT for the reference rows.
 NEEDED="import torch, transformers, yaml, pynvml, pytest, pytest_benchmark, safetensors, matplotlib"
+NVIDIA=0
+if [[ "${GPU_TEST_ASSUME_GPU:-}" == 1 ]] || { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }; then
+  NVIDIA=1; NEEDED="$NEEDED, cupy, peft"
+fi
+[[ "$TARGET" == selftest ]] && NEEDED="$NEEDED, jsonschema"  # the CPU tests validate committed reports
 pick_python() {
   local cand
   for cand in "${PYTHON:-}" "$ROOT/.venv/bin/python" python3; do
@@ -93,20 +121,37 @@ pick_python() {
   done
   return 1
 }
+torch_cuda_major() {  # of the torch installed in .venv ("" for a CPU build); GPU_TEST_TORCH_CUDA overrides (tests)
+  local v="${GPU_TEST_TORCH_CUDA-$(.venv/bin/python -c 'import torch; print(torch.version.cuda or "")' 2>/dev/null)}"
+  printf '%s' "${v%%.*}"
+}
+bootstrap() {
+  local dry="${GPU_TEST_BOOTSTRAP_DRY_RUN:-0}" major extras=".[peft,test]"
+  run_step() { if [[ "$dry" == 1 ]]; then say "would run: $*"; else "$@"; fi; }
+  say "${YELLOW}Setting up .venv: torch ${LORA_TORCH_SPEC:-==2.13.0}, then this project and its dependencies${RESET}"
+  { [[ -x .venv/bin/python ]] || run_step python3 -m venv .venv; } &&
+    run_step .venv/bin/python -m pip install -q --upgrade pip &&
+    run_step .venv/bin/python -m pip install -q "torch${LORA_TORCH_SPEC:-==2.13.0}" || return 1
+  if [[ $NVIDIA -eq 1 ]]; then
+    major="$(torch_cuda_major)"
+    case "$major" in
+      12|13) extras=".[peft,test,cuda$major]" ;;
+      "") say "${YELLOW}An NVIDIA GPU is present but the installed torch is a CPU build: no CuPy (the GPU tiers will skip).${RESET}" ;;
+      *) say "${RED}torch is built for CUDA $major; CuPy wheels exist for CUDA 12 and 13 only.${RESET}"; return 1 ;;
+    esac
+  fi
+  run_step .venv/bin/python -m pip install -q -e "$extras"
+}
+if [[ "${GPU_TEST_BOOTSTRAP_DRY_RUN:-0}" == 1 ]]; then bootstrap; exit $?; fi
 if ! pick_python; then
-  say "${YELLOW}Setting up .venv (first run): torch ${LORA_TORCH_SPEC:-==2.13.0}, then this project and its dependencies${RESET}"
-  { [[ -x .venv/bin/python ]] || python3 -m venv .venv; } &&
-    .venv/bin/python -m pip install -q --upgrade pip &&
-    .venv/bin/python -m pip install -q "torch${LORA_TORCH_SPEC:-==2.13.0}" &&
-    .venv/bin/python -m pip install -q -e ".[peft]" ||
-    { say "${RED}Could not set up the Python environment in .venv (see pip's messages above).${RESET}"; exit 3; }
+  bootstrap || { say "${RED}Could not set up the Python environment in .venv (see pip's messages above).${RESET}"; exit 3; }
   PY="$ROOT/.venv/bin/python"
 fi
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
 # ---------------------------------------------------------------- GPU pre-check (NVML / nvidia-smi)
 HAVE_GPU=0
-if [[ "$TARGET" != "selftest" ]]; then
+if [[ "$TARGET" != "selftest" && "$TARGET" != compare ]]; then
   if command -v nvidia-smi >/dev/null 2>&1 && gpu_line=$(nvidia-smi --query-gpu=name,memory.total,memory.used,memory.free,driver_version --format=csv,noheader 2>/dev/null) && [[ -n "$gpu_line" ]]; then
     HAVE_GPU=1
     say "${BOLD}GPU:${RESET} $gpu_line  (name, total, used, free, driver)"
@@ -127,37 +172,63 @@ fi
 # ---------------------------------------------------------------- run
 declare -a ROWS=()
 FAILED=0
+INTERRUPTED=0
+# Ctrl-C reaches pytest too (same process group), which stops and writes its report; then the whole run
+# stops here instead of going on with the next target.
+trap 'INTERRUPTED=1' INT
 STAMP="$(date -u +%Y%m%dT%H%M%SZ)"
+new_run_dir() {  # unique even when two runs start in the same second: mkdir is atomic
+  local base="$REPORT_ROOT/$STAMP-$1" dir n=1
+  mkdir -p "$REPORT_ROOT"
+  dir="$base"
+  until mkdir "$dir" 2>/dev/null; do n=$((n + 1)); dir="$base-$n"; done
+  printf '%s' "$dir"
+}
+baseline_for() {  # DIR/<target>, or DIR itself when it holds a run
+  if [[ -f "$BASELINE/$1/report.json" || -f "$BASELINE/$1/benchmark.json" ]]; then printf '%s' "$BASELINE/$1"
+  else printf '%s' "$BASELINE"; fi
+}
 for t in "${TARGETS[@]}"; do
-  args=(-m pytest -p no:cacheprovider)
+  args=(-m pytest -p no:cacheprovider --rootdir "$ROOT")
   [[ $VERBOSE -eq 1 ]] && args+=(-v -o log_cli=true --log-cli-level=INFO)
   [[ -n "$BACKEND" ]] && args+=(--backend "$BACKEND")
   [[ -n "$WEIGHTS" ]] && args+=(--weights "$WEIGHTS")
   run_dir=""
   case "$t" in
+    compare) args=(-m lora_core.compare "${POSITIONAL[@]}") ;;
     selftest) args+=(tests) ;;
     bench)
-      run_dir="$REPORT_ROOT/$STAMP-bench"
-      args+=(benchmarks -m benchmark --benchmark-json="$run_dir/benchmark.json" --report-dir "$run_dir" --junitxml="$run_dir/junit.xml") ;;
+      run_dir="$(new_run_dir bench)"
+      args+=(benchmarks -m benchmark "--benchmark-json=$run_dir/benchmark.json" "--report-dir=$run_dir" "--junitxml=$run_dir/junit.xml") ;;
+    selftest-gpu)
+      run_dir="$(new_run_dir selftest-gpu)"
+      args+=(tiers -m selftest_gpu "--report-dir=$run_dir" "--junitxml=$run_dir/junit.xml") ;;
     *)
-      run_dir="$REPORT_ROOT/$STAMP-$t"
-      args+=(tiers -m "$t" --report-dir "$run_dir" --junitxml="$run_dir/junit.xml")
+      run_dir="$(new_run_dir "$t")"
+      args+=(tiers -m "$t" "--report-dir=$run_dir" "--junitxml=$run_dir/junit.xml")
       [[ $CHECK_VRAM -eq 1 ]] && args+=(--check-vram)
       [[ $STRICT_VRAM -eq 1 ]] && args+=(--strict-vram) ;;
   esac
-  [[ -n "$run_dir" ]] && mkdir -p "$run_dir"
   say ""
   say "${BOLD}=== $t ===${RESET}  $PY ${args[*]} ${EXTRA[*]:-}"
   start=$(date +%s)
   "$PY" "${args[@]}" "${EXTRA[@]}"
   rc=$?
+  if [[ $rc -eq 0 && -n "$BASELINE" && -n "$run_dir" ]]; then
+    say "${BOLD}--- $t vs baseline $(baseline_for "$t") ---${RESET}"
+    "$PY" -m lora_core.compare "$(baseline_for "$t")" "$run_dir"
+    rc=$?; [[ $rc -eq 1 ]] && rc=6  # 6: this script's code for "regression against the baseline"
+  fi
   secs=$(( $(date +%s) - start ))
   case $rc in
     0) verdict="PASS" ;;
     5) verdict="FAIL (no tests collected)" ;;
-    *) verdict="FAIL (pytest exit $rc)" ;;
+    6) verdict="FAIL (regression vs baseline)" ;;
+    *) verdict="FAIL (exit $rc)" ;;
   esac
-  ROWS+=("$(printf '%-12s %-28s %6ss  %s' "$t" "$verdict" "$secs" "${run_dir:-"-"}")")
+  [[ $INTERRUPTED -eq 1 ]] && verdict="INTERRUPTED"
+  ROWS+=("$(printf '%-12s %-30s %6ss  %s' "$t" "$verdict" "$secs" "${run_dir:-"-"}")")
+  [[ $INTERRUPTED -eq 1 ]] && break
   if [[ $rc -ne 0 ]]; then
     FAILED=1
     if [[ $CONTINUE -eq 0 && ${#TARGETS[@]} -gt 1 ]]; then
@@ -170,11 +241,15 @@ done
 # ---------------------------------------------------------------- summary
 say ""
 say "${BOLD}Summary$([[ $HAVE_GPU -eq 0 && "$TARGET" != selftest ]] && printf ' (no GPU: GPU tests were skipped)')${RESET}"
-say "$(printf '%-12s %-28s %7s  %s' target result time report)"
+say "$(printf '%-12s %-30s %7s  %s' target result time report)"
 for row in "${ROWS[@]}"; do
   case "$row" in
     *PASS*) say "${GREEN}${row}${RESET}" ;;
     *) say "${RED}${row}${RESET}" ;;
   esac
 done
+if [[ $INTERRUPTED -eq 1 ]]; then
+  say "${RED}Interrupted (Ctrl-C): the targets after it did not run.${RESET}"
+  exit 130
+fi
 exit $FAILED

@@ -17,7 +17,7 @@ from lora_core.memory import GIB, estimate_training_memory, measured_split, nvml
 from lora_core.models import CheckpointNotFound
 from lora_core.recipe import Prepared, prepare
 from lora_core.report import Series
-from lora_core.trainer import StepRecord, train
+from lora_core.trainer import StepRecord, TrainResult, train
 
 
 class Tier:
@@ -69,6 +69,8 @@ class Tier:
                    source="--backend (default cupy); no silent fallback")
 
     def record_steps(self, name: str, records: list[StepRecord], plots: bool = True) -> None:
+        if not records:
+            return
         cols = tuple(f.name for f in dataclasses.fields(StepRecord))
         rows = tuple(tuple(getattr(r, c) for c in cols) for r in records)
         self.report.add_series(Series(self.nodeid, f"{name}: loss", cols, rows,
@@ -79,13 +81,25 @@ class Tier:
             self.report.add_series(Series(self.nodeid, f"{name}: memory (MiB)", mem_cols, mem_rows,
                                           plot_x="step", plot_y=mem_cols[1:]))
 
+    def train(self, name: str, prepared: Prepared, cfg: TierConfig, *, plots: bool = True, **kw) -> TrainResult:
+        """Train and record the per-step series, also when training stops early (NaN, an error, Ctrl-C)."""
+        records: list[StepRecord] = []
+        try:
+            return train(prepared.model, prepared.batches, cfg.train, records=records, **kw)
+        except BaseException as exc:
+            self.report.notes.append(f"{self.nodeid}: {name} stopped after {len(records)} recorded steps: "
+                                     f"{type(exc).__name__}: {exc}")
+            raise
+        finally:
+            self.record_steps(name, records, plots=plots)
+
     def run_and_measure(self, cfg, quantize, steps=None):
         """Train ``steps`` (default: all) with the given base storage; return (peak bytes, split, records)."""
         gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         prepared = self.prepare(cfg, quantize=quantize)
-        result = train(prepared.model, prepared.batches, cfg.train, stop_step=steps)
+        result = self.train(f"{cfg.tier} ({quantize or cfg.dtype} base)", prepared, cfg, stop_step=steps)
         peak = torch.cuda.max_memory_allocated()
         self.check_backend(prepared.model, cfg.backend)
         split = measured_split(prepared.model, result.optimizer, peak)

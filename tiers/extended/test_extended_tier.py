@@ -1,48 +1,63 @@
-"""extended tier: TinyLlama-1.1B architecture, 500 steps: no leak, loss keeps falling, steady throughput."""
+"""extended tier: TinyLlama-1.1B architecture, 500 steps: no leak, loss keeps falling, steady speed.
+
+The verdicts are computed by ``extended_verdicts`` from the step records, so that the planted-defect
+self-test (tiers/selftest_gpu) judges a leaking or slowed run with exactly these criteria.
+Timing criteria judge the GPU time of each step (CUDA events), with robust statistics and a noise
+allowance (lora_core/criteria.py): host jitter and rare stalls are not what this tier is about.
+"""
 
 from __future__ import annotations
 
 import pytest
 
-from lora_core.criteria import coefficient_of_variation, is_non_increasing, throughput_drift, windowed_means
+from lora_core.config import TierConfig
+from lora_core.criteria import Verdict, is_non_increasing, step_time_verdicts, windowed_means
 from lora_core.memory import fit_slope
 from lora_core.report import Series
-from lora_core.trainer import train
+from lora_core.trainer import StepRecord
 
 pytestmark = [pytest.mark.gpu, pytest.mark.extended]
+LEAK_SERIES = ("allocated_mib", "reserved_mib", "nvml_used_mib")
+
+
+def extended_verdicts(cfg: TierConfig, records: list[StepRecord]) -> tuple[list[Verdict], list[tuple]]:
+    """(verdicts, leak-fit rows) of a run: leak slopes, smoothed loss, GPU step-time spread and drift."""
+    crit, source = cfg.criteria, f"configs/{cfg.tier}.yaml"
+    after = [r for r in records if r.step >= crit.fit_after_step]
+    steps = [r.step for r in after]
+    verdicts, fits = [], []
+    for name in LEAK_SERIES:
+        values = [getattr(r, name) for r in after]
+        if any(v is None for v in values):
+            continue  # no NVML readings: the tier notes it
+        fit = fit_slope(steps, values)
+        fits.append((name, fit.slope, fit.intercept, fit.r2, min(values), max(values)))
+        verdicts.append(Verdict(f"{name} slope after step {crit.fit_after_step}", round(fit.slope, 5), "<=",
+                                crit.leak_slope_max_mib_per_step, f"{source} leak_slope_max_mib_per_step",
+                                f"from {values[0]:.1f} to {values[-1]:.1f} MiB, r2 {fit.r2:.3f}"))
+    if crit.smooth_slack is not None:
+        means = windowed_means([r.loss for r in records], crit.smooth_window)
+        verdicts.append(Verdict(f"smoothed loss keeps falling (each window <= previous x (1 + {crit.smooth_slack}))",
+                                float(is_non_increasing(means, crit.smooth_slack)), ">=", 1.0,
+                                f"{source} smooth_slack", f"window means {[round(m, 4) for m in means]}"))
+        verdicts.append(Verdict("last window mean loss < first window mean", round(means[-1], 4), "<",
+                                round(means[0], 4)))
+    tokens = cfg.data.batch_size * cfg.data.seq_len * cfg.train.grad_accum
+    verdicts += step_time_verdicts([r.gpu_time_s for r in after], tokens, spread_max=crit.step_time_spread_max,
+                                   drift_max=crit.throughput_drift_max, window=crit.smooth_window,
+                                   z=crit.drift_noise_z, source=source)
+    return verdicts, fits
 
 
 def test_long_run_no_leak_loss_falls_steady_speed(tier):
     cfg = tier.config("extended")
-    crit = cfg.criteria
     prepared = tier.prepare(cfg)
-    result = train(prepared.model, prepared.batches, cfg.train)
-    tier.record_steps("extended", result.records)
+    result = tier.train("extended", prepared, cfg)
     tier.check_backend(prepared.model, cfg.backend)
-    after = [r for r in result.records if r.step >= crit.fit_after_step]
-    steps = [r.step for r in after]
-    fits = []
-    for name in ("allocated_mib", "reserved_mib", "nvml_used_mib"):
-        values = [getattr(r, name) for r in after]
-        if any(v is None for v in values):
-            tier.report.notes.append(f"{tier.nodeid}: no NVML readings; {name} slope not fitted")
-            continue
-        fit = fit_slope(steps, values)
-        fits.append((name, fit.slope, fit.intercept, fit.r2, min(values), max(values)))
-        tier.check(f"{name} slope after step {crit.fit_after_step}", round(fit.slope, 5), "<=",
-                   crit.leak_slope_max_mib_per_step, unit=" MiB/step", source="configs/extended.yaml")
+    if any(r.nvml_used_mib is None for r in result.records):
+        tier.report.notes.append(f"{tier.nodeid}: no NVML readings; nvml_used_mib slope not fitted")
+    verdicts, fits = extended_verdicts(cfg, result.records)
     tier.report.add_series(Series(tier.nodeid, "leak fit: y = slope*step + intercept",
                                   ("series", "slope MiB/step", "intercept MiB", "r2", "min MiB", "max MiB"), tuple(fits)))
-    means = windowed_means(result.losses, crit.smooth_window)
-    tier.report.add_series(Series(tier.nodeid, f"smoothed loss ({crit.smooth_window}-step window means)",
-                                  ("window", "mean loss"), tuple(enumerate(means))))
-    tier.check(f"smoothed loss keeps falling (each window <= previous x (1 + {crit.smooth_slack}))",
-               is_non_increasing(means, crit.smooth_slack), "==", True, source="configs/extended.yaml smooth_slack",
-               detail=f"window means {[round(m, 4) for m in means]}")
-    tier.check("last window mean < first window mean", round(means[-1], 4), "<", round(means[0], 4))
-    times = [r.step_time_s for r in after]
-    tier.check("step time CV after warm-up", round(coefficient_of_variation(times), 4), "<=", crit.step_time_cv_max,
-               source="configs/extended.yaml")
-    drift = throughput_drift([r.tokens_per_s for r in after], crit.smooth_window)
-    tier.check("throughput drift (first vs last window after warm-up)", round(drift, 4), "<=",
-               crit.throughput_drift_max, source="configs/extended.yaml")
+    tier.assert_all([tier.check.soft(v.name, v.value, v.op, v.threshold, source=v.source, detail=v.detail)
+                     for v in verdicts])

@@ -14,7 +14,6 @@ import torch
 from lora_core.checkpoint import load_adapter_checkpoint, save_adapter_checkpoint
 from lora_core.criteria import loss_drop
 from lora_core.memory import measured_split
-from lora_core.trainer import train
 
 pytestmark = [pytest.mark.gpu, pytest.mark.full]
 
@@ -25,9 +24,8 @@ def test_llama7b_end_to_end(tier, tmp_path):
     bf16 = tier.bf16_baseline(cfg)
     torch.cuda.reset_peak_memory_stats()
     prepared = tier.prepare(cfg)
-    result = train(prepared.model, prepared.batches, cfg.train)
+    result = tier.train("full", prepared, cfg)
     peak = torch.cuda.max_memory_allocated()
-    tier.record_steps("full", result.records)
     tier.check_backend(prepared.model, cfg.backend)
     tier.record_split(cfg, "full", peak, measured_split(prepared.model, result.optimizer, peak), bf16)
     drop = loss_drop(result.losses, crit.loss_window)

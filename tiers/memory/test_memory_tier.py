@@ -14,8 +14,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.memory]
 def test_peak_vram_within_budget(tier):
     cfg = tier.config("memory")
     bf16 = tier.bf16_baseline(cfg)
-    peak, split, records = tier.run_and_measure(cfg, cfg.lora.quantize)
-    tier.record_steps("memory", records)
+    peak, split, _ = tier.run_and_measure(cfg, cfg.lora.quantize)
     tier.record_split(cfg, "memory", peak, split, bf16)
     tier.assert_all(tier.memory_verdicts(cfg, peak, bf16))
     tier.check_peak_vs_estimate(peak)

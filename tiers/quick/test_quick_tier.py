@@ -9,7 +9,7 @@ import torch
 
 import lora_core
 from lora_core.inject import adapter_parameters
-from lora_core.trainer import make_optimizer, train
+from lora_core.trainer import make_optimizer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.quick]
 
@@ -26,9 +26,8 @@ def test_quick_smoke(tier):
     calls_before = lora_core.backend_call_counts()[cfg.backend]
 
     optimizer = make_optimizer(model, cfg.train)
-    result = train(model, prepared.batches, cfg.train, optimizer=optimizer)
+    result = tier.train("quick", prepared, cfg, optimizer=optimizer)
     torch.cuda.synchronize()  # any asynchronous CUDA error surfaces here, and stops the session
-    tier.record_steps("quick", result.records)
 
     tier.check_backend(model, cfg.backend)
     check("LoRA calls served by the backend under test", lora_core.backend_call_counts()[cfg.backend] - calls_before,

@@ -1,0 +1,45 @@
+"""Every committed report.json validates against the JSON Schema of its schema_version; new reports are v2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from lora_core.environment import collect_environment
+from lora_core.report import SCHEMA_VERSION, RunReport
+
+REPORTS = Path(__file__).resolve().parent.parent / "reports"
+COMMITTED = sorted(REPORTS.glob("*/report.json")) + sorted(REPORTS.glob("baselines/*/*/report.json"))
+
+
+def schema_for(version: int) -> dict:
+    return json.loads((REPORTS / "schema" / f"report-v{version}.schema.json").read_text())
+
+
+def test_there_are_committed_reports_to_validate():
+    assert len(COMMITTED) >= 10
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=[str(p.relative_to(REPORTS)) for p in COMMITTED])
+def test_committed_report_validates(path):
+    data = json.loads(path.read_text())
+    jsonschema.validate(data, schema_for(data.get("schema_version", 1)))
+
+
+def test_a_new_report_is_schema_v2(tmp_path):
+    r = RunReport("r", "quick", collect_environment())
+    r.check("t", "x", 1.0, "<=", 2.0)
+    r.status = "complete"
+    data = json.loads(r.write_json(tmp_path).read_text())
+    assert data["schema_version"] == SCHEMA_VERSION == 2
+    jsonschema.validate(data, schema_for(2))
+
+
+def test_schema_rejects_a_report_without_status():
+    data = RunReport("r", "quick", collect_environment()).to_dict()
+    del data["status"]
+    with pytest.raises(jsonschema.ValidationError, match="'status' is a required property"):
+        jsonschema.validate(data, schema_for(2))

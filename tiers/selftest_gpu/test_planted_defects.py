@@ -1,0 +1,219 @@
+"""selftest-gpu: the suite proves its own sensitivity. Each test plants one defect (a monkeypatch here,
+never in shipped code) and asserts that the tier criterion written for that class of bug fails on it.
+
+A test here passes when the criterion FAILS on the planted defect; each records that as a check
+("planted ... caught"), with the criterion's value, so the report shows by how much it was caught.
+The same criteria pass on the unplanted code in the tiers' own runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from lora_core import gradients as G
+from lora_core import trainer
+from lora_core.benchmarking import NOISE_Z
+from lora_core.ops import lora_linear as op
+from lora_core.trainer import NonFiniteError
+
+pytestmark = [pytest.mark.gpu, pytest.mark.selftest_gpu]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(relpath: str, name: str):
+    """A tier's or benchmark's module by path (test modules are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / relpath)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ------------------------------------------------------------------ whole-model gradients (quick tier)
+def _gradient_results(tier):
+    cfg = tier.config("quick")
+    prepared = tier.prepare(cfg)
+    G.randomize_lora_b(prepared.model, std=0.02, seed=cfg.train.seed)
+    return G.whole_model_checks(prepared.model, prepared.batches(0), cfg.backend, k=cfg.criteria.grad_accum_k,
+                                factor=cfg.criteria.grad_match_factor)
+
+
+def _caught(tier, what: str, result: G.WholeModelResult):
+    tier.check(f"planted {what}: adapters beyond tolerance in '{result.label}'", result.n_bad, ">", 0,
+               source="quick tier's whole-model gradient check", detail=G.describe_failures(result.rows, 2))
+
+
+def test_stale_activation_shared_between_layers_is_caught(tier, monkeypatch):
+    """Every cupy LoRA layer of one input shape saves the first such layer's input for its backward."""
+    real = op.CupyLoRALinear.forward
+    stale: dict = {}
+
+    def forward(ctx, x, weight, lora_a, lora_b, scale):
+        y = real(ctx, x, weight, lora_a, lora_b, scale)
+        saved = list(ctx.to_save)
+        saved[0] = stale.setdefault(tuple(saved[0].shape), saved[0])
+        ctx.save_for_backward(*saved)
+        return y
+
+    monkeypatch.setattr(op.CupyLoRALinear, "forward", staticmethod(forward))
+    _caught(tier, "stale saved activation", _gradient_results(tier)[0])
+
+
+def test_dA_without_its_scale_is_caught(tier, monkeypatch):
+    """The cupy backward returns dA without the LoRA scale s (alpha / r = 2 in the quick tier)."""
+    real = op.CupyLoRALinear.backward
+
+    def backward(ctx, dy):
+        dx, dw, da, db, ds = real(ctx, dy)
+        return dx, dw, None if da is None else da / ctx.scale, db, ds
+
+    monkeypatch.setattr(op.CupyLoRALinear, "backward", staticmethod(backward))
+    _caught(tier, "dA missing the scale", _gradient_results(tier)[0])
+
+
+def test_accumulation_without_division_is_caught(tier, monkeypatch):
+    def summed(model, micro_batches):
+        total = 0.0
+        for b in micro_batches:
+            loss = model(input_ids=b["input_ids"], labels=b["labels"]).loss
+            loss.backward()
+            total = total + loss.detach()
+        return total
+
+    monkeypatch.setattr(trainer, "accumulate_gradients", summed)
+    accumulation = [r for r in _gradient_results(tier) if "accumulation" in r.label]
+    _caught(tier, "accumulation without 1/k", accumulation[0])
+
+
+# ------------------------------------------------------------------ extended tier: leak and slow paths
+def _extended_records(tier, hook, steps: int):
+    cfg = tier.config("extended")
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=steps))
+    prepared = tier.prepare(cfg)
+    return cfg, tier.train(f"extended, planted ({hook.__name__})", prepared, cfg, step_hook=hook).records
+
+
+def _extended_run(tier, hook, steps: int = 150):
+    """The extended tier's configuration, shortened (fit after 50, windows of 50), with a step hook."""
+    ext = _load("tiers/extended/test_extended_tier.py", "extended_tier")
+    cfg, records = _extended_records(tier, hook, steps)
+    verdicts, _ = ext.extended_verdicts(cfg, records)
+    return {v.name.split(" after")[0].split(" slope")[0].split(",")[0]: v for v in verdicts}
+
+
+_MEDIAN_STEP_MS: list[float] = []
+
+
+def _median_step_ms(tier) -> float:
+    """Median GPU step time of the extended configuration without a defect (40 steps after 20 of warm-up)."""
+    if not _MEDIAN_STEP_MS:
+        def no_defect(step):
+            return None
+        _, records = _extended_records(tier, no_defect, 60)
+        times = sorted(r.gpu_time_s for r in records[20:])
+        _MEDIAN_STEP_MS.append(times[len(times) // 2] * 1e3)
+    return _MEDIAN_STEP_MS[0]
+
+
+def _assert_fails(tier, what: str, v):
+    tier.check(f"planted {what}: '{v.name}' fails ({v.value} {v.op} {v.threshold} is false)", v.passed, "==", False,
+               source="extended tier criterion", detail=v.detail)
+
+
+def test_a_leak_is_caught(tier):
+    kept = []
+
+    def leak(step):  # one (512, 2048) bf16 activation kept per step: 2 MiB/step
+        kept.append(torch.empty(512, 2048, dtype=torch.bfloat16, device="cuda"))
+
+    verdicts = _extended_run(tier, leak)
+    _assert_fails(tier, "leak of 2 MiB/step", verdicts["allocated_mib"])
+
+
+def _gpu_work(ms: float):
+    """Extra GPU work of about ``ms`` milliseconds (bf16 4096^2 matmuls, timed once here)."""
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        a @ a
+    end.record()
+    torch.cuda.synchronize()
+    per = start.elapsed_time(end) / 10
+    return lambda scale: [a @ a for _ in range(max(0, round(ms * scale / per)))]
+
+
+def test_a_progressive_slowdown_is_caught(tier):
+    """Each step does extra GPU work growing with the step (a history that every step walks again):
+    +0% at step 0, +30% of a median step by the last."""
+    work = _gpu_work(0.30 * _median_step_ms(tier))
+
+    def slowing(step):
+        work(step / 150)
+
+    verdicts = _extended_run(tier, slowing)
+    _assert_fails(tier, "progressive slowdown to +30%", verdicts["tokens per GPU-second drift"])
+
+
+def test_an_intermittent_slow_path_is_caught(tier):
+    """Every other step does +30% GPU work (e.g. a cache rebuilt every other step)."""
+    work = _gpu_work(0.30 * _median_step_ms(tier))
+
+    def every_other(step):
+        work(step % 2)
+
+    verdicts = _extended_run(tier, every_other)
+    _assert_fails(tier, "+30% every other step", verdicts["GPU step time robust spread (1.4826 MAD / median)"])
+
+
+# ------------------------------------------------------------------ non-finite guard
+def test_a_nan_adapter_stops_training_and_keeps_the_records(tier):
+    cfg = tier.config("quick")
+    prepared = tier.prepare(cfg)
+    name = next(iter(G.adapter_parameters(prepared.model)))
+
+    def poison(step):
+        if step == 4:
+            with torch.no_grad():
+                G.adapter_parameters(prepared.model)[name].fill_(float("nan"))
+
+    with pytest.raises(NonFiniteError) as info:
+        tier.train("quick, planted NaN", prepared, cfg, step_hook=poison)
+    tier.check("planted NaN adapter: error names the adapter", name in str(info.value), "==", True,
+               detail=str(info.value)[:300])
+    kept = [s for s in tier.report.series if s.name == "quick, planted NaN: loss"]
+    tier.check("planted NaN adapter: step records kept up to the stop", len(kept[0].rows) if kept else 0, "==", 5)
+
+
+# ------------------------------------------------------------------ benchmark bars
+def test_a_slowed_dequantisation_fails_the_bandwidth_bar(tier):
+    nf4_bench = _load("benchmarks/test_bench_nf4.py", "bench_nf4")
+
+    def twice(q, out=None):  # the kernel's work done twice: a 2x slower dequantisation
+        nf4_bench.dequantize_nf4(q, out=out)
+        return nf4_bench.dequantize_nf4(q, out=out)
+
+    attempts, _ = nf4_bench.dequant_bar_attempts((11008, 4096), dequant=twice)
+    best = max(a.estimate.median + NOISE_Z * a.estimate.se for a in attempts)
+    tier.check(f"planted 2x slower dequant: bar fails on all {len(attempts)} attempts (best fraction + z SE)",
+               round(best, 3), "<", nf4_bench.MIN_FRACTION_OF_COPY, source="benchmarks/test_bench_nf4.py bar")
+
+
+def test_a_slowed_cupy_path_fails_the_peft_bar(tier, monkeypatch):
+    pytest.importorskip("peft", reason="peft is not installed: the cupy-vs-PEFT bar needs it")
+    bench = _load("benchmarks/test_bench_lora_linear.py", "bench_lora")
+    real = op.CupyLoRALinear.backward
+
+    def backward(ctx, dy):  # the backward's GEMMs run twice (a planted redundant pass)
+        real(ctx, dy)
+        return real(ctx, dy)
+
+    monkeypatch.setattr(op.CupyLoRALinear, "backward", staticmethod(backward))
+    attempts = bench.cupy_vs_peft_attempts("llama7b-8192tok-4096to4096-r16")
+    best = min(a.estimate.median - NOISE_Z * a.estimate.se for a in attempts)
+    tier.check(f"planted doubled cupy backward: cupy - PEFT ratio stays > 0 on all {len(attempts)} attempts",
+               round(best, 4), ">", 0.0, source="benchmarks/test_bench_lora_linear.py bar")
