@@ -111,9 +111,11 @@ class Criteria:
     vram_budget_gib: float | None = None  # peak torch-allocated memory
     leak_slope_max_mib_per_step: float | None = None
     fit_after_step: int = 50  # the leak fit and throughput checks ignore the warm-up steps before this
-    # Robust spread of the per-step GPU time after warm-up: 1.4826·MAD / median (criteria.robust_spread); a
-    # plain CV let one stall dominate.
-    step_time_spread_max: float | None = None
+    # Stalls: the share of steps after warm-up whose time exceeds stall_factor × the median step may be at
+    # most stall_fraction_max (criteria.stall_fraction). Replaces a plain CV, which one stall or host jitter
+    # dominated.
+    stall_factor: float = 2.5
+    stall_fraction_max: float | None = None
     # Relative fall of the median tokens/s, last window vs first window after warm-up; the check adds the
     # noise allowance z·SE of the difference of two medians (criteria.median_drift).
     throughput_drift_max: float | None = None
@@ -290,7 +292,7 @@ def validate(cfg: TierConfig) -> None:
         raise ConfigError(f"{where}.data.path: None; source 'jsonl' needs the path of an Alpaca-format JSONL file")
     validate_model(cfg.model, f"{where}.model({cfg.model.name})")
     a, t, c, d = cfg.model.architecture, cfg.train, cfg.criteria, cfg.data
-    timed = any(v is not None for v in (c.leak_slope_max_mib_per_step, c.step_time_spread_max, c.throughput_drift_max))
+    timed = any(v is not None for v in (c.leak_slope_max_mib_per_step, c.stall_fraction_max, c.throughput_drift_max))
     smallest = min((min(io), name) for name, io in target_shapes(a, cfg.lora.targets).items())
     rules = [
         ("lora.r", cfg.lora.r, 1 <= cfg.lora.r <= smallest[0],
@@ -322,6 +324,7 @@ def validate(cfg: TierConfig) -> None:
          f">= 1, and two windows must fit in the {t.steps - c.fit_after_step} steps after fit_after_step"),
         ("criteria.control_perturbation", c.control_perturbation, _finite(c.control_perturbation) and 0 < c.control_perturbation < 1,
          "0 < x < 1"),
+        ("criteria.stall_factor", c.stall_factor, _finite(c.stall_factor) and c.stall_factor > 1, "finite, > 1"),
         ("criteria.drift_noise_z", c.drift_noise_z, _finite(c.drift_noise_z) and c.drift_noise_z >= 0, "finite, >= 0"),
         ("criteria.bf16_comparison_steps", c.bf16_comparison_steps,
          c.bf16_comparison_steps is None or 1 <= c.bf16_comparison_steps <= t.steps, f"null or 1 <= x <= steps={t.steps}"),
@@ -329,7 +332,7 @@ def validate(cfg: TierConfig) -> None:
          f"null or >= 2 dividing batch_size={d.batch_size}"),
     ]
     for name in ("loss_drop_min", "loss_match_factor", "smooth_slack", "vram_budget_gib", "leak_slope_max_mib_per_step",
-                 "step_time_spread_max", "throughput_drift_max", "tier_seconds_max", "grad_match_factor"):
+                 "stall_fraction_max", "throughput_drift_max", "tier_seconds_max", "grad_match_factor"):
         value = getattr(c, name)
         rules.append((f"criteria.{name}", value, value is None or (_finite(value) and value > 0), "null or finite, > 0"))
     floor = c.loss_match_floor

@@ -48,10 +48,14 @@ COMMIT_ENV = "LORA_SUITE_GIT_COMMIT"  # for copies of the tree without .git (e.g
 def git_state(root: Path = PROJECT_ROOT) -> tuple[str, bool]:
     """(commit hash, whether tracked files differ from it).
 
-    Read with git (``safe.directory`` set: a copied tree is often owned by another user, and git then
-    refuses it). Where git cannot answer, the commit comes from $LORA_SUITE_GIT_COMMIT, marked as such,
-    and else is 'unknown'; dirtiness is then reported as False.
+    $LORA_SUITE_GIT_COMMIT, when set, wins, marked as such: a copy of the tree on another machine can carry
+    a .git of another commit (a lent GPU machine's copy reported the last landed commit, dirty, for a run of
+    a later one). Otherwise read with git (``safe.directory`` set: a copied tree is often owned by another
+    user, and git then refuses it); where git cannot answer, 'unknown'. Dirtiness is False when unknown.
     """
+    env = os.environ.get(COMMIT_ENV)
+    if env:
+        return f"{env} (from ${COMMIT_ENV})", False
     git = ["git", "-c", "safe.directory=*"]
     try:
         commit = subprocess.run([*git, "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
@@ -60,8 +64,7 @@ def git_state(root: Path = PROJECT_ROOT) -> tuple[str, bool]:
                                     capture_output=True, text=True, check=True, timeout=10).stdout.strip())
         return commit, dirty
     except (OSError, subprocess.SubprocessError):
-        env = os.environ.get(COMMIT_ENV)
-        return (f"{env} (from ${COMMIT_ENV})" if env else "unknown"), False
+        return "unknown", False
 
 
 def nvidia_driver_version() -> str | None:

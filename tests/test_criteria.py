@@ -68,3 +68,14 @@ def test_median_drift_and_its_noise_allowance():
     slowing = [v * (1 - 0.25 * i / 450) for i, v in enumerate(steady)]  # a planted progressive slowdown
     d = median_drift(slowing, 50)
     assert d.drift > d.allowed(0.05, 3.0)
+
+
+def test_stalls_are_counted_beyond_a_factor_of_the_median_only():
+    from lora_core.criteria import stall_fraction
+    jitter = [100.0 * (1 + 0.5 * ((i * 7919) % 13) / 13) for i in range(400)]  # host jitter up to +50%
+    assert stall_fraction(jitter, 2.5) == 0.0
+    one = jitter.copy()
+    one[100] = 300.0 * 3
+    assert stall_fraction(one, 2.5) == 1 / 400  # one stall: noise, within a 5% allowance
+    quarter = [v * (3.0 if i % 4 == 0 else 1.0) for i, v in enumerate(jitter)]
+    assert stall_fraction(quarter, 2.5) > 0.2  # a stall on every 4th step: a defect

@@ -2,8 +2,11 @@
 
 The verdicts are computed by ``extended_verdicts`` from the step records, so that the planted-defect
 self-test (tiers/selftest_gpu) judges a leaking or slowed run with exactly these criteria.
-Timing criteria judge the GPU time of each step (CUDA events), with robust statistics and a noise
-allowance (lora_core/criteria.py): host jitter and rare stalls are not what this tier is about.
+Timing criteria read the CUDA-event span of each step, with robust statistics and a noise allowance
+(lora_core/criteria.py). At this size the eager step is host-bound: the event span equals the host's
+step time within 1% (reports/*-calibrate-step-time), so host jitter is in the figures and the criteria are
+built to tolerate it (medians, stalls counted only beyond 2.5x the median) while still failing on a
+progressive slowdown or on stalls on a fixed share of the steps (tiers/selftest_gpu).
 """
 
 from __future__ import annotations
@@ -43,8 +46,8 @@ def extended_verdicts(cfg: TierConfig, records: list[StepRecord]) -> tuple[list[
         verdicts.append(Verdict("last window mean loss < first window mean", round(means[-1], 4), "<",
                                 round(means[0], 4)))
     tokens = cfg.data.batch_size * cfg.data.seq_len * cfg.train.grad_accum
-    verdicts += step_time_verdicts([r.gpu_time_s for r in after], tokens, spread_max=crit.step_time_spread_max,
-                                   drift_max=crit.throughput_drift_max, window=crit.smooth_window,
+    verdicts += step_time_verdicts([r.gpu_time_s for r in after], tokens, stall_factor=crit.stall_factor,
+                                   stall_max=crit.stall_fraction_max, drift_max=crit.throughput_drift_max, window=crit.smooth_window,
                                    z=crit.drift_noise_z, source=source)
     return verdicts, fits
 
