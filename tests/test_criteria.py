@@ -78,4 +78,4 @@ def test_stalls_are_counted_beyond_a_factor_of_the_median_only():
     one[100] = 300.0 * 3
     assert stall_fraction(one, 2.5) == 1 / 400  # one stall: noise, within a 5% allowance
     quarter = [v * (3.0 if i % 4 == 0 else 1.0) for i, v in enumerate(jitter)]
-    assert stall_fraction(quarter, 2.5) > 0.2  # a stall on every 4th step: a defect
+    assert stall_fraction(quarter, 2.5) > 0.15  # a stall on every 4th step: a defect, far above 5%
