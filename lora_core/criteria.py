@@ -112,10 +112,16 @@ class Drift:
 def median_drift(values, window: int) -> Drift:
     """Relative fall of the median of the last ``window`` values against the first ``window`` (docstring above)."""
     _check_window(values, 2 * window)
-    head, tail = list(values[:window]), list(values[-window:])
+    return window_drift(list(values[:window]), list(values[-window:]))
+
+
+def window_drift(head: list[float], tail: list[float]) -> Drift:
+    """Relative fall of median(tail) against median(head), with the SE of that difference (docstring above)."""
+    if len(head) < 2 or len(tail) < 2:
+        raise ValueError(f"need two or more values per window, got {len(head)} and {len(tail)}")
     first, last = statistics.median(head), statistics.median(tail)
     sigma = MAD_TO_SIGMA * statistics.median([abs(v - first) for v in head] + [abs(v - last) for v in tail])
-    se = MEDIAN_SE_FACTOR * sigma * math.sqrt(2 / window) / first if first else math.inf
+    se = MEDIAN_SE_FACTOR * sigma * math.sqrt(1 / len(head) + 1 / len(tail)) / first if first else math.inf
     return Drift(first, last, (first - last) / first if first else math.inf, se)
 
 
@@ -141,21 +147,31 @@ def stall_fraction(values, factor: float) -> float:
     return sum(v > factor * med for v in values) / len(values)
 
 
-def step_time_verdicts(gpu_times_s, tokens_per_step, *, stall_factor: float | None, stall_max: float | None,
-                       drift_max: float | None, window: int, z: float, source: str) -> list[Verdict]:
-    """Steadiness of the step time after warm-up: share of stalled steps, and median throughput drift with allowance."""
+def step_time_verdicts(step_times_s, device_samples, tokens_per_step, *, stall_factor: float | None,
+                       stall_max: float | None, drift_max: float | None, window: int, z: float,
+                       source: str) -> list[Verdict]:
+    """Steadiness after warm-up: stalls in the step times; drift of tokens per device-second.
+
+    ``step_times_s``: each step's CUDA-event span. ``device_samples``: (step, forward+backward device time)
+    of the sampled steps after warm-up (trainer.DeviceTimer); the drift compares those of the first
+    ``window`` steps with those of the last ``window`` steps.
+    """
     out = []
     if stall_max is not None:
-        ordered = sorted(gpu_times_s)
+        ordered = sorted(step_times_s)
         out.append(Verdict(f"share of steps slower than {stall_factor} x the median step (stalls) after warm-up",
-                           round(stall_fraction(gpu_times_s, stall_factor), 4), "<=", stall_max,
+                           round(stall_fraction(step_times_s, stall_factor), 4), "<=", stall_max,
                            f"{source} stall_factor, stall_fraction_max",
                            f"median {statistics.median(ordered) * 1e3:.1f} ms, min {ordered[0] * 1e3:.1f}, max "
-                           f"{ordered[-1] * 1e3:.1f}, robust spread {robust_spread(gpu_times_s):.3f}"))
+                           f"{ordered[-1] * 1e3:.1f}, robust spread {robust_spread(step_times_s):.3f}"))
     if drift_max is not None:
-        d = median_drift([tokens_per_step / t for t in gpu_times_s], window)
-        out.append(Verdict(f"tokens per GPU-second drift, median of first vs last {window} steps after warm-up",
+        steps = [st for st, _ in device_samples]
+        head = [tokens_per_step / t for st, t in device_samples if st < steps[0] + window]
+        tail = [tokens_per_step / t for st, t in device_samples if st > steps[-1] - window]
+        d = window_drift(head, tail)
+        out.append(Verdict(f"tokens per device-second (forward+backward) drift, median of the first vs last {window} "
+                           f"steps after warm-up ({len(head)} and {len(tail)} samples)",
                            round(d.drift, 4), "<=", round(d.allowed(drift_max, z), 4),
                            f"{source} throughput_drift_max {drift_max} + drift_noise_z {z} x SE {d.noise_se:.4f}",
-                           f"first {d.first_median:.0f}, last {d.last_median:.0f} tokens/s"))
+                           f"first {d.first_median:.0f}, last {d.last_median:.0f} tokens per device-second"))
     return out

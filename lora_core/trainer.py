@@ -6,6 +6,15 @@ allocated / reserved / peak, NVML used). A non-finite loss or gradient stops the
 ``NonFiniteError`` naming the offending parameters, instead of training on NaN. Records go into the
 caller's ``records`` list as they are made, so a run that stops (NaN, an error, Ctrl-C) keeps them.
 
+Device time (``device_time_every``): an eager step is host-bound at small and medium sizes, so the CUDA-event
+span of a step follows the host (preemption on a loaded machine doubled it). On every N-th step the
+trainer first enqueues a GPU spin (``torch.cuda._sleep``) longer than the host needs to issue the forward
+and backward, then an event, the forward+backward, and another event: the GPU then runs those kernels
+back to back, and the span between the events is their device time. The sample counts only if the host
+was in fact ahead (the first event had not yet completed when the host had issued everything); else it
+is None and the next spin is longer. The micro-batches are fetched before the spin (a pageable
+host-to-device copy would wait for it).
+
 Gradient accumulation over k micro-batches is token-weighted, so that it equals one k-times batch:
     L = Σ_i Σ_{t∈T_i} ℓ_t / Σ_i |T_i|,   each micro-batch contributes  mean_i · |T_i| / Σ_j |T_j|
 where T_i are the tokens with a label in micro-batch i (the model's loss is the mean over its T_i).
@@ -54,6 +63,7 @@ class StepRecord:
     peak_allocated_mib: float
     nvml_used_mib: float | None
     gpu_time_s: float | None = None  # CUDA-event time from the step's first launch to its last (None on CPU)
+    device_time_s: float | None = None  # forward+backward with the host ahead (module docstring); None if not sampled
 
 
 @dataclass
@@ -145,6 +155,7 @@ def train(model: nn.Module, batches: Callable[[int], dict[str, torch.Tensor]], s
     gc.collect()
     gc.freeze()
     began = time.perf_counter()
+    probe = DeviceTimer() if cuda and s.device_time_every else None
     try:
         for step in range(start_step, stop_step):
             t0 = time.perf_counter()
@@ -156,7 +167,12 @@ def train(model: nn.Module, batches: Callable[[int], dict[str, torch.Tensor]], s
                 group["lr"] = lr
             optimizer.zero_grad(set_to_none=True)
             micro = [batches(step * s.grad_accum + i) for i in range(s.grad_accum)]
+            sampled = probe is not None and step % s.device_time_every == 0
+            if sampled:
+                probe.begin()
             loss_t = accumulate_gradients(model, micro)
+            if sampled:
+                probe.end()
             n_tokens = sum(b["input_ids"].numel() for b in micro)
             max_norm = s.max_grad_norm if s.max_grad_norm is not None else math.inf
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))  # syncs
@@ -179,6 +195,7 @@ def train(model: nn.Module, batches: Callable[[int], dict[str, torch.Tensor]], s
                 peak_allocated_mib=torch.cuda.max_memory_allocated() / MIB if cuda else 0.0,
                 nvml_used_mib=None if nvml_used is None else nvml_used / MIB,
                 gpu_time_s=ev_start.elapsed_time(ev_end) / 1e3 if cuda else None,
+                device_time_s=probe.result(dt) if sampled else None,
             )
             records.append(rec)
             if (step + 1) % s.log_every == 0 or step == stop_step - 1 or step == start_step:
@@ -194,6 +211,38 @@ def train(model: nn.Module, batches: Callable[[int], dict[str, torch.Tensor]], s
             nvml.close()
         model.eval()
     return TrainResult(records, optimizer)
+
+
+class DeviceTimer:
+    """Forward+backward device time with the host ahead of the GPU (module docstring)."""
+
+    def __init__(self):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        torch.cuda._sleep(10_000_000)
+        b.record()
+        b.synchronize()
+        self.cycles_per_ms = 10_000_000 / a.elapsed_time(b)
+        self.spin_ms = 200.0  # grows to 1.5x the longest step seen, and doubles after a sample the host lost
+        self.ahead = False
+
+    def begin(self) -> None:
+        torch.cuda._sleep(int(self.spin_ms * self.cycles_per_ms))
+        self.start = torch.cuda.Event(enable_timing=True)
+        self.stop = torch.cuda.Event(enable_timing=True)
+        self.start.record()
+
+    def end(self) -> None:
+        self.stop.record()
+        self.ahead = not self.start.query()  # the GPU was still spinning when the host had issued everything
+
+    def result(self, step_s: float) -> float | None:
+        """Call after the step synchronised: the device time in s, or None if the host was not ahead."""
+        if not self.ahead:
+            self.spin_ms = min(4 * self.spin_ms, 5000.0)
+            return None
+        self.spin_ms = min(max(self.spin_ms, 1.5 * (step_s * 1e3 - self.spin_ms)), 5000.0)
+        return self.start.elapsed_time(self.stop) / 1e3
 
 
 def _non_finite_message(step: int, loss: float, grad_norm: float, named: dict[str, nn.Parameter]) -> str:

@@ -90,33 +90,46 @@ def test_accumulation_without_division_is_caught(tier, monkeypatch):
 
 
 # ------------------------------------------------------------------ extended tier: leak and slow paths
-def _extended_records(tier, hook, steps: int):
+def _extended_records(tier, hook, steps: int, forward_work=None):
+    """Train the extended configuration for ``steps``; ``hook(step)`` after each optimizer step and, if given,
+    ``forward_work(step)`` before every forward (inside the forward+backward the device time measures)."""
     cfg = tier.config("extended")
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=steps))
     prepared = tier.prepare(cfg)
-    return cfg, tier.train(f"extended, planted ({hook.__name__})", prepared, cfg, step_hook=hook).records
+    state = {"step": 0}
+    if forward_work is not None:
+        prepared.model.register_forward_pre_hook(lambda module, args, kwargs: forward_work(state["step"]),
+                                                 with_kwargs=True)
+
+    def step_hook(step):
+        state["step"] = step + 1
+        hook(step)
+    return cfg, tier.train(f"extended, planted ({hook.__name__})", prepared, cfg, step_hook=step_hook).records
 
 
-def _extended_run(tier, hook, steps: int = 150):
-    """The extended tier's configuration, shortened (fit after 50, windows of 50), with a step hook."""
+def _extended_run(tier, hook, steps: int = 150, forward_work=None):
+    """The extended tier's configuration (fit after 50, windows of 50), with planted hooks."""
     ext = _load("tiers/extended/test_extended_tier.py", "extended_tier")
-    cfg, records = _extended_records(tier, hook, steps)
+    cfg, records = _extended_records(tier, hook, steps, forward_work)
     verdicts, _ = ext.extended_verdicts(cfg, records)
     return {v.name.split(" after")[0].split(" slope")[0].split(",")[0]: v for v in verdicts}
 
 
-_MEDIAN_STEP_MS: list[float] = []
+_MEDIANS: dict[str, float] = {}
 
 
-def _median_step_ms(tier) -> float:
-    """Median GPU step time of the extended configuration without a defect (40 steps after 20 of warm-up)."""
-    if not _MEDIAN_STEP_MS:
+def _median_ms(tier, which: str) -> float:
+    """Median step time ("step", event span) or forward+backward device time ("device") of the extended
+    configuration without a defect (60 steps, the first 20 left out)."""
+    if not _MEDIANS:
         def no_defect(step):
             return None
         _, records = _extended_records(tier, no_defect, 60)
-        times = sorted(r.gpu_time_s for r in records[20:])
-        _MEDIAN_STEP_MS.append(times[len(times) // 2] * 1e3)
-    return _MEDIAN_STEP_MS[0]
+        steps = sorted(r.gpu_time_s for r in records[20:])
+        device = sorted(r.device_time_s for r in records[20:] if r.device_time_s is not None)
+        _MEDIANS["step"] = steps[len(steps) // 2] * 1e3
+        _MEDIANS["device"] = device[len(device) // 2] * 1e3
+    return _MEDIANS[which]
 
 
 def _assert_fails(tier, what: str, v):
@@ -148,21 +161,21 @@ def _gpu_work(ms: float):
 
 
 def test_a_progressive_slowdown_is_caught(tier):
-    """The whole 500-step extended run, each step doing extra GPU work that grows with the step (a history
-    that every step walks again): +0% at step 0, +40% of a median step by the last."""
-    work = _gpu_work(_median_step_ms(tier))
+    """The whole 500-step extended run, each forward doing extra GPU work that grows with the step (a history
+    that every step walks again): +0% at step 0, +40% of the median forward+backward device time by the last."""
+    work = _gpu_work(_median_ms(tier, "device"))
     steps = tier.config("extended").train.steps
 
-    def slowing(step):
-        work(0.40 * step / steps)
+    def no_hook(step):
+        return None
 
-    verdicts = _extended_run(tier, slowing, steps=steps)
-    _assert_fails(tier, "progressive slowdown to +40%", verdicts["tokens per GPU-second drift"])
+    verdicts = _extended_run(tier, no_hook, steps=steps, forward_work=lambda step: work(0.40 * step / steps))
+    _assert_fails(tier, "progressive slowdown to +40%", verdicts["tokens per device-second (forward+backward) drift"])
 
 
 def test_stalls_on_a_quarter_of_the_steps_are_caught(tier):
     """Every 4th step stalls for twice a median step (e.g. a synchronising allocator retry every 4 steps)."""
-    work = _gpu_work(_median_step_ms(tier))
+    work = _gpu_work(_median_ms(tier, "step"))
 
     def every_fourth(step):
         work(2.0 if step % 4 == 0 else 0.0)
