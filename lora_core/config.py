@@ -89,9 +89,6 @@ class TrainSettings:
     max_grad_norm: float | None = 1.0  # None: no clipping (the norm is still recorded)
     log_every: int = 10
     seed: int = 0
-    # Every N-th step (0: never), time the forward+backward on the GPU with the host ahead of it
-    # (trainer.py, "device time"): a host-bound step's event span follows host jitter, this does not.
-    device_time_every: int = 0
 
 
 @dataclass(frozen=True)
@@ -317,7 +314,6 @@ def validate(cfg: TierConfig) -> None:
          "null (no clipping) or finite, > 0 (a negative norm flips the gradient, 0 zeroes it)"),
         ("train.log_every", t.log_every, t.log_every >= 1, ">= 1"),
         ("train.seed", t.seed, t.seed >= 0, ">= 0"),
-        ("train.device_time_every", t.device_time_every, t.device_time_every >= 0, ">= 0 (0: never)"),
         ("criteria.loss_window", c.loss_window, c.loss_window >= 1 and (c.loss_drop_min is None or 2 * c.loss_window <= t.steps),
          f">= 1, and two windows must fit in steps={t.steps} when loss_drop_min is set"),
         ("criteria.fit_after_step", c.fit_after_step,

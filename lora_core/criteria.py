@@ -147,15 +147,12 @@ def stall_fraction(values, factor: float) -> float:
     return sum(v > factor * med for v in values) / len(values)
 
 
-def step_time_verdicts(step_times_s, device_samples, tokens_per_step, *, stall_factor: float | None,
+def step_time_verdicts(step_times_s, cpu_times_s, tokens_per_step, *, stall_factor: float | None,
                        stall_max: float | None, drift_max: float | None, window: int, z: float,
                        source: str) -> list[Verdict]:
-    """Steadiness after warm-up: stalls in the step times; drift of tokens per device-second.
-
-    ``step_times_s``: each step's CUDA-event span. ``device_samples``: (step, forward+backward device time)
-    of the sampled steps after warm-up (trainer.DeviceTimer); the drift compares those of the first
-    ``window`` steps with those of the last ``window`` steps.
-    """
+    """Steadiness after warm-up: stalls in the step times (CUDA-event spans); drift of tokens per CPU-second
+    of the process (trainer.py: preemption by a loaded host does not count in it, the host's work and its
+    waits on the GPU do)."""
     out = []
     if stall_max is not None:
         ordered = sorted(step_times_s)
@@ -165,13 +162,9 @@ def step_time_verdicts(step_times_s, device_samples, tokens_per_step, *, stall_f
                            f"median {statistics.median(ordered) * 1e3:.1f} ms, min {ordered[0] * 1e3:.1f}, max "
                            f"{ordered[-1] * 1e3:.1f}, robust spread {robust_spread(step_times_s):.3f}"))
     if drift_max is not None:
-        steps = [st for st, _ in device_samples]
-        head = [tokens_per_step / t for st, t in device_samples if st < steps[0] + window]
-        tail = [tokens_per_step / t for st, t in device_samples if st > steps[-1] - window]
-        d = window_drift(head, tail)
-        out.append(Verdict(f"tokens per device-second (forward+backward) drift, median of the first vs last {window} "
-                           f"steps after warm-up ({len(head)} and {len(tail)} samples)",
-                           round(d.drift, 4), "<=", round(d.allowed(drift_max, z), 4),
+        d = median_drift([tokens_per_step / t for t in cpu_times_s], window)
+        out.append(Verdict(f"tokens per process CPU-second drift, median of the first vs last {window} steps "
+                           "after warm-up", round(d.drift, 4), "<=", round(d.allowed(drift_max, z), 4),
                            f"{source} throughput_drift_max {drift_max} + drift_noise_z {z} x SE {d.noise_se:.4f}",
-                           f"first {d.first_median:.0f}, last {d.last_median:.0f} tokens per device-second"))
+                           f"first {d.first_median:.0f}, last {d.last_median:.0f} tokens per CPU-second"))
     return out

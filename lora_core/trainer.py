@@ -6,14 +6,12 @@ allocated / reserved / peak, NVML used). A non-finite loss or gradient stops the
 ``NonFiniteError`` naming the offending parameters, instead of training on NaN. Records go into the
 caller's ``records`` list as they are made, so a run that stops (NaN, an error, Ctrl-C) keeps them.
 
-Device time (``device_time_every``): an eager step is host-bound at small and medium sizes, so the CUDA-event
-span of a step follows the host (preemption on a loaded machine doubled it). On every N-th step the
-trainer first enqueues a GPU spin (``torch.cuda._sleep``) longer than the host needs to issue the forward
-and backward, then an event, the forward+backward, and another event: the GPU then runs those kernels
-back to back, and the span between the events is their device time. The sample counts only if the host
-was in fact ahead (the first event had not yet completed when the host had issued everything); else it
-is None and the next spin is longer. The micro-batches are fetched before the spin (a pageable
-host-to-device copy would wait for it).
+Host CPU time: each record also carries the process CPU time of the step (``time.process_time``, all
+threads, the autograd engine's included). A loaded host preempts the process and stretches the step's wall
+time and event span (2x within one run, seen on an H100 under load); CPU time does not count the time the
+process waits for a core. It does count the host's own work and the time it spins in CUDA
+synchronisations (CUDA's default schedule spins while there are fewer GPU contexts than cores), so more
+GPU work per step shows in it too.
 
 Gradient accumulation over k micro-batches is token-weighted, so that it equals one k-times batch:
     L = Σ_i Σ_{t∈T_i} ℓ_t / Σ_i |T_i|,   each micro-batch contributes  mean_i · |T_i| / Σ_j |T_j|
@@ -63,7 +61,7 @@ class StepRecord:
     peak_allocated_mib: float
     nvml_used_mib: float | None
     gpu_time_s: float | None = None  # CUDA-event time from the step's first launch to its last (None on CPU)
-    device_time_s: float | None = None  # forward+backward with the host ahead (module docstring); None if not sampled
+    cpu_time_s: float | None = None  # process CPU time of the step, all threads (module docstring)
 
 
 @dataclass
@@ -155,10 +153,9 @@ def train(model: nn.Module, batches: Callable[[int], dict[str, torch.Tensor]], s
     gc.collect()
     gc.freeze()
     began = time.perf_counter()
-    probe = DeviceTimer() if cuda and s.device_time_every else None
     try:
         for step in range(start_step, stop_step):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             if cuda:
                 ev_start, ev_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 ev_start.record()
@@ -167,12 +164,7 @@ def train(model: nn.Module, batches: Callable[[int], dict[str, torch.Tensor]], s
                 group["lr"] = lr
             optimizer.zero_grad(set_to_none=True)
             micro = [batches(step * s.grad_accum + i) for i in range(s.grad_accum)]
-            sampled = probe is not None and step % s.device_time_every == 0
-            if sampled:
-                probe.begin()
             loss_t = accumulate_gradients(model, micro)
-            if sampled:
-                probe.end()
             n_tokens = sum(b["input_ids"].numel() for b in micro)
             max_norm = s.max_grad_norm if s.max_grad_norm is not None else math.inf
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))  # syncs
@@ -185,7 +177,7 @@ def train(model: nn.Module, batches: Callable[[int], dict[str, torch.Tensor]], s
             if cuda:
                 ev_end.record()
                 torch.cuda.synchronize()
-            dt = time.perf_counter() - t0
+            dt, cpu = time.perf_counter() - t0, time.process_time() - c0
             nvml_used = nvml.used() if nvml is not None else None
             rec = StepRecord(
                 step=step, loss=loss, grad_norm=grad_norm, lr=lr, tokens_per_s=n_tokens / dt,
@@ -195,7 +187,7 @@ def train(model: nn.Module, batches: Callable[[int], dict[str, torch.Tensor]], s
                 peak_allocated_mib=torch.cuda.max_memory_allocated() / MIB if cuda else 0.0,
                 nvml_used_mib=None if nvml_used is None else nvml_used / MIB,
                 gpu_time_s=ev_start.elapsed_time(ev_end) / 1e3 if cuda else None,
-                device_time_s=probe.result(dt) if sampled else None,
+                cpu_time_s=cpu,
             )
             records.append(rec)
             if (step + 1) % s.log_every == 0 or step == stop_step - 1 or step == start_step:
@@ -211,38 +203,6 @@ def train(model: nn.Module, batches: Callable[[int], dict[str, torch.Tensor]], s
             nvml.close()
         model.eval()
     return TrainResult(records, optimizer)
-
-
-class DeviceTimer:
-    """Forward+backward device time with the host ahead of the GPU (module docstring)."""
-
-    def __init__(self):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        torch.cuda._sleep(10_000_000)
-        b.record()
-        b.synchronize()
-        self.cycles_per_ms = 10_000_000 / a.elapsed_time(b)
-        self.spin_ms = 200.0  # grows to 1.5x the longest step seen, and doubles after a sample the host lost
-        self.ahead = False
-
-    def begin(self) -> None:
-        torch.cuda._sleep(int(self.spin_ms * self.cycles_per_ms))
-        self.start = torch.cuda.Event(enable_timing=True)
-        self.stop = torch.cuda.Event(enable_timing=True)
-        self.start.record()
-
-    def end(self) -> None:
-        self.stop.record()
-        self.ahead = not self.start.query()  # the GPU was still spinning when the host had issued everything
-
-    def result(self, step_s: float) -> float | None:
-        """Call after the step synchronised: the device time in s, or None if the host was not ahead."""
-        if not self.ahead:
-            self.spin_ms = min(4 * self.spin_ms, 5000.0)
-            return None
-        self.spin_ms = min(max(self.spin_ms, 1.5 * (step_s * 1e3 - self.spin_ms)), 5000.0)
-        return self.start.elapsed_time(self.stop) / 1e3
 
 
 def _non_finite_message(step: int, loss: float, grad_norm: float, named: dict[str, nn.Parameter]) -> str:

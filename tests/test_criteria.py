@@ -81,13 +81,13 @@ def test_stalls_are_counted_beyond_a_factor_of_the_median_only():
     assert stall_fraction(quarter, 2.5) > 0.15  # a stall on every 4th step: a defect, far above 5%
 
 
-def test_step_time_verdicts_judge_stalls_on_steps_and_drift_on_device_samples():
+def test_step_time_verdicts_judge_stalls_on_spans_and_drift_on_cpu_time():
     from lora_core.criteria import step_time_verdicts
     steps = list(range(50, 500))
     wall = [0.17 if s < 300 else 0.33 for s in steps]  # the loaded host switching regime: 2x, not a stall
-    device = [(s, 0.050 * (1 + 0.01 * ((s * 31) % 7))) for s in steps if s % 4 == 0]
+    cpu = [0.150 * (1 + 0.01 * ((s * 31) % 7)) for s in steps]  # CPU time does not see the preemption
     kw = dict(stall_factor=2.5, stall_max=0.05, drift_max=0.05, window=50, z=3.0, source="x.yaml")
-    stalls, drift = step_time_verdicts(wall, device, 2048, **kw)
+    stalls, drift = step_time_verdicts(wall, cpu, 2048, **kw)
     assert stalls.passed and drift.passed, (stalls, drift)
-    slowing = [(s, t * (1 + 0.4 * s / 500)) for s, t in device]  # a planted progressive slowdown
+    slowing = [t * (1 + 0.4 * s / 500) for s, t in zip(steps, cpu)]  # a planted progressive slowdown
     assert not step_time_verdicts(wall, slowing, 2048, **kw)[1].passed

@@ -5,9 +5,10 @@ self-test (tiers/selftest_gpu) judges a leaking or slowed run with exactly these
 At this size the eager step is host-bound: its CUDA-event span equals the host's step time within 1% and
 doubles when the loaded host preempts the process (reports/*-calibrate-step-time, *-extended under load).
 So the two timing criteria judge what each can: stalls (steps beyond 2.5x the median) on the event span,
-where only a multiple of the step shows; and the drift on the forward+backward *device* time, sampled
-every train.device_time_every steps with the host ahead of the GPU (trainer.DeviceTimer), which host
-jitter does not move. Both fail on their planted defects (tiers/selftest_gpu).
+where only a multiple of the step shows; and the drift on the process CPU time of each step, which
+preemption does not move and more host work or longer GPU waits do (trainer.py). (Timing the device alone
+with the host ahead of the GPU was tried and cannot work: a step issues thousands of kernels, more than the
+launch queue holds, so the host blocks behind the GPU.) Both fail on their planted defects (tiers/selftest_gpu).
 """
 
 from __future__ import annotations
@@ -47,8 +48,7 @@ def extended_verdicts(cfg: TierConfig, records: list[StepRecord]) -> tuple[list[
         verdicts.append(Verdict("last window mean loss < first window mean", round(means[-1], 4), "<",
                                 round(means[0], 4)))
     tokens = cfg.data.batch_size * cfg.data.seq_len * cfg.train.grad_accum
-    samples = [(r.step, r.device_time_s) for r in after if r.device_time_s is not None]
-    verdicts += step_time_verdicts([r.gpu_time_s for r in after], samples, tokens, stall_factor=crit.stall_factor,
+    verdicts += step_time_verdicts([r.gpu_time_s for r in after], [r.cpu_time_s for r in after], tokens, stall_factor=crit.stall_factor,
                                    stall_max=crit.stall_fraction_max, drift_max=crit.throughput_drift_max, window=crit.smooth_window,
                                    z=crit.drift_noise_z, source=source)
     return verdicts, fits
