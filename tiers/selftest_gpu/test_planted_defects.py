@@ -146,16 +146,22 @@ def test_a_leak_is_caught(tier):
 
 
 def _gpu_work(ms: float):
-    """work(scale): extra GPU work of about scale × ``ms`` milliseconds (bf16 4096² matmuls, timed once here)."""
+    """work(scale): extra GPU work of about scale × ``ms`` milliseconds (bf16 4096² matmuls into one buffer,
+    timed once here); returns None (it also serves as a forward pre-hook)."""
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty_like(a)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(10):
-        a @ a
+        torch.matmul(a, a, out=out)
     end.record()
     torch.cuda.synchronize()
     per = start.elapsed_time(end) / 10
-    return lambda scale: [a @ a for _ in range(max(0, round(ms * scale / per)))]
+
+    def work(scale: float) -> None:
+        for _ in range(max(0, round(ms * scale / per))):
+            torch.matmul(a, a, out=out)
+    return work
 
 
 def test_a_progressive_slowdown_is_caught(tier):
