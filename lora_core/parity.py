@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lora_core.ops.lora_linear import lora_linear, lora_linear_torch
+from lora_core.ops.lora_linear import lora_linear
 
 UNIT_ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24}
 TOLERANCE_C = 8
@@ -67,20 +67,28 @@ def compare(name: str, out: torch.Tensor | None, ref: torch.Tensor, tol: float) 
 
 
 def reference_f64(x, weight, lora_a, lora_b, scale, dy):
-    """float64 autograd of the op's defined function on the same inputs: y, dx, dA, dB.
+    """float64 y, dx, dA, dB of the op's defined function, written from the formula (no autograd, and none
+    of the code under test: the torch backend's ``lora_linear_torch`` is itself a candidate elsewhere).
+
+        h = x Aᵀ;  y = x Wᵀ + s·h Bᵀ;  dH = dY B;  dx = dY W + s·dH A;  dA = s·dHᵀ x;  dB = s·dYᵀ h
 
     The op's definition includes the explicit cast of fp32 adapters to the activation dtype (its
-    gradient passes straight through, as autograd's for ``Tensor.to``), so the reference applies that
-    cast too: it is an input rounding of the function, not an error of the implementation. Without it,
-    the cast's rounding, amplified by cancellation in h = x·a (seen at r = 1, N = 1, K = 4096), would be
-    charged to the implementation.
+    gradient passes straight through), so A and B are rounded to x's dtype first: that is an input
+    rounding of the function, not an error of the implementation. Without it, the cast's rounding,
+    amplified by cancellation in h = x·a (seen at r = 1, N = 1, K = 4096), would be charged to the
+    implementation. dx is None when x does not require grad.
     """
-    x64 = x.detach().double().requires_grad_(x.requires_grad)
-    a64 = lora_a.detach().to(x.dtype).double().requires_grad_()
-    b64 = lora_b.detach().to(x.dtype).double().requires_grad_()
-    y = lora_linear_torch(x64, weight.detach().double(), a64, b64, scale)
-    y.backward(dy.double())
-    return y.detach(), (x64.grad if x.requires_grad else None), a64.grad, b64.grad
+    k, o = weight.shape[1], weight.shape[0]
+    x2 = x.detach().double().reshape(-1, k)  # (N, K)
+    w = weight.detach().double()  # (O, K)
+    a = lora_a.detach().to(x.dtype).double()  # (r, K)
+    b = lora_b.detach().to(x.dtype).double()  # (O, r)
+    dy2 = dy.detach().double().reshape(-1, o)  # (N, O)
+    h = x2 @ a.T  # (N, r)
+    y = x2 @ w.T + scale * (h @ b.T)  # (N, O)
+    dh = dy2 @ b  # (N, r)
+    dx = (dy2 @ w + scale * (dh @ a)).reshape(x.shape) if x.requires_grad else None  # (..., K)
+    return y.reshape(*x.shape[:-1], o), dx, scale * (dh.T @ x2), scale * (dy2.T @ h)
 
 
 def run_candidate(x, weight, lora_a, lora_b, scale, dy, backend: str):

@@ -31,3 +31,30 @@ def test_torch_backend_in_fp32_is_within_its_tolerance_on_cpu():
     x, w, a, b, dy = case
     errs = parity(x, w, a, b, 2.0, dy, backend="torch")
     assert [e.name for e in errs] == ["y", "dx", "dA", "dB"] and all(e.ok for e in errs), [e.describe() for e in errs]
+
+
+def test_float64_reference_is_the_formula_and_agrees_with_autograd():
+    """The reference no longer calls lora_linear_torch (the code under test supplied its own yardstick);
+    here float64 autograd through plain F.linear checks the hand-written formula."""
+    import inspect
+
+    import lora_core.parity as P
+    assert "lora_linear_torch" not in inspect.getsource(P.reference_f64)
+    gen = torch.Generator().manual_seed(1)
+    x, w, a, b, dy = random_case((3, 7), 33, 21, 5, torch.float64, torch.float64, "cpu", generator=gen)
+    y, dx, da, db = P.reference_f64(x, w, a, b, 1.5, dy)
+    x1, a1, b1 = (t.detach().clone().requires_grad_() for t in (x, a, b))
+    y1 = torch.nn.functional.linear(x1, w) + 1.5 * torch.nn.functional.linear(torch.nn.functional.linear(x1, a1), b1)
+    y1.backward(dy)
+    for got, ref in ((y, y1), (dx, x1.grad), (da, a1.grad), (db, b1.grad)):
+        torch.testing.assert_close(got, ref.detach(), rtol=1e-12, atol=1e-12)
+
+
+def test_a_wrong_torch_backend_is_caught_by_the_formula_reference(monkeypatch):
+    """With the old reference (autograd of lora_linear_torch) a bug there moved candidate and yardstick alike."""
+    from lora_core.ops import lora_linear as op
+    real = op.lora_linear_torch
+    monkeypatch.setattr(op, "lora_linear_torch", lambda x, w, a, b, s: real(x, w, a, b, 2 * s))  # scale doubled
+    x, w, a, b, dy = random_case((2, 5), 96, 40, 4, torch.float32, torch.float32, "cpu",
+                                 generator=torch.Generator().manual_seed(0))
+    assert not all(e.ok for e in parity(x, w, a, b, 2.0, dy, backend="torch"))
