@@ -92,7 +92,8 @@ def test_cupy_ratio_not_above_peft(shape, check, run_report):
         run_report.add_row("benchmarks", "cupy ratio - PEFT ratio to the base layer (7 interleaved rounds)",
                            ("shape", "attempt", "median difference", "SE", "verdict"),
                            (shape, i + 1, a.estimate.median, a.estimate.se, "pass" if a.passed else "FAIL"))
-    check(f"{shape}: cupy ratio - PEFT ratio to base, - {NOISE_Z} SE (best of {len(attempts)} attempts)",
+    # The name stays the same from run to run (the regression gate matches checks by name); attempts go in detail.
+    check(f"{shape}: cupy ratio - PEFT ratio to base, - {NOISE_Z} SE (best attempt)",
           round(min(a.estimate.median - NOISE_Z * a.estimate.se for a in attempts), 4), "<=", 0.0,
           source="issue bar: no worse than PEFT, same run, interleaved; allowance lora_core/benchmarking.py",
-          detail=f"per-attempt medians {[round(a.estimate.median, 4) for a in attempts]}")
+          detail=f"{len(attempts)} attempt(s), medians {[round(a.estimate.median, 4) for a in attempts]}")

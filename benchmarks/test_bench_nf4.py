@@ -47,7 +47,8 @@ def test_dequant_bandwidth(benchmark, shape, run_report, check):
     last = attempts[-1].estimate
     benchmark.extra_info.update({"fraction_of_copy": last.median, "fraction_se": last.se, "attempts": len(attempts),
                                  "bytes_moved": moved})
-    check(f"dequant {shape}: bandwidth / copy of the same bytes, + {NOISE_Z} SE (best of {len(attempts)} attempts)",
+    # The name stays the same from run to run (the regression gate matches checks by name); attempts go in detail.
+    check(f"dequant {shape}: bandwidth / copy of the same bytes, + {NOISE_Z} SE (best attempt)",
           round(max(a.estimate.median + NOISE_Z * a.estimate.se for a in attempts), 3), ">=", MIN_FRACTION_OF_COPY,
           source="QLoRA issue bar: >= 70% of a device-to-device copy, same run; allowance lora_core/benchmarking.py",
-          detail=f"per-attempt medians {[round(a.estimate.median, 3) for a in attempts]}")
+          detail=f"{len(attempts)} attempt(s), medians {[round(a.estimate.median, 3) for a in attempts]}")

@@ -32,8 +32,8 @@ Options
                         each run gets DIR/<run-id>/
   --backend NAME        cupy | torch: the LoRA backend under test (default: cupy on a GPU)
   --weights MODE        auto | pretrained | random: override the tiers' model weights mode
-  --baseline DIR        after each target, compare its run with DIR/<target> (or DIR itself when it holds a
-                        report.json); a regression fails the target. DIR may be reports/baselines/<gpu>
+  --baseline DIR|auto   after each target, compare its run with DIR/<target> (or DIR itself when it holds a
+                        run); a regression fails the target. auto: reports/baselines/<this GPU's name>
   --verbose             verbose pytest output with live progress lines
   -h, --help            this help
 
@@ -89,7 +89,7 @@ case "$TARGET" in
            TARGETS=(compare) ;;
   *) die_usage "unknown target '$TARGET' (expected quick, convergence, memory, extended, full, all, bench, selftest, selftest-gpu or compare)" ;;
 esac
-[[ -z "$BASELINE" || -d "$BASELINE" ]] || die_usage "--baseline $BASELINE is not a directory"
+[[ -z "$BASELINE" || "$BASELINE" == auto || -d "$BASELINE" ]] || die_usage "--baseline $BASELINE is not a directory"
 # The report directory must be writable before anything runs (not after a tier ran for minutes).
 if [[ -n "$REPORT_ROOT" ]]; then
   { mkdir -p "$REPORT_ROOT" 2>/dev/null && probe="$(mktemp "$REPORT_ROOT/.write-test.XXXXXX" 2>/dev/null)" && rm -f "$probe"; } ||
@@ -184,9 +184,13 @@ new_run_dir() {  # unique even when two runs start in the same second: mkdir is 
   until mkdir "$dir" 2>/dev/null; do n=$((n + 1)); dir="$base-$n"; done
   printf '%s' "$dir"
 }
-baseline_for() {  # DIR/<target>, or DIR itself when it holds a run
+if [[ "$BASELINE" == auto ]]; then  # reports/baselines/<GPU name, non-alphanumerics as _>
+  gpu_name="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
+  BASELINE="$ROOT/reports/baselines/$(printf '%s' "${gpu_name:-none}" | tr -c 'A-Za-z0-9' '_' | sed 's/_*$//')"
+fi
+baseline_for() {  # DIR/<target>, or DIR itself when it holds a run, or "" when there is none
   if [[ -f "$BASELINE/$1/report.json" || -f "$BASELINE/$1/benchmark.json" ]]; then printf '%s' "$BASELINE/$1"
-  else printf '%s' "$BASELINE"; fi
+  elif [[ -f "$BASELINE/report.json" || -f "$BASELINE/benchmark.json" ]]; then printf '%s' "$BASELINE"; fi
 }
 for t in "${TARGETS[@]}"; do
   args=(-m pytest -p no:cacheprovider --rootdir "$ROOT")
@@ -214,10 +218,17 @@ for t in "${TARGETS[@]}"; do
   start=$(date +%s)
   "$PY" "${args[@]}" "${EXTRA[@]}"
   rc=$?
-  if [[ $rc -eq 0 && -n "$BASELINE" && -n "$run_dir" ]]; then
-    say "${BOLD}--- $t vs baseline $(baseline_for "$t") ---${RESET}"
-    "$PY" -m lora_core.compare "$(baseline_for "$t")" "$run_dir"
-    rc=$?; [[ $rc -eq 1 ]] && rc=6  # 6: this script's code for "regression against the baseline"
+  if [[ -n "$BASELINE" && -n "$run_dir" && $INTERRUPTED -eq 0 ]]; then
+    base="$(baseline_for "$t")"
+    if [[ -z "$base" ]]; then
+      say "${YELLOW}no baseline for $t under $BASELINE: not compared${RESET}"
+    else
+      say "${BOLD}--- $t vs baseline $base ---${RESET}"
+      "$PY" -m lora_core.compare "$base" "$run_dir"
+      crc=$?
+      [[ $crc -eq 1 ]] && rc=6  # 6: this script's code for "regression against the baseline"
+      [[ $crc -eq 2 && $rc -eq 0 ]] && rc=2
+    fi
   fi
   secs=$(( $(date +%s) - start ))
   case $rc in
@@ -240,7 +251,7 @@ done
 
 # ---------------------------------------------------------------- summary
 say ""
-say "${BOLD}Summary$([[ $HAVE_GPU -eq 0 && "$TARGET" != selftest ]] && printf ' (no GPU: GPU tests were skipped)')${RESET}"
+say "${BOLD}Summary$([[ $HAVE_GPU -eq 0 && "$TARGET" != selftest && "$TARGET" != compare ]] && printf ' (no GPU: GPU tests were skipped)')${RESET}"
 say "$(printf '%-12s %-30s %7s  %s' target result time report)"
 for row in "${ROWS[@]}"; do
   case "$row" in

@@ -35,6 +35,11 @@ def test_help_lists_targets_and_flags():
     (("quick", "--backend", "tpu"), "--backend must be cupy or torch"),
     (("quick", "--strict-vram"), "--strict-vram only makes sense with --check-vram"),
     (("quick", "--report-dir"), "--report-dir needs a directory"),
+    (("quick", "--report-dir", "--check-vram"), "--report-dir needs a directory, got '--check-vram'"),
+    (("quick", "--backend", "--verbose"), "--backend needs a value (cupy or torch), got '--verbose'"),
+    (("quick", "--report-dir=--check-vram"), "--report-dir needs a directory, got '--check-vram'"),
+    (("quick", "--report-dir", "/proc/x"), "--report-dir /proc/x is not a writable directory"),
+    (("compare", "only-one"), "compare needs two run directories"),
 ])
 def test_bad_usage_exits_2_with_a_message(args, message):
     out = run(*args)
@@ -64,3 +69,81 @@ def test_a_failing_target_gives_exit_1_and_continue_runs_the_rest(tmp_path):
     assert out.stdout.count("FAIL (no tests collected)") == 5  # every tier ran despite the failures
     stop = run("all", "--report-dir", str(tmp_path), "--", "-k", "nothing_matches", dry=False)
     assert stop.returncode == 1 and "stopping (use --continue-on-error" in stop.stdout
+
+
+def test_a_report_dir_that_is_a_file_is_refused_before_running(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    out = run("quick", "--report-dir", str(blocker), dry=False)
+    assert out.returncode == 2 and "is not a writable directory" in out.stderr
+    assert "=== quick ===" not in out.stdout, "the tier ran before the report directory was checked"
+
+
+def test_two_runs_in_the_same_second_get_their_own_directories(tmp_path):
+    procs = [subprocess.Popen(["bash", str(SCRIPT), "quick", "--report-dir", str(tmp_path)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=dict(os.environ, NO_COLOR="1")) for _ in range(3)]
+    for p in procs:
+        p.communicate(timeout=300)
+        assert p.returncode == 0
+    dirs = sorted(d.name for d in tmp_path.iterdir())
+    assert len(dirs) == 3, dirs
+    assert all((tmp_path / d / "report.json").exists() for d in dirs)
+
+
+SLEEPY_PYTHON = """#!/usr/bin/env bash
+# A python that is real for the script's import checks and sleeps in place of pytest.
+for a in "$@"; do [[ "$a" == pytest ]] && exec {py} -c "import time; time.sleep(60)"; done
+exec {py} "$@"
+"""
+
+
+def test_ctrl_c_stops_the_whole_run_with_130_and_a_summary(tmp_path):
+    import signal
+    import sys
+    import time
+    fake = tmp_path / "python"
+    fake.write_text(SLEEPY_PYTHON.format(py=sys.executable))
+    fake.chmod(0o755)
+    proc = subprocess.Popen(["bash", str(SCRIPT), "all", "--continue-on-error", "--report-dir", str(tmp_path / "r")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env=dict(os.environ, NO_COLOR="1", PYTHON=str(fake)))
+    deadline = time.time() + 60
+    while not list((tmp_path / "r").glob("*-quick")) and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground process group
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out + err
+    assert "quick        INTERRUPTED" in out and "=== convergence ===" not in out
+    assert "Interrupted (Ctrl-C)" in out
+
+
+def test_bootstrap_installs_the_cupy_of_torchs_cuda_major_and_peft(tmp_path):
+    """A fresh GPU machine: .venv gets torch, then this project with PEFT and cupy-cuda<major>x."""
+    env = dict(os.environ, NO_COLOR="1", GPU_TEST_BOOTSTRAP_DRY_RUN="1", GPU_TEST_ASSUME_GPU="1")
+    for major, extra in (("12.8", "cuda12"), ("13.0", "cuda13")):
+        out = subprocess.run(["bash", str(SCRIPT), "quick"], capture_output=True, text=True, timeout=120,
+                             env=dict(env, GPU_TEST_TORCH_CUDA=major))
+        assert out.returncode == 0, out.stderr
+        assert "would run: .venv/bin/python -m pip install -q torch==2.13.0" in out.stdout
+        assert f"would run: .venv/bin/python -m pip install -q -e .[peft,test,{extra}]" in out.stdout
+    cpu = subprocess.run(["bash", str(SCRIPT), "quick"], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, NO_COLOR="1", GPU_TEST_BOOTSTRAP_DRY_RUN="1", GPU_TEST_TORCH_CUDA=""))
+    assert "-e .[peft,test]" in cpu.stdout and "cupy" not in cpu.stdout.split("Setting up")[1]
+    odd = subprocess.run(["bash", str(SCRIPT), "quick"], capture_output=True, text=True, timeout=120,
+                         env=dict(env, GPU_TEST_TORCH_CUDA="11.8"))
+    assert odd.returncode == 1 and "CuPy wheels exist for CUDA 12 and 13 only" in odd.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour on a machine without a GPU")
+def test_baseline_comparison_after_a_target(tmp_path):
+    """--baseline DIR compares the new run with DIR/<target>: a CPU quick run against itself passes."""
+    first = run("quick", "--report-dir", str(tmp_path / "a"), dry=False)
+    assert first.returncode == 0
+    (tmp_path / "base").mkdir()
+    next((tmp_path / "a").iterdir()).rename(tmp_path / "base" / "quick")
+    out = run("quick", "--report-dir", str(tmp_path / "b"), "--baseline", str(tmp_path / "base"), dry=False)
+    assert out.returncode == 0, out.stdout[-2000:]
+    assert "vs baseline" in out.stdout and "no regression" in out.stdout
+    none = run("memory", "--report-dir", str(tmp_path / "c"), "--baseline", str(tmp_path / "base"), dry=False)
+    assert none.returncode == 0 and "no baseline for memory" in none.stdout

@@ -12,7 +12,7 @@ from lora_core.environment import collect_environment
 from lora_core.report import SCHEMA_VERSION, RunReport
 
 REPORTS = Path(__file__).resolve().parent.parent / "reports"
-COMMITTED = sorted(REPORTS.glob("*/report.json")) + sorted(REPORTS.glob("baselines/*/*/report.json"))
+COMMITTED = sorted(p for p in REPORTS.rglob("report.json") if "_local" not in p.parts)
 
 
 def schema_for(version: int) -> dict:

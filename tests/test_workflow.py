@@ -39,3 +39,11 @@ def test_runs_all_tiers_and_keeps_reports_always():
     assert summary["if"] == "always()" and "report.md" in summary["run"]
     cache = next(s for s in steps if s.get("uses", "").startswith("actions/cache"))
     assert "HF_HOME" in cache["with"]["path"] and "HF_HOME" in data["jobs"]["gpu-tiers"]["env"]
+
+
+def test_nightly_runs_the_regression_gate_and_the_planted_defects():
+    data, _ = _load()
+    runs = [s.get("run", "") for job in data["jobs"].values() for s in job["steps"]]
+    assert any("gpu-test.sh all" in r and "--baseline auto" in r for r in runs)
+    assert any("gpu-test.sh bench" in r and "--baseline auto" in r for r in runs)
+    assert any("gpu-test.sh selftest-gpu" in r for r in runs)
