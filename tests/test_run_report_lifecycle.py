@@ -103,3 +103,20 @@ def test_an_unwritable_report_dir_stops_before_any_test(pytester, tmp_path):
     result = pytester.runpytest_subprocess(f"--report-dir={blocker}/sub", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--report-dir*not a writable directory*"])
+
+
+def test_progress_lines_show_up_while_a_test_runs(pytester, monkeypatch):
+    """The full tier ran 396 s without a line: progress is written past pytest's capture, at most every 10 s."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT_CONFTEST.parent) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    pytester.makeconftest(ROOT_CONFTEST.read_text())
+    pytester.makepyfile(test_progress="""
+        import logging, time
+        import conftest
+        def test_long():
+            conftest._ProgressHandler.min_interval_s = 0.0
+            log = logging.getLogger("lora_core.trainer")
+            for step in range(3):
+                log.info("step %d/3 loss 1.0 eta 0m0%ds", step + 1, 3 - step)
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines(["*[[]trainer[]] step 3/3 loss 1.0 eta 0m01s*"])

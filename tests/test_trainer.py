@@ -74,3 +74,20 @@ def test_resume_from_checkpoint_continues_identically(tiny_cfg, tmp_path):
     tail = train(second.model, second.batches, cfg.train, optimizer=opt, start_step=start)
     assert start == 6
     assert head.losses + tail.losses == pytest.approx(straight, rel=1e-6, abs=1e-6)
+
+
+def test_a_non_finite_stop_keeps_the_records_before_it(tiny_cfg):
+    """Issue 8: the per-step records before a NaN stop were dropped with the exception."""
+    p = prepare(tiny_cfg, "cpu")
+    name = "model.layers.0.self_attn.q_proj.lora_A"
+
+    def poison(step):
+        if step == 3:
+            with torch.no_grad():
+                adapter_parameters(p.model)[name].fill_(float("nan"))
+
+    records = []
+    with pytest.raises(NonFiniteError, match=name):
+        train(p.model, p.batches, tiny_cfg.train, records=records, step_hook=poison)
+    assert [r.step for r in records] == [0, 1, 2, 3]
+    assert all(r.cpu_time_s is not None and r.cpu_time_s > 0 for r in records)
