@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from lora_core.config import CONFIG_DIR, load_tier_config
-from lora_core.environment import collect_environment
-from lora_core.report import Outcome, RunReport
+from lora_suite.config import CONFIG_DIR, load_tier_config
+from lora_suite.environment import collect_environment
+from lora_suite.report import Outcome, RunReport
 
 _REPORT_KEY = pytest.StashKey[RunReport]()
 _SUMMARY_KEY = pytest.StashKey[list]()  # lines for the terminal summary (report path, wall-time failure)
@@ -63,11 +63,11 @@ class _ProgressHandler(logging.Handler):
     Long tiers (the full tier runs for minutes) would otherwise print nothing between start and result.
     """
 
-    min_interval_s = 10.0  # at most one line per 10 s: long tiers show progress, short tests stay quiet
-
     def __init__(self, config):
         super().__init__(logging.INFO)
         self.config = config
+        # at most one line per 10 s: long tiers show progress, short tests stay quiet
+        self.min_interval_s = float(os.environ.get("LORA_SUITE_PROGRESS_INTERVAL_S", "10"))
         self.last = time.monotonic()
 
     def emit(self, record):
@@ -94,7 +94,7 @@ def pytest_configure(config):
         signal.signal(signal.SIGTERM, _on_sigterm)
     if not config.getini("log_cli") and not config.getoption("log_cli_level", None):
         handler = _ProgressHandler(config)
-        logger = logging.getLogger("lora_core")
+        logger = logging.getLogger("lora_suite")  # the trainer logs as lora_suite.trainer
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
         config.add_cleanup(lambda: logger.removeHandler(handler))

@@ -19,12 +19,12 @@ import statistics
 
 import torch
 
-from lora_core.config import load_tier_config
-from lora_core.criteria import median_drift, robust_spread
-from lora_core.environment import collect_environment
-from lora_core.recipe import prepare
-from lora_core.report import RunReport, Series
-from lora_core.trainer import train
+from lora_suite.config import load_tier_config
+from lora_suite.criteria import median_drift, robust_spread
+from lora_suite.environment import collect_environment
+from lora_suite.recipe import prepare
+from lora_suite.report import RunReport, Series
+from lora_suite.trainer import train
 
 
 def main() -> None:

@@ -16,8 +16,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lora_core.benchmarking import NOISE_Z, layer_step, paired_difference, ratio_rounds
-from lora_core.timing import cuda_time, measure_until_pass
+from lora_suite.benchmarking import NOISE_Z, layer_step, paired_difference, ratio_rounds
+from lora_suite.timing import cuda_time, measure_until_pass
 
 pytestmark = [pytest.mark.gpu, pytest.mark.benchmark]
 
@@ -95,5 +95,5 @@ def test_cupy_ratio_not_above_peft(shape, check, run_report):
     # The name stays the same from run to run (the regression gate matches checks by name); attempts go in detail.
     check(f"{shape}: cupy ratio - PEFT ratio to base, - {NOISE_Z} SE (best attempt)",
           round(min(a.estimate.median - NOISE_Z * a.estimate.se for a in attempts), 4), "<=", 0.0,
-          source="issue bar: no worse than PEFT, same run, interleaved; allowance lora_core/benchmarking.py",
+          source="issue bar: no worse than PEFT, same run, interleaved; allowance lora_suite/benchmarking.py",
           detail=f"{len(attempts)} attempt(s), medians {[round(a.estimate.median, 4) for a in attempts]}")

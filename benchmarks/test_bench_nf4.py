@@ -1,9 +1,9 @@
 """NF4 speed: dequantisation bandwidth against a device-to-device copy of the same bytes, in the same run.
 
 Bytes moved count reads plus writes: the packed codes (n/2), the absmax codes and scales, and the 16-bit
-output (2n); the copy moves the same number (lora_core/benchmarking.py says why the same size). The bar
+output (2n); the copy moves the same number (lora_suite/benchmarking.py says why the same size). The bar
 (>= 70% of copy) is judged on per-round fractions, with a noise allowance of NOISE_Z standard errors and
-up to three measurements before it fails (lora_core/timing.py measure_until_pass).
+up to three measurements before it fails (lora_suite/timing.py measure_until_pass).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lora_core.benchmarking import NOISE_Z, dequant_vs_copy
+from lora_suite.benchmarking import NOISE_Z, dequant_vs_copy
 from lora_core.nf4 import dequantize_nf4, quantize_nf4
-from lora_core.timing import measure_until_pass
+from lora_suite.timing import measure_until_pass
 
 pytestmark = [pytest.mark.gpu, pytest.mark.benchmark]
 
@@ -50,5 +50,5 @@ def test_dequant_bandwidth(benchmark, shape, run_report, check):
     # The name stays the same from run to run (the regression gate matches checks by name); attempts go in detail.
     check(f"dequant {shape}: bandwidth / copy of the same bytes, + {NOISE_Z} SE (best attempt)",
           round(max(a.estimate.median + NOISE_Z * a.estimate.se for a in attempts), 3), ">=", MIN_FRACTION_OF_COPY,
-          source="QLoRA issue bar: >= 70% of a device-to-device copy, same run; allowance lora_core/benchmarking.py",
+          source="QLoRA issue bar: >= 70% of a device-to-device copy, same run; allowance lora_suite/benchmarking.py",
           detail=f"{len(attempts)} attempt(s), medians {[round(a.estimate.median, 3) for a in attempts]}")

@@ -1,4 +1,5 @@
-"""lora_core: the LoRA layer under test (CuPy RawKernels + cuBLAS) and the machinery of the test tiers.
+"""lora_core: the system under test, a LoRA layer on CuPy RawKernels + cuBLAS with NF4 bases; the harness
+that judges it is the sibling package ``lora_suite``, which this package never imports.
 
 ``import lora_core`` never imports CuPy: CPU-only machines need not have it.
 """

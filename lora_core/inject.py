@@ -12,10 +12,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lora_core.config import TARGET_NAMES
 from lora_core.layer import LoRALinear, NF4Linear
 
 ALL_LINEAR = "all-linear"
+TARGET_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # a Llama block's linears
 
 
 def _matches(name: str, module: nn.Module, targets: tuple[str, ...]) -> str | None:

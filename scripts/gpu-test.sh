@@ -199,7 +199,7 @@ for t in "${TARGETS[@]}"; do
   [[ -n "$WEIGHTS" ]] && args+=(--weights "$WEIGHTS")
   run_dir=""
   case "$t" in
-    compare) args=(-m lora_core.compare "${POSITIONAL[@]}") ;;
+    compare) args=(-m lora_suite.compare "${POSITIONAL[@]}") ;;
     selftest) args+=(tests) ;;
     bench)
       run_dir="$(new_run_dir bench)"
@@ -224,7 +224,7 @@ for t in "${TARGETS[@]}"; do
       say "${YELLOW}no baseline for $t under $BASELINE: not compared${RESET}"
     else
       say "${BOLD}--- $t vs baseline $base ---${RESET}"
-      "$PY" -m lora_core.compare "$base" "$run_dir"
+      "$PY" -m lora_suite.compare "$base" "$run_dir"
       crc=$?
       [[ $crc -eq 1 ]] && rc=6  # 6: this script's code for "regression against the baseline"
       [[ $crc -eq 2 && $rc -eq 0 ]] && rc=2

@@ -8,9 +8,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lora_core.checkpoint import ADAPTER_FILE, STATE_FILE, load_adapter_checkpoint, save_adapter_checkpoint
+from lora_suite.checkpoint import ADAPTER_FILE, STATE_FILE, load_adapter_checkpoint, save_adapter_checkpoint
 from lora_core.inject import adapter_parameters, inject_lora
-from lora_core.models import build_random
+from lora_suite.models import build_random
 from tests.conftest import TINY_ARCH
 
 
@@ -49,7 +49,7 @@ def test_mismatches_are_named(tmp_path):
 
 def test_a_save_killed_midway_leaves_the_previous_checkpoint_whole(tmp_path, monkeypatch):
     """Issue 8: a kill between files left step-N+1 adapters beside step-N optimizer state, resumed silently."""
-    from lora_core import checkpoint as C
+    from lora_suite import checkpoint as C
     m = _model()
     opt = torch.optim.AdamW(adapter_parameters(m).values())
     save_adapter_checkpoint(m, tmp_path / "ck", step=5, optimizer=opt)
@@ -72,13 +72,13 @@ def test_a_mixed_set_is_refused_naming_the_file(tmp_path):
     save_adapter_checkpoint(m, tmp_path / "a", step=5)
     save_adapter_checkpoint(m, tmp_path / "b", step=6)
     (tmp_path / "a" / ADAPTER_FILE).write_bytes((tmp_path / "b" / ADAPTER_FILE).read_bytes())
-    from lora_core.checkpoint import CheckpointError
+    from lora_suite.checkpoint import CheckpointError
     with pytest.raises(CheckpointError, match=r"adapter_model.safetensors differs from the manifest of step 5"):
         load_adapter_checkpoint(_model(), tmp_path / "a")
 
 
 def test_a_directory_without_manifest_is_refused(tmp_path):
-    from lora_core.checkpoint import MANIFEST_FILE, CheckpointError
+    from lora_suite.checkpoint import MANIFEST_FILE, CheckpointError
     save_adapter_checkpoint(_model(), tmp_path / "ck", step=2)
     (tmp_path / "ck" / MANIFEST_FILE).unlink()
     with pytest.raises(CheckpointError, match="has no manifest.json: it is partial"):
@@ -88,9 +88,9 @@ def test_a_directory_without_manifest_is_refused(tmp_path):
 KILL_LOOP = """
 import sys, torch
 sys.path.insert(0, {root!r})
-from lora_core.checkpoint import save_adapter_checkpoint
+from lora_suite.checkpoint import save_adapter_checkpoint
 from lora_core.inject import adapter_parameters, inject_lora
-from lora_core.models import build_random
+from lora_suite.models import build_random
 from tests.conftest import TINY_ARCH
 m = build_random(TINY_ARCH, torch.float32, "cpu")
 inject_lora(m, ("q_proj", "v_proj"), r=4)

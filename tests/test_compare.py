@@ -1,4 +1,4 @@
-"""The regression gate (lora_core/compare.py) on committed H200 benchmark data and synthetic runs."""
+"""The regression gate (lora_suite/compare.py) on committed H200 benchmark data and synthetic runs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from lora_core import compare
+from lora_suite import compare
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "reports" / "20261121T055736Z-bench"  # H200, commit 17bf5be (reports/README.md)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lora_core.config import CONFIG_DIR, ConfigError, load_model_config, load_tier_config
+from lora_suite.config import CONFIG_DIR, ConfigError, load_model_config, load_tier_config
 
 TIERS = ("quick", "convergence", "memory", "extended", "full")
 

@@ -1,5 +1,5 @@
 """The convergence tier's loss-match criterion can fail: a wrong gradient leaves the band, a correct
-re-association of the same math stays inside it (tiny Llama, CPU, the criterion of lora_core.criteria)."""
+re-association of the same math stays inside it (tiny Llama, CPU, the criterion of lora_suite.criteria)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lora_core.criteria import loss_match
+from lora_suite.criteria import loss_match
 from lora_core.inject import adapter_parameters
 from lora_core.ops import lora_linear as op
-from lora_core.recipe import prepare
-from lora_core.trainer import train
+from lora_suite.recipe import prepare
+from lora_suite.trainer import train
 
 FACTOR, FLOOR, PERTURB = 4, 2.0**-10, 2.0**-8  # the convergence tier's values (configs/convergence.yaml)
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from lora_core.criteria import (coefficient_of_variation, is_non_increasing, loss_drop, loss_match,
+from lora_suite.criteria import (coefficient_of_variation, is_non_increasing, loss_drop, loss_match,
                                 throughput_drift, windowed_means)
 
 
@@ -42,7 +42,7 @@ def test_loss_match_band_follows_the_control():
 
 def test_one_stall_dominates_a_plain_cv_but_not_the_robust_spread():
     """The extended tier's false alarm (issue 8): steady 100 ms steps with one 300 ms stall."""
-    from lora_core.criteria import robust_spread
+    from lora_suite.criteria import robust_spread
     times = [100.0 + (i % 5) * 0.5 for i in range(450)]
     times[200] = 300.0
     assert coefficient_of_variation(times) > 0.04  # the plain CV grows with one sample
@@ -51,7 +51,7 @@ def test_one_stall_dominates_a_plain_cv_but_not_the_robust_spread():
 
 def test_robust_spread_catches_a_slowed_path_on_half_the_steps():
     """A planted defect: every other step takes 30% longer (e.g. a sync plus extra work every other step)."""
-    from lora_core.criteria import robust_spread
+    from lora_suite.criteria import robust_spread
     times = [100.0 if i % 2 else 130.0 for i in range(450)]
     assert robust_spread(times) > 0.10
 
@@ -59,7 +59,7 @@ def test_robust_spread_catches_a_slowed_path_on_half_the_steps():
 def test_median_drift_and_its_noise_allowance():
     import random
 
-    from lora_core.criteria import median_drift
+    from lora_suite.criteria import median_drift
     rng = random.Random(0)
     steady = [1000.0 * (1 + rng.gauss(0, 0.05)) for _ in range(450)]
     d = median_drift(steady, 50)
@@ -71,7 +71,7 @@ def test_median_drift_and_its_noise_allowance():
 
 
 def test_stalls_are_counted_beyond_a_factor_of_the_median_only():
-    from lora_core.criteria import stall_fraction
+    from lora_suite.criteria import stall_fraction
     jitter = [100.0 * (1 + 0.5 * ((i * 7919) % 13) / 13) for i in range(400)]  # host jitter up to +50%
     assert stall_fraction(jitter, 2.5) == 0.0
     one = jitter.copy()
@@ -82,7 +82,7 @@ def test_stalls_are_counted_beyond_a_factor_of_the_median_only():
 
 
 def test_step_time_verdicts_judge_stalls_on_spans_and_drift_on_cpu_time():
-    from lora_core.criteria import step_time_verdicts
+    from lora_suite.criteria import step_time_verdicts
     steps = list(range(50, 500))
     wall = [0.17 if s < 300 else 0.33 for s in steps]  # the loaded host switching regime: 2x, not a stall
     cpu = [0.150 * (1 + 0.01 * ((s * 31) % 7)) for s in steps]  # CPU time does not see the preemption

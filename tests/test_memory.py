@@ -7,11 +7,11 @@ import dataclasses
 import pytest
 import torch
 
-from lora_core.config import LoRASettings
-from lora_core.memory import (CONTEXT_BYTES, GIB, MemoryEstimate, estimate_training_memory, fit_slope,
+from lora_suite.config import LoRASettings
+from lora_suite.memory import (CONTEXT_BYTES, GIB, MemoryEstimate, estimate_training_memory, fit_slope,
                               measured_split, nvml_memory, vram_verdict)
-from lora_core.recipe import prepare
-from lora_core.trainer import train
+from lora_suite.recipe import prepare
+from lora_suite.trainer import train
 from tests.conftest import TINY_ARCH
 
 

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from lora_core.environment import collect_environment
-from lora_core.report import RunReport, Series, atomic_write_text, render_markdown
+from lora_suite.environment import collect_environment
+from lora_suite.report import RunReport, Series, atomic_write_text, render_markdown
 
 
 def _report():

@@ -8,8 +8,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from lora_core.environment import collect_environment
-from lora_core.report import SCHEMA_VERSION, RunReport
+from lora_suite.environment import collect_environment
+from lora_suite.report import SCHEMA_VERSION, RunReport
 
 REPORTS = Path(__file__).resolve().parent.parent / "reports"
 COMMITTED = sorted(p for p in REPORTS.rglob("report.json") if "_local" not in p.parts)

@@ -95,7 +95,8 @@ def test_report_files_are_readable_by_others(session):
         assert mode == 0o644, f"{name} has mode {oct(mode)}, expected 0o644 (mkstemp makes 0600)"
 
 
-def test_an_unwritable_report_dir_stops_before_any_test(pytester, tmp_path):
+def test_an_unwritable_report_dir_stops_before_any_test(pytester, tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(ROOT_CONFTEST.parent) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     pytester.makeconftest(ROOT_CONFTEST.read_text())
     pytester.makepyfile(test_sample="def test_a():\n    raise SystemExit('must not run')\n")
     blocker = tmp_path / "a-file"
@@ -108,13 +109,12 @@ def test_an_unwritable_report_dir_stops_before_any_test(pytester, tmp_path):
 def test_progress_lines_show_up_while_a_test_runs(pytester, monkeypatch):
     """The full tier ran 396 s without a line: progress is written past pytest's capture, at most every 10 s."""
     monkeypatch.setenv("PYTHONPATH", str(ROOT_CONFTEST.parent) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    monkeypatch.setenv("LORA_SUITE_PROGRESS_INTERVAL_S", "0")
     pytester.makeconftest(ROOT_CONFTEST.read_text())
     pytester.makepyfile(test_progress="""
-        import logging, time
-        import conftest
+        import logging
         def test_long():
-            conftest._ProgressHandler.min_interval_s = 0.0
-            log = logging.getLogger("lora_core.trainer")
+            log = logging.getLogger("lora_suite.trainer")
             for step in range(3):
                 log.info("step %d/3 loss 1.0 eta 0m0%ds", step + 1, 3 - step)
     """)

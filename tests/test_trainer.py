@@ -8,12 +8,12 @@ import math
 import pytest
 import torch
 
-from lora_core.checkpoint import load_adapter_checkpoint, save_adapter_checkpoint
-from lora_core.config import TrainSettings
-from lora_core.criteria import loss_drop
+from lora_suite.checkpoint import load_adapter_checkpoint, save_adapter_checkpoint
+from lora_suite.config import TrainSettings
+from lora_suite.criteria import loss_drop
 from lora_core.inject import adapter_parameters
-from lora_core.recipe import prepare
-from lora_core.trainer import NonFiniteError, lr_at, make_optimizer, train
+from lora_suite.recipe import prepare
+from lora_suite.trainer import NonFiniteError, lr_at, make_optimizer, train
 
 
 def test_lr_schedule():

@@ -10,14 +10,14 @@ import time
 import pytest
 import torch
 
-from lora_core.config import CONFIG_DIR, TierConfig, load_tier_config
-from lora_core.data import Batches, tokenizer_for
+from lora_suite.config import CONFIG_DIR, TierConfig, load_tier_config
+from lora_suite.data import Batches, tokenizer_for
 from lora_core.inject import lora_modules
-from lora_core.memory import GIB, estimate_training_memory, measured_split, nvml_memory, vram_verdict
-from lora_core.models import CheckpointNotFound
-from lora_core.recipe import Prepared, prepare
-from lora_core.report import Series
-from lora_core.trainer import StepRecord, TrainResult, train
+from lora_suite.memory import GIB, estimate_training_memory, measured_split, nvml_memory, vram_verdict
+from lora_suite.models import CheckpointNotFound
+from lora_suite.recipe import Prepared, prepare
+from lora_suite.report import Series
+from lora_suite.trainer import StepRecord, TrainResult, train
 
 
 class Tier:

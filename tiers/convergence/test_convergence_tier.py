@@ -13,7 +13,7 @@ rounding, so its gap stays within a small multiple of what rounding noise produc
 (missing scale, wrong transpose, stale activations) changes the trajectory at the scale of the learning
 signal itself, orders of magnitude above (tests/test_convergence_criterion.py shows such a bug caught on
 the CPU). The floor covers the first steps, where the control's gap is still exactly 0 (B = 0).
-The arithmetic is ``lora_core.criteria.loss_match``.
+The arithmetic is ``lora_suite.criteria.loss_match``.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ import gc
 import pytest
 import torch
 
-from lora_core.criteria import loss_drop, loss_match
+from lora_suite.criteria import loss_drop, loss_match
 from lora_core.inject import adapter_parameters
-from lora_core.models import build_model
-from lora_core.recipe import DTYPES
-from lora_core.report import Series
-from lora_core.trainer import train
+from lora_suite.models import build_model
+from lora_suite.recipe import DTYPES
+from lora_suite.report import Series
+from lora_suite.trainer import train
 
 pytestmark = [pytest.mark.gpu, pytest.mark.convergence]
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import pytest
 
-from lora_core.config import TierConfig
-from lora_core.criteria import Verdict, is_non_increasing, step_time_verdicts, windowed_means
-from lora_core.memory import fit_slope
-from lora_core.report import Series
-from lora_core.trainer import StepRecord
+from lora_suite.config import TierConfig
+from lora_suite.criteria import Verdict, is_non_increasing, step_time_verdicts, windowed_means
+from lora_suite.memory import fit_slope
+from lora_suite.report import Series
+from lora_suite.trainer import StepRecord
 
 pytestmark = [pytest.mark.gpu, pytest.mark.extended]
 LEAK_SERIES = ("allocated_mib", "reserved_mib", "nvml_used_mib")

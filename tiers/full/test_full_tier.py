@@ -11,9 +11,9 @@ import gc
 import pytest
 import torch
 
-from lora_core.checkpoint import load_adapter_checkpoint, save_adapter_checkpoint
-from lora_core.criteria import loss_drop
-from lora_core.memory import measured_split
+from lora_suite.checkpoint import load_adapter_checkpoint, save_adapter_checkpoint
+from lora_suite.criteria import loss_drop
+from lora_suite.memory import measured_split
 
 pytestmark = [pytest.mark.gpu, pytest.mark.full]
 

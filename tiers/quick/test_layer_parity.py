@@ -1,6 +1,6 @@
 """GPU parity of the cupy LoRA backend: y, dx, dA, dB against float64, plus stream, checkpoint, determinism.
 
-Tolerances: ``lora_core.parity.tolerance`` (C·unit roundoff of the compute dtype, derivation in its
+Tolerances: ``lora_suite.parity.tolerance`` (C·unit roundoff of the compute dtype, derivation in its
 docstring). Each grid test records one row per case (its max errors and tolerance) in the run report.
 """
 
@@ -13,8 +13,8 @@ import torch
 import torch.utils.checkpoint
 
 import lora_core
-from lora_core.parity import compare, parity, random_case, reference_f64, run_candidate, tolerance
-from lora_core.report import Series
+from lora_suite.parity import compare, parity, random_case, reference_f64, run_candidate, tolerance
+from lora_suite.report import Series
 
 pytestmark = [pytest.mark.gpu, pytest.mark.quick]
 
@@ -56,7 +56,7 @@ def test_cupy_matches_float64_over_shape_grid(config, layout, run_report, check)
         columns=("N", "in", "out", "r", "y err", "dx err", "dA err", "dB err", "max abs err", "tol", "verdict"),
         rows=tuple(rows)))
     check(f"{config} {layout}: tensors beyond tolerance (of {4 * len(rows)})", len(failures), "==", 0,
-          source="tol = 8·(u_dtype + u_fp32·√k); lora_core/parity.py", detail="; ".join(failures[:5]))
+          source="tol = 8·(u_dtype + u_fp32·√k); lora_suite/parity.py", detail="; ".join(failures[:5]))
 
 
 @pytest.mark.parametrize("dtype", [F32, BF16], ids=["fp32", "bf16"])

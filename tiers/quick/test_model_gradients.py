@@ -1,4 +1,4 @@
-"""quick tier: whole-model gradients at step 0 against an fp32 copy of the model (lora_core/gradients.py).
+"""quick tier: whole-model gradients at step 0 against an fp32 copy of the model (lora_suite/gradients.py).
 
 Three runs on the same batch and adapters, each judged per adapter against the fp32 reference with the
 16-bit torch reference's own error as the yardstick: the backend under test, the trainer's gradient
@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lora_core import gradients as G
-from lora_core.report import Series
+from lora_suite import gradients as G
+from lora_suite.report import Series
 
 pytestmark = [pytest.mark.gpu, pytest.mark.quick]
 
@@ -28,7 +28,7 @@ def test_whole_model_gradients_match_the_fp32_reference(tier):
     results = G.whole_model_checks(prepared.model, batch, cfg.backend, k=crit.grad_accum_k,
                                    factor=crit.grad_match_factor)
     tier.check_backend(prepared.model, cfg.backend)
-    source = "err <= grad_match_factor * max(err_16bit_ref, median): configs/quick.yaml, lora_core/gradients.py"
+    source = "err <= grad_match_factor * max(err_16bit_ref, median): configs/quick.yaml, lora_suite/gradients.py"
     verdicts = []
     for res in results:
         tier.report.add_series(Series(tier.nodeid, f"step-0 adapter gradients vs fp32: {res.label}",

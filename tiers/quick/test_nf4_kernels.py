@@ -7,7 +7,7 @@ import torch
 
 from lora_core.nf4 import (BLOCKSIZE, dequantize_nf4, dequantize_nf4_reference, quantize_nf4,
                            quantize_nf4_reference, roundtrip_error_bound)
-from lora_core.parity import compare, random_case, reference_f64, run_candidate, tolerance
+from lora_suite.parity import compare, random_case, reference_f64, run_candidate, tolerance
 
 pytestmark = [pytest.mark.gpu, pytest.mark.quick]
 

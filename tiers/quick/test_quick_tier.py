@@ -9,7 +9,7 @@ import torch
 
 import lora_core
 from lora_core.inject import adapter_parameters
-from lora_core.trainer import make_optimizer
+from lora_suite.trainer import make_optimizer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.quick]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from lora_core import benchmarking
-from lora_core.timing import cuda_time
+from lora_suite import benchmarking
+from lora_suite.timing import cuda_time
 
 SLOWDOWN = 0.20
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from lora_core import gradients as G
-from lora_core import trainer
-from lora_core.benchmarking import NOISE_Z
+from lora_suite import gradients as G
+from lora_suite import trainer
+from lora_suite.benchmarking import NOISE_Z
 from lora_core.ops import lora_linear as op
-from lora_core.trainer import NonFiniteError
+from lora_suite.trainer import NonFiniteError
 
 pytestmark = [pytest.mark.gpu, pytest.mark.selftest_gpu]
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import yaml
 
+from lora_core.inject import TARGET_NAMES  # the system under test owns the target names
+
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 WEIGHTS_MODES = ("auto", "pretrained", "random")
-TARGET_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 _FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|[-+]?\.?(inf|nan)", re.IGNORECASE)

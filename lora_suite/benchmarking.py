@@ -21,7 +21,7 @@ import torch
 
 import lora_core
 from lora_core.nf4 import dequantize_nf4, quantize_nf4
-from lora_core.timing import PairedEstimate, interleaved_rounds
+from lora_suite.timing import PairedEstimate, interleaved_rounds
 
 NOISE_Z = 3.0  # 3 standard errors: the same allowance as the extended tier's drift (configs/extended.yaml)
 DT = torch.bfloat16

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from lora_core import trainer
+from lora_suite import trainer
 from lora_core.inject import adapter_parameters, lora_modules
 
 

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lora_core.environment import Environment
+from lora_suite.environment import Environment
 
 _OPS = {
     "<=": lambda v, t: v <= t,

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from lora_core.config import LlamaArchitecture, LoRASettings
+from lora_suite.config import LlamaArchitecture, LoRASettings
 
 GIB = 2**30
 MIB = 2**20

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from lora_core.config import TierConfig
-from lora_core.data import Batches, tokenizer_for
+from lora_suite.config import TierConfig
+from lora_suite.data import Batches, tokenizer_for
 from lora_core.inject import adapter_parameters, inject_lora, lora_modules
-from lora_core.models import BuiltModel, build_model
+from lora_suite.models import BuiltModel, build_model
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 

@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from lora_core.config import LlamaArchitecture, ModelConfig
+from lora_suite.config import LlamaArchitecture, ModelConfig
 
 INIT_STD = 0.02  # Llama's initializer_range
 

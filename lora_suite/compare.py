@@ -1,6 +1,6 @@
 """Night-to-night regression gate: compare a run with a baseline run, noise-aware; exit 1 on a regression.
 
-    python -m lora_core.compare BASELINE RUN      (or ./scripts/gpu-test.sh compare BASELINE RUN)
+    python -m lora_suite.compare BASELINE RUN      (or ./scripts/gpu-test.sh compare BASELINE RUN)
 
 BASELINE and RUN are run directories (report.json and/or benchmark.json, pytest-benchmark's own format)
 or those files themselves. What counts as a regression:
@@ -128,7 +128,7 @@ def render(changes: list[Change]) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2:
-        print("usage: python -m lora_core.compare BASELINE RUN", file=sys.stderr)
+        print("usage: python -m lora_suite.compare BASELINE RUN", file=sys.stderr)
         return 2
     try:
         changes = compare_runs(Path(argv[0]), Path(argv[1]))

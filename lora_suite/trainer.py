@@ -37,11 +37,11 @@ from typing import Callable
 import torch
 from torch import nn
 
-from lora_core.config import TrainSettings
+from lora_suite.config import TrainSettings
 from lora_core.inject import adapter_parameters
-from lora_core.memory import MIB, NvmlReader
+from lora_suite.memory import MIB, NvmlReader
 
-log = logging.getLogger("lora_core.trainer")
+log = logging.getLogger("lora_suite.trainer")
 
 
 class NonFiniteError(FloatingPointError):
