@@ -1,7 +1,8 @@
-"""Adapter checkpoints, written as a unit: the LoRA tensors, optimizer state and step, or nothing.
+"""Training checkpoints, written as a unit: PEFT-format adapters, optimizer state and step, or nothing.
 
-Layout of a checkpoint directory:
-    adapter_model.safetensors   every lora_A / lora_B, keyed by its module path (metadata: step, r, alpha)
+Layout of a checkpoint directory (the adapters are a PEFT folder: ``peft.PeftModel.from_pretrained`` loads it):
+    adapter_model.safetensors   PEFT keys, base_model.model.<module path>.lora_A/B.weight (lora_core.adapters)
+    adapter_config.json         PEFT's LoRA config: r, lora_alpha, target_modules, ...
     optimizer.pt                AdamW state (only when saved with an optimizer)
     trainer_state.json          {"step": next step to run, ...}
     manifest.json               written last: {"step", "files": {name: {"bytes", "sha256"}}}
@@ -24,11 +25,10 @@ import uuid
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
 from torch import nn
 
-from lora_core.inject import adapter_parameters, lora_modules
+from lora_core.adapters import CONFIG_FILE, load_peft_adapter, save_peft_adapter
+from lora_core.inject import adapter_parameters
 
 ADAPTER_FILE = "adapter_model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -59,8 +59,7 @@ def _fsync(path: Path) -> None:
 def save_adapter_checkpoint(model: nn.Module, directory: str | Path, *, step: int,
                             optimizer: torch.optim.Optimizer | None = None, extra: dict | None = None) -> Path:
     directory = Path(directory)
-    tensors = {name: p.detach().to("cpu").contiguous() for name, p in adapter_parameters(model).items()}
-    if not tensors:
+    if not adapter_parameters(model):
         raise ValueError("the model has no LoRA adapters to save (inject_lora first)")
     directory.parent.mkdir(parents=True, exist_ok=True)
     for stale in directory.parent.glob(f".{directory.name}.tmp-*"):  # left by a save that was killed
@@ -68,9 +67,7 @@ def save_adapter_checkpoint(model: nn.Module, directory: str | Path, *, step: in
     tmp = directory.parent / f".{directory.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        first = next(iter(lora_modules(model).values()))
-        save_file(tensors, str(tmp / ADAPTER_FILE), metadata={"step": str(step), "r": str(first.r),
-                                                               "alpha": str(first.alpha)})
+        save_peft_adapter(model, tmp)
         if optimizer is not None:
             torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
         (tmp / STATE_FILE).write_text(json.dumps({"step": step, **(extra or {})}, indent=1) + "\n")
@@ -115,15 +112,13 @@ def verify_checkpoint(directory: str | Path) -> int:
             raise CheckpointError(f"checkpoint {directory}: {name} differs from the manifest of step "
                                   f"{manifest['step']} ({size} bytes, expected {want['bytes']}; or its SHA-256): "
                                   "a mixed or corrupted set")
-    for name in (ADAPTER_FILE, STATE_FILE):
+    for name in (ADAPTER_FILE, CONFIG_FILE, STATE_FILE):
         if name not in manifest["files"]:
             raise CheckpointError(f"checkpoint {directory}: the manifest lists no {name}")
-    with safe_open(str(directory / ADAPTER_FILE), "pt") as f:
-        adapter_step = int((f.metadata() or {}).get("step", -1))
     state_step = int(json.loads((directory / STATE_FILE).read_text())["step"])
-    if not adapter_step == state_step == manifest["step"]:
-        raise CheckpointError(f"checkpoint {directory}: steps disagree (adapters {adapter_step}, trainer state "
-                              f"{state_step}, manifest {manifest['step']})")
+    if state_step != manifest["step"]:
+        raise CheckpointError(f"checkpoint {directory}: steps disagree (trainer state {state_step}, manifest "
+                              f"{manifest['step']})")
     return manifest["step"]
 
 
@@ -132,23 +127,10 @@ def load_adapter_checkpoint(model: nn.Module, directory: str | Path, *,
     """Load adapters (and optimizer state) into ``model`` after ``verify_checkpoint``; return the step."""
     directory = Path(directory)
     step = verify_checkpoint(directory)
-    path = directory / ADAPTER_FILE
-    saved = load_file(str(path))
-    params = adapter_parameters(model)
-    missing, unexpected = sorted(set(params) - set(saved)), sorted(set(saved) - set(params))
-    if missing or unexpected:
-        raise ValueError(f"checkpoint {path} does not fit the model: missing {missing[:5]}, unexpected "
-                         f"{unexpected[:5]} ({len(missing)} / {len(unexpected)} in all)")
-    for name, p in params.items():
-        if saved[name].shape != p.shape:
-            raise ValueError(f"checkpoint {path}: {name} has shape {tuple(saved[name].shape)}, "
-                             f"the model's is {tuple(p.shape)}")
+    opt_path = directory / OPTIMIZER_FILE
+    if optimizer is not None and not opt_path.exists():
+        raise FileNotFoundError(f"resuming needs optimizer state at {opt_path}")
+    load_peft_adapter(model, directory)  # checks keys, shapes, r and alpha before it copies anything
     if optimizer is not None:
-        opt_path = directory / OPTIMIZER_FILE
-        if not opt_path.exists():
-            raise FileNotFoundError(f"resuming needs optimizer state at {opt_path}")
         optimizer.load_state_dict(torch.load(opt_path, map_location="cpu", weights_only=True))
-    with torch.no_grad():
-        for name, p in params.items():
-            p.copy_(saved[name])
     return step

@@ -25,20 +25,21 @@ def test_round_trip(tmp_path):
     with torch.no_grad():
         for p in adapter_parameters(a).values():
             p.normal_()
-    save_adapter_checkpoint(a, tmp_path, step=3, extra={"note": "x"})
-    saved = load_file(str(tmp_path / ADAPTER_FILE))
-    assert set(saved) == set(adapter_parameters(a)) and json.loads((tmp_path / STATE_FILE).read_text())["step"] == 3
+    ck = save_adapter_checkpoint(a, tmp_path / "ck", step=3, extra={"note": "x"})
+    saved = load_file(str(ck / ADAPTER_FILE))
+    assert set(saved) == {f"base_model.model.{n}.weight" for n in adapter_parameters(a)}  # PEFT's key names
+    assert json.loads((ck / STATE_FILE).read_text())["step"] == 3
     assert not list(tmp_path.glob(".*tmp*")), "temporary files left behind"
     b = _model()
-    assert load_adapter_checkpoint(b, tmp_path) == 3
+    assert load_adapter_checkpoint(b, ck) == 3
     assert all(torch.equal(p, adapter_parameters(a)[n]) for n, p in adapter_parameters(b).items())
 
 
 def test_mismatches_are_named(tmp_path):
-    save_adapter_checkpoint(_model(), tmp_path, step=1)
-    with pytest.raises(ValueError, match=r"does not fit the model: missing \['model.layers.0.self_attn.k_proj.lora_A'"):
+    tmp_path = save_adapter_checkpoint(_model(), tmp_path / "ck", step=1)
+    with pytest.raises(ValueError, match=r"layers without weights \['base_model.model.model.layers.0.self_attn.k_proj.lora_A"):
         load_adapter_checkpoint(_model(("q_proj", "k_proj", "v_proj")), tmp_path)
-    with pytest.raises(ValueError, match=r"lora_A has shape \(4, 64\), the model's is \(2, 64\)"):
+    with pytest.raises(ValueError, match=r"has r=4, alpha=16.* but r=2"):
         load_adapter_checkpoint(_model(r=2), tmp_path)
     with pytest.raises(FileNotFoundError, match="resuming needs optimizer state"):
         m = _model()
@@ -70,6 +71,9 @@ def test_a_save_killed_midway_leaves_the_previous_checkpoint_whole(tmp_path, mon
 def test_a_mixed_set_is_refused_naming_the_file(tmp_path):
     m = _model()
     save_adapter_checkpoint(m, tmp_path / "a", step=5)
+    with torch.no_grad():
+        for p in adapter_parameters(m).values():
+            p.add_(1.0)  # one more optimizer step's worth of change
     save_adapter_checkpoint(m, tmp_path / "b", step=6)
     (tmp_path / "a" / ADAPTER_FILE).write_bytes((tmp_path / "b" / ADAPTER_FILE).read_bytes())
     from lora_suite.checkpoint import CheckpointError

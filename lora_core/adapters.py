@@ -1,0 +1,130 @@
+"""Adapters that leave the project: PEFT's folder format (save / load) and merging into the base weights.
+
+PEFT's format, as ``PeftModel.save_pretrained`` writes it for LoRA and ``PeftModel.from_pretrained`` reads it:
+    adapter_model.safetensors   base_model.model.<module path>.lora_A.weight  (r, in)
+                                base_model.model.<module path>.lora_B.weight  (out, r)
+    adapter_config.json         {"peft_type": "LORA", "r", "lora_alpha", "target_modules", "use_rslora",
+                                 "rank_pattern", "alpha_pattern", ...}
+The scale is lora_alpha / r (or / √r with use_rslora), as in ``LoRALinear``. Layers whose r or alpha differ
+from the most common one are listed in rank_pattern / alpha_pattern by module path.
+
+Merging: W' = W + s·B·A for each adapted layer, computed in fp32 and rounded once to W's dtype; the layer
+becomes a plain ``nn.Linear`` (an NF4 base is dequantised first and, if asked, quantised again).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from lora_core.inject import lora_modules
+from lora_core.layer import NF4Linear
+from lora_core.nf4 import dequantize_nf4
+
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+PREFIX = "base_model.model."
+
+
+def _peft_key(module_path: str, which: str) -> str:
+    return f"{PREFIX}{module_path}.{which}.weight"
+
+
+def save_peft_adapter(model: nn.Module, path: str | Path, *, base_model_name_or_path: str | None = None) -> Path:
+    """Write ``model``'s LoRA adapters as a PEFT folder (``peft.PeftModel.from_pretrained`` loads it)."""
+    layers = lora_modules(model)
+    if not layers:
+        raise ValueError("the model has no LoRA adapters to save (inject_lora first)")
+    rslora = {m.use_rslora for m in layers.values()}
+    if len(rslora) != 1:
+        raise ValueError("PEFT's format has one use_rslora per adapter; the layers mix rsLoRA and LoRA")
+    r = Counter(m.r for m in layers.values()).most_common(1)[0][0]
+    alpha = Counter(m.alpha for m in layers.values()).most_common(1)[0][0]
+    config = {
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model_name_or_path,
+        "r": r, "lora_alpha": alpha, "use_rslora": rslora.pop(), "lora_dropout": 0.0, "bias": "none",
+        "fan_in_fan_out": False, "inference_mode": True, "init_lora_weights": True, "modules_to_save": None,
+        "target_modules": sorted({name.rsplit(".", 1)[-1] for name in layers}),
+        "rank_pattern": {name: m.r for name, m in layers.items() if m.r != r},
+        "alpha_pattern": {name: m.alpha for name, m in layers.items() if m.alpha != alpha},
+    }
+    tensors = {}
+    for name, m in layers.items():
+        tensors[_peft_key(name, "lora_A")] = m.lora_A.detach().to("cpu").contiguous()
+        tensors[_peft_key(name, "lora_B")] = m.lora_B.detach().to("cpu").contiguous()
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
+    (path / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    return path
+
+
+def load_peft_adapter(model: nn.Module, path: str | Path) -> list[str]:
+    """Copy the adapters of a PEFT LoRA folder into ``model``'s ``LoRALinear`` layers; return their paths.
+
+    Refuses, naming them: keys that fit no layer, layers the folder has no weights for, shapes that differ,
+    and an r or alpha (after rank_pattern / alpha_pattern) that differs from the layer's.
+    """
+    path = Path(path)
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        if not (path / name).exists():
+            raise FileNotFoundError(f"{path} is not a PEFT adapter folder: {name} is missing")
+    config = json.loads((path / CONFIG_FILE).read_text())
+    if config.get("peft_type") != "LORA":
+        raise ValueError(f"{path / CONFIG_FILE}: peft_type {config.get('peft_type')!r}, expected 'LORA'")
+    saved = load_file(str(path / WEIGHTS_FILE))
+    layers = lora_modules(model)
+    wanted = {_peft_key(n, w): (n, w) for n in layers for w in ("lora_A", "lora_B")}
+    # PEFT writes keys without the adapter name; tolerate ".default" from files saved with it.
+    saved = {k.replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.", ".lora_B."): v for k, v in saved.items()}
+    unexpected = sorted(set(saved) - set(wanted))
+    missing = sorted(set(wanted) - set(saved))
+    if unexpected or missing:
+        raise ValueError(f"{path / WEIGHTS_FILE} does not fit the model: keys that fit no layer {unexpected[:5]}, "
+                         f"layers without weights {missing[:5]} ({len(unexpected)} / {len(missing)} in all)")
+    for name, m in layers.items():
+        r = config.get("rank_pattern", {}).get(name, config["r"])
+        alpha = config.get("alpha_pattern", {}).get(name, config["lora_alpha"])
+        if (r, float(alpha), bool(config.get("use_rslora", False))) != (m.r, float(m.alpha), m.use_rslora):
+            raise ValueError(f"{path}: layer {name} has r={r}, alpha={alpha}, rslora={config.get('use_rslora')} in the "
+                             f"folder but r={m.r}, alpha={m.alpha}, rslora={m.use_rslora} in the model")
+    with torch.no_grad():
+        for key, (name, which) in wanted.items():
+            param = getattr(layers[name], which)
+            if saved[key].shape != param.shape:
+                raise ValueError(f"{path}: {key} has shape {tuple(saved[key].shape)}, the layer's is {tuple(param.shape)}")
+            param.copy_(saved[key])
+    return list(layers)
+
+
+def merge_lora(model: nn.Module, *, nf4: str = "16bit") -> nn.Module:
+    """Fold every adapter into its base weight, in place: W' = W + s·B·A (fp32, rounded once to W's dtype).
+
+    Each ``LoRALinear`` becomes an ``nn.Linear`` in its base dtype; with an NF4 base, ``nf4="16bit"`` returns
+    the merged weight in the dtype NF4 was made from, ``nf4="nf4"`` quantises it again (an ``NF4Linear``).
+    """
+    if nf4 not in ("16bit", "nf4"):
+        raise ValueError(f"nf4={nf4!r}, expected '16bit' or 'nf4'")
+    for name, m in list(lora_modules(model).items()):
+        base = dequantize_nf4(m.nf4, m.nf4.dtype) if m.quantize == "nf4" else m.weight.detach()  # (O, K)
+        delta = m.scale * (m.lora_B.detach().float() @ m.lora_A.detach().float())  # (O, K) fp32
+        merged = (base.float() + delta.to(base.device)).to(base.dtype)
+        linear = nn.Linear(m.in_features, m.out_features, bias=m.bias is not None, device=base.device,
+                           dtype=base.dtype)
+        with torch.no_grad():
+            linear.weight.copy_(merged)
+            if m.bias is not None:
+                linear.bias.copy_(m.bias)
+        linear.requires_grad_(False)
+        new = NF4Linear(linear, backend=m.backend) if (m.quantize == "nf4" and nf4 == "nf4") else linear
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+    return model
+
+
+__all__ = ["load_peft_adapter", "merge_lora", "save_peft_adapter"]
