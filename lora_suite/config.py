@@ -8,7 +8,9 @@ key and the file; nothing below this module sees a dict.
 from __future__ import annotations
 
 import dataclasses
+import importlib.resources
 import math
+import os
 import re
 import typing
 from dataclasses import dataclass, field
@@ -18,7 +20,21 @@ import yaml
 
 from lora_core.inject import TARGET_NAMES  # the system under test owns the target names
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+CONFIG_ENV = "LORA_SUITE_CONFIG_DIR"
+
+
+def find_config_dir() -> Path:
+    """Where tier and model YAML are read from: $LORA_SUITE_CONFIG_DIR if set; else a checkout's ``configs/``
+    beside the package (it wins, so edits there take effect); else the copy shipped as package data."""
+    if os.environ.get(CONFIG_ENV):
+        return Path(os.environ[CONFIG_ENV])
+    checkout = Path(__file__).resolve().parent.parent / "configs"
+    if checkout.is_dir():
+        return checkout
+    return Path(str(importlib.resources.files("lora_suite") / "configs"))
+
+
+CONFIG_DIR = find_config_dir()
 WEIGHTS_MODES = ("auto", "pretrained", "random")
 
 

@@ -2,8 +2,7 @@
 
 - loss_drop: (mean of the first window − mean of the last window) / mean of the first window.
 - windowed_means: the mean of consecutive, non-overlapping windows (a smoothed loss curve).
-- coefficient_of_variation: std / mean (population std), e.g. of step times after warm-up.
-- throughput_drift: relative fall of the mean of the last window against the first: (first − last) / first.
+- coefficient_of_variation: std / mean (population std); no tier judges it any more (one stall dominates it).
 - robust_spread: 1.4826·MAD / median, the robust counterpart of the CV (equal to it for Gaussian noise; one
   stall among n steps moves the MAD by at most one rank, where it moves a plain CV by ~stall/(mean·√n)).
 - median_drift: (median(first window) − median(last window)) / median(first window), with the standard
@@ -47,12 +46,6 @@ def coefficient_of_variation(values) -> float:
         raise ValueError(f"need two or more values, got {len(values)}")
     mean = statistics.fmean(values)
     return statistics.pstdev(values) / mean if mean else math.inf
-
-
-def throughput_drift(values, window: int) -> float:
-    _check_window(values, window)
-    first, last = statistics.fmean(values[:window]), statistics.fmean(values[-window:])
-    return (first - last) / first
 
 
 def is_non_increasing(values, slack: float = 0.0) -> bool:
