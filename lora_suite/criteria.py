@@ -73,6 +73,13 @@ def loss_match(ours, reference, control, factor: float, floor: float) -> tuple[l
     return rows, beyond
 
 
+OPS = {  # the comparison of a value with its threshold, for verdicts here and checks in report.py
+    "<=": lambda v, t: v <= t,
+    "<": lambda v, t: v < t,
+    ">=": lambda v, t: v >= t,
+    ">": lambda v, t: v > t,
+    "==": lambda v, t: v == t,
+}
 MAD_TO_SIGMA = 1.4826  # σ = 1.4826·MAD for Gaussian noise
 MEDIAN_SE_FACTOR = 1.2533  # √(π/2): standard error of a median / (σ/√n) for Gaussian noise
 
@@ -130,8 +137,7 @@ class Verdict:
 
     @property
     def passed(self) -> bool:
-        ops = {"<=": lambda v, t: v <= t, ">=": lambda v, t: v >= t, "<": lambda v, t: v < t}
-        return bool(ops[self.op](self.value, self.threshold))  # NaN never passes
+        return bool(OPS[self.op](self.value, self.threshold))  # NaN never passes: every comparison is False
 
 
 def stall_fraction(values, factor: float) -> float:

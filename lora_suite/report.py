@@ -15,15 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lora_suite.criteria import OPS as _OPS
 from lora_suite.environment import Environment
-
-_OPS = {
-    "<=": lambda v, t: v <= t,
-    "<": lambda v, t: v < t,
-    ">=": lambda v, t: v >= t,
-    ">": lambda v, t: v > t,
-    "==": lambda v, t: v == t,
-}
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,8 @@ from typing import Callable
 
 import torch
 
+from lora_suite.criteria import MAD_TO_SIGMA, MEDIAN_SE_FACTOR
+
 
 @dataclass(frozen=True)
 class TimingStats:
@@ -84,7 +86,7 @@ class PairedEstimate:
     def of(cls, values: list[float]) -> "PairedEstimate":
         med = statistics.median(values)
         mad = statistics.median(abs(v - med) for v in values)
-        return cls(med, 1.2533 * 1.4826 * mad / len(values) ** 0.5, tuple(values))
+        return cls(med, MEDIAN_SE_FACTOR * MAD_TO_SIGMA * mad / len(values) ** 0.5, tuple(values))
 
 
 @dataclass(frozen=True)

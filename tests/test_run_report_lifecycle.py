@@ -18,9 +18,14 @@ pytest_plugins = ["pytester"]
 ROOT_CONFTEST = Path(__file__).resolve().parents[1] / "conftest.py"
 
 
+def _with_repo_on_path(monkeypatch):
+    """Sessions run in a subprocess: the repository's packages must be importable there."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT_CONFTEST.parent) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
 @pytest.fixture
 def session(pytester, monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", str(ROOT_CONFTEST.parent) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    _with_repo_on_path(monkeypatch)
     pytester.makeconftest(ROOT_CONFTEST.read_text())
     pytester.makeini("[pytest]\nmarkers =\n    gpu: gpu\n")
 
@@ -96,7 +101,7 @@ def test_report_files_are_readable_by_others(session):
 
 
 def test_an_unwritable_report_dir_stops_before_any_test(pytester, tmp_path, monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", str(ROOT_CONFTEST.parent) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    _with_repo_on_path(monkeypatch)
     pytester.makeconftest(ROOT_CONFTEST.read_text())
     pytester.makepyfile(test_sample="def test_a():\n    raise SystemExit('must not run')\n")
     blocker = tmp_path / "a-file"
@@ -108,7 +113,7 @@ def test_an_unwritable_report_dir_stops_before_any_test(pytester, tmp_path, monk
 
 def test_progress_lines_show_up_while_a_test_runs(pytester, monkeypatch):
     """The full tier ran 396 s without a line: progress is written past pytest's capture, at most every 10 s."""
-    monkeypatch.setenv("PYTHONPATH", str(ROOT_CONFTEST.parent) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    _with_repo_on_path(monkeypatch)
     monkeypatch.setenv("LORA_SUITE_PROGRESS_INTERVAL_S", "0")
     pytester.makeconftest(ROOT_CONFTEST.read_text())
     pytester.makepyfile(test_progress="""
