@@ -24,6 +24,7 @@ from lora_suite.config import load_tier_config
 from lora_suite.criteria import loss_drop
 from lora_suite.environment import collect_environment
 from lora_suite.recipe import prepare
+from lora_suite.implementations import implementation_record, resolve_implementation
 from lora_suite.report import RunReport, Series
 from lora_suite.trainer import train
 
@@ -49,10 +50,11 @@ def main() -> None:
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     report = RunReport(f"{stamp}-calibrate-{args.tier}", f"calibration of the {args.tier} tier setup",
                        collect_environment())
+    report.implementation = implementation_record(resolve_implementation("cupy"))
     rows = []
     for targets, r, lr, pool in grid:
         c = dataclasses.replace(
-            cfg, backend="cupy",
+            cfg, implementation="cupy",
             lora=dataclasses.replace(cfg.lora, targets=targets, r=r, alpha=2 * r),
             data=dataclasses.replace(cfg.data, pool=pool),
             train=dataclasses.replace(cfg.train, lr=lr, steps=steps, warmup_steps=min(cfg.train.warmup_steps, steps // 10)))

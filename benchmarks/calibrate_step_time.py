@@ -23,6 +23,7 @@ from lora_suite.config import load_tier_config
 from lora_suite.criteria import median_drift, robust_spread
 from lora_suite.environment import collect_environment
 from lora_suite.recipe import prepare
+from lora_suite.implementations import implementation_record, resolve_implementation
 from lora_suite.report import RunReport, Series
 from lora_suite.trainer import train
 
@@ -39,6 +40,7 @@ def main() -> None:
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     report = RunReport(f"{stamp}-calibrate-step-time", "calibration of the extended tier's batch size",
                        collect_environment(), status="complete")
+    report.implementation = implementation_record(resolve_implementation("cupy"))
     report.notes.append(f"extended config, {args.steps} steps per batch size, statistics after step {args.warmup}; "
                         f"load: {args.note or 'none'}; weights={base.weights} (random init unless a checkpoint is cached)")
     rows = []

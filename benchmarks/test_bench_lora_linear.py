@@ -1,7 +1,8 @@
 """pytest-benchmark suite: forward+backward of one LoRA linear layer in bf16, against the frozen base.
 
 Rows per shape, in this order: the frozen base layer alone (x Wᵀ and dx), the torch reference backend,
-PEFT's LoRA Linear (when peft imports) and the cupy backend. Each timed call ends with a device
+PEFT's LoRA Linear (when peft imports) and the cupy backend, plus ``selected:<name>`` for a --lora-impl that is
+not one of these (injected through the implementation contract into a module holding one linear). Each timed call ends with a device
 synchronisation, so pytest-benchmark's host timer sees the GPU time; the row's ``extra_info`` also holds
 CUDA-event statistics (median, p20, p80 of 50 reps after 10 warm-ups) and ``ratio_to_base``, the
 CUDA-event median over the base layer's, measured in the same run. Adapters are bf16 on every row.
@@ -16,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lora_suite.benchmarking import NOISE_Z, layer_step, paired_difference, ratio_rounds
+from lora_suite.benchmarking import NOISE_Z, implementation_step, layer_step, paired_difference, ratio_rounds
 from lora_suite.timing import cuda_time, measure_until_pass
 
 pytestmark = [pytest.mark.gpu, pytest.mark.benchmark]
@@ -45,12 +46,26 @@ def _has_peft() -> bool:
     return True
 
 
-@pytest.mark.parametrize("shape,impl", CASES, ids=[f"{s}-{i}" for s, i in CASES])
-def test_forward_backward(benchmark, shape, impl, run_report):
+def pytest_generate_tests(metafunc):
+    """The rows: CASES, plus one per shape for a selected implementation that is not a built-in row."""
+    if metafunc.function.__name__ != "test_forward_backward":
+        return
+    cases = list(CASES)
+    spec = metafunc.config.getoption("lora_impl")
+    if spec and spec not in IMPLS:
+        cases += [(shape, f"selected:{spec}") for shape in SHAPES]
+    metafunc.parametrize("shape,impl", cases, ids=[f"{s}-{i}" for s, i in cases])
+
+
+def test_forward_backward(benchmark, shape, impl, run_report, lora_impl):
     if impl == "peft" and not _has_peft():
         pytest.skip("peft is not installed: no PEFT row")
     batch, seq, k, o, r = SHAPES[shape]
-    step = layer_step(impl, batch, seq, k, o, r)
+    if impl.startswith("selected:"):
+        impl = f"selected:{lora_impl.name}"
+        step = implementation_step(lora_impl, batch, seq, k, o, r)
+    else:
+        step = layer_step(impl, batch, seq, k, o, r)
 
     def synced_step():
         step()
@@ -71,11 +86,13 @@ def test_forward_backward(benchmark, shape, impl, run_report):
                        (shape, impl, stats.median_ms, stats.p20_ms, stats.p80_ms, info.get("ratio_to_base")))
 
 
-def cupy_vs_peft_attempts(shape: str, cupy_impl: str = "cupy"):
-    """The bar's measurement: per-round (cupy ratio − PEFT ratio) to the base layer, interleaved."""
+def cupy_vs_peft_attempts(shape: str, cupy_impl="cupy"):
+    """The bar's measurement: per-round (candidate ratio − PEFT ratio) to the base layer, interleaved. The
+    candidate is a built-in row name ("cupy", "torch") or a LoRAImplementation (``implementation_step``)."""
     batch, seq, k, o, r = SHAPES[shape]
     steps = {impl: layer_step(impl, batch, seq, k, o, r) for impl in ("base", "peft")}
-    steps["cupy"] = layer_step(cupy_impl, batch, seq, k, o, r)
+    steps["cupy"] = (layer_step(cupy_impl, batch, seq, k, o, r) if isinstance(cupy_impl, str)
+                     else implementation_step(cupy_impl, batch, seq, k, o, r))
 
     def measure():
         ratios = ratio_rounds(steps)
@@ -84,16 +101,21 @@ def cupy_vs_peft_attempts(shape: str, cupy_impl: str = "cupy"):
 
 
 @pytest.mark.parametrize("shape", [s for s in SHAPES if s.startswith("llama7b")])
-def test_cupy_ratio_not_above_peft(shape, check, run_report):
+def test_cupy_ratio_not_above_peft(shape, check, run_report, lora_impl):
+    """The implementation under test (cupy by default) is no slower than PEFT relative to the base layer."""
+    name = lora_impl.name
+    if name == "peft":
+        check.not_applicable(f"{shape}: peft ratio - PEFT ratio to base", "PEFT is the implementation under test")
+        pytest.skip("not applicable to --lora-impl peft: PEFT is the implementation under test")
     if not _has_peft():
         pytest.skip("peft is not installed: the cupy-vs-PEFT bar needs it")
-    attempts = cupy_vs_peft_attempts(shape)
+    attempts = cupy_vs_peft_attempts(shape, name if name in ("cupy", "torch") else lora_impl)
     for i, a in enumerate(attempts):
-        run_report.add_row("benchmarks", "cupy ratio - PEFT ratio to the base layer (7 interleaved rounds)",
+        run_report.add_row("benchmarks", f"{name} ratio - PEFT ratio to the base layer (7 interleaved rounds)",
                            ("shape", "attempt", "median difference", "SE", "verdict"),
                            (shape, i + 1, a.estimate.median, a.estimate.se, "pass" if a.passed else "FAIL"))
     # The name stays the same from run to run (the regression gate matches checks by name); attempts go in detail.
-    check(f"{shape}: cupy ratio - PEFT ratio to base, - {NOISE_Z} SE (best attempt)",
+    check(f"{shape}: {name} ratio - PEFT ratio to base, - {NOISE_Z} SE (best attempt)",
           round(min(a.estimate.median - NOISE_Z * a.estimate.se for a in attempts), 4), "<=", 0.0,
           source="issue bar: no worse than PEFT, same run, interleaved; allowance lora_suite/benchmarking.py",
           detail=f"{len(attempts)} attempt(s), medians {[round(a.estimate.median, 4) for a in attempts]}")

@@ -53,6 +53,22 @@ def layer_step(impl: str, batch: int, seq: int, k: int, o: int, r: int, device="
     return lambda: torch.autograd.grad(layer(x), params, dy)
 
 
+def implementation_step(impl, batch: int, seq: int, k: int, o: int, r: int, device="cuda") -> Callable[[], object]:
+    """One forward+backward of a layer that ``impl`` (a lora_suite.implementations.LoRAImplementation) adapted:
+    a module holding one bf16 linear named q_proj, injected through the contract; bf16 adapters, B ~ N(0, 0.02)."""
+    from lora_suite.implementations import AdapterSpec
+
+    holder = torch.nn.Module()
+    holder.q_proj = torch.nn.Linear(k, o, bias=False, device=device, dtype=DT).requires_grad_(False)
+    impl.inject(holder, AdapterSpec(("q_proj",), r, 2 * r, adapter_dtype=DT))
+    adapters = impl.adapter_parameters(holder)
+    torch.nn.init.normal_(adapters["q_proj.lora_B"], std=0.02)
+    x = torch.randn(batch, seq, k, device=device, dtype=DT, requires_grad=True)
+    dy = torch.randn(batch, seq, o, device=device, dtype=DT)
+    params = (x, adapters["q_proj.lora_A"], adapters["q_proj.lora_B"])
+    return lambda: torch.autograd.grad(holder.q_proj(x), params, dy)
+
+
 def ratio_rounds(steps: dict[str, Callable[[], object]], *, rounds: int = 7, reps: int = 15) -> dict[str, list[float]]:
     """Per-round ratio of each step's time to the ``"base"`` step's time in the same round."""
     ms = interleaved_rounds(steps, rounds=rounds, reps=reps)

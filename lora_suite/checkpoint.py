@@ -57,9 +57,13 @@ def _fsync(path: Path) -> None:
 
 
 def save_adapter_checkpoint(model: nn.Module, directory: str | Path, *, step: int,
-                            optimizer: torch.optim.Optimizer | None = None, extra: dict | None = None) -> Path:
+                            optimizer: torch.optim.Optimizer | None = None, extra: dict | None = None,
+                            implementation=None) -> Path:
+    """Write the checkpoint as a unit. ``implementation`` (lora_suite.implementations) writes the PEFT-format
+    adapters; default: lora_core's layers (``save_peft_adapter``)."""
     directory = Path(directory)
-    if not adapter_parameters(model):
+    adapters = implementation.adapter_parameters(model) if implementation else adapter_parameters(model)
+    if not adapters:
         raise ValueError("the model has no LoRA adapters to save (inject_lora first)")
     directory.parent.mkdir(parents=True, exist_ok=True)
     for stale in directory.parent.glob(f".{directory.name}.tmp-*"):  # left by a save that was killed
@@ -67,7 +71,10 @@ def save_adapter_checkpoint(model: nn.Module, directory: str | Path, *, step: in
     tmp = directory.parent / f".{directory.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        save_peft_adapter(model, tmp)
+        if implementation is not None:
+            implementation.save_adapter(model, tmp)
+        else:
+            save_peft_adapter(model, tmp)
         if optimizer is not None:
             torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
         (tmp / STATE_FILE).write_text(json.dumps({"step": step, **(extra or {})}, indent=1) + "\n")
@@ -123,14 +130,17 @@ def verify_checkpoint(directory: str | Path) -> int:
 
 
 def load_adapter_checkpoint(model: nn.Module, directory: str | Path, *,
-                            optimizer: torch.optim.Optimizer | None = None) -> int:
+                            optimizer: torch.optim.Optimizer | None = None, implementation=None) -> int:
     """Load adapters (and optimizer state) into ``model`` after ``verify_checkpoint``; return the step."""
     directory = Path(directory)
     step = verify_checkpoint(directory)
     opt_path = directory / OPTIMIZER_FILE
     if optimizer is not None and not opt_path.exists():
         raise FileNotFoundError(f"resuming needs optimizer state at {opt_path}")
-    load_peft_adapter(model, directory)  # checks keys, shapes, r and alpha before it copies anything
+    if implementation is not None:
+        implementation.load_adapter(model, directory)
+    else:
+        load_peft_adapter(model, directory)  # checks keys, shapes, r and alpha before it copies anything
     if optimizer is not None:
         optimizer.load_state_dict(torch.load(opt_path, map_location="cpu", weights_only=True))
     return step

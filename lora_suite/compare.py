@@ -102,12 +102,20 @@ def compare_benchmarks(base: dict, run: dict) -> list[Change]:
     return out
 
 
+def _implementation(report: dict) -> str:
+    """The implementation a report judged (reports before schema 3 are the cupy implementation's)."""
+    return (report.get("implementation") or {}).get("name", "cupy")
+
+
 def compare_runs(baseline: Path, run: Path) -> list[Change]:
     changes, found = [], False
     for name, fn in (("report.json", compare_reports), ("benchmark.json", compare_benchmarks)):
         b, r = _load(baseline, name), _load(run, name)
         if b is not None and r is not None:
             found = True
+            if name == "report.json" and _implementation(b) != _implementation(r):
+                raise ValueError(f"{baseline} judged the LoRA implementation {_implementation(b)!r} and {run} "
+                                 f"{_implementation(r)!r}: a baseline only compares with runs of the same one")
             changes += fn(b, r)
     if not found:
         raise FileNotFoundError(f"nothing to compare: {baseline} and {run} share neither report.json nor "
@@ -132,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         changes = compare_runs(Path(argv[0]), Path(argv[1]))
-    except (FileNotFoundError, json.JSONDecodeError, KeyError) as exc:
+    except (FileNotFoundError, json.JSONDecodeError, KeyError, ValueError) as exc:
         print(f"compare: {exc}", file=sys.stderr)
         return 2
     print(render(changes))

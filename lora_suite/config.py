@@ -36,6 +36,8 @@ def find_config_dir() -> Path:
 
 CONFIG_DIR = find_config_dir()
 WEIGHTS_MODES = ("auto", "pretrained", "random")
+IMPLEMENTATION_SPEC = re.compile(r"[A-Za-z_][\w.-]*(:[A-Za-z_]\w*)?")  # a name, or package.module:factory
+RENAMED = {"backend": "implementation"}  # old key -> new key, named in the error
 
 
 _FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|[-+]?\.?(inf|nan)", re.IGNORECASE)
@@ -126,6 +128,12 @@ class Criteria:
     checkpoint_roundtrip: bool = False  # save adapters, reload into a fresh model, compare logits
     bf16_comparison_steps: int | None = None  # NF4 tiers: steps of the same config on a 16-bit base (None: all)
     vram_budget_gib: float | None = None  # peak torch-allocated memory
+    # The same budget when the implementation under test has no NF4 base and the tier runs on its 16-bit base
+    # (declared not applicable by the implementation); None: no 16-bit budget, the check is not applicable.
+    vram_budget_16bit_base_gib: float | None = None
+    # |estimated - measured| / measured peak allocated memory (lora_suite/memory.py's estimator)
+    memory_estimate_error_max: float | None = None
+    build_seconds_max: float | None = None  # model build (and adapter injection) wall time
     leak_slope_max_mib_per_step: float | None = None
     fit_after_step: int = 50  # the leak fit and throughput checks ignore the warm-up steps before this
     # Stalls: the share of steps after warm-up whose time exceeds stall_factor × the median step may be at
@@ -143,6 +151,7 @@ class Criteria:
     # itself: err_candidate <= grad_match_factor · max(err_reference, median err_reference over adapters).
     grad_match_factor: float | None = None
     grad_accum_k: int | None = None  # micro-batches in the gradient-accumulation check (None: not checked)
+    grad_loss_floor: float | None = None  # the loss check's floor: factor · max(16-bit ref loss gap, this)
 
 
 @dataclass(frozen=True)
@@ -151,7 +160,9 @@ class TierConfig:
     model: ModelConfig
     weights: str = "auto"
     dtype: str = "bfloat16"
-    backend: str | None = None  # None: cupy on a GPU (the --backend option overrides)
+    # The LoRA implementation under test (lora_suite/implementations.py): cupy (default), torch, peft, an
+    # entry point of lora_suite.implementations, or package.module:factory. --lora-impl overrides it.
+    implementation: str = "cupy"
     lora: LoRASettings = field(default_factory=LoRASettings)
     data: DataSettings = field(default_factory=DataSettings)
     train: TrainSettings = field(default_factory=TrainSettings)
@@ -166,7 +177,9 @@ def _build(cls, raw, where: str):
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - set(fields))
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; expected some of {sorted(fields)}")
+        renamed = [f"{k!r} is now {RENAMED[k]!r}" for k in unknown if k in RENAMED and RENAMED[k] in fields]
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; expected some of {sorted(fields)}"
+                          + (f" ({'; '.join(renamed)})" if renamed else ""))
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for key, value in raw.items():
@@ -294,7 +307,7 @@ def validate(cfg: TierConfig) -> None:
     where = cfg.source or cfg.tier
     enum_rules = [
         ("weights", cfg.weights, WEIGHTS_MODES), ("dtype", cfg.dtype, ("bfloat16", "float16", "float32")),
-        ("backend", cfg.backend, (None, "cupy", "torch")), ("lora.quantize", cfg.lora.quantize, (None, "nf4")),
+        ("lora.quantize", cfg.lora.quantize, (None, "nf4")),
         ("lora.adapter_dtype", cfg.lora.adapter_dtype, ("float32", "bfloat16", "float16")),
         ("data.source", cfg.data.source, ("embedded", "jsonl")),
         ("train.schedule", cfg.train.schedule, ("cosine", "linear", "constant")),
@@ -302,6 +315,9 @@ def validate(cfg: TierConfig) -> None:
     for key, value, allowed in enum_rules:
         if value not in allowed:
             raise ConfigError(f"{where}.{key}: {value!r} is not one of {list(allowed)}")
+    if not isinstance(cfg.implementation, str) or not IMPLEMENTATION_SPEC.fullmatch(cfg.implementation):
+        raise ConfigError(f"{where}.implementation: {cfg.implementation!r} is not a LoRA implementation name "
+                          "(cupy, torch, peft, an entry point name) or 'package.module:factory'")
     bad = [t for t in cfg.lora.targets if t not in TARGET_NAMES + ("all-linear",)]
     if bad or not cfg.lora.targets:
         raise ConfigError(f"{where}.lora.targets: {list(bad or cfg.lora.targets)} not among {TARGET_NAMES} or 'all-linear'")
@@ -349,7 +365,8 @@ def validate(cfg: TierConfig) -> None:
          f"null or >= 2 dividing batch_size={d.batch_size}"),
     ]
     for name in ("loss_drop_min", "loss_match_factor", "smooth_slack", "vram_budget_gib", "leak_slope_max_mib_per_step",
-                 "stall_fraction_max", "throughput_drift_max", "tier_seconds_max", "grad_match_factor"):
+                 "stall_fraction_max", "throughput_drift_max", "tier_seconds_max", "grad_match_factor",
+                 "vram_budget_16bit_base_gib", "memory_estimate_error_max", "build_seconds_max", "grad_loss_floor"):
         value = getattr(c, name)
         rules.append((f"criteria.{name}", value, value is None or (_finite(value) and value > 0), "null or finite, > 0"))
     floor = c.loss_match_floor

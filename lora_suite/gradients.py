@@ -90,16 +90,14 @@ def reference_model(model: nn.Module, dtype: torch.dtype = torch.float32) -> nn.
 
 
 @torch.no_grad()
-def randomize_lora_b(model: nn.Module, std: float = 0.02, seed: int = 0) -> None:
+def randomize_lora_b(model: nn.Module, std: float = 0.02, seed: int = 0,
+                     adapters: dict[str, nn.Parameter] | None = None) -> None:
     """Non-zero B (it starts at 0): with B = 0, dA = s·(dY B)ᵀ x is exactly 0 and nothing about dA is tested."""
     gen = torch.Generator().manual_seed(seed)
-    for m in lora_modules(model).values():
-        m.lora_B.copy_(torch.randn(m.lora_B.shape, generator=gen) * std)
-
-
-def set_backend(model: nn.Module, backend: str) -> None:
-    for m in lora_modules(model).values():
-        m.backend = backend
+    adapters = adapter_parameters(model) if adapters is None else adapters
+    for name, p in adapters.items():
+        if name.endswith(".lora_B"):
+            p.copy_(torch.randn(p.shape, generator=gen) * std)
 
 
 def relative_errors(cand: GradientRun, ref: GradientRun) -> dict[str, float]:
@@ -148,36 +146,43 @@ class WholeModelResult:
         return factor * max(abs(self.loss_base - self.loss_ref) / abs(self.loss_ref), floor)
 
 
-def whole_model_checks(model: nn.Module, batch: dict[str, torch.Tensor], backend: str, *, k: int | None,
-                       factor: float, reference_dtype: torch.dtype = torch.float32) -> list[WholeModelResult]:
-    """Step-0 gradients of ``model`` on ``backend`` vs its ``reference_dtype`` copy (module docstring).
+def copy_adapters(dst: dict[str, nn.Parameter], src: dict[str, torch.Tensor]) -> None:
+    """Copy adapter values by canonical name (``<module path>.lora_A`` / ``.lora_B``); the sets must be equal."""
+    if set(dst) != set(src):
+        raise ValueError(f"adapter names differ: {sorted(set(dst) ^ set(src))[:5]}")
+    with torch.no_grad():
+        for name, p in dst.items():
+            p.copy_(src[name].to(device=p.device, dtype=p.dtype))
 
-    Runs, each on the same batch and the same adapters: the backend under test on the whole batch; the
-    trainer's accumulation over k equal micro-batches (if k); the whole batch with activation
-    checkpointing. The 16-bit torch-reference run sets the tolerance. The model's backend is restored.
+
+def whole_model_checks(model: nn.Module, batch: dict[str, torch.Tensor], *, label: str, reference: nn.Module,
+                       adapters: dict[str, nn.Parameter] | None = None, reference_adapters=None, k: int | None,
+                       factor: float, reference_dtype: torch.dtype = torch.float32) -> list[WholeModelResult]:
+    """Step-0 gradients of ``model`` (the implementation under test, named ``label``) vs an fp32 reference.
+
+    ``reference`` is the same 16-bit model (same base weights, same adapter values) on the torch reference
+    backend: its ``reference_dtype`` copy gives the reference gradients and its own 16-bit run the
+    tolerance. Runs of the candidate, each on the same batch and adapters: the whole batch; the trainer's
+    accumulation over k equal micro-batches (if k); the whole batch with activation checkpointing.
     """
-    ref_model = reference_model(model, reference_dtype)
+    ref_model = reference_model(reference, reference_dtype)
     ref = adapter_gradients(ref_model, [batch])
     del ref_model
-    try:
-        set_backend(model, "torch")
-        base = adapter_gradients(model, [batch])
-    finally:
-        set_backend(model, backend)
+    base = adapter_gradients(reference, [batch], reference_adapters)
     base_err = relative_errors(base, ref)
-    runs = [(f"{backend}, whole batch", [batch], False)]
+    runs = [(f"{label}, whole batch", [batch], False)]
     if k:
-        runs.append((f"{backend}, accumulation over {k} micro-batches", split_batch(batch, k), False))
-    runs.append((f"{backend}, activation checkpointing", [batch], True))
+        runs.append((f"{label}, accumulation over {k} micro-batches", split_batch(batch, k), False))
+    runs.append((f"{label}, activation checkpointing", [batch], True))
     results = []
-    for label, micro, checkpointing in runs:
+    for run_label, micro, checkpointing in runs:
         if checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         try:
-            cand = adapter_gradients(model, micro)
+            cand = adapter_gradients(model, micro, adapters)
         finally:
             if checkpointing:
                 model.gradient_checkpointing_disable()
         rows = agreement(relative_errors(cand, ref), base_err, factor)
-        results.append(WholeModelResult(label, rows, cand.loss, ref.loss, base.loss))
+        results.append(WholeModelResult(run_label, rows, cand.loss, ref.loss, base.loss))
     return results

@@ -161,12 +161,13 @@ def estimate_training_memory(arch: LlamaArchitecture, lora: LoRASettings, *, bat
     )
 
 
-def measured_split(model, optimizer, peak_allocated: int) -> dict[str, int]:
+def measured_split(model, optimizer, peak_allocated: int, adapters: dict | None = None) -> dict[str, int]:
     """Bytes of each part of a training run's peak, read off the live objects; the remainder of the peak
-    (activations, logits, the NF4 dequantisation scratch and allocator rounding) is ``activations_and_scratch``."""
-    from lora_core.inject import adapter_parameters
-
-    adapters = adapter_parameters(model)
+    (activations, logits, the NF4 dequantisation scratch and allocator rounding) is ``activations_and_scratch``.
+    ``adapters``: the implementation's adapter parameters (default: lora_core's layers in ``model``)."""
+    if adapters is None:
+        from lora_core.inject import adapter_parameters
+        adapters = adapter_parameters(model)
     adapter_ids = {id(p) for p in adapters.values()}
     nbytes = lambda t: t.numel() * t.element_size()  # noqa: E731
     seen, weights = set(), 0

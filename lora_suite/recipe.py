@@ -1,8 +1,9 @@
 """A tier's model, adapters and data from its config: the part every tier shares before training.
 
 ``prepare(cfg, device)`` builds the base model (``models.build_model``, honouring the weights mode),
-injects LoRA into the configured targets, and returns it with the batch source and what was built, in
-words, for the report. The torch dtype names of the YAML are resolved here.
+injects LoRA into the configured targets with the implementation under test (``cfg.implementation`` or the
+one given), and returns it with its adapters, the batch source and what was built, in words, for the
+report. The torch dtype names of the YAML are resolved here.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from torch import nn
 
 from lora_suite.config import TierConfig
 from lora_suite.data import Batches, tokenizer_for
-from lora_core.inject import adapter_parameters, inject_lora, lora_modules
+from lora_suite.implementations import AdapterSpec, LoRAImplementation, resolve_implementation
 from lora_suite.models import BuiltModel, build_model
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -27,36 +28,54 @@ class Prepared:
     batches: Batches
     replaced: list[str]  # module names that received adapters
     quantize: str | None  # the base storage actually used (None: 16-bit)
+    implementation: LoRAImplementation
+    adapters: dict[str, nn.Parameter]  # canonical name (<module path>.lora_A / .lora_B) -> parameter
 
     def describe(self, cfg: TierConfig) -> str:
         lora = cfg.lora
         return (f"{cfg.model.name}: {self.built.source}; weights={self.built.weights}; {cfg.dtype} base"
                 f"{' stored as NF4' if self.quantize else ''}; LoRA r={lora.r} alpha={lora.alpha} on {list(lora.targets)} "
-                f"({len(self.replaced)} layers, {lora.adapter_dtype} adapters); data {cfg.data.source} "
+                f"({len(self.replaced)} layers, {lora.adapter_dtype} adapters, implementation "
+                f"{self.implementation.name}); data {cfg.data.source} "
                 f"{cfg.data.batch_size}x{cfg.data.seq_len}")
 
 
-def prepare(cfg: TierConfig, device: torch.device | str, *, backend: str | None = None, seed: int | None = None,
-            quantize: str | None | bool = True) -> Prepared:
+def adapter_spec(cfg: TierConfig, quantize: str | None) -> AdapterSpec:
+    lora = cfg.lora
+    return AdapterSpec(tuple(lora.targets), lora.r, lora.alpha, use_rslora=lora.use_rslora,
+                       adapter_dtype=DTYPES[lora.adapter_dtype], quantize=quantize)
+
+
+def prepare(cfg: TierConfig, device: torch.device | str, *, implementation: LoRAImplementation | str | None = None,
+            seed: int | None = None, quantize: str | None | bool = True) -> Prepared:
     """Build, inject and batch per ``cfg``. ``quantize=True`` means the config's own setting.
 
-    Adapters are injected (and, with NF4, the layer quantised) one decoder layer at a time as the model
-    is built, so a QLoRA 7B model never exists in 16 bits as a whole.
+    An implementation that injects per layer (``inject_per_layer``: lora_core's) gets each decoder layer as
+    the model is built, so a QLoRA 7B model never exists in 16 bits as a whole; others get the whole model.
     """
     seed = cfg.train.seed if seed is None else seed
     quantize = cfg.lora.quantize if quantize is True else quantize
-    lora = cfg.lora
+    impl = implementation if isinstance(implementation, LoRAImplementation) else \
+        resolve_implementation(implementation or cfg.implementation)
+    spec = adapter_spec(cfg, quantize)
+    per_layer = impl.inject_per_layer
 
     def on_layer(layer: nn.Module) -> None:
-        inject_lora(layer, lora.targets, lora.r, lora.alpha, backend=backend if backend is not None else cfg.backend,
-                    use_rslora=lora.use_rslora, adapter_dtype=DTYPES[lora.adapter_dtype], quantize=quantize)
+        impl.inject(layer, spec)
 
     torch.manual_seed(seed)  # adapter init (kaiming A) is the same for the same seed on every backend
-    built = build_model(cfg.model, cfg.weights, DTYPES[cfg.dtype], device, seed=seed, on_layer=on_layer)
-    adapter_ids = {id(a) for a in adapter_parameters(built.model).values()}
+    built = build_model(cfg.model, cfg.weights, DTYPES[cfg.dtype], device, seed=seed,
+                        on_layer=on_layer if per_layer else None)
+    if not per_layer:
+        impl.inject(built.model, spec)
+    adapters = impl.adapter_parameters(built.model)
+    if not adapters:
+        raise ValueError(f"implementation {impl.name!r} put no adapters into {cfg.model.name} for targets "
+                         f"{list(spec.targets)}")
+    adapter_ids = {id(a) for a in adapters.values()}
     for p in built.model.parameters():  # embeddings, norms, LM head: frozen
         if id(p) not in adapter_ids:
             p.requires_grad_(False)
-    replaced = list(lora_modules(built.model))
+    replaced = list(dict.fromkeys(name.rsplit(".", 1)[0] for name in adapters))  # module order
     batches = Batches(cfg.data, tokenizer_for(built.tokenizer), cfg.model.architecture.vocab_size, device)
-    return Prepared(built, built.model, batches, replaced, quantize)
+    return Prepared(built, built.model, batches, replaced, quantize, impl, adapters)

@@ -33,6 +33,14 @@ class Check:
 
 
 @dataclass(frozen=True)
+class NotApplicable:
+    """A check the implementation under test cannot take by design, with its reason: shown, never dropped."""
+    test: str
+    name: str  # the check that was not run
+    reason: str  # the implementation's own words (LoRAImplementation.not_applicable) or the config's
+
+
+@dataclass(frozen=True)
 class Series:
     test: str
     name: str
@@ -51,7 +59,9 @@ class Outcome:
     location: str = ""  # file:line of a failure
 
 
-SCHEMA_VERSION = 2  # 1: reports before the field existed (reports/schema/report-v1.schema.json)
+# 1: reports before the field existed (reports/schema/report-v1.schema.json); 2: status, before issue 9;
+# 3: the implementation under test and the not-applicable checks
+SCHEMA_VERSION = 3
 STATUSES = ("running", "complete", "interrupted", "terminated")
 
 
@@ -62,10 +72,13 @@ class RunReport:
     environment: Environment
     # running (written while a run is under way), complete, interrupted (Ctrl-C), terminated (SIGTERM)
     status: str = "running"
+    # the LoRA implementation under test: {"name", "spec", "description", "not_applicable": {feature: reason}}
+    implementation: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     checks: list[Check] = field(default_factory=list)
     series: list[Series] = field(default_factory=list)
     outcomes: list[Outcome] = field(default_factory=list)
+    not_applicable: list[NotApplicable] = field(default_factory=list)
 
     def check(self, test: str, name: str, value, op: str, threshold, *, unit: str = "", source: str = "",
               detail: str = "") -> Check:
@@ -79,6 +92,13 @@ class RunReport:
         record = Check(test, name, _plain(value), op, _plain(threshold), passed, unit, source,
                        "" if passed else detail)
         self.checks.append(record)
+        return record
+
+    def mark_not_applicable(self, test: str, name: str, reason: str) -> NotApplicable:
+        if not reason:
+            raise ValueError(f"not-applicable check {name!r} needs its reason")
+        record = NotApplicable(test, name, reason)
+        self.not_applicable.append(record)
         return record
 
     def add_series(self, series: Series) -> None:
@@ -97,10 +117,11 @@ class RunReport:
     def to_dict(self) -> dict:
         return {
             "schema_version": SCHEMA_VERSION, "run_id": self.run_id, "selection": self.selection,
-            "status": self.status, "environment": asdict(self.environment),
+            "status": self.status, "environment": asdict(self.environment), "implementation": self.implementation,
             "notes": self.notes, "summary": self.summary(),
             "outcomes": [asdict(o) for o in self.outcomes],
             "checks": [asdict(c) for c in self.checks],
+            "not_applicable": [asdict(n) for n in self.not_applicable],
             "series": [asdict(s) for s in self.series],
         }
 
@@ -110,6 +131,7 @@ class RunReport:
             counts[o.outcome] = counts.get(o.outcome, 0) + 1
         counts["checks_passed"] = sum(c.passed for c in self.checks)
         counts["checks_failed"] = sum(not c.passed for c in self.checks)
+        counts["checks_not_applicable"] = len(self.not_applicable)
         return counts
 
     def write_json(self, directory: str | Path) -> Path:
@@ -187,6 +209,9 @@ def render_markdown(report: RunReport, plots: dict[int, str] | None = None) -> s
              f"Run `{report.run_id}` ({report.status}): " + ", ".join(f"{k} {v}" for k, v in s.items()), ""]
     if report.status != "complete":
         lines += [f"**This run did not finish: status `{report.status}`.** What it did before it stopped is below.", ""]
+    impl = report.implementation
+    if impl:
+        lines += [f"LoRA implementation under test: **{impl.get('name')}** ({impl.get('description', '')})", ""]
     lines += ["## Environment", "", "| | |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in asdict(env).items()]
     if report.notes:
@@ -208,6 +233,10 @@ def render_markdown(report: RunReport, plots: dict[int, str] | None = None) -> s
                   "|---|---|---|---|---|"]
         lines += [f"| {c.name} | {_fmt(c.value)}{(' ' + c.unit) if c.unit else ''} | {c.op} {_fmt(c.threshold)} | "
                   f"{'PASS' if c.passed else '**FAIL**: ' + _cell(c.detail, 2000)} | {_cell(c.source)} |" for c in checks]
+        lines.append("")
+    if report.not_applicable:
+        lines += ["", "## Not applicable to this implementation", "", "| test | check | reason |", "|---|---|---|"]
+        lines += [f"| `{_short(n.test)}` | {n.name} | {_cell(n.reason, 500)} |" for n in report.not_applicable]
         lines.append("")
     for i, ser in enumerate(report.series):
         lines += ["", f"## {ser.name} (`{_short(ser.test)}`)", ""]

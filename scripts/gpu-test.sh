@@ -30,7 +30,8 @@ Options
   --continue-on-error   run the remaining targets after a failure (the exit code is still non-zero)
   --report-dir DIR      where run reports go (default: reports/, or reports/_local/ without a GPU);
                         each run gets DIR/<run-id>/
-  --backend NAME        cupy | torch: the LoRA backend under test (default: cupy on a GPU)
+  --lora-impl SPEC      the LoRA implementation under test: cupy (default), torch, peft, an entry point
+                        of lora_suite.implementations, or package.module:factory
   --weights MODE        auto | pretrained | random: override the tiers' model weights mode
   --baseline DIR|auto   after each target, compare its run with DIR/<target> (or DIR itself when it holds a
                         run); a regression fails the target. auto: reports/baselines/<this GPU's name>
@@ -55,7 +56,7 @@ die_usage() { printf '%sgpu-test.sh: %s%s\n' "$RED" "$1" "$RESET" >&2; printf "R
 
 # ---------------------------------------------------------------- arguments
 TARGET=""; CHECK_VRAM=0; STRICT_VRAM=0; CONTINUE=0; VERBOSE=0; REPORT_ROOT=""
-BACKEND=""; WEIGHTS=""; BASELINE=""; EXTRA=(); POSITIONAL=()
+LORA_IMPL=""; WEIGHTS=""; BASELINE=""; EXTRA=(); POSITIONAL=()
 # An option's value must not be another flag: `--report-dir --check-vram` is a mistake, not a folder.
 value_of() { [[ $# -ge 3 && -n "$3" && "$3" != -* ]] || die_usage "$1 needs $2, got '${3:-}'"; }
 while [[ $# -gt 0 ]]; do
@@ -67,7 +68,8 @@ while [[ $# -gt 0 ]]; do
     --verbose|-v) VERBOSE=1 ;;
     --report-dir) value_of "$1" "a directory" "${2:-}"; REPORT_ROOT="$2"; shift ;;
     --report-dir=*) REPORT_ROOT="${1#*=}"; [[ -n "$REPORT_ROOT" && "$REPORT_ROOT" != -* ]] || die_usage "--report-dir needs a directory, got '$REPORT_ROOT'" ;;
-    --backend) value_of "$1" "a value (cupy or torch)" "${2:-}"; BACKEND="$2"; shift ;;
+    --lora-impl) value_of "$1" "a value (cupy, torch, peft or package.module:factory)" "${2:-}"; LORA_IMPL="$2"; shift ;;
+    --backend) die_usage "--backend was replaced by --lora-impl (cupy, torch, peft or package.module:factory)" ;;
     --weights) value_of "$1" "a value (auto, pretrained or random)" "${2:-}"; WEIGHTS="$2"; shift ;;
     --baseline) value_of "$1" "a directory" "${2:-}"; BASELINE="$2"; shift ;;
     --) shift; EXTRA=("$@"); break ;;
@@ -79,7 +81,8 @@ while [[ $# -gt 0 ]]; do
   shift
 done
 [[ -n "$TARGET" ]] || die_usage "no target given (quick, convergence, memory, extended, full, all, bench, selftest, selftest-gpu or compare)"
-case "$BACKEND" in ""|cupy|torch) ;; *) die_usage "--backend must be cupy or torch, got '$BACKEND'" ;; esac
+[[ -z "$LORA_IMPL" || "$LORA_IMPL" =~ ^[A-Za-z_][A-Za-z0-9_.-]*(:[A-Za-z_][A-Za-z0-9_]*)?$ ]] \
+  || die_usage "--lora-impl must be a name or package.module:factory, got '$LORA_IMPL'"
 case "$WEIGHTS" in ""|auto|pretrained|random) ;; *) die_usage "--weights must be auto, pretrained or random, got '$WEIGHTS'" ;; esac
 [[ $STRICT_VRAM -eq 0 || $CHECK_VRAM -eq 1 ]] || die_usage "--strict-vram only makes sense with --check-vram"
 case "$TARGET" in
@@ -195,20 +198,20 @@ baseline_for() {  # DIR/<target>, or DIR itself when it holds a run, or "" when 
 for t in "${TARGETS[@]}"; do
   args=(-m pytest -p no:cacheprovider --rootdir "$ROOT")
   [[ $VERBOSE -eq 1 ]] && args+=(-v -o log_cli=true --log-cli-level=INFO)
-  [[ -n "$BACKEND" ]] && args+=(--backend "$BACKEND")
+  [[ -n "$LORA_IMPL" ]] && args+=(--lora-impl "$LORA_IMPL")
   [[ -n "$WEIGHTS" ]] && args+=(--weights "$WEIGHTS")
   run_dir=""
   case "$t" in
     compare) args=(-m lora_suite.compare "${POSITIONAL[@]}") ;;
     selftest) args+=(tests) ;;
     bench)
-      run_dir="$(new_run_dir bench)"
+      run_dir="$(new_run_dir "bench${LORA_IMPL:+-${LORA_IMPL//[^A-Za-z0-9]/_}}")"
       args+=(benchmarks -m benchmark "--benchmark-json=$run_dir/benchmark.json" "--report-dir=$run_dir" "--junitxml=$run_dir/junit.xml") ;;
     selftest-gpu)
       run_dir="$(new_run_dir selftest-gpu)"
       args+=(tiers -m selftest_gpu "--report-dir=$run_dir" "--junitxml=$run_dir/junit.xml") ;;
     *)
-      run_dir="$(new_run_dir "$t")"
+      run_dir="$(new_run_dir "$t${LORA_IMPL:+-${LORA_IMPL//[^A-Za-z0-9]/_}}")"
       args+=(tiers -m "$t" "--report-dir=$run_dir" "--junitxml=$run_dir/junit.xml")
       [[ $CHECK_VRAM -eq 1 ]] && args+=(--check-vram)
       [[ $STRICT_VRAM -eq 1 ]] && args+=(--strict-vram) ;;

@@ -29,7 +29,7 @@ tier: tiny
 model: tiny-llama
 weights: random
 dtype: float32
-backend: torch
+implementation: torch
 lora: {targets: [all-linear], r: 4, alpha: 8}
 data: {batch_size: 4, seq_len: 32, pool: 4}
 train: {steps: 40, lr: 1.0e-2, warmup_steps: 4, log_every: 20}

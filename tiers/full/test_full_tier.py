@@ -26,30 +26,27 @@ def test_llama7b_end_to_end(tier, tmp_path):
     prepared = tier.prepare(cfg)
     result = tier.train("full", prepared, cfg)
     peak = torch.cuda.max_memory_allocated()
-    tier.check_backend(prepared.model, cfg.backend)
-    tier.record_split(cfg, "full", peak, measured_split(prepared.model, result.optimizer, peak), bf16)
+    tier.check_served(prepared)
+    tier.record_split(cfg, "full", peak, measured_split(prepared.model, result.optimizer, peak, prepared.adapters),
+                      bf16)
+    tier.check_memory(cfg, peak, bf16)
     drop = loss_drop(result.losses, crit.loss_window)
-    verdicts = tier.memory_verdicts(cfg, peak, bf16) + [
-        tier.check.soft(f"loss drop, mean of first {crit.loss_window} vs last {crit.loss_window} steps",
-                        round(drop, 4), ">=", crit.loss_drop_min, source="configs/full.yaml loss_drop_min"),
-    ]
+    tier.check(f"loss drop, mean of first {crit.loss_window} vs last {crit.loss_window} steps", round(drop, 4), ">=",
+               crit.loss_drop_min, source="configs/full.yaml loss_drop_min")
     if crit.checkpoint_roundtrip:
         probe = prepared.batches(10_000)["input_ids"]
         with torch.no_grad():
             logits = prepared.model(input_ids=probe).logits.float().cpu()
         ckpt = save_adapter_checkpoint(prepared.model, tmp_path / "adapters", step=cfg.train.steps,
-                                       optimizer=result.optimizer)
+                                       optimizer=result.optimizer, implementation=prepared.implementation)
         del prepared, result
         gc.collect()
         torch.cuda.empty_cache()
         fresh = tier.prepare(cfg)  # same seed: the same base weights (and NF4 codes), fresh adapters
-        step = load_adapter_checkpoint(fresh.model, ckpt)
+        step = load_adapter_checkpoint(fresh.model, ckpt, implementation=fresh.implementation)
         with torch.no_grad():
             reloaded = fresh.model(input_ids=probe).logits.float().cpu()
-        verdicts += [
-            tier.check.soft("checkpoint step", step, "==", cfg.train.steps),
-            tier.check.soft("max |logits(trained) - logits(reloaded)|", float((logits - reloaded).abs().max()), "==",
-                            0.0, source="same weights, same kernels: bit-identical logits"),
-        ]
-    tier.assert_all(verdicts)
-    tier.check_peak_vs_estimate(peak)
+        tier.check("checkpoint step", step, "==", cfg.train.steps)
+        tier.check("max |logits(trained) - logits(reloaded)|", float((logits - reloaded).abs().max()), "==", 0.0,
+                   source="same weights, same kernels: bit-identical logits")
+    tier.check_peak_vs_estimate(cfg, peak)

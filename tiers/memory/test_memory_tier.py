@@ -16,5 +16,5 @@ def test_peak_vram_within_budget(tier):
     bf16 = tier.bf16_baseline(cfg)
     peak, split, _ = tier.run_and_measure(cfg, cfg.lora.quantize)
     tier.record_split(cfg, "memory", peak, split, bf16)
-    tier.assert_all(tier.memory_verdicts(cfg, peak, bf16))
-    tier.check_peak_vs_estimate(peak)
+    tier.check_memory(cfg, peak, bf16)
+    tier.check_peak_vs_estimate(cfg, peak)

@@ -16,7 +16,8 @@ import lora_core
 from lora_suite.parity import compare, parity, random_case, reference_f64, run_candidate, tolerance
 from lora_suite.report import Series
 
-pytestmark = [pytest.mark.gpu, pytest.mark.quick]
+# lora_core's cupy op itself, below the model level: not applicable to an implementation that does not use it
+pytestmark = [pytest.mark.gpu, pytest.mark.quick, pytest.mark.needs_feature("lora_core_ops")]
 
 DEV = "cuda"
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16

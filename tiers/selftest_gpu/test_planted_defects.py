@@ -37,9 +37,12 @@ def _load(relpath: str, name: str):
 def _gradient_results(tier):
     cfg = tier.config("quick")
     prepared = tier.prepare(cfg)
-    G.randomize_lora_b(prepared.model, std=0.02, seed=cfg.train.seed)
-    return G.whole_model_checks(prepared.model, prepared.batches(0), cfg.backend, k=cfg.criteria.grad_accum_k,
-                                factor=cfg.criteria.grad_match_factor)
+    G.randomize_lora_b(prepared.model, std=0.02, seed=cfg.train.seed, adapters=prepared.adapters)
+    reference = tier.prepare(cfg, implementation="torch")
+    G.copy_adapters(reference.adapters, {n: p.detach() for n, p in prepared.adapters.items()})
+    return G.whole_model_checks(prepared.model, prepared.batches(0), label=tier.impl.name, adapters=prepared.adapters,
+                                reference=reference.model, reference_adapters=reference.adapters,
+                                k=cfg.criteria.grad_accum_k, factor=cfg.criteria.grad_match_factor)
 
 
 def _caught(tier, what: str, result: G.WholeModelResult):
@@ -47,6 +50,7 @@ def _caught(tier, what: str, result: G.WholeModelResult):
                source="quick tier's whole-model gradient check", detail=G.describe_failures(result.rows, 2))
 
 
+@pytest.mark.needs_feature("lora_core_ops")
 def test_stale_activation_shared_between_layers_is_caught(tier, monkeypatch):
     """Every cupy LoRA layer of one input shape saves the first such layer's input for its backward."""
     real = op.CupyLoRALinear.forward
@@ -63,6 +67,7 @@ def test_stale_activation_shared_between_layers_is_caught(tier, monkeypatch):
     _caught(tier, "stale saved activation", _gradient_results(tier)[0])
 
 
+@pytest.mark.needs_feature("lora_core_ops")
 def test_dA_without_its_scale_is_caught(tier, monkeypatch):
     """The cupy backward returns dA without the LoRA scale s (alpha / r = 2 in the quick tier)."""
     real = op.CupyLoRALinear.backward
@@ -192,12 +197,12 @@ def test_stalls_on_a_quarter_of_the_steps_are_caught(tier):
 def test_a_nan_adapter_stops_training_and_keeps_the_records(tier):
     cfg = tier.config("quick")
     prepared = tier.prepare(cfg)
-    name = next(iter(G.adapter_parameters(prepared.model)))
+    name = next(iter(prepared.adapters))
 
     def poison(step):
         if step == 4:
             with torch.no_grad():
-                G.adapter_parameters(prepared.model)[name].fill_(float("nan"))
+                prepared.adapters[name].fill_(float("nan"))
 
     with pytest.raises(NonFiniteError) as info:
         tier.train("quick, planted NaN", prepared, cfg, step_hook=poison)
@@ -208,6 +213,7 @@ def test_a_nan_adapter_stops_training_and_keeps_the_records(tier):
 
 
 # ------------------------------------------------------------------ benchmark bars
+@pytest.mark.needs_feature("lora_core_ops")
 def test_a_slowed_dequantisation_fails_the_bandwidth_bar(tier):
     nf4_bench = _load("benchmarks/test_bench_nf4.py", "bench_nf4")
 
@@ -221,6 +227,7 @@ def test_a_slowed_dequantisation_fails_the_bandwidth_bar(tier):
                round(best, 3), "<", nf4_bench.MIN_FRACTION_OF_COPY, source="benchmarks/test_bench_nf4.py bar")
 
 
+@pytest.mark.needs_feature("lora_core_ops")
 def test_a_slowed_cupy_path_fails_the_peft_bar(tier, monkeypatch):
     pytest.importorskip("peft", reason="peft is not installed: the cupy-vs-PEFT bar needs it")
     bench = _load("benchmarks/test_bench_lora_linear.py", "bench_lora")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 COMMANDS = [  # (command as the README writes it, expected exit code without a GPU)
     ("pytest -m quick", 0),

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 pytest_plugins = ["pytester"]
-ROOT_CONFTEST = Path(__file__).resolve().parents[1] / "conftest.py"
+ROOT_CONFTEST = Path(__file__).resolve().parents[2] / "conftest.py"
 
 
 def _with_repo_on_path(monkeypatch):
@@ -46,7 +46,7 @@ def test_failure_reason_keeps_the_whole_assertion_message(session):
     (outcome,) = report["outcomes"]
     assert "layer39.lora_A err 0.9" in outcome["reason"], "the message was cut"
     assert "test_sample.py:" in outcome["location"]
-    assert report["status"] == "complete" and report["schema_version"] == 2
+    assert report["status"] == "complete" and report["schema_version"] == 3
 
 
 def test_ctrl_c_marks_the_report_interrupted(session):
@@ -125,3 +125,59 @@ def test_progress_lines_show_up_while_a_test_runs(pytester, monkeypatch):
     """)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.stdout.fnmatch_lines(["*[[]trainer[]] step 3/3 loss 1.0 eta 0m01s*"])
+
+
+def test_every_check_is_recorded_and_a_failed_one_fails_the_test_at_its_line(session):
+    result, report, _ = session("""
+        def test_a(check):
+            check("first", 1.0, "<=", 0.5, source="yaml")
+            check("second", 2, "==", 2)
+            check("third", 3.0, "<", 1.0, detail="why")
+    """)
+    assert result.ret == 1
+    assert [(c["name"], c["passed"]) for c in report["checks"]] == [("first", False), ("second", True),
+                                                                    ("third", False)]
+    (outcome,) = report["outcomes"]
+    assert outcome["outcome"] == "failed"
+    assert "2 check(s) failed" in outcome["reason"]
+    assert "test_sample.py:2: first: 1.0 is not <= 0.5" in outcome["reason"]
+    assert "test_sample.py:4: third: 3.0 is not < 1.0 (why)" in outcome["reason"]
+    assert outcome["location"] == "test_sample.py:2"
+
+
+def test_lora_impl_names_the_implementation_and_its_not_applicable_tests(session, pytester):
+    pytester.makepyfile(toy_impl="""
+        from lora_suite.implementations import LoRAImplementation
+
+        class Toy(LoRAImplementation):
+            name = expected_path = "toy"
+            not_applicable = {"lora_core_ops": "the toy does not use lora_core"}
+            inject = adapter_parameters = save_adapter = load_adapter = served_by = lambda self, *a: None
+
+        def make():
+            return Toy()
+    """)
+    result, report, _ = session("""
+        import pytest
+
+        @pytest.mark.needs_feature("lora_core_ops")
+        def test_kernels():
+            raise AssertionError("must not run")
+
+        def test_model(lora_impl, check):
+            check.not_applicable("op calls", lora_impl.not_applicable["lora_core_ops"])
+    """, "--lora-impl", "toy_impl:make", "-p", "no:randomly")
+    assert result.ret == 0, result.stdout.str()
+    assert report["implementation"]["name"] == "toy" and report["implementation"]["spec"] == "toy_impl:make"
+    outcomes = {o["test"].split("::")[1]: o for o in report["outcomes"]}
+    assert outcomes["test_kernels"]["outcome"] == "skipped"
+    assert "not applicable to --lora-impl toy: the toy does not use lora_core" in outcomes["test_kernels"]["reason"]
+    assert [(n["test"].split("::")[1], n["reason"]) for n in report["not_applicable"]] == [
+        ("test_kernels", "the toy does not use lora_core"), ("test_model", "the toy does not use lora_core")]
+    assert report["summary"]["checks_not_applicable"] == 2
+
+
+def test_an_unknown_lora_impl_is_a_usage_error_naming_it(session):
+    result, report, _ = session("def test_a():\n    pass\n", "--lora-impl", "triton")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--lora-impl triton: LoRA implementation 'triton' is not known" in result.stderr.str()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 pytest_plugins = ["pytester"]
-BENCH_FILES = sorted((Path(__file__).resolve().parent.parent / "benchmarks").glob("test_*.py"))
+BENCH_FILES = sorted((Path(__file__).resolve().parents[2] / "benchmarks").glob("test_*.py"))
 
 
 @pytest.mark.parametrize("path", BENCH_FILES, ids=[p.name for p in BENCH_FILES])

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-WORKFLOW = Path(__file__).resolve().parent.parent / ".github" / "workflows" / "nightly-gpu.yml"
+WORKFLOW = Path(__file__).resolve().parents[2] / ".github" / "workflows" / "nightly-gpu.yml"
 
 
 def _load():

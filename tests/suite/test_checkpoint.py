@@ -119,7 +119,7 @@ def test_real_kills_during_saves_never_leave_a_mixed_set(tmp_path):
     import time
     from pathlib import Path
 
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     ck = tmp_path / "ck"
     rng = random.Random(0)
     for _ in range(5):

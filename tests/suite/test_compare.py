@@ -9,7 +9,7 @@ from pathlib import Path
 
 from lora_suite import compare
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "reports" / "20261121T055736Z-bench"  # H200, commit 17bf5be (reports/README.md)
 
 

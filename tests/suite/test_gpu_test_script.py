@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gpu-test.sh"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu-test.sh"
 
 
 def run(*args, dry=True, timeout=300):
@@ -32,11 +32,12 @@ def test_help_lists_targets_and_flags():
     (("quick", "--bogus"), "unknown option '--bogus'"),
     (("fast",), "unknown target 'fast'"),
     (("quick", "memory"), "only one target allowed"),
-    (("quick", "--backend", "tpu"), "--backend must be cupy or torch"),
+    (("quick", "--lora-impl", "not a name"), "--lora-impl must be a name or package.module:factory"),
+    (("quick", "--backend", "cupy"), "--backend was replaced by --lora-impl"),
     (("quick", "--strict-vram"), "--strict-vram only makes sense with --check-vram"),
     (("quick", "--report-dir"), "--report-dir needs a directory"),
     (("quick", "--report-dir", "--check-vram"), "--report-dir needs a directory, got '--check-vram'"),
-    (("quick", "--backend", "--verbose"), "--backend needs a value (cupy or torch), got '--verbose'"),
+    (("quick", "--lora-impl", "--verbose"), "--lora-impl needs a value (cupy, torch, peft or package.module:factory), got '--verbose'"),
     (("quick", "--report-dir=--check-vram"), "--report-dir needs a directory, got '--check-vram'"),
     (("quick", "--report-dir", "/proc/x"), "--report-dir /proc/x is not a writable directory"),
     (("compare", "only-one"), "compare needs two run directories"),

@@ -1,4 +1,4 @@
-"""Every committed report.json validates against the JSON Schema of its schema_version; new reports are v2."""
+"""Every committed report.json validates against the JSON Schema of its schema_version; new reports are v3."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from lora_suite.environment import collect_environment
 from lora_suite.report import SCHEMA_VERSION, RunReport
 
-REPORTS = Path(__file__).resolve().parent.parent / "reports"
+REPORTS = Path(__file__).resolve().parents[2] / "reports"
 COMMITTED = sorted(p for p in REPORTS.rglob("report.json") if "_local" not in p.parts)
 
 
@@ -29,13 +29,24 @@ def test_committed_report_validates(path):
     jsonschema.validate(data, schema_for(data.get("schema_version", 1)))
 
 
-def test_a_new_report_is_schema_v2(tmp_path):
+def test_a_new_report_is_schema_v3_with_implementation_and_not_applicable_checks(tmp_path):
     r = RunReport("r", "quick", collect_environment())
+    r.implementation = {"name": "peft", "spec": "peft", "description": "PEFT", "not_applicable": {"nf4_base": "why"}}
     r.check("t", "x", 1.0, "<=", 2.0)
+    r.mark_not_applicable("t", "QLoRA peak < 16-bit peak", "peft has no NF4 base")
     r.status = "complete"
     data = json.loads(r.write_json(tmp_path).read_text())
-    assert data["schema_version"] == SCHEMA_VERSION == 2
-    jsonschema.validate(data, schema_for(2))
+    assert data["schema_version"] == SCHEMA_VERSION == 3
+    jsonschema.validate(data, schema_for(3))
+    assert data["summary"]["checks_not_applicable"] == 1
+    md = r.write(tmp_path).read_text()
+    assert "LoRA implementation under test: **peft**" in md
+    assert "| `t` | QLoRA peak < 16-bit peak | peft has no NF4 base |" in md
+
+
+def test_a_not_applicable_record_needs_its_reason():
+    with pytest.raises(ValueError, match="needs its reason"):
+        RunReport("r", "quick", collect_environment()).mark_not_applicable("t", "x", "")
 
 
 def test_schema_rejects_a_report_without_status():

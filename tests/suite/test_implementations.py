@@ -1,0 +1,193 @@
+"""The implementation registry and contract on the CPU: built-ins, a toy third-party implementation plugged in
+from this test module (by ``module:factory`` and by entry point), and every selection error.
+
+The toy implementation below is written here, independent of lora_core: a plain module with A, B and a
+scale. The same harness code the tiers use (recipe.prepare, the trainer, the checkpoint) trains it, saves it
+in PEFT format and reloads it, and its adapters must agree with lora_core's torch layers name by name.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from lora_core.adapters import load_peft_adapter
+from lora_suite import implementations as I
+from lora_suite.checkpoint import load_adapter_checkpoint, save_adapter_checkpoint
+from lora_suite.criteria import loss_drop
+from lora_suite.recipe import prepare
+from lora_suite.trainer import train
+
+
+class ToyLoRALinear(nn.Module):
+    """y = x Wᵀ + s·(x Aᵀ) Bᵀ, with A (r, in) and B (out, r): a third party's layer."""
+
+    def __init__(self, base: nn.Linear, r: int, alpha: float, dtype):
+        super().__init__()
+        self.base, self.scale, self.calls = base, alpha / r, 0
+        self.lora_A = nn.Parameter(torch.empty(r, base.in_features, dtype=dtype, device=base.weight.device))
+        self.lora_B = nn.Parameter(torch.zeros(base.out_features, r, dtype=dtype, device=base.weight.device))
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+
+    def forward(self, x):
+        self.calls += 1
+        return self.base(x) + self.scale * ((x.to(self.lora_A.dtype) @ self.lora_A.T) @ self.lora_B.T).to(x.dtype)
+
+
+class ToyImplementation(I.LoRAImplementation):
+    name = expected_path = "toy"
+    not_applicable = {"nf4_base": "the toy layer has no 4-bit base",
+                      "op_call_count": "the toy keeps counts per layer only",
+                      "lora_core_ops": "the toy does not use lora_core"}
+
+    def inject(self, model, spec):
+        if spec.quantize:
+            raise I.ImplementationError("toy: no quantised base")
+        for p in model.parameters():
+            p.requires_grad_(False)
+        chosen = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] != "lm_head"
+                  and ("all-linear" in spec.targets or n.rsplit(".", 1)[-1] in spec.targets)]
+        for name, m in chosen:
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, child,
+                    ToyLoRALinear(m, spec.r, spec.alpha, spec.adapter_dtype))
+        return [n for n, _ in chosen]
+
+    def adapter_parameters(self, model):
+        return {f"{n}.{w}": getattr(m, w) for n, m in model.named_modules() if isinstance(m, ToyLoRALinear)
+                for w in ("lora_A", "lora_B")}
+
+    def save_adapter(self, model, path):
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        layers = [m for m in model.modules() if isinstance(m, ToyLoRALinear)]
+        r = layers[0].lora_A.shape[0]
+        (path / "adapter_config.json").write_text(
+            f'{{"peft_type": "LORA", "r": {r}, "lora_alpha": {layers[0].scale * r}, "target_modules": ["q_proj"]}}')
+        save_file({f"base_model.model.{n}.weight": p.detach().contiguous()
+                   for n, p in self.adapter_parameters(model).items()}, str(path / "adapter_model.safetensors"))
+        return path
+
+    def load_adapter(self, model, path):
+        tensors = load_file(str(Path(path) / "adapter_model.safetensors"))
+        with torch.no_grad():
+            for n, p in self.adapter_parameters(model).items():
+                p.copy_(tensors[f"base_model.model.{n}.weight"])
+
+    def served_by(self, model):
+        layers = [m for m in model.modules() if isinstance(m, ToyLoRALinear)]
+        return "toy" if layers and all(m.calls for m in layers) else "toy layers that never ran"
+
+
+def toy_factory():
+    return ToyImplementation()
+
+
+SPEC = f"{__name__}:toy_factory"
+
+
+# ------------------------------------------------------------------ selection
+def test_builtins_resolve_and_default_is_cupy():
+    assert I.resolve_implementation(None).name == "cupy"
+    assert I.resolve_implementation("torch").name == "torch"
+    assert I.resolve_implementation("peft").name == "peft"
+    assert "nf4_base" in I.resolve_implementation("peft").not_applicable
+
+
+def test_a_toy_implementation_plugs_in_by_module_and_factory():
+    impl = I.resolve_implementation(SPEC)
+    assert isinstance(impl, ToyImplementation)
+    assert I.implementation_record(impl, SPEC) == {"name": "toy", "spec": SPEC, "description": "toy",
+                                                   "not_applicable": ToyImplementation.not_applicable}
+
+
+def test_a_toy_implementation_plugs_in_by_entry_point(monkeypatch):
+    ep = importlib.metadata.EntryPoint(name="toy", value=SPEC, group=I.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(importlib.metadata, "entry_points",
+                        lambda group=None: [ep] if group == I.ENTRY_POINT_GROUP else [])
+    assert I.entry_point_names() == ["toy"]
+    assert I.resolve_implementation("toy").name == "toy"
+
+
+class _Half(I.LoRAImplementation):
+    name = expected_path = "half"
+
+    def inject(self, model, spec):
+        return []
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("triton", r"'triton' is not known: built-ins \['cupy', 'torch', 'peft'\]"),
+    ("no_such_module:make", r"cannot load 'make' from module 'no_such_module' \(ModuleNotFoundError"),
+    (f"{__name__}:no_such_factory", r"cannot load 'no_such_factory'"),
+    (f"{__name__}:SPEC", r"gave a str, not a lora_suite.implementations.LoRAImplementation"),
+    (f"{__name__}:_Half", r"does not meet the contract: methods not implemented \['adapter_parameters', "
+                          r"'save_adapter', 'load_adapter', 'served_by'\]"),
+    ("", r"expected a name"),
+])
+def test_bad_selections_are_refused_naming_the_value(spec, message):
+    with pytest.raises(I.ImplementationError, match=message):
+        I.resolve_implementation(spec)
+
+
+def test_unknown_not_applicable_features_are_refused():
+    class Odd(ToyImplementation):
+        not_applicable = {"fp8_base": "no"}
+    with pytest.raises(I.ImplementationError, match=r"declares unknown features \['fp8_base'\]"):
+        I.check_contract(Odd(), "odd")
+
+
+def test_peft_refuses_an_nf4_base_with_its_reason(tiny_cfg):
+    with pytest.raises(I.ImplementationError, match="bitsandbytes"):
+        I.resolve_implementation("peft").inject(nn.Linear(4, 4), I.AdapterSpec(("all-linear",), 2, 4, quantize="nf4"))
+
+
+# ------------------------------------------------------------------ the contract, through the harness
+@pytest.mark.parametrize("spec", ["torch", "peft", SPEC])
+def test_implementation_trains_saves_and_reloads_through_the_harness(spec, tiny_cfg, tmp_path):
+    ref = prepare(tiny_cfg, "cpu", implementation="torch")
+    p = prepare(tiny_cfg, "cpu", implementation=spec)
+    assert {n: tuple(t.shape) for n, t in p.adapters.items()} == {n: tuple(t.shape) for n, t in ref.adapters.items()}
+    assert p.replaced == ref.replaced
+    trainable = {id(t) for t in p.model.parameters() if t.requires_grad}
+    assert trainable == {id(t) for t in p.adapters.values()}, "only the adapters may train"
+
+    result = train(p.model, p.batches, tiny_cfg.train, adapters=p.adapters)
+    assert p.implementation.served_by(p.model) == p.implementation.expected_path
+    assert loss_drop(result.losses, tiny_cfg.criteria.loss_window) >= tiny_cfg.criteria.loss_drop_min
+
+    probe = p.batches(999)["input_ids"]
+    with torch.no_grad():
+        logits = p.model(input_ids=probe).logits
+    ckpt = save_adapter_checkpoint(p.model, tmp_path / "ckpt", step=40, optimizer=result.optimizer,
+                                   implementation=p.implementation)
+    fresh = prepare(tiny_cfg, "cpu", implementation=spec)
+    assert load_adapter_checkpoint(fresh.model, ckpt, implementation=fresh.implementation) == 40
+    with torch.no_grad():
+        assert torch.equal(fresh.model(input_ids=probe).logits, logits)
+    # The folder is PEFT's format: lora_core's loader reads it into its own layers, with the same function.
+    load_peft_adapter(ref.model, ckpt)
+    with torch.no_grad():
+        torch.testing.assert_close(ref.model(input_ids=probe).logits, logits, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("spec", ["peft", SPEC])
+def test_same_adapters_give_the_same_function_as_lora_core(spec, tiny_cfg):
+    """Canonical names and the scale mean the same thing in every implementation: equal adapters, equal logits."""
+    ref = prepare(tiny_cfg, "cpu", implementation="torch")
+    p = prepare(tiny_cfg, "cpu", implementation=spec)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, t in ref.adapters.items():
+            t.copy_(torch.randn(t.shape, generator=gen) * 0.1)
+            p.adapters[name].copy_(t)
+    probe = ref.batches(0)["input_ids"]
+    with torch.no_grad():
+        torch.testing.assert_close(p.model(input_ids=probe).logits, ref.model(input_ids=probe).logits,
+                                   rtol=1e-5, atol=1e-5)
