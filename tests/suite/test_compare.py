@@ -85,3 +85,13 @@ def test_the_script_target_runs_compare(tmp_path):
 
 def test_nothing_to_compare_is_a_usage_error(tmp_path):
     assert compare.main([str(tmp_path), str(tmp_path)]) == 2
+
+
+def test_runs_of_different_implementations_are_not_compared(tmp_path, capsys):
+    report = {"outcomes": [], "checks": [], "implementation": {"name": "cupy"}}
+    base = _write(tmp_path / "base", report=report)
+    run = _write(tmp_path / "run", report={**report, "implementation": {"name": "peft"}})
+    assert compare.main([str(base), str(run)]) == 2
+    assert "judged the LoRA implementation 'cupy'" in capsys.readouterr().err
+    old = _write(tmp_path / "old", report={"outcomes": [], "checks": []})  # before schema 3: cupy's
+    assert compare.main([str(old), str(base)]) == 0

@@ -154,3 +154,18 @@ def test_two_loss_windows_must_fit_the_run(config_dir):
     path.write_text(path.read_text().replace("loss_window: 5", "loss_window: 30"))
     with pytest.raises(ConfigError, match=r"criteria.loss_window: 30 is out of range; expected >= 1, and two windows"):
         load_tier_config(path)
+
+
+def test_the_old_backend_key_names_its_replacement(config_dir):
+    path = config_dir / "tiny.yaml"
+    path.write_text(path.read_text().replace("implementation: torch", "backend: torch"))
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['backend'\].*'backend' is now 'implementation'"):
+        load_tier_config(path)
+
+
+@pytest.mark.parametrize("value", ["'my lora'", "'pkg.mod:'", "''", "3"])
+def test_an_implementation_that_is_no_name_is_refused(config_dir, value):
+    path = config_dir / "tiny.yaml"
+    path.write_text(path.read_text().replace("implementation: torch", f"implementation: {value}"))
+    with pytest.raises(ConfigError, match=r"implementation"):
+        load_tier_config(path)
