@@ -362,8 +362,3 @@ def check(run_report, request) -> Checker:
 def lora_impl(request) -> LoRAImplementation:
     """The LoRA implementation under test (--lora-impl, default cupy)."""
     return request.config.stash[_IMPL_KEY]
-
-
-@pytest.fixture(scope="session")
-def weights_option(request) -> str | None:
-    return request.config.getoption("weights")

@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from lora_suite.config import CONFIG_DIR, TierConfig, load_tier_config
-from lora_suite.data import Batches, tokenizer_for
 from lora_suite.memory import GIB, estimate_training_memory, measured_split, nvml_memory, vram_verdict
 from lora_suite.models import CheckpointNotFound
 from lora_suite.recipe import Prepared, prepare
@@ -78,9 +77,6 @@ class Tier:
             pytest.skip(str(exc))
         self.report.notes.append(f"{self.nodeid}: {prepared.describe(cfg)} (built in {prepared.built.build_seconds:.1f} s)")
         return prepared
-
-    def batches_for(self, cfg: TierConfig, built) -> Batches:
-        return Batches(cfg.data, tokenizer_for(built.tokenizer), cfg.model.architecture.vocab_size, "cuda")
 
     def check_served(self, prepared: Prepared) -> None:
         """The code path that served every adapted layer is the one under test (no silent fallback)."""
