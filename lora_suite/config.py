@@ -108,6 +108,9 @@ class TrainSettings:
     max_grad_norm: float | None = 1.0  # None: no clipping (the norm is still recorded)
     log_every: int = 10
     seed: int = 0
+    # After each step, time this many tiny CPU tensor ops in process CPU time (trainer.host_probe): a yardstick of
+    # the host's own speed at that moment, recorded as StepRecord.host_probe_s. 0: off.
+    host_probe_ops: int = 0
 
 
 @dataclass(frozen=True)
@@ -347,6 +350,7 @@ def validate(cfg: TierConfig) -> None:
          "null (no clipping) or finite, > 0 (a negative norm flips the gradient, 0 zeroes it)"),
         ("train.log_every", t.log_every, t.log_every >= 1, ">= 1"),
         ("train.seed", t.seed, t.seed >= 0, ">= 0"),
+        ("train.host_probe_ops", t.host_probe_ops, 0 <= t.host_probe_ops <= 100_000, "0 (off) <= x <= 100000"),
         ("criteria.loss_window", c.loss_window, c.loss_window >= 1 and (c.loss_drop_min is None or 2 * c.loss_window <= t.steps),
          f">= 1, and two windows must fit in steps={t.steps} when loss_drop_min is set"),
         ("criteria.fit_after_step", c.fit_after_step,

@@ -125,6 +125,20 @@ def window_drift(head: list[float], tail: list[float]) -> Drift:
     return Drift(first, last, (first - last) / first if first else math.inf, se)
 
 
+def host_normalised_drift(cpu_times_s, probe_times_s, tokens_per_step: float, window: int) -> Drift:
+    """Drift of tokens per unit of *host work*, the step's CPU time measured in host-probe times.
+
+    v_i = tokens · p_i / c_i, with c_i the step's process CPU time and p_i the fixed probe's (trainer.host_probe)
+    right after it. A host that becomes slower (clock, a neighbour on shared cores) scales c_i and p_i alike and
+    leaves v_i; a step that does more work (a slower path, longer GPU waits spun on the CPU) scales c_i only.
+    Recorded by the extended tier as a diagnostic beside the asserted CPU-time drift (issue 9 follow-up: a quiet
+    H100 showed a 30% host slowdown within one run, reports/20261122T063748Z-extended).
+    """
+    if len(cpu_times_s) != len(probe_times_s):
+        raise ValueError(f"{len(cpu_times_s)} step times but {len(probe_times_s)} probe times")
+    return median_drift([tokens_per_step * p / c for c, p in zip(cpu_times_s, probe_times_s)], window)
+
+
 @dataclass(frozen=True)
 class Verdict:
     """A criterion evaluated on measurements; tiers record it as a check, self-tests assert it fails."""

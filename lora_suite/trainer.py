@@ -62,6 +62,7 @@ class StepRecord:
     nvml_used_mib: float | None
     gpu_time_s: float | None = None  # CUDA-event time from the step's first launch to its last (None on CPU)
     cpu_time_s: float | None = None  # process CPU time of the step, all threads (module docstring)
+    host_probe_s: float | None = None  # process CPU time of the fixed host probe run after the step (host_probe)
 
 
 @dataclass
@@ -72,6 +73,17 @@ class TrainResult:
     @property
     def losses(self) -> list[float]:
         return [r.loss for r in self.records]
+
+
+def host_probe(ops: int) -> float:
+    """Process CPU time of ``ops`` in-place adds on a 16-element CPU tensor: a fixed amount of the same kind of
+    host work a step's Python and dispatch do, so that the host's own speed (clock, a neighbour's load on
+    shared cores and caches) can be told apart from more work per step (criteria.host_normalised_drift)."""
+    t = torch.zeros(16)
+    c0 = time.process_time()
+    for _ in range(ops):
+        t.add_(1.0)
+    return time.process_time() - c0
 
 
 def lr_at(step: int, s: TrainSettings) -> float:
@@ -178,6 +190,7 @@ def train(model: nn.Module, batches: Callable[[int], dict[str, torch.Tensor]], s
                 ev_end.record()
                 torch.cuda.synchronize()
             dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+            probe = host_probe(s.host_probe_ops) if s.host_probe_ops else None
             nvml_used = nvml.used() if nvml is not None else None
             rec = StepRecord(
                 step=step, loss=loss, grad_norm=grad_norm, lr=lr, tokens_per_s=n_tokens / dt,
@@ -188,6 +201,7 @@ def train(model: nn.Module, batches: Callable[[int], dict[str, torch.Tensor]], s
                 nvml_used_mib=None if nvml_used is None else nvml_used / MIB,
                 gpu_time_s=ev_start.elapsed_time(ev_end) / 1e3 if cuda else None,
                 cpu_time_s=cpu,
+                host_probe_s=probe,
             )
             records.append(rec)
             if (step + 1) % s.log_every == 0 or step == stop_step - 1 or step == start_step:

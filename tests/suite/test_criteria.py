@@ -89,3 +89,48 @@ def test_step_time_verdicts_judge_stalls_on_spans_and_drift_on_cpu_time():
     assert stalls.passed and drift.passed, (stalls, drift)
     slowing = [t * (1 + 0.4 * s / 500) for s, t in zip(steps, cpu)]  # a planted progressive slowdown
     assert not step_time_verdicts(wall, slowing, 2048, **kw)[1].passed
+
+
+def test_host_normalised_drift_tells_a_slower_host_from_more_work():
+    """A host slowing 30% over the run scales step and probe alike (the normalised drift stays ~0, the raw one
+    does not); a step doing 30% more work on a steady host moves only the step (both drifts see it)."""
+    from lora_suite.criteria import host_normalised_drift, median_drift
+    n, w = 200, 50
+    ramp = [1 + 0.3 * i / (n - 1) for i in range(n)]
+    jitter = [1 + 0.01 * ((i * 7) % 5 - 2) for i in range(n)]  # deterministic ±2% noise
+    probe = [0.0003 * r * j for r, j in zip(ramp, jitter)]
+    slower_host = [0.15 * r for r in ramp]
+    raw = median_drift([2048 / c for c in slower_host], w)
+    assert raw.drift > 0.15
+    assert abs(host_normalised_drift(slower_host, probe, 2048, w).drift) < 0.03
+    steady_probe = [0.0003 * j for j in jitter]
+    more_work = [0.15 * r for r in ramp]
+    assert host_normalised_drift(more_work, steady_probe, 2048, w).drift > 0.15
+    with pytest.raises(ValueError, match="200 step times but 199 probe times"):
+        host_normalised_drift(more_work, steady_probe[:-1], 2048, w)
+
+
+def test_the_extended_tier_records_host_speed_per_window(tiny_cfg):
+    """The extended tier's diagnostic table and note, from step records (the tier itself needs a GPU)."""
+    import dataclasses
+    import importlib.util
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from lora_suite.environment import collect_environment
+    from lora_suite.report import RunReport
+    from lora_suite.trainer import StepRecord
+
+    path = Path(__file__).resolve().parents[2] / "tiers" / "extended" / "test_extended_tier.py"
+    spec = importlib.util.spec_from_file_location("extended_tier_for_test", path)
+    ext = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ext)
+    cfg = dataclasses.replace(tiny_cfg, criteria=dataclasses.replace(tiny_cfg.criteria, fit_after_step=2,
+                                                                     smooth_window=4))
+    records = [StepRecord(i, 1.0, 1.0, 1e-3, 1.0, 0.1, 0, 0, 0, None, 0.1, 0.1 * (1 + i / 20), 1e-3 * (1 + i / 20))
+               for i in range(14)]
+    tier = SimpleNamespace(nodeid="t", report=RunReport("r", "extended", collect_environment()))
+    ext.record_host_speed(tier, cfg, records)
+    (table,) = tier.report.series
+    assert [row[0] for row in table.rows] == [2, 6, 10] and all(row[3] == 100.0 for row in table.rows)
+    assert "drift of tokens per unit of host work (diagnostic, not judged): 0.0000" in tier.report.notes[0]

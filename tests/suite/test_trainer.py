@@ -91,3 +91,13 @@ def test_a_non_finite_stop_keeps_the_records_before_it(tiny_cfg):
         train(p.model, p.batches, tiny_cfg.train, records=records, step_hook=poison)
     assert [r.step for r in records] == [0, 1, 2, 3]
     assert all(r.cpu_time_s is not None and r.cpu_time_s > 0 for r in records)
+
+
+def test_the_host_probe_is_recorded_after_each_step_when_configured(tiny_cfg):
+    cfg = dataclasses.replace(tiny_cfg, train=dataclasses.replace(tiny_cfg.train, steps=3, host_probe_ops=500,
+                                                                  warmup_steps=0))
+    p = prepare(cfg, "cpu")
+    records = train(p.model, p.batches, cfg.train).records
+    assert all(r.host_probe_s is not None and r.host_probe_s > 0 for r in records)
+    off = train(prepare(tiny_cfg, "cpu").model, p.batches, dataclasses.replace(cfg.train, host_probe_ops=0)).records
+    assert all(r.host_probe_s is None for r in off)

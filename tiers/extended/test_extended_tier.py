@@ -13,10 +13,12 @@ launch queue holds, so the host blocks behind the GPU.) Both fail on their plant
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 from lora_suite.config import TierConfig
-from lora_suite.criteria import Verdict, is_non_increasing, step_time_verdicts, windowed_means
+from lora_suite.criteria import Verdict, host_normalised_drift, is_non_increasing, step_time_verdicts, windowed_means
 from lora_suite.memory import fit_slope
 from lora_suite.report import Series
 from lora_suite.trainer import StepRecord
@@ -64,5 +66,29 @@ def test_long_run_no_leak_loss_falls_steady_speed(tier):
     verdicts, fits = extended_verdicts(cfg, result.records)
     tier.report.add_series(Series(tier.nodeid, "leak fit: y = slope*step + intercept",
                                   ("series", "slope MiB/step", "intercept MiB", "r2", "min MiB", "max MiB"), tuple(fits)))
+    record_host_speed(tier, cfg, result.records)
     for v in verdicts:
         tier.check(v.name, v.value, v.op, v.threshold, source=v.source, detail=v.detail)
+
+
+def record_host_speed(tier, cfg: TierConfig, records: list[StepRecord]) -> None:
+    """A diagnostic, not a check: per window, the step's CPU time, the host probe's and their ratio, and the drift
+    of tokens per unit of host work (criteria.host_normalised_drift). It tells a host that slowed down (both
+    columns move) from a step that does more work (only the first does)."""
+    after = [r for r in records if r.step >= cfg.criteria.fit_after_step]
+    if not after or any(r.host_probe_s is None for r in after):
+        return
+    w = cfg.criteria.smooth_window
+    rows = []
+    for i in range(0, len(after) - w + 1, w):
+        win = after[i:i + w]
+        cpu = statistics.median(r.cpu_time_s for r in win)
+        probe = statistics.median(r.host_probe_s for r in win)
+        rows.append((win[0].step, round(cpu * 1e3, 2), round(probe * 1e6, 1),
+                     round(statistics.median(r.cpu_time_s / r.host_probe_s for r in win), 1)))
+    tier.report.add_series(Series(tier.nodeid, "host speed: per-window medians (diagnostic)",
+                                  ("first step", "step CPU ms", "host probe us", "step CPU / probe"), tuple(rows)))
+    tokens = cfg.data.batch_size * cfg.data.seq_len * cfg.train.grad_accum
+    d = host_normalised_drift([r.cpu_time_s for r in after], [r.host_probe_s for r in after], tokens, w)
+    tier.report.notes.append(f"{tier.nodeid}: drift of tokens per unit of host work (diagnostic, not judged): "
+                             f"{d.drift:.4f} (SE {d.noise_se:.4f}); the judged CPU-time drift is in the checks")
