@@ -2,7 +2,7 @@
 
 The tiers' loss thresholds are fixed by their issues (e.g. a 30% drop); what is calibrated is the setup
 (adapter targets, learning rate, data) that a correct LoRA stack can be expected to move that much on a
-random-initialised base. This script runs the grid on the GPU with the tier's own code (recipe.prepare +
+random-initialised base. This script runs the grid on the GPU with the tier's own code (prepare.prepare +
 trainer.train, cupy backend) and writes report.json / report.md, which the tier YAML cites.
 
     PYTHONPATH=. python3 benchmarks/calibrate_loss.py --tier convergence --targets "q_proj,v_proj;all-linear" \
@@ -23,7 +23,7 @@ import torch
 from lora_suite.config import load_tier_config
 from lora_suite.criteria import loss_drop
 from lora_suite.environment import collect_environment
-from lora_suite.recipe import prepare
+from lora_suite.prepare import prepare
 from lora_suite.implementations import implementation_record, resolve_implementation
 from lora_suite.report import RunReport, Series
 from lora_suite.trainer import train

@@ -39,7 +39,8 @@ from torch import nn
 
 from lora_suite.config import TrainSettings
 from lora_core.inject import adapter_parameters
-from lora_suite.memory import MIB, NvmlReader
+from lora_suite.memory import MIB
+from lora_suite.nvml import NvmlReader
 
 log = logging.getLogger("lora_suite.trainer")
 

@@ -15,9 +15,10 @@ import pytest
 import torch
 
 from lora_suite.config import CONFIG_DIR, TierConfig, load_tier_config
-from lora_suite.memory import GIB, estimate_training_memory, measured_split, nvml_memory, vram_verdict
+from lora_suite.memory import GIB, estimate_training_memory, measured_split, vram_verdict
+from lora_suite.nvml import nvml_memory
 from lora_suite.models import CheckpointNotFound
-from lora_suite.recipe import Prepared, prepare
+from lora_suite.prepare import Prepared, prepare
 from lora_suite.report import Series
 from lora_suite.trainer import StepRecord, TrainResult, train
 

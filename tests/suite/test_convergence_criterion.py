@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from lora_suite.criteria import loss_match
 from lora_core.inject import adapter_parameters
 from lora_core.ops import lora_linear as op
-from lora_suite.recipe import prepare
+from lora_suite.prepare import prepare
 from lora_suite.trainer import train
 
 FACTOR, FLOOR, PERTURB = 4, 2.0**-10, 2.0**-8  # the convergence tier's values (configs/convergence.yaml)

@@ -10,7 +10,7 @@ import torch
 
 from lora_suite import gradients as G
 from lora_suite import trainer
-from lora_suite.recipe import prepare
+from lora_suite.prepare import prepare
 
 FACTOR = 4.0  # the quick tier's grad_match_factor (configs/quick.yaml)
 

@@ -2,7 +2,7 @@
 from this test module (by ``module:factory`` and by entry point), and every selection error.
 
 The toy implementation below is written here, independent of lora_core: a plain module with A, B and a
-scale. The same harness code the tiers use (recipe.prepare, the trainer, the checkpoint) trains it, saves it
+scale. The same harness code the tiers use (prepare.prepare, the trainer, the checkpoint) trains it, saves it
 in PEFT format and reloads it, and its adapters must agree with lora_core's torch layers name by name.
 """
 
@@ -21,7 +21,7 @@ from lora_core.adapters import load_peft_adapter
 from lora_suite import implementations as I
 from lora_suite.checkpoint import load_adapter_checkpoint, save_adapter_checkpoint
 from lora_suite.criteria import loss_drop
-from lora_suite.recipe import prepare
+from lora_suite.prepare import prepare
 from lora_suite.trainer import train
 
 

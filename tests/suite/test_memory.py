@@ -9,8 +9,8 @@ import torch
 
 from lora_suite.config import LoRASettings
 from lora_suite.memory import (CONTEXT_BYTES, GIB, MemoryEstimate, estimate_training_memory, fit_slope,
-                              measured_split, nvml_memory, vram_verdict)
-from lora_suite.recipe import prepare
+                              measured_split, vram_verdict)
+from lora_suite.prepare import prepare
 from lora_suite.trainer import train
 from tests.conftest import TINY_ARCH
 
@@ -68,8 +68,3 @@ def test_measured_split_adds_up(tiny_cfg):
     assert 2 * split["adapters"] <= split["optimizer"] <= 2 * split["adapters"] + 8 * n_adapters  # + a step count each
     assert sum(split.values()) == 10**8
 
-
-def test_nvml_without_gpu_is_none():
-    if torch.cuda.is_available():
-        pytest.skip("this checks the no-GPU answer")
-    assert nvml_memory() is None

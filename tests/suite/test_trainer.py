@@ -12,7 +12,7 @@ from lora_suite.checkpoint import load_adapter_checkpoint, save_adapter_checkpoi
 from lora_suite.config import TrainSettings
 from lora_suite.criteria import loss_drop
 from lora_core.inject import adapter_parameters
-from lora_suite.recipe import prepare
+from lora_suite.prepare import prepare
 from lora_suite.trainer import NonFiniteError, lr_at, make_optimizer, train
 
 
