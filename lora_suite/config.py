@@ -111,6 +111,10 @@ class TrainSettings:
     # After each step, time this many tiny CPU tensor ops in process CPU time (trainer.host_probe): a yardstick of
     # the host's own speed at that moment, recorded as StepRecord.host_probe_s. 0: off.
     host_probe_ops: int = 0
+    # Capture forward, backward, clipping and the optimizer step in one CUDA graph and replay it (trainer.py,
+    # "Captured steps"); the first graph_warmup_steps steps run eagerly on a side stream before the capture.
+    cuda_graph: bool = False
+    graph_warmup_steps: int = 3
 
 
 @dataclass(frozen=True)
@@ -351,6 +355,11 @@ def validate(cfg: TierConfig) -> None:
         ("train.log_every", t.log_every, t.log_every >= 1, ">= 1"),
         ("train.seed", t.seed, t.seed >= 0, ">= 0"),
         ("train.host_probe_ops", t.host_probe_ops, 0 <= t.host_probe_ops <= 100_000, "0 (off) <= x <= 100000"),
+        ("train.graph_warmup_steps", t.graph_warmup_steps,
+         t.graph_warmup_steps >= 1 and (not t.cuda_graph or t.graph_warmup_steps < t.steps),
+         f">= 1, and < steps={t.steps} with cuda_graph (CUDA graphs need eager warm-up steps before the capture)"),
+        ("train.gradient_checkpointing", t.gradient_checkpointing, not (t.cuda_graph and t.gradient_checkpointing),
+         "false when train.cuda_graph is true (checkpointing under capture is not supported here yet)"),
         ("criteria.loss_window", c.loss_window, c.loss_window >= 1 and (c.loss_drop_min is None or 2 * c.loss_window <= t.steps),
          f">= 1, and two windows must fit in steps={t.steps} when loss_drop_min is set"),
         ("criteria.fit_after_step", c.fit_after_step,

@@ -18,6 +18,15 @@ Gradient accumulation over k micro-batches is token-weighted, so that it equals 
 where T_i are the tokens with a label in micro-batch i (the model's loss is the mean over its T_i).
 Dividing by k instead is only right when every |T_i| is equal (it is not with prompt-masked data).
 
+Captured steps (``train.cuda_graph``): after ``graph_warmup_steps`` eager steps on a side stream (they allocate
+the optimizer state and the libraries' workspaces, as CUDA graph capture requires), one step (forward and
+backward over the micro-batches, clipping, AdamW) is captured into a CUDA graph with static input buffers and
+replayed for every later step: each step copies its micro-batches into the buffers, writes the learning rate
+into the optimizer's lr tensor (a capturable AdamW) and replays. The gradients live in the graph's memory and
+are overwritten, never zeroed, by each replay. The loss and gradient norm are read back after the replay; so
+the non-finite guard stops the run one update later than in eager mode (the update of the non-finite step is
+already applied; the error says so). Records say which steps were replayed (``StepRecord.captured``).
+
 Learning rate at step t (0-based) with warm-up w, total T, peak η and floor ratio m:
     t < w:        η·(t+1)/w
     cosine:       η·(m + (1−m)·½(1 + cos(π·p))),   p = (t−w)/(T−w−1)   (p = 1 at the last step)
@@ -27,6 +36,7 @@ Learning rate at step t (0-based) with warm-up w, total T, peak η and floor rat
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import math
@@ -64,6 +74,7 @@ class StepRecord:
     gpu_time_s: float | None = None  # CUDA-event time from the step's first launch to its last (None on CPU)
     cpu_time_s: float | None = None  # process CPU time of the step, all threads (module docstring)
     host_probe_s: float | None = None  # process CPU time of the fixed host probe run after the step (host_probe)
+    captured: bool = False  # replayed from the captured CUDA graph (train.cuda_graph)
 
 
 @dataclass
@@ -114,8 +125,72 @@ def make_optimizer(model: nn.Module, s: TrainSettings,
                          "the base model must be frozen")
     params = list(adapters.values())
     fused = all(p.is_cuda for p in params)
+    if s.cuda_graph:  # capturable: the step count and the lr live on the device, so a replay can update them
+        check_capturable(params, s)
+        return torch.optim.AdamW(params, lr=torch.tensor(s.lr, device=params[0].device), betas=(0.9, 0.999),
+                                 eps=1e-8, weight_decay=s.weight_decay, fused=True, capturable=True)
     return torch.optim.AdamW(params, lr=s.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=s.weight_decay,
                              fused=fused or None)
+
+
+def check_capturable(params: list[nn.Parameter], s: TrainSettings) -> None:
+    """The errors a captured run gives before it starts, naming what is wrong."""
+    devices = sorted({str(p.device) for p in params})
+    if any(not p.is_cuda for p in params):
+        raise ValueError(f"train.cuda_graph: true needs the adapters on a CUDA device; they are on {devices}")
+    if s.gradient_checkpointing:
+        raise ValueError("train.cuda_graph: true with train.gradient_checkpointing: true is not supported: "
+                         "activation checkpointing is not captured here yet; turn one of them off")
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Write ``lr`` into every group: in place into a tensor lr (a captured step reads it), else assigned."""
+    for group in optimizer.param_groups:
+        if torch.is_tensor(group["lr"]):
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr
+
+
+class StaticBatches:
+    """The captured step's input buffers: micro-batches are copied in, and must keep the captured shapes."""
+
+    def __init__(self, micro: list[dict[str, torch.Tensor]]):
+        self.buffers = [{k: v.clone() for k, v in b.items()} for b in micro]
+
+    def load(self, micro: list[dict[str, torch.Tensor]], step: int) -> list[dict[str, torch.Tensor]]:
+        if len(micro) != len(self.buffers):
+            raise ValueError(f"step {step}: {len(micro)} micro-batches, the captured step has {len(self.buffers)}")
+        for i, (buf, b) in enumerate(zip(self.buffers, micro)):
+            if buf.keys() != b.keys():
+                raise ValueError(f"step {step}, micro-batch {i}: keys {sorted(b)}, captured {sorted(buf)}")
+            for k, v in b.items():
+                if v.shape != buf[k].shape or v.dtype != buf[k].dtype:
+                    raise ValueError(f"step {step}, micro-batch {i}: {k} is {tuple(v.shape)} {v.dtype}, the captured "
+                                     f"step takes {tuple(buf[k].shape)} {buf[k].dtype} (cuda_graph needs static "
+                                     "shapes: a fixed batch size and seq_len)")
+                buf[k].copy_(v, non_blocking=True)
+        return self.buffers
+
+
+class CapturedStep:
+    """One optimizer step (accumulation, clipping, AdamW) captured in a CUDA graph; ``run`` replays it."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, params: list[nn.Parameter],
+                 micro: list[dict[str, torch.Tensor]], max_norm: float):
+        self.static = StaticBatches(micro)
+        self.graph = torch.cuda.CUDAGraph()
+        optimizer.zero_grad(set_to_none=True)  # the captured backward then assigns (not adds to) the gradients
+        torch.cuda.synchronize()
+        with torch.cuda.graph(self.graph):
+            self.loss = accumulate_gradients(model, self.static.buffers)
+            self.grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+            optimizer.step()
+
+    def run(self, micro: list[dict[str, torch.Tensor]], step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self.static.load(micro, step)
+        self.graph.replay()
+        return self.loss, self.grad_norm
 
 
 def label_tokens(batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -156,6 +231,16 @@ def train(model: nn.Module, batches: Callable[[int], dict[str, torch.Tensor]], s
     params = list(named.values())
     cuda = params[0].is_cuda
     records = [] if records is None else records
+    if s.cuda_graph:
+        check_capturable(params, s)
+        if not any(torch.is_tensor(g["lr"]) for g in optimizer.param_groups):
+            raise ValueError("train.cuda_graph: true needs a capturable optimizer with a tensor lr "
+                             "(make_optimizer builds one from the same settings)")
+    capture_at = start_step + s.graph_warmup_steps if s.cuda_graph else None
+    side = torch.cuda.Stream() if s.cuda_graph else None  # the warm-up steps run here, as capture requires
+    if side is not None:
+        side.wait_stream(torch.cuda.current_stream())
+    captured: CapturedStep | None = None
     if s.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
@@ -168,28 +253,42 @@ def train(model: nn.Module, batches: Callable[[int], dict[str, torch.Tensor]], s
     began = time.perf_counter()
     try:
         for step in range(start_step, stop_step):
-            t0, c0 = time.perf_counter(), time.process_time()
-            if cuda:
-                ev_start, ev_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                ev_start.record()
-            lr = lr_at(step, s)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            optimizer.zero_grad(set_to_none=True)
-            micro = [batches(step * s.grad_accum + i) for i in range(s.grad_accum)]
-            loss_t = accumulate_gradients(model, micro)
-            n_tokens = sum(b["input_ids"].numel() for b in micro)
-            max_norm = s.max_grad_norm if s.max_grad_norm is not None else math.inf
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))  # syncs
-            loss = float(loss_t)
-            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-                raise NonFiniteError(_non_finite_message(step, loss, grad_norm, named))
-            optimizer.step()
-            if step_hook is not None:
-                step_hook(step)
-            if cuda:
-                ev_end.record()
-                torch.cuda.synchronize()
+            if captured is None and capture_at is not None and step == capture_at:
+                torch.cuda.current_stream().wait_stream(side)  # the warm-up is over: back on the main stream
+                side = None
+            stream_ctx = torch.cuda.stream(side) if side is not None else contextlib.nullcontext()
+            with stream_ctx:
+                t0, c0 = time.perf_counter(), time.process_time()
+                if cuda:
+                    ev_start, ev_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    ev_start.record()
+                lr = lr_at(step, s)
+                set_lr(optimizer, lr)
+                micro = [batches(step * s.grad_accum + i) for i in range(s.grad_accum)]
+                n_tokens = sum(b["input_ids"].numel() for b in micro)
+                max_norm = s.max_grad_norm if s.max_grad_norm is not None else math.inf
+                replayed = capture_at is not None and step >= capture_at
+                if replayed:
+                    if captured is None:
+                        captured = CapturedStep(model, optimizer, params, micro, max_norm)
+                    loss_t, norm_t = captured.run(micro, step)
+                    grad_norm, loss = float(norm_t), float(loss_t)  # sync after the replay
+                    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                        raise NonFiniteError(_non_finite_message(step, loss, grad_norm, named)
+                                             + " (captured step: its update is already applied)")
+                else:
+                    optimizer.zero_grad(set_to_none=True)
+                    loss_t = accumulate_gradients(model, micro)
+                    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))  # syncs
+                    loss = float(loss_t)
+                    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                        raise NonFiniteError(_non_finite_message(step, loss, grad_norm, named))
+                    optimizer.step()
+                if step_hook is not None:
+                    step_hook(step)
+                if cuda:
+                    ev_end.record()  # on the stream the step ran on (the side stream during a graph's warm-up)
+                    torch.cuda.synchronize()
             dt, cpu = time.perf_counter() - t0, time.process_time() - c0
             probe = host_probe(s.host_probe_ops) if s.host_probe_ops else None
             nvml_used = nvml.used() if nvml is not None else None
@@ -203,6 +302,7 @@ def train(model: nn.Module, batches: Callable[[int], dict[str, torch.Tensor]], s
                 gpu_time_s=ev_start.elapsed_time(ev_end) / 1e3 if cuda else None,
                 cpu_time_s=cpu,
                 host_probe_s=probe,
+                captured=replayed,
             )
             records.append(rec)
             if (step + 1) % s.log_every == 0 or step == stop_step - 1 or step == start_step:

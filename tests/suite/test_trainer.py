@@ -101,3 +101,68 @@ def test_the_host_probe_is_recorded_after_each_step_when_configured(tiny_cfg):
     assert all(r.host_probe_s is not None and r.host_probe_s > 0 for r in records)
     off = train(prepare(tiny_cfg, "cpu").model, p.batches, dataclasses.replace(cfg.train, host_probe_ops=0)).records
     assert all(r.host_probe_s is None for r in off)
+
+
+# ------------------------------------------------------------------ captured steps (train.cuda_graph): the logic
+def test_a_captured_run_needs_cuda_adapters_and_says_so(tiny_cfg):
+    from lora_suite.trainer import make_optimizer
+    cfg = dataclasses.replace(tiny_cfg.train, cuda_graph=True)
+    p = prepare(tiny_cfg, "cpu")
+    with pytest.raises(ValueError, match=r"train.cuda_graph: true needs the adapters on a CUDA device; they are on \['cpu'\]"):
+        make_optimizer(p.model, cfg, p.adapters)
+    with pytest.raises(ValueError, match="needs the adapters on a CUDA device"):
+        train(p.model, p.batches, cfg, adapters=p.adapters)
+
+
+def test_capture_with_checkpointing_is_refused_at_load_time(config_dir):
+    from lora_suite.config import ConfigError, load_tier_config
+    path = config_dir / "tiny.yaml"
+    path.write_text(path.read_text().replace("log_every: 20}", "log_every: 20, cuda_graph: true, "
+                                                                "gradient_checkpointing: true}"))
+    with pytest.raises(ConfigError, match="train.gradient_checkpointing: True is out of range; expected false when "
+                                          "train.cuda_graph is true"):
+        load_tier_config(path)
+
+
+def test_static_batches_copy_in_and_refuse_other_shapes():
+    from lora_suite.trainer import StaticBatches
+    first = [{"input_ids": torch.zeros(2, 8, dtype=torch.long), "labels": torch.zeros(2, 8, dtype=torch.long)}]
+    static = StaticBatches(first)
+    nxt = [{"input_ids": torch.ones(2, 8, dtype=torch.long), "labels": torch.full((2, 8), 7)}]
+    (buf,) = static.load(nxt, step=5)
+    assert buf["input_ids"].data_ptr() == static.buffers[0]["input_ids"].data_ptr() and int(buf["labels"].sum()) == 112
+    with pytest.raises(ValueError, match=r"step 6, micro-batch 0: input_ids is \(2, 9\) torch.int64, the captured step "
+                                         r"takes \(2, 8\) torch.int64 \(cuda_graph needs static shapes"):
+        static.load([{"input_ids": torch.ones(2, 9, dtype=torch.long), "labels": torch.ones(2, 9, dtype=torch.long)}], 6)
+    with pytest.raises(ValueError, match="step 7: 2 micro-batches, the captured step has 1"):
+        static.load(nxt * 2, 7)
+
+
+def test_set_lr_writes_into_a_tensor_lr_in_place_and_assigns_a_float():
+    from lora_suite.trainer import set_lr
+    w = torch.nn.Parameter(torch.zeros(2))
+    lr = torch.tensor(1e-3)
+    tensor_opt = torch.optim.AdamW([w], lr=lr)
+    set_lr(tensor_opt, 5e-4)
+    assert tensor_opt.param_groups[0]["lr"] is lr and float(lr) == pytest.approx(5e-4)
+    float_opt = torch.optim.AdamW([w], lr=1e-3)
+    set_lr(float_opt, 2e-4)
+    assert float_opt.param_groups[0]["lr"] == 2e-4
+
+
+def test_eager_records_say_they_were_not_replayed(tiny_cfg):
+    cfg = dataclasses.replace(tiny_cfg.train, steps=2, warmup_steps=0)
+    p = prepare(tiny_cfg, "cpu")
+    assert [r.captured for r in train(p.model, p.batches, cfg).records] == [False, False]
+
+
+def test_the_graph_warm_up_must_leave_steps_to_capture_only_when_capturing(config_dir):
+    from lora_suite.config import ConfigError, load_tier_config
+    path = config_dir / "tiny.yaml"
+    text = path.read_text()
+    path.write_text(text.replace("steps: 40,", "steps: 2,").replace("warmup_steps: 4", "warmup_steps: 0")
+                    .replace("criteria: {loss_drop_min: 0.02, loss_window: 5}", "criteria: {loss_window: 1}"))
+    assert load_tier_config(path).train.steps == 2  # no capture: the default warm-up (3) does not matter
+    path.write_text(text.replace("log_every: 20}", "log_every: 20, cuda_graph: true, graph_warmup_steps: 40}"))
+    with pytest.raises(ConfigError, match="train.graph_warmup_steps: 40 is out of range"):
+        load_tier_config(path)
