@@ -1,0 +1,94 @@
+"""End-to-end training-step benchmark (issue 10): cases, runs, and the figures compared with PEFT.
+
+A *case* is a model architecture with a LoRA and batch setup; a *run* is one (case, implementation, mode)
+with mode ``eager`` or ``captured`` (``train.cuda_graph``). Every run trains the random-initialised
+architecture with AdamW over fp32 adapters on a bf16 base for ``warmup + measured`` steps; the figures come
+from the measured steps only:
+
+    step_ms      median CUDA-event span of a measured step
+    tokens_per_s tokens per step / median host wall time of a step
+    peak_gib     torch's peak allocated memory over the run
+
+and each run's ratios: tokens/s ÷ PEFT eager's and ÷ PEFT captured's for the same case (the issue's targets are
+written against these), peak ÷ PEFT eager's peak. A run that cannot be made (captured with activation
+checkpointing) is recorded as not applicable with the reason, not dropped.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from lora_suite.config import (CONFIG_DIR, DataSettings, LoRASettings, TierConfig, TrainSettings,
+                               load_model_config, validate)
+
+MODES = ("eager", "captured")
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    model: str  # configs/models/<model>.yaml
+    targets: tuple[str, ...]
+    r: int
+    batch_size: int
+    seq_len: int
+    gradient_checkpointing: bool = False
+
+
+# The issue's cases (issue 10, "Targets"): sizes and LoRA settings as measured there.
+CASES = (
+    Case("smollm2-qv-r8-8x256", "smollm2-135m", ("q_proj", "v_proj"), 8, 8, 256),
+    Case("tinyllama-all-r16-4x512", "tinyllama-1.1b", ("all-linear",), 16, 4, 512),
+    Case("llama7b-all-r16-4x512-ckpt", "llama-2-7b", ("all-linear",), 16, 4, 512, gradient_checkpointing=True),
+)
+
+
+def run_config(case: Case, implementation: str, mode: str, *, warmup: int, measured: int) -> TierConfig:
+    """The TierConfig of one run: random weights, bf16 base, fp32 adapters, fixed windows (static shapes)."""
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r} is not one of {MODES}")
+    if warmup < 1 or measured < 2:
+        raise ValueError(f"warmup={warmup} (>= 1) and measured={measured} (>= 2) steps")
+    train = TrainSettings(steps=warmup + measured, lr=1e-4, warmup_steps=0, schedule="constant",
+                          gradient_checkpointing=case.gradient_checkpointing, log_every=warmup + measured,
+                          cuda_graph=mode == "captured", graph_warmup_steps=min(3, warmup))
+    cfg = TierConfig(tier=f"bench-training-{case.name}", model=load_model_config(case.model, CONFIG_DIR),
+                     weights="random", dtype="bfloat16", implementation=implementation,
+                     lora=LoRASettings(targets=case.targets, r=case.r, alpha=2 * case.r),
+                     data=DataSettings(batch_size=case.batch_size, seq_len=case.seq_len, pool=case.batch_size),
+                     train=train)
+    validate(cfg)
+    return cfg
+
+
+def not_applicable(case: Case, mode: str) -> str | None:
+    """Why a run cannot be made, or None."""
+    if mode == "captured" and case.gradient_checkpointing:
+        return "captured steps with activation checkpointing are refused by the trainer (not supported yet)"
+    return None
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    step_ms: float
+    tokens_per_s: float
+    peak_gib: float
+
+
+def figures(records, tokens_per_step: int, warmup: int, peak_bytes: int) -> RunFigures:
+    """The run's figures from its step records, the first ``warmup`` steps left out."""
+    measured = records[warmup:]
+    if len(measured) < 2:
+        raise ValueError(f"{len(records)} records leave {len(measured)} measured steps after {warmup} warm-up steps")
+    return RunFigures(step_ms=statistics.median(r.gpu_time_s for r in measured) * 1e3,
+                      tokens_per_s=tokens_per_step / statistics.median(r.step_time_s for r in measured),
+                      peak_gib=peak_bytes / 2**30)
+
+
+def ratios(run: RunFigures, peft: dict[str, RunFigures]) -> dict[str, float | None]:
+    """tokens/s ÷ PEFT eager and ÷ PEFT captured, peak ÷ PEFT eager peak (None where PEFT's run is absent)."""
+    eager, captured = peft.get("eager"), peft.get("captured")
+    return {"speed_vs_peft_eager": run.tokens_per_s / eager.tokens_per_s if eager else None,
+            "speed_vs_peft_captured": run.tokens_per_s / captured.tokens_per_s if captured else None,
+            "peak_vs_peft_eager": run.peak_gib / eager.peak_gib if eager else None}

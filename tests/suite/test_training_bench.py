@@ -1,0 +1,46 @@
+"""The end-to-end training benchmark's logic on the CPU: run configs, not-applicable runs, figures and ratios."""
+
+from __future__ import annotations
+
+import pytest
+
+from lora_suite import training_bench as TB
+from lora_suite.trainer import StepRecord
+
+
+def test_every_applicable_run_makes_a_valid_config():
+    for case in TB.CASES:
+        for mode in TB.MODES:
+            if TB.not_applicable(case, mode):
+                with pytest.raises(ValueError, match="gradient_checkpointing"):  # the config refuses it too
+                    TB.run_config(case, "peft", mode, warmup=10, measured=30)
+                continue
+            cfg = TB.run_config(case, "peft", mode, warmup=10, measured=30)
+            assert cfg.weights == "random" and cfg.implementation == "peft" and cfg.train.steps == 40
+            assert cfg.train.cuda_graph == (mode == "captured")
+            assert cfg.data.pool == cfg.data.batch_size, "fixed windows: static shapes for the graph"
+    with pytest.raises(ValueError, match="mode 'compiled' is not one of"):
+        TB.run_config(TB.CASES[0], "cupy", "compiled", warmup=10, measured=30)
+
+
+def test_captured_with_checkpointing_is_not_applicable_with_its_reason():
+    seven_b = next(c for c in TB.CASES if c.gradient_checkpointing)
+    assert "checkpointing" in TB.not_applicable(seven_b, "captured")
+    assert TB.not_applicable(seven_b, "eager") is None
+
+
+def _records(step_s, gpu_s, n=12):
+    return [StepRecord(i, 1.0, 1.0, 1e-4, 1.0, step_s, 0, 0, 0, None, gpu_s) for i in range(n)]
+
+
+def test_figures_leave_the_warm_up_out_and_ratios_compare_with_peft():
+    records = _records(0.5, 0.4, n=2) + _records(0.1, 0.08)
+    fig = TB.figures(records, tokens_per_step=2048, warmup=2, peak_bytes=3 * 2**30)
+    assert fig == TB.RunFigures(step_ms=pytest.approx(80.0), tokens_per_s=pytest.approx(20480.0), peak_gib=3.0)
+    peft = {"eager": TB.RunFigures(400.0, 5120.0, 4.0), "captured": TB.RunFigures(100.0, 10240.0, 4.0)}
+    assert TB.ratios(fig, peft) == {"speed_vs_peft_eager": pytest.approx(4.0),
+                                    "speed_vs_peft_captured": pytest.approx(2.0), "peak_vs_peft_eager": 0.75}
+    assert TB.ratios(fig, {}) == {"speed_vs_peft_eager": None, "speed_vs_peft_captured": None,
+                                  "peak_vs_peft_eager": None}
+    with pytest.raises(ValueError, match="leave 1 measured steps"):
+        TB.figures(records[:3], 2048, 2, 0)
