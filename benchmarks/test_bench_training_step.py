@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from lora_suite import training_bench as TB
+from lora_suite.implementations import resolve_implementation
 from lora_suite.prepare import prepare
 from lora_suite.trainer import train
 
@@ -43,12 +44,12 @@ def pytest_generate_tests(metafunc):
 
 
 def test_training_step(benchmark, case, impl, mode, run_report, check):
-    reason = TB.not_applicable(case, mode)
+    if impl == "peft":
+        pytest.importorskip("peft", reason="peft is not installed: no PEFT runs and no ratios")
+    reason = TB.not_applicable(case, mode, resolve_implementation(impl))
     if reason:
         check.not_applicable(f"{case.name} {impl} {mode}", reason)
         pytest.skip(f"not applicable: {reason}")
-    if impl == "peft":
-        pytest.importorskip("peft", reason="peft is not installed: no PEFT runs and no ratios")
     cfg = TB.run_config(case, impl, mode, warmup=WARMUP, measured=MEASURED)
     gc.collect()
     torch.cuda.empty_cache()

@@ -15,7 +15,7 @@ from torch import nn
 
 from lora_suite.config import TierConfig
 from lora_suite.data import Batches, tokenizer_for
-from lora_suite.implementations import AdapterSpec, LoRAImplementation, resolve_implementation
+from lora_suite.implementations import AdapterSpec, ImplementationError, LoRAImplementation, resolve_implementation
 from lora_suite.models import BuiltModel, build_model
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -58,6 +58,10 @@ def prepare(cfg: TierConfig, device: torch.device | str, *, implementation: LoRA
     impl = implementation if isinstance(implementation, LoRAImplementation) else \
         resolve_implementation(implementation or cfg.implementation)
     spec = adapter_spec(cfg, quantize)
+    no_capture = impl.reason_not_applicable("cuda_graph_capture")
+    if cfg.train.cuda_graph and no_capture:
+        raise ImplementationError(f"train.cuda_graph: true, but implementation {impl.name!r} cannot be captured: "
+                                  f"{no_capture}")
     per_layer = impl.inject_per_layer
 
     def on_layer(layer: nn.Module) -> None:

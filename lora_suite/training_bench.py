@@ -62,10 +62,12 @@ def run_config(case: Case, implementation: str, mode: str, *, warmup: int, measu
     return cfg
 
 
-def not_applicable(case: Case, mode: str) -> str | None:
-    """Why a run cannot be made, or None."""
+def not_applicable(case: Case, mode: str, implementation=None) -> str | None:
+    """Why a run cannot be made, or None (``implementation``: a LoRAImplementation, asked about capture)."""
     if mode == "captured" and case.gradient_checkpointing:
         return "captured steps with activation checkpointing are refused by the trainer (not supported yet)"
+    if mode == "captured" and implementation is not None:
+        return implementation.reason_not_applicable("cuda_graph_capture")
     return None
 
 

@@ -191,3 +191,11 @@ def test_same_adapters_give_the_same_function_as_lora_core(spec, tiny_cfg):
     with torch.no_grad():
         torch.testing.assert_close(p.model(input_ids=probe).logits, ref.model(input_ids=probe).logits,
                                    rtol=1e-5, atol=1e-5)
+
+
+def test_capturing_an_implementation_that_declares_it_cannot_be_captured_is_refused(tiny_cfg):
+    import dataclasses
+    cfg = dataclasses.replace(tiny_cfg, train=dataclasses.replace(tiny_cfg.train, cuda_graph=True))
+    with pytest.raises(I.ImplementationError, match="train.cuda_graph: true, but implementation 'cupy' cannot be "
+                                                    "captured: the cupy op calls cuBLAS through CuPy"):
+        prepare(cfg, "cpu", implementation="cupy")

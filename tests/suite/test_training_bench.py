@@ -27,6 +27,11 @@ def test_captured_with_checkpointing_is_not_applicable_with_its_reason():
     seven_b = next(c for c in TB.CASES if c.gradient_checkpointing)
     assert "checkpointing" in TB.not_applicable(seven_b, "captured")
     assert TB.not_applicable(seven_b, "eager") is None
+    from lora_suite.implementations import resolve_implementation
+    small = TB.CASES[0]
+    assert "stream capture" in TB.not_applicable(small, "captured", resolve_implementation("cupy"))
+    assert TB.not_applicable(small, "captured", resolve_implementation("torch")) is None
+    assert TB.not_applicable(small, "captured", resolve_implementation("peft")) is None
 
 
 def _records(step_s, gpu_s, n=12):
