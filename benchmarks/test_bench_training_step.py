@@ -46,7 +46,8 @@ def pytest_generate_tests(metafunc):
 def test_training_step(benchmark, case, impl, mode, run_report, check):
     if impl == "peft":
         pytest.importorskip("peft", reason="peft is not installed: no PEFT runs and no ratios")
-    reason = TB.not_applicable(case, mode, resolve_implementation(impl))
+    implementation = resolve_implementation(impl)
+    reason = TB.not_applicable(case, mode, implementation)
     if reason:
         check.not_applicable(f"{case.name} {impl} {mode}", reason)
         pytest.skip(f"not applicable: {reason}")
@@ -54,7 +55,7 @@ def test_training_step(benchmark, case, impl, mode, run_report, check):
     gc.collect()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
-    prepared = prepare(cfg, "cuda")
+    prepared = prepare(cfg, "cuda", implementation=implementation)
     result = {}
 
     def run():

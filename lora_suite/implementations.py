@@ -141,7 +141,11 @@ class LoraCoreImplementation(LoRAImplementation):
         return lora_core.backend_call_counts()[self.name]
 
 
-_PEFT_PREFIX = "base_model.model."
+def adapted_modules(adapters: dict[str, nn.Parameter]) -> list[str]:
+    """The module paths holding the adapters, in the adapters' order (``<path>.lora_A`` -> ``<path>``)."""
+    return list(dict.fromkeys(name.rsplit(".", 1)[0] for name in adapters))
+
+
 _PEFT_PARAM = re.compile(r"^(?P<path>.+)\.(?P<which>lora_[AB])\.default\.weight$")
 
 
@@ -177,18 +181,18 @@ class PeftImplementation(LoRAImplementation):
         peft.inject_adapter_in_model(config, model)
         model._lora_suite_peft_config = config  # for save_adapter
         adapters = self.adapter_parameters(model)
-        for path in {n.rsplit(".", 1)[0] for n in adapters}:  # served_by() evidence: each layer's forward calls
+        if not adapters:
+            raise ImplementationError(f"peft: targets {list(spec.targets)} adapted no layer of {type(model).__name__}")
+        for path in adapted_modules(adapters):  # served_by() evidence: each layer's forward calls
             layer = model.get_submodule(path)
             layer._lora_suite_calls = 0
             layer.register_forward_hook(_count_call)
-        if not adapters:
-            raise ImplementationError(f"peft: targets {list(spec.targets)} adapted no layer of {type(model).__name__}")
         with torch.no_grad():
             for p in adapters.values():
                 if spec.adapter_dtype is not None and p.dtype != spec.adapter_dtype:
                     p.data = p.data.to(spec.adapter_dtype)
                 p.requires_grad_(True)
-        return sorted({n.rsplit(".", 1)[0] for n in adapters})
+        return adapted_modules(adapters)
 
     def adapter_parameters(self, model):
         out = {}
@@ -200,26 +204,30 @@ class PeftImplementation(LoRAImplementation):
 
     def save_adapter(self, model, path):
         from safetensors.torch import save_file
+
+        from lora_core.adapters import PREFIX, WEIGHTS_FILE
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         config = getattr(model, "_lora_suite_peft_config", None)
         if config is None:
             raise ImplementationError("peft: the model was not injected by this implementation (no LoRA config)")
         config.save_pretrained(str(path))
-        tensors = {f"{_PEFT_PREFIX}{name}.weight": p.detach().to("cpu").contiguous()
+        tensors = {f"{PREFIX}{name}.weight": p.detach().to("cpu").contiguous()
                    for name, p in self.adapter_parameters(model).items()}
-        save_file(tensors, str(path / "adapter_model.safetensors"), metadata={"format": "pt"})
+        save_file(tensors, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
         return path
 
     def load_adapter(self, model, path):
         from safetensors.torch import load_file
+
+        from lora_core.adapters import CONFIG_FILE, PREFIX, WEIGHTS_FILE
         path = Path(path)
-        if not (path / "adapter_config.json").is_file():
-            raise ImplementationError(f"peft: {path} has no adapter_config.json: not a PEFT folder")
-        json.loads((path / "adapter_config.json").read_text())  # a broken config is an error here, not later
-        tensors = load_file(str(path / "adapter_model.safetensors"))
+        if not (path / CONFIG_FILE).is_file():
+            raise ImplementationError(f"peft: {path} has no {CONFIG_FILE}: not a PEFT folder")
+        json.loads((path / CONFIG_FILE).read_text())  # a broken config is an error here, not later
+        tensors = load_file(str(path / WEIGHTS_FILE))
         adapters = self.adapter_parameters(model)
-        by_key = {f"{_PEFT_PREFIX}{name}.weight": p for name, p in adapters.items()}
+        by_key = {f"{PREFIX}{name}.weight": p for name, p in adapters.items()}
         unknown = sorted(set(tensors) - set(by_key))
         missing = sorted(set(by_key) - set(tensors))
         if unknown or missing:
@@ -237,7 +245,7 @@ class PeftImplementation(LoRAImplementation):
         forward (counted by a hook put there at injection); else what each offending layer is."""
         from peft.tuners.lora import LoraLayer
         kinds = set()
-        for path in {n.rsplit(".", 1)[0] for n in self.adapter_parameters(model)}:
+        for path in adapted_modules(self.adapter_parameters(model)):
             m = model.get_submodule(path)
             if not isinstance(m, LoraLayer):
                 kinds.add(f"{type(m).__name__} (not a PEFT LoRA layer)")

@@ -15,7 +15,8 @@ from torch import nn
 
 from lora_suite.config import TierConfig
 from lora_suite.data import Batches, tokenizer_for
-from lora_suite.implementations import AdapterSpec, ImplementationError, LoRAImplementation, resolve_implementation
+from lora_suite.implementations import (AdapterSpec, ImplementationError, LoRAImplementation, adapted_modules,
+                                        resolve_implementation)
 from lora_suite.models import BuiltModel, build_model
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -80,6 +81,6 @@ def prepare(cfg: TierConfig, device: torch.device | str, *, implementation: LoRA
     for p in built.model.parameters():  # embeddings, norms, LM head: frozen
         if id(p) not in adapter_ids:
             p.requires_grad_(False)
-    replaced = list(dict.fromkeys(name.rsplit(".", 1)[0] for name in adapters))  # module order
+    replaced = adapted_modules(adapters)
     batches = Batches(cfg.data, tokenizer_for(built.tokenizer), cfg.model.architecture.vocab_size, device)
     return Prepared(built, built.model, batches, replaced, quantize, impl, adapters)

@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from lora_suite.criteria import loss_drop, loss_match
+from lora_suite.implementations import ImplementationError, resolve_implementation
 from lora_suite.report import Series
 from lora_suite.trainer import train
 
@@ -49,14 +50,6 @@ def _run(tier, cfg, implementation, init, perturb=0.0):
     return result
 
 
-def _peft_available() -> bool:
-    try:
-        import peft  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def test_convergence_and_match_to_reference(tier):
     cfg = tier.config("convergence")
     crit = cfg.criteria
@@ -72,10 +65,13 @@ def test_convergence_and_match_to_reference(tier):
     peft_check = "steps where PEFT leaves the tolerance band"
     if name == "peft":
         tier.check.not_applicable(peft_check, "PEFT is the implementation under test: its own check above")
-    elif not _peft_available():
-        tier.check.not_applicable(peft_check, "peft does not import on this machine: no PEFT comparison")
     else:
-        peft_run = _run(tier, cfg, "peft", init)
+        try:
+            peft_impl = resolve_implementation("peft")
+        except ImplementationError as exc:  # peft does not import here
+            tier.check.not_applicable(peft_check, str(exc))
+        else:
+            peft_run = _run(tier, cfg, peft_impl, init)
 
     rows, beyond = loss_match(ours.losses, ref.losses, control.losses, crit.loss_match_factor, crit.loss_match_floor)
     beyond_peft = []
