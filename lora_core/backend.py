@@ -56,7 +56,8 @@ def resolve_backend(backend: str | None, device: torch.device) -> str:
     """Return the backend that will run for tensors on ``device``, or raise saying why it cannot."""
     name = validate_backend_name(backend) or default_backend(device)
     if name == "cupy":
-        require_cupy()
+        if not torch.compiler.is_compiling():  # traced: the op's CUDA implementation requires it when it runs
+            require_cupy()
         if device.type != "cuda":
             raise ValueError(
                 f"backend='cupy' needs CUDA tensors, but the inputs are on {device}; "

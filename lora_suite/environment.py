@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from lora_core.ops.cupy_interop import cupy_version
+from lora_core.ops.cupy_interop import cublas_binding_version, cupy_version
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,6 +26,7 @@ class Environment:
     cuda: str | None  # the CUDA version torch was built with
     torch: str
     cupy: str | None  # None: CuPy does not import here
+    nvmath: str | None  # nvmath-python, whose cuBLAS binding runs the cupy op's GEMMs; None: not installed
     transformers: str | None
     peft: str | None
     python: str
@@ -91,7 +92,7 @@ def collect_environment() -> Environment:
         gpu, cc, mem = props.name, f"{props.major}.{props.minor}", round(props.total_memory / 2**30, 2)
     return Environment(
         gpu_name=gpu, compute_capability=cc, gpu_memory_gib=mem, driver=nvidia_driver_version(),
-        cuda=torch.version.cuda, torch=torch.__version__, cupy=cupy_version(),
+        cuda=torch.version.cuda, torch=torch.__version__, cupy=cupy_version(), nvmath=cublas_binding_version(),
         transformers=_dist_version("transformers"), peft=_dist_version("peft"),
         python=platform.python_version(), git_commit=commit, git_dirty=dirty, hostname=platform.node(),
         timestamp_utc=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),

@@ -106,10 +106,6 @@ class LoraCoreImplementation(LoRAImplementation):
     def __init__(self, backend: str):
         self.name = self.expected_path = backend
         self.not_applicable = {}
-        if backend == "cupy":  # until issue 10's capture-safe op lands
-            self.not_applicable["cuda_graph_capture"] = (
-                "the cupy op calls cuBLAS through CuPy's wrappers, which set the stream on every call, and CUDA "
-                "stream capture refuses that (\"calling cuBLAS API during stream capture is unsupported\")")
 
     def describe(self) -> str:
         which = "CuPy RawKernels + cuBLAS" if self.name == "cupy" else "torch reference ops"

@@ -133,7 +133,7 @@ def pytest_report_header(config):
         gpu = f"GPU {env.gpu_name} (sm {env.compute_capability}, {env.gpu_memory_gib} GiB, driver {env.driver})"
     impl = config.stash[_IMPL_KEY]
     return [f"lora-gpu-suite: {gpu}", f"lora-gpu-suite: LoRA implementation under test: {impl.describe()}",
-            f"lora-gpu-suite: torch {env.torch} (CUDA {env.cuda}), cupy {env.cupy}, transformers "
+            f"lora-gpu-suite: torch {env.torch} (CUDA {env.cuda}), cupy {env.cupy}, nvmath {env.nvmath}, transformers "
             f"{env.transformers}, peft {env.peft}, commit {env.git_commit[:12]}{' (dirty)' if env.git_dirty else ''}"]
 
 

@@ -109,12 +109,13 @@ cd "$ROOT"
 # ---------------------------------------------------------------- Python environment
 # Use an interpreter that already has everything (the lent GPU machines have no network); otherwise
 # bootstrap .venv. torch is pinned first so that pip does not resolve a multi-GB build we do not want;
-# on a machine with an NVIDIA GPU the system under test also needs CuPy, built for the CUDA major of the
-# torch that is installed (cupy-cuda12x or cupy-cuda13x), and PEFT for the reference rows.
+# on a machine with an NVIDIA GPU the system under test also needs CuPy and nvmath-python's cuBLAS binding,
+# built for the CUDA major of the torch that is installed (the cuda12 or cuda13 extra), and PEFT for the
+# reference rows.
 NEEDED="import torch, transformers, yaml, pynvml, pytest, pytest_benchmark, safetensors, matplotlib"
 NVIDIA=0
 if [[ "${GPU_TEST_ASSUME_GPU:-}" == 1 ]] || { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }; then
-  NVIDIA=1; NEEDED="$NEEDED, cupy, peft"
+  NVIDIA=1; NEEDED="$NEEDED, cupy, nvmath.bindings.cublas, peft"
 fi
 [[ "$TARGET" == selftest ]] && NEEDED="$NEEDED, jsonschema"  # the CPU tests validate committed reports
 pick_python() {

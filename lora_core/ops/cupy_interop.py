@@ -1,13 +1,24 @@
-"""The one place where CuPy meets torch: import, streams, dtype codes, cuBLAS, kernel loading.
+"""The one place where CuPy and cuBLAS meet torch: imports, streams, dtype codes, GEMMs, kernel loading.
 
-Layer and op code never call ``cupy.`` directly; they call the helpers here. Everything works on
-raw device pointers of torch-allocated tensors, so no copies or host round-trips happen and
-torch's memory statistics stay true (CuPy's own pool is never used by this module).
+Layer and op code never call ``cupy.`` or cuBLAS directly; they call the helpers here. Everything works on
+raw device pointers of torch-allocated tensors, so no copies or host round-trips happen and torch's memory
+statistics stay true (CuPy's own pool is never used by this module).
 
-Facts relied on (checked on the lent H200 with cupy 14.2, see ``shared/GPU_NOTES.md``):
-- ``cupy.cublas.gemm`` is float32/float64 only; the low-level ``gemmEx`` binding takes bf16/fp16.
+Two libraries, each for what it does:
+- **CuPy** compiles and launches the RawKernels (``kernels/*.cu``), on torch's current stream, passed
+  explicitly to each launch;
+- **cuBLAS** runs the GEMMs through NVIDIA's thin binding ``nvmath.bindings.cublas.gemm_ex``
+  (nvmath-python), on *torch's own* cuBLAS handle (``torch.cuda.current_blas_handle()``), which torch binds
+  to its current stream and to its cuBLAS workspace. No CuPy cuBLAS wrapper is called anywhere: those set
+  the handle's stream on every call and refuse to run while a stream is being captured ("calling cuBLAS API
+  during stream capture is currently unsupported"), which would keep the op out of CUDA graphs and
+  ``torch.compile(mode="reduce-overhead")``. On torch's handle, the GEMMs also follow torch's math-mode
+  settings (TF32 only where ``torch.backends.cuda.matmul.allow_tf32`` allows it, as for ``F.linear``).
+
+Facts relied on (checked on the lent GPUs, see ``shared/GPU_NOTES.md``):
 - cuBLAS is column-major: a row-major (M, K) tensor is a column-major (K, M) matrix with ld = K.
 - Every launch must go on torch's *current* stream, or it races with torch's own work.
+- ``gemm_ex`` on torch's handle captures into a CUDA graph, and replay is bitwise equal to eager.
 """
 
 from __future__ import annotations
@@ -22,31 +33,37 @@ import torch
 KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernels"
 
 INSTALL_HINT = (
-    "install CuPy for your CUDA version: pip install 'lora-gpu-suite[cuda12]' (cupy-cuda12x) "
-    "or 'lora-gpu-suite[cuda13]' (cupy-cuda13x)"
+    "install the CUDA extra for your CUDA version: pip install 'lora-gpu-suite[cuda12]' (cupy-cuda12x, "
+    "nvmath-python[cu12]) or 'lora-gpu-suite[cuda13]' (cupy-cuda13x, nvmath-python[cu13])"
 )
 
 
 class CupyUnavailableError(RuntimeError):
-    """The cupy backend was asked for but cannot run here (no CuPy, or no GPU)."""
+    """The cupy backend was asked for but cannot run here (no CuPy, no cuBLAS binding, or no GPU)."""
 
 
 @functools.lru_cache(maxsize=1)
 def _import_cupy():
-    """Import cupy and its cuBLAS binding once; raise CupyUnavailableError saying what is missing."""
+    """Import CuPy and the cuBLAS binding once; raise CupyUnavailableError saying what is missing."""
     try:
         cupy = importlib.import_module("cupy")
     except ImportError as exc:
         raise CupyUnavailableError(f"the cupy backend needs CuPy, which does not import ({exc}); {INSTALL_HINT}") from exc
     try:
-        cublas = importlib.import_module("cupy_backends.cuda.libs.cublas")
+        cublas = importlib.import_module("nvmath.bindings.cublas")
     except ImportError as exc:
-        raise CupyUnavailableError(f"CuPy imports but its cuBLAS binding does not ({exc}); {INSTALL_HINT}") from exc
+        raise CupyUnavailableError(
+            f"the cupy backend calls cuBLAS through nvmath-python's binding, which does not import ({exc}); "
+            f"{INSTALL_HINT}") from exc
     return cupy, cublas
 
 
+@torch.compiler.assume_constant_result
 def cupy_available() -> bool:
-    """True when CuPy and its cuBLAS binding import (says nothing about a GPU)."""
+    """True when CuPy and the cuBLAS binding import (says nothing about a GPU).
+
+    A constant for ``torch.compile``: evaluated once while tracing, instead of tracing the imports.
+    """
     try:
         _import_cupy()
     except CupyUnavailableError:
@@ -54,7 +71,7 @@ def cupy_available() -> bool:
     return True
 
 
-_ready: tuple | None = None  # (cupy, cublas) once a GPU and CuPy were both found
+_ready: tuple | None = None  # (cupy, cublas) once a GPU, CuPy and the binding were all found
 
 
 def require_cupy():
@@ -79,11 +96,19 @@ def cupy_version() -> str | None:
     return cupy.__version__
 
 
+def cublas_binding_version() -> str | None:
+    """The version of nvmath-python, whose cuBLAS binding runs the GEMMs (None when it does not import)."""
+    try:
+        return importlib.import_module("nvmath").__version__
+    except ImportError:
+        return None
+
+
 # ---------------------------------------------------------------------------------------------
 # dtypes
 # cudaDataType codes (library_types.h): CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14.
 _CUDA_DATA_TYPE = {torch.float32: 0, torch.float16: 2, torch.bfloat16: 14}
-_CUBLAS_COMPUTE_32F = 68  # cublasComputeType_t: fp32 accumulate, no TF32 (matches torch's default)
+_CUBLAS_COMPUTE_32F = 68  # cublasComputeType_t: fp32 accumulate (TF32 only if the handle's math mode allows)
 _CUBLAS_GEMM_DEFAULT = -1
 _OP_N, _OP_T = 0, 1
 # C++ spelling of each dtype, for kernel template instantiation.
@@ -93,75 +118,56 @@ CUDA_TYPE_NAME = {torch.float32: "float", torch.float16: "__half", torch.bfloat1
 # ---------------------------------------------------------------------------------------------
 # streams
 class _RawStream:
-    """A raw ``cudaStream_t`` exposed through the CUDA stream protocol (for ``Stream.from_external``)."""
+    """A raw ``cudaStream_t`` in the shape CuPy's kernel launch reads (``.ptr``)."""
+
+    __slots__ = ("ptr",)
 
     def __init__(self, ptr: int):
         self.ptr = ptr
 
-    def __cuda_stream__(self) -> tuple[int, int]:
-        return (0, self.ptr)
-
-
-_stream_cache: dict[tuple[int, int], object] = {}
-_device_cache: dict[int, object] = {}
-
-
-def current_stream(device_index: int):
-    """The CuPy view of torch's current stream on ``device_index`` (cached per raw stream handle)."""
-    cupy, _ = require_cupy()
-    ptr = torch.cuda.current_stream(device_index).cuda_stream
-    key = (device_index, ptr)
-    stream = _stream_cache.get(key)
-    if stream is None:
-        if hasattr(cupy.cuda.Stream, "from_external"):  # CuPy >= 14: the CUDA stream protocol
-            stream = cupy.cuda.Stream.from_external(_RawStream(ptr))
-        else:  # CuPy 13 (cupy-cuda12x): the same external stream under its older name
-            stream = cupy.cuda.ExternalStream(ptr, device_index)
-        _stream_cache[key] = stream
-    return stream
-
 
 class on_torch_stream:
-    """Context: CuPy's current device and stream are torch's, for every launch and cuBLAS call inside.
+    """Context: cuBLAS calls and kernel launches inside go on torch's current device and stream.
 
-    CuPy's cuBLAS wrappers set the handle's stream to *CuPy's* current stream on each call, so making
-    torch's current stream CuPy's current one is what puts the GEMMs on it (without this, GEMMs on a
-    torch side stream raced with its producer: tiers/quick/test_layer_parity.py checks it). Enter once
-    per forward or backward, not per GEMM: it is the main per-call host cost.
+    On entry it takes torch's cuBLAS handle for the current device (torch binds it to the current stream
+    and its workspace) and torch's current stream; nothing about CuPy's own current stream or device is
+    changed, and nothing here refuses stream capture. When ``device`` is not torch's current device, the
+    context makes it current for its duration (handle, stream and kernel module all belong to it).
 
         with on_torch_stream(x.device) as cu:
             cu.gemm(out, a, b, trans_b=True)
     """
 
+    __slots__ = ("cupy", "cublas", "index", "handle", "stream", "_guard")
+
     def __init__(self, device: torch.device):
         self.cupy, self.cublas = require_cupy()
-        self.index = device.index if device.index is not None else torch.cuda.current_device()
-        dev = _device_cache.get(self.index)
-        if dev is None:
-            dev = _device_cache[self.index] = self.cupy.cuda.Device(self.index)
-        self._device_ctx = dev
-        self._stream_ctx = None
+        current = torch.cuda.current_device()
+        self.index = current if device.index is None else device.index
+        self._guard = None if self.index == current else torch.cuda.device(self.index)
 
     def __enter__(self) -> "on_torch_stream":
-        self._device_ctx.__enter__()
-        self._stream_ctx = current_stream(self.index)
-        self._stream_ctx.__enter__()
-        self.handle = self.cupy.cuda.device.get_cublas_handle()
+        if self._guard is not None:
+            self._guard.__enter__()
+        self.handle = torch.cuda.current_blas_handle()
+        self.stream = _RawStream(torch.cuda.current_stream().cuda_stream)
         return self
 
     def __exit__(self, *exc) -> None:
-        self._stream_ctx.__exit__(*exc)
-        self._device_ctx.__exit__(*exc)
+        if self._guard is not None:
+            self._guard.__exit__(*exc)
 
     def gemm(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, trans_a: bool = False,
              trans_b: bool = False, alpha: float = 1.0, beta: float = 0.0) -> torch.Tensor:
-        """``out = alpha * op(a) @ op(b) + beta * out`` on row-major contiguous 2-D tensors (cuBLAS gemmEx).
+        """``out = alpha * op(a) @ op(b) + beta * out`` on row-major contiguous 2-D tensors (cublasGemmEx).
 
         op(t) is t or tᵀ. ``a`` and ``b`` share one dtype (fp32, fp16 or bf16); ``out`` has that dtype or
-        fp32 (cuBLAS accumulates in fp32 either way: CUBLAS_COMPUTE_32F, no TF32).
+        fp32 (cuBLAS accumulates in fp32 either way: CUBLAS_COMPUTE_32F).
 
         Row-major to column-major: cuBLAS sees each row-major tensor t as tᵀ, so we ask it for
         outᵀ = op(b)ᵀ · op(a)ᵀ, i.e. its "A" is our b and its "B" is our a, with the same transposes.
+        alpha and beta are host scalars (the handle's default pointer mode), read when the call is made,
+        so a captured graph keeps the values of capture time.
         """
         m_rows, k = (a.shape[1], a.shape[0]) if trans_a else (a.shape[0], a.shape[1])
         k_b, n_cols = (b.shape[1], b.shape[0]) if trans_b else (b.shape[0], b.shape[1])
@@ -173,7 +179,7 @@ class on_torch_stream:
         if k == 0:  # an empty inner product: out = beta * out, without asking cuBLAS about k = 0
             return out.zero_() if beta == 0 else out.mul_(beta)
         in_type, out_type = _CUDA_DATA_TYPE[a.dtype], _CUDA_DATA_TYPE[out.dtype]
-        self.cublas.gemmEx(
+        self.cublas.gemm_ex(
             self.handle, _OP_T if trans_b else _OP_N, _OP_T if trans_a else _OP_N,
             n_cols, m_rows, k,
             _host_scalar(alpha), b.data_ptr(), in_type, b.shape[1],
@@ -185,13 +191,13 @@ class on_torch_stream:
 
     def launch(self, source_name: str, name_expressions: tuple[str, ...], kernel_name: str,
                grid: tuple[int, ...], block: tuple[int, ...], args: tuple) -> None:
-        """Launch ``kernel_name`` from ``kernels/<source_name>`` (compiled once) on torch's stream.
+        """Launch ``kernel_name`` from ``kernels/<source_name>`` (compiled once per device) on torch's stream.
 
         Tensors in ``args`` are passed as raw device pointers; Python ints as 64-bit integers and floats
         as fp32. CuPy raises on a failed launch; a later fault surfaces at the next synchronising call.
         """
-        kernel = kernel_module(source_name, name_expressions).get_function(kernel_name)
-        kernel(grid, block, tuple(_pack(arg) for arg in args))
+        kernel = _kernel(source_name, name_expressions, kernel_name, self.index)
+        kernel(grid, block, tuple(_pack(arg) for arg in args), stream=self.stream)
 
 
 _host_scalars: dict[float, tuple[np.ndarray, int]] = {}
@@ -214,11 +220,19 @@ def _host_scalar(value: float) -> int:
 # ---------------------------------------------------------------------------------------------
 # RawKernels
 @functools.lru_cache(maxsize=None)
-def kernel_module(source_name: str, name_expressions: tuple[str, ...]):
-    """Compile ``kernels/<source_name>`` once per process (CuPy also caches the binary on disk)."""
+def kernel_module(source_name: str, name_expressions: tuple[str, ...], device_index: int = 0):
+    """Compile ``kernels/<source_name>`` once per process and device (CuPy also caches the binary on disk)."""
     cupy, _ = require_cupy()
     code = (KERNEL_DIR / source_name).read_text()
     return cupy.RawModule(code=code, options=("-std=c++17",), name_expressions=list(name_expressions))
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(source_name: str, name_expressions: tuple[str, ...], kernel_name: str, device_index: int):
+    """The launchable function, loaded into ``device_index``'s context (looked up once: saves host time)."""
+    cupy, _ = require_cupy()
+    with cupy.cuda.Device(device_index):
+        return kernel_module(source_name, name_expressions, device_index).get_function(kernel_name)
 
 
 def _pack(arg):

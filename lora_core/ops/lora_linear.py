@@ -20,12 +20,11 @@ import torch.nn.functional as F
 from lora_core.backend import count_call, resolve_backend
 from lora_core.nf4 import NF4Tensor, dequantize_nf4
 from lora_core.ops import cupy_interop as cx
+from lora_core.ops import cupy_lora
+from lora_core.ops.registered import lora_linear_op
 
 ACTIVATION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 REFERENCE_ONLY_DTYPES = (torch.float64,)  # accepted by the torch backend only (gradcheck)
-_CAST_KERNELS = tuple(f"cast_from_f32<{cx.CUDA_TYPE_NAME[d]}>" for d in (torch.bfloat16, torch.float16))
-_CAST_BLOCK = 256
-_CAST_MAX_GRID = 4096  # the kernel is grid-stride; more blocks than this buys nothing for r×K adapters
 
 
 def lora_linear(x: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
@@ -44,8 +43,16 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tensor, lor
     x, weight, lora_a, lora_b = _apply_autocast(x, weight, lora_a, lora_b)
     name = resolve_backend(backend, x.device)
     check_inputs(x, weight, lora_a, lora_b, scale, backend=name)
-    count_call(name)
+    compiling = torch.compiler.is_compiling()
+    if not compiling:  # under torch.compile, a Python counter would only count the trace
+        count_call(name)
     if name == "cupy":
+        if compiling:  # one traceable node: the registered op, whose CUDA implementation is the same cupy path
+            if isinstance(weight, NF4Tensor):
+                raise ValueError("an NF4 base weight under torch.compile is not supported by the registered "
+                                 "lora_core::lora_linear op (it takes a dense weight); run the NF4 model eagerly "
+                                 "or captured with train.cuda_graph")
+            return lora_linear_op(x, weight, lora_a, lora_b, float(scale))
         return CupyLoRALinear.apply(x, weight, lora_a, lora_b, float(scale))
     if isinstance(weight, NF4Tensor):  # the reference keeps its dequantised copy for autograd: reference only
         weight = dequantize_nf4(weight, x.dtype)
@@ -75,76 +82,40 @@ def lora_linear_torch(x: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tenso
 
 
 class CupyLoRALinear(torch.autograd.Function):
-    """LoRA linear on cuBLAS (gemmEx) and CuPy RawKernels.
+    """LoRA linear on cuBLAS (gemmEx) and CuPy RawKernels: the products and their GEMM plan are in
+    ``lora_core.ops.cupy_lora``; this Function saves x, h and the compute-dtype adapters between them.
 
-    Math (s = scale, W frozen, so no dW):
-        h  = x Aᵀ                      (N, r)
-        y  = x Wᵀ + s·h Bᵀ             (N, O)
-        dH = dY B                      (N, r)   computed once, used by dA and dx
-        dB = s·dYᵀ h                   (O, r)
-        dA = s·dHᵀ x                   (r, K)
-        dx = dY W + s·dH A             (N, K)
-
-    GEMM plan: forward 3 (x Aᵀ; x Wᵀ; then s·h Bᵀ accumulated into y with alpha = s, beta = 1),
-    backward 5 (dH; dB with alpha = s; dA with alpha = s; dY W; then s·dH A accumulated into dx with
-    alpha = s, beta = 1); 3 when x needs no grad (dH, dB, dA).
-    x and h are saved; x Aᵀ is never recomputed; s is always folded into a GEMM's alpha, so no
-    elementwise scale or add pass touches (N, O) or (N, K) data. The only RawKernel launches are the
-    explicit fp32 -> 16-bit adapter casts.
+    An NF4 weight is not saved in 16 bits: the backward dequantises it again, only if dx is needed.
     """
 
     @staticmethod
     def forward(ctx, x, weight, lora_a, lora_b, scale):
-        in_features = x.shape[-1]
-        out_features, r = lora_b.shape
-        x2 = x.reshape(-1, in_features).contiguous()  # (N, K) act
-        n = x2.shape[0]
+        x2 = x.reshape(-1, x.shape[-1]).contiguous()  # (N, K) act
         nf4 = weight if isinstance(weight, NF4Tensor) else None
         w = dequantize_nf4(nf4, x.dtype) if nf4 is not None else weight.contiguous()  # (O, K) act (scratch if NF4)
-        h = torch.empty((n, r), dtype=x.dtype, device=x.device)  # (N, r) act
-        y = torch.empty((n, out_features), dtype=x.dtype, device=x.device)  # (N, O) act
         with cx.on_torch_stream(x.device) as cu:
-            a_c = _to_compute_dtype(cu, lora_a, x.dtype)  # (r, K) act
-            b_c = _to_compute_dtype(cu, lora_b, x.dtype)  # (O, r) act
-            cu.gemm(h, x2, a_c, trans_b=True)
-            cu.gemm(y, x2, w, trans_b=True)
-            cu.gemm(y, h, b_c, trans_b=True, alpha=scale, beta=1.0)
-        # An NF4 weight is not saved in 16 bits: the backward dequantises it again. ctx keeps a reference to
-        # the NF4Tensor itself: frozen module state (like a Parameter), not an activation.
+            a_c, b_c = cupy_lora.adapters_in(cu, lora_a, lora_b, x.dtype)  # (r, K), (O, r) act
+            y, h = cupy_lora.forward(cu, x2, w, a_c, b_c, scale)
+        # ctx keeps a reference to the NF4Tensor itself: frozen module state (like a Parameter), not an activation.
         ctx.save_for_backward(x2, h, None if nf4 is not None else w, a_c, b_c)
         ctx.nf4 = nf4
         ctx.scale = scale
         ctx.x_shape = x.shape
         ctx.adapter_dtype = lora_a.dtype
-        return y.view(*x.shape[:-1], out_features)
+        return y.view(*x.shape[:-1], y.shape[-1])
 
     @staticmethod
     def backward(ctx, dy):
         x2, h, w, a_c, b_c = ctx.saved_tensors
         need_x, _, need_a, need_b, _ = ctx.needs_input_grad
-        s = ctx.scale
-        n, in_features = x2.shape
-        out_features, r = b_c.shape
-        dy2 = dy.reshape(-1, out_features).contiguous()  # (N, O) act
-        dx = da = db = None
+        dy2 = dy.reshape(-1, b_c.shape[0]).contiguous()  # (N, O) act
+        if ctx.nf4 is not None:
+            nf4 = ctx.nf4
+            w = lambda: dequantize_nf4(nf4, dy2.dtype)  # noqa: E731  (O, K) act scratch, freed on return
         with cx.on_torch_stream(dy2.device) as cu:
-            if need_x or need_a:
-                dh = torch.empty((n, r), dtype=dy2.dtype, device=dy2.device)  # (N, r) act
-                cu.gemm(dh, dy2, b_c)
-            if need_b:
-                db = torch.empty((out_features, r), dtype=ctx.adapter_dtype, device=dy2.device)  # (O, r) adapter
-                cu.gemm(db, dy2, h, trans_a=True, alpha=s)
-            if need_a:
-                da = torch.empty((r, in_features), dtype=ctx.adapter_dtype, device=dy2.device)  # (r, K) adapter
-                cu.gemm(da, dh, x2, trans_a=True, alpha=s)
-            if need_x:
-                if ctx.nf4 is not None:
-                    w = dequantize_nf4(ctx.nf4, dy2.dtype)  # (O, K) act, scratch freed on return
-                dx = torch.empty((n, in_features), dtype=dy2.dtype, device=dy2.device)  # (N, K) act
-                cu.gemm(dx, dy2, w)
-                cu.gemm(dx, dh, a_c, alpha=s, beta=1.0)
-                dx = dx.view(ctx.x_shape)
-        return dx, None, da, db, None
+            dx, da, db = cupy_lora.backward(cu, dy2, x2, w, a_c, b_c, h, ctx.scale, need_x=need_x, need_a=need_a,
+                                            need_b=need_b, adapter_dtype=ctx.adapter_dtype)
+        return (None if dx is None else dx.view(ctx.x_shape)), None, da, db, None
 
 
 class CupyNF4Linear(torch.autograd.Function):
@@ -172,20 +143,6 @@ class CupyNF4Linear(torch.autograd.Function):
         with cx.on_torch_stream(dy2.device) as cu:
             cu.gemm(dx, dy2, w)
         return dx.view(ctx.x_shape), None
-
-
-def _to_compute_dtype(cu: cx.on_torch_stream, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``t`` in ``dtype``, contiguous: itself when it already is, else the cast.cu RawKernel's output."""
-    if t.dtype == dtype:
-        return t.contiguous()
-    assert t.dtype == torch.float32 and dtype in (torch.bfloat16, torch.float16), (t.dtype, dtype)
-    src = t.detach().contiguous()
-    out = torch.empty(src.shape, dtype=dtype, device=src.device)
-    n = src.numel()
-    grid = (min(cx.ceil_div(n, _CAST_BLOCK), _CAST_MAX_GRID),)
-    cu.launch("cast.cu", _CAST_KERNELS, f"cast_from_f32<{cx.CUDA_TYPE_NAME[dtype]}>", grid, (_CAST_BLOCK,),
-              (src, out, n))
-    return out
 
 
 def _apply_autocast(x, weight, lora_a, lora_b):

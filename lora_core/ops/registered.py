@@ -3,10 +3,14 @@
 A ``torch.autograd.Function`` is opaque to ``torch.compile``; an op registered with ``torch.library.custom_op``
 is one node of the traced graph, with a fake implementation (output shapes and dtypes without data) for
 tracing and an autograd formula, so ``torch.compile(model, fullgraph=True)`` traces a model made of these
-layers without a graph break. This module is stage 1 of that work (issue 10): the registration, its fake
-implementations and autograd, with a torch-ops implementation for every device. It is opt-in
-(``lora_linear_op``); ``LoRALinear`` does not route through it yet, and the CUDA implementation on the
-project's cuBLAS/CuPy path is registered in a later stage, once every cuBLAS call in it is capture-safe.
+layers without a graph break, and ``mode="reduce-overhead"`` can capture it in a CUDA graph.
+
+Implementations: on CUDA tensors, the project's cuBLAS + CuPy path (``lora_core.ops.cupy_lora``, the system
+under test; it needs CuPy and nvmath-python and raises ``CupyUnavailableError`` without them, never
+falling back); on every other device, plain torch ops (so the registration, fake implementations and
+autograd are tested on the CPU). ``lora_linear(..., backend="cupy")`` routes through this op while
+``torch.compile`` traces; eager calls take the autograd Function (``CupyLoRALinear``) over the same
+functions, which costs less host time per call than the dispatcher's custom-op path.
 
 Math (x (..., K), W (O, K) frozen, A (r, K), B (O, r), s a float; N = prod(x.shape[:-1])):
 
@@ -42,6 +46,19 @@ def lora_linear_forward(x: Tensor, weight: Tensor, lora_a: Tensor, lora_b: Tenso
     return y, h
 
 
+@lora_linear_forward.register_kernel("cuda")
+def _lora_linear_cuda(x, weight, lora_a, lora_b, scale):
+    from lora_core.backend import count_call
+    from lora_core.ops import cupy_interop as cx
+    from lora_core.ops import cupy_lora
+    count_call("cupy")  # runs each time the op runs eagerly (not on a CUDA graph's replay): the path is visible
+    lead = x.shape[:-1]
+    with cx.on_torch_stream(x.device) as cu:
+        a_c, b_c = cupy_lora.adapters_in(cu, lora_a, lora_b, x.dtype)
+        y, h = cupy_lora.forward(cu, _flat(x).contiguous(), weight.contiguous(), a_c, b_c, scale)
+    return y.view(*lead, y.shape[-1]), h.view(*lead, h.shape[-1])
+
+
 @lora_linear_forward.register_fake
 def _(x, weight, lora_a, lora_b, scale):
     lead = x.shape[:-1]
@@ -63,6 +80,18 @@ def lora_linear_backward(dy: Tensor, x: Tensor, weight: Tensor, lora_a: Tensor, 
     else:
         dx = x.new_empty(0)
     return dx, da, db
+
+
+@lora_linear_backward.register_kernel("cuda")
+def _lora_linear_backward_cuda(dy, x, weight, lora_a, lora_b, h, scale, needs_dx):
+    from lora_core.ops import cupy_interop as cx
+    from lora_core.ops import cupy_lora
+    with cx.on_torch_stream(dy.device) as cu:
+        a_c, b_c = cupy_lora.adapters_in(cu, lora_a, lora_b, dy.dtype)
+        dx, da, db = cupy_lora.backward(cu, _flat(dy).contiguous(), _flat(x).contiguous(), weight.contiguous(), a_c,
+                                        b_c, _flat(h).contiguous(), scale, need_x=needs_dx, need_a=True,
+                                        need_b=True, adapter_dtype=lora_a.dtype)
+    return (dx.view(x.shape) if needs_dx else x.new_empty(0)), da, db
 
 
 @lora_linear_backward.register_fake

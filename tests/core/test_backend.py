@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
@@ -45,6 +46,21 @@ def test_cupy_missing_says_how_to_install(monkeypatch):
     cupy_interop._import_cupy.cache_clear()
     try:
         with pytest.raises(lora_core.CupyUnavailableError, match=r"needs CuPy.*cupy-cuda12x.*cupy-cuda13x"):
+            lora_core.resolve_backend("cupy", torch.device("cuda"))
+    finally:
+        cupy_interop._import_cupy.cache_clear()
+
+
+def test_missing_cublas_binding_says_how_to_install(monkeypatch):
+    # CuPy alone is not enough: the GEMMs go through nvmath-python's cuBLAS binding (capture-safe), and
+    # its absence must be named, not worked around with CuPy's own cuBLAS wrappers.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setitem(sys.modules, "cupy", types.ModuleType("cupy"))
+    monkeypatch.setitem(sys.modules, "nvmath.bindings.cublas", None)
+    monkeypatch.setattr(cupy_interop, "_ready", None)
+    cupy_interop._import_cupy.cache_clear()
+    try:
+        with pytest.raises(lora_core.CupyUnavailableError, match=r"nvmath-python's binding.*nvmath-python\[cu12\]"):
             lora_core.resolve_backend("cupy", torch.device("cuda"))
     finally:
         cupy_interop._import_cupy.cache_clear()

@@ -121,3 +121,53 @@ def test_unknown_backend_raises():
     x, w, a, b = _inputs((3,), 4, 5, 2)
     with pytest.raises(ValueError, match=r"backend='triton' is not known"):
         lora_linear(x, w, a, b, 1.0, backend="triton")
+
+
+def _route_as_cupy(monkeypatch):
+    """Make lora_core believe it runs the cupy backend, on the CPU. Eager cupy calls would need a GPU, but while
+    torch.compile traces, the cupy backend is the registered op, whose CPU implementation is torch ops: so the
+    routing and the absence of graph breaks are testable here (the CUDA implementation runs in tiers/quick)."""
+    import lora_core.layer as layer_mod
+    import lora_core.ops.lora_linear as op_mod
+    monkeypatch.setattr(op_mod, "resolve_backend", lambda backend, device: "cupy")
+    monkeypatch.setattr(layer_mod, "resolve_backend", lambda backend, device: "cupy")
+
+
+def _op_nodes(graphs):
+    ops = (torch.ops.lora_core.lora_linear, torch.ops.lora_core.lora_linear.default)
+    return sum(1 for gm in graphs for node in gm.graph.nodes if node.target in ops)
+
+
+def test_a_llama_with_injected_cupy_layers_compiles_to_one_graph_of_registered_ops(monkeypatch):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from lora_core.inject import inject_lora
+    _route_as_cupy(monkeypatch)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2))
+    inject_lora(model, ["q_proj", "v_proj"], 4, 8, backend="cupy")
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    ids = torch.randint(0, 64, (2, 8))
+    loss = torch.compile(model, fullgraph=True, backend=record)(input_ids=ids, labels=ids).loss  # a break: error
+    loss.backward()
+    assert len(graphs) == 1 and _op_nodes(graphs) == 4  # 2 layers x (q, v), each one node of the traced graph
+    assert all(p.grad is not None for n, p in model.named_parameters() if "lora_" in n)
+
+
+def test_an_nf4_base_under_torch_compile_is_refused_with_the_reason(monkeypatch):
+    from lora_core.nf4 import quantize_nf4
+    _route_as_cupy(monkeypatch)
+    x, w, a, b = _inputs((2,), 64, 8, 2, dtype=torch.float32)
+    q = quantize_nf4(w)
+
+    def f(x, a, b):
+        return lora_linear(x, q, a, b, 1.0, backend="cupy")
+
+    with pytest.raises(Exception, match="NF4 base weight under torch.compile is not supported"):
+        torch.compile(f, fullgraph=True, backend="eager")(x, a, b)

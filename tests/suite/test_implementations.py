@@ -196,6 +196,13 @@ def test_same_adapters_give_the_same_function_as_lora_core(spec, tiny_cfg):
 def test_capturing_an_implementation_that_declares_it_cannot_be_captured_is_refused(tiny_cfg):
     import dataclasses
     cfg = dataclasses.replace(tiny_cfg, train=dataclasses.replace(tiny_cfg.train, cuda_graph=True))
-    with pytest.raises(I.ImplementationError, match="train.cuda_graph: true, but implementation 'cupy' cannot be "
-                                                    "captured: the cupy op calls cuBLAS through CuPy"):
-        prepare(cfg, "cpu", implementation="cupy")
+    impl = I.LoraCoreImplementation("torch")
+    impl.not_applicable["cuda_graph_capture"] = "its op sets the cuBLAS stream on every call"
+    with pytest.raises(I.ImplementationError, match="train.cuda_graph: true, but implementation 'torch' cannot be "
+                                                    "captured: its op sets the cuBLAS stream"):
+        prepare(cfg, "cpu", implementation=impl)
+
+
+def test_the_cupy_implementation_declares_capture_applicable():
+    # issue 10: its GEMMs go through nvmath's binding on torch's handle, which stream capture accepts
+    assert I.LoraCoreImplementation("cupy").reason_not_applicable("cuda_graph_capture") is None

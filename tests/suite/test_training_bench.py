@@ -29,8 +29,11 @@ def test_captured_with_checkpointing_is_not_applicable_with_its_reason():
     assert TB.not_applicable(seven_b, "eager") is None
     from lora_suite.implementations import resolve_implementation
     small = TB.CASES[0]
-    assert "stream capture" in TB.not_applicable(small, "captured", resolve_implementation("cupy"))
+    assert TB.not_applicable(small, "captured", resolve_implementation("cupy")) is None
     assert TB.not_applicable(small, "captured", resolve_implementation("torch")) is None
+    refusing = resolve_implementation("torch")
+    refusing.not_applicable["cuda_graph_capture"] = "sets the cuBLAS stream on every call"
+    assert TB.not_applicable(small, "captured", refusing) == "sets the cuBLAS stream on every call"
     assert TB.not_applicable(small, "captured", resolve_implementation("peft")) is None
 
 
