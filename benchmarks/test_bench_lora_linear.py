@@ -119,3 +119,69 @@ def test_cupy_ratio_not_above_peft(shape, check, run_report, lora_impl):
           round(min(a.estimate.median - NOISE_Z * a.estimate.se for a in attempts), 4), "<=", 0.0,
           source="issue bar: no worse than PEFT, same run, interleaved; allowance lora_suite/benchmarking.py",
           detail=f"{len(attempts)} attempt(s), medians {[round(a.estimate.median, 4) for a in attempts]}")
+
+
+HOST_SHAPES = [s for s in SHAPES if not s.startswith("llama7b")]  # the 7B shapes are GPU-bound
+HOST_IMPLS = ("torch", "peft", "cupy")
+
+
+@pytest.mark.parametrize("shape", HOST_SHAPES)
+def test_host_time_per_call(shape, run_report):
+    """Host time of one forward+backward (issue 10: cupy's no higher than the torch reference's): the wall time
+    to *issue* 30 calls back to back without synchronising, divided by 30, median of 7 rounds; the device
+    queue (about 1000 launches) is not filled by 30 calls of ~15 launches. A figure, not a timed assertion."""
+    import statistics
+    import time
+
+    batch, seq, k, o, r = SHAPES[shape]
+    row = {}
+    for impl in HOST_IMPLS:
+        if impl == "peft" and not _has_peft():
+            row[impl] = None
+            continue
+        step = layer_step(impl, batch, seq, k, o, r)
+        for _ in range(10):
+            step()
+        rounds = []
+        for _ in range(7):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(30):
+                step()
+            rounds.append((time.perf_counter() - t0) / 30 * 1e6)
+        torch.cuda.synchronize()
+        row[impl] = statistics.median(rounds)
+    ratio = row["cupy"] / row["torch"]
+    run_report.add_row("benchmarks", "host time of one forward+backward, bf16 adapters (µs, issued without sync, "
+                       "median of 7 rounds of 30)", ("shape", *HOST_IMPLS, "cupy / torch"),
+                       (shape, *(None if row[i] is None else round(row[i], 1) for i in HOST_IMPLS), round(ratio, 3)))
+
+
+@pytest.mark.parametrize("impl", ["base", "cupy", "peft"])
+def test_profile_llama7b_up_projection(impl, run_report):
+    """Where the time of one forward+backward goes at 8192 tokens, 4096 -> 11008, r16 (issue 10, item 6): each
+    kernel's device time per call (torch.profiler, 5 calls after warm-up), for the base layer, cupy and PEFT."""
+    if impl == "peft" and not _has_peft():
+        pytest.skip("peft is not installed: no PEFT profile")
+    from torch.profiler import ProfilerActivity, profile
+
+    batch, seq, k, o, r = SHAPES["llama7b-8192tok-4096to11008-r16"]
+    step = layer_step(impl, batch, seq, k, o, r)
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    calls = 5
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            step()
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.device_type.name == "CUDA" and e.self_device_time_total > 0]
+    events.sort(key=lambda e: e.self_device_time_total, reverse=True)
+    total = sum(e.self_device_time_total for e in events) / calls / 1e3
+    for e in events[:8]:
+        run_report.add_row("benchmarks", "profile: kernels of one forward+backward, 8192 tok, 4096->11008, r16, bf16",
+                           ("impl", "kernel", "launches per call", "ms per call", "share"),
+                           (impl, e.key[:90], e.count / calls, round(e.self_device_time_total / calls / 1e3, 4),
+                            round(e.self_device_time_total / calls / 1e3 / total, 3)))
+    run_report.add_row("benchmarks", "profile: device time of one forward+backward, 8192 tok, 4096->11008, r16, bf16",
+                       ("impl", "ms per call (sum of kernels)", "kernels"), (impl, round(total, 4), len(events)))

@@ -1,8 +1,9 @@
 """End-to-end training steps against PEFT (issue 10): step time, tokens/s and peak memory per implementation
 and mode, on the SmolLM2, TinyLlama and Llama-2-7B architectures (lora_suite/training_bench.py).
 
-Runs, per case: PEFT, the torch reference and cupy, each eager and captured (``train.cuda_graph``); a
-``--lora-impl`` that is none of these is added. The report has one table of figures and ratios (tokens/s ÷
+Runs, per case: PEFT, the torch reference and cupy, each eager and captured (``train.cuda_graph``), and cupy
+compiled (``torch.compile(fullgraph=True, mode="reduce-overhead")``); a ``--lora-impl`` that is none of these is
+added. The report has one table of figures and ratios (tokens/s ÷
 PEFT eager and ÷ PEFT captured, peak ÷ PEFT eager), and each pytest-benchmark row's ``extra_info`` the same;
 the issue's targets are figures to read there, not timed assertions.
 
@@ -28,7 +29,7 @@ WARMUP, MEASURED = 10, 30
 IMPLS = ("peft", "torch", "cupy")  # PEFT first: the others' ratios need its figures
 TABLE = "training step, bf16 base, fp32 adapters (median of the measured steps)"
 COLUMNS = ("case", "implementation", "mode", "step ms", "tokens/s", "peak GiB", "tokens/s / PEFT eager",
-           "tokens/s / PEFT captured", "peak / PEFT eager peak")
+           "tokens/s / PEFT captured", "peak / PEFT eager peak", "peak / PEFT peak, same mode")
 _peft: dict[str, dict[str, TB.RunFigures]] = {}
 
 
@@ -56,10 +57,14 @@ def test_training_step(benchmark, case, impl, mode, run_report, check):
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     prepared = prepare(cfg, "cuda", implementation=implementation)
+    model = prepared.model
+    if mode == "compiled":
+        torch._dynamo.reset()
+        model = torch.compile(model, fullgraph=True, mode="reduce-overhead")  # a graph break is an error
     result = {}
 
     def run():
-        result["records"] = train(prepared.model, prepared.batches, cfg.train, adapters=prepared.adapters).records
+        result["records"] = train(model, prepared.batches, cfg.train, adapters=prepared.adapters).records
 
     benchmark.group = f"training-{case.name}"
     benchmark.pedantic(run, rounds=1, iterations=1)  # one whole run: its steps are the samples, in extra_info
@@ -73,9 +78,10 @@ def test_training_step(benchmark, case, impl, mode, run_report, check):
           prepared.implementation.served_by(prepared.model), "==", prepared.implementation.expected_path)
     if impl == "peft":
         _peft.setdefault(case.name, {})[mode] = fig
-    rat = TB.ratios(fig, _peft.get(case.name, {}))
+    rat = TB.ratios(fig, _peft.get(case.name, {}), mode)
     benchmark.extra_info.update({"case": case.name, "impl": impl, "mode": mode, **dataclasses.asdict(fig), **rat})
     run_report.add_row("benchmarks", TABLE, COLUMNS,
                        (case.name, impl, mode, round(fig.step_ms, 2), round(fig.tokens_per_s), round(fig.peak_gib, 3),
                         *(None if v is None else round(v, 3) for v in rat.values())))
-    del prepared, result
+    del prepared, result, model
+    torch._dynamo.reset()

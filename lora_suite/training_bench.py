@@ -1,7 +1,9 @@
 """End-to-end training-step benchmark (issue 10): cases, runs, and the figures compared with PEFT.
 
 A *case* is a model architecture with a LoRA and batch setup; a *run* is one (case, implementation, mode)
-with mode ``eager`` or ``captured`` (``train.cuda_graph``). Every run trains the random-initialised
+with mode ``eager``, ``captured`` (``train.cuda_graph``) or ``compiled`` (the model under
+``torch.compile(fullgraph=True, mode="reduce-overhead")``, the optimizer step eager; measured for lora_core's
+cupy op, whose registered op keeps the compiled graph whole). Every run trains the random-initialised
 architecture with AdamW over fp32 adapters on a bf16 base for ``warmup + measured`` steps; the figures come
 from the measured steps only:
 
@@ -10,7 +12,8 @@ from the measured steps only:
     peak_gib     torch's peak allocated memory over the run
 
 and each run's ratios: tokens/s ÷ PEFT eager's and ÷ PEFT captured's for the same case (the issue's targets are
-written against these), peak ÷ PEFT eager's peak. A run that cannot be made (captured with activation
+written against these), peak ÷ PEFT eager's peak and ÷ the peak of PEFT's run in the same mode (captured
+runs keep the graph's memory pool: their peak is compared with PEFT captured; compiled with PEFT eager). A run that cannot be made (captured with activation
 checkpointing) is recorded as not applicable with the reason, not dropped.
 """
 
@@ -22,7 +25,8 @@ from dataclasses import dataclass
 from lora_suite.config import (CONFIG_DIR, DataSettings, LoRASettings, TierConfig, TrainSettings,
                                load_model_config, validate)
 
-MODES = ("eager", "captured")
+MODES = ("eager", "captured", "compiled")
+COMPILED_IMPLEMENTATIONS = ("cupy",)  # issue 10: the op registered for torch.compile
 
 
 @dataclass(frozen=True)
@@ -52,7 +56,7 @@ def run_config(case: Case, implementation: str, mode: str, *, warmup: int, measu
         raise ValueError(f"warmup={warmup} (>= 1) and measured={measured} (>= 2) steps")
     train = TrainSettings(steps=warmup + measured, lr=1e-4, warmup_steps=0, schedule="constant",
                           gradient_checkpointing=case.gradient_checkpointing, log_every=warmup + measured,
-                          cuda_graph=mode == "captured", graph_warmup_steps=min(3, warmup))
+                          cuda_graph=mode == "captured", graph_warmup_steps=min(3, warmup))  # compiled: eager steps
     cfg = TierConfig(tier=f"bench-training-{case.name}", model=load_model_config(case.model, CONFIG_DIR),
                      weights="random", dtype="bfloat16", implementation=implementation,
                      lora=LoRASettings(targets=case.targets, r=case.r, alpha=2 * case.r),
@@ -68,6 +72,11 @@ def not_applicable(case: Case, mode: str, implementation=None) -> str | None:
         return "captured steps with activation checkpointing are refused by the trainer (not supported yet)"
     if mode == "captured" and implementation is not None:
         return implementation.reason_not_applicable("cuda_graph_capture")
+    if mode == "compiled" and case.gradient_checkpointing:
+        return "compiled runs with activation checkpointing are not measured (the eager run is the 7B figure)"
+    if mode == "compiled" and implementation is not None and implementation.name not in COMPILED_IMPLEMENTATIONS:
+        return (f"compiled runs are measured for {', '.join(COMPILED_IMPLEMENTATIONS)} only (lora_core's registered "
+                "op); the issue compares the others eager and captured")
     return None
 
 
@@ -88,9 +97,12 @@ def figures(records, tokens_per_step: int, warmup: int, peak_bytes: int) -> RunF
                       peak_gib=peak_bytes / 2**30)
 
 
-def ratios(run: RunFigures, peft: dict[str, RunFigures]) -> dict[str, float | None]:
-    """tokens/s ÷ PEFT eager and ÷ PEFT captured, peak ÷ PEFT eager peak (None where PEFT's run is absent)."""
+def ratios(run: RunFigures, peft: dict[str, RunFigures], mode: str = "eager") -> dict[str, float | None]:
+    """tokens/s ÷ PEFT eager and ÷ PEFT captured, peak ÷ PEFT eager peak and ÷ PEFT's peak in the same mode
+    (``captured`` for a captured run, else ``eager``); None where PEFT's run is absent."""
     eager, captured = peft.get("eager"), peft.get("captured")
+    same = captured if mode == "captured" else eager
     return {"speed_vs_peft_eager": run.tokens_per_s / eager.tokens_per_s if eager else None,
             "speed_vs_peft_captured": run.tokens_per_s / captured.tokens_per_s if captured else None,
-            "peak_vs_peft_eager": run.peak_gib / eager.peak_gib if eager else None}
+            "peak_vs_peft_eager": run.peak_gib / eager.peak_gib if eager else None,
+            "peak_vs_peft_same_mode": run.peak_gib / same.peak_gib if same else None}

@@ -36,7 +36,9 @@ class Tier:
 
         A tier whose YAML asks for an NF4 base runs on its 16-bit base when the implementation declares
         ``nf4_base`` not applicable; that is recorded (with the implementation's reason), and the checks that
-        only an NF4 base can take are recorded as not applicable by the tier.
+        only an NF4 base can take are recorded as not applicable by the tier. Likewise a tier whose YAML
+        captures its steps (``train.cuda_graph``) runs them eagerly for an implementation that declares
+        ``cuda_graph_capture`` not applicable, recorded with its reason.
         """
         cfg = load_tier_config(CONFIG_DIR / f"{tier}.yaml")
         weights = self.request.config.getoption("weights")
@@ -50,6 +52,11 @@ class Tier:
             self.check.not_applicable(f"{cfg.lora.quantize} base (configs/{tier}.yaml lora.quantize); the tier runs "
                                       f"on the {cfg.dtype} base", reason)
             cfg = dataclasses.replace(cfg, lora=dataclasses.replace(cfg.lora, quantize=None))
+        reason = self.impl.reason_not_applicable("cuda_graph_capture")
+        if cfg.train.cuda_graph and reason:
+            self.check.not_applicable(f"captured training steps (configs/{tier}.yaml train.cuda_graph); the tier "
+                                      "runs its steps eagerly", reason)
+            cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, cuda_graph=False))
         self._vram_precheck(cfg)
         return cfg
 
@@ -191,3 +198,24 @@ def tier(request, run_report, check, lora_impl) -> Tier:
     yield t
     run_report.notes.append(f"{request.node.nodeid}: wall time {time.perf_counter() - start:.1f} s")
 
+
+
+@pytest.fixture
+def tiny_cupy_llama():
+    """A factory: a small random Llama (2 layers, hidden 256, vocab 512) in bf16 on the GPU with cupy LoRA r8 on
+    every linear and B random (so that adapters matter): for the op-in-a-model checks that do not need a tier's
+    model (capture, torch.compile)."""
+    def build(seed: int = 0):
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        from lora_core.inject import inject_lora
+        torch.manual_seed(seed)
+        cfg = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2)
+        model = LlamaForCausalLM(cfg).to("cuda", torch.bfloat16)
+        inject_lora(model, ["all-linear"], 8, 16, backend="cupy")
+        for n, p in model.named_parameters():
+            if n.endswith("lora_B"):
+                torch.nn.init.normal_(p, std=0.02)
+        return model
+    return build

@@ -12,15 +12,25 @@ def test_every_applicable_run_makes_a_valid_config():
     for case in TB.CASES:
         for mode in TB.MODES:
             if TB.not_applicable(case, mode):
-                with pytest.raises(ValueError, match="gradient_checkpointing"):  # the config refuses it too
-                    TB.run_config(case, "peft", mode, warmup=10, measured=30)
+                if mode == "captured":
+                    with pytest.raises(ValueError, match="gradient_checkpointing"):  # the config refuses it too
+                        TB.run_config(case, "peft", mode, warmup=10, measured=30)
                 continue
             cfg = TB.run_config(case, "peft", mode, warmup=10, measured=30)
             assert cfg.weights == "random" and cfg.implementation == "peft" and cfg.train.steps == 40
             assert cfg.train.cuda_graph == (mode == "captured")
             assert cfg.data.pool == cfg.data.batch_size, "fixed windows: static shapes for the graph"
-    with pytest.raises(ValueError, match="mode 'compiled' is not one of"):
-        TB.run_config(TB.CASES[0], "cupy", "compiled", warmup=10, measured=30)
+    with pytest.raises(ValueError, match="mode 'jit' is not one of"):
+        TB.run_config(TB.CASES[0], "cupy", "jit", warmup=10, measured=30)
+
+
+def test_compiled_runs_are_measured_for_cupy_only_and_not_with_checkpointing():
+    from lora_suite.implementations import resolve_implementation
+    small, seven_b = TB.CASES[0], next(c for c in TB.CASES if c.gradient_checkpointing)
+    assert TB.not_applicable(small, "compiled", resolve_implementation("cupy")) is None
+    assert "measured for cupy only" in TB.not_applicable(small, "compiled", resolve_implementation("peft"))
+    assert "checkpointing" in TB.not_applicable(seven_b, "compiled", resolve_implementation("cupy"))
+    assert TB.run_config(small, "cupy", "compiled", warmup=10, measured=30).train.cuda_graph is False
 
 
 def test_captured_with_checkpointing_is_not_applicable_with_its_reason():
@@ -47,8 +57,12 @@ def test_figures_leave_the_warm_up_out_and_ratios_compare_with_peft():
     assert fig == TB.RunFigures(step_ms=pytest.approx(80.0), tokens_per_s=pytest.approx(20480.0), peak_gib=3.0)
     peft = {"eager": TB.RunFigures(400.0, 5120.0, 4.0), "captured": TB.RunFigures(100.0, 10240.0, 4.0)}
     assert TB.ratios(fig, peft) == {"speed_vs_peft_eager": pytest.approx(4.0),
-                                    "speed_vs_peft_captured": pytest.approx(2.0), "peak_vs_peft_eager": 0.75}
+                                    "speed_vs_peft_captured": pytest.approx(2.0), "peak_vs_peft_eager": 0.75,
+                                    "peak_vs_peft_same_mode": 0.75}
+    assert TB.ratios(fig, peft, "captured")["peak_vs_peft_same_mode"] == 0.75
+    peft["captured"] = TB.RunFigures(100.0, 10240.0, 6.0)
+    assert TB.ratios(fig, peft, "captured")["peak_vs_peft_same_mode"] == 0.5
     assert TB.ratios(fig, {}) == {"speed_vs_peft_eager": None, "speed_vs_peft_captured": None,
-                                  "peak_vs_peft_eager": None}
+                                  "peak_vs_peft_eager": None, "peak_vs_peft_same_mode": None}
     with pytest.raises(ValueError, match="leave 1 measured steps"):
         TB.figures(records[:3], 2048, 2, 0)

@@ -14,10 +14,21 @@ rounding, so its gap stays within a small multiple of what rounding noise produc
 signal itself, orders of magnitude above (tests/test_convergence_criterion.py shows such a bug caught on
 the CPU). The floor covers the first steps, where the control's gap is still exactly 0 (B = 0).
 The arithmetic is ``lora_suite.criteria.loss_match``.
+
+Captured vs eager (``train.cuda_graph: true`` in the YAML: the four runs above are captured): the
+implementation under test also trains eagerly from the same start, and its captured losses must stay in the
+same band around the eager ones. Derivation: a replay runs the kernels recorded at capture on the same
+buffers, so the only arithmetic that differs is AdamW's (capturable: the step count, bias corrections and lr
+live on the device in fp32, where the eager optimizer computes its step size on the host in fp64), a relative
+difference of order 2^-24 in each update: far below the bf16 unit roundoff (2^-8) by which the control run
+perturbs lora_A, so a correct capture stays within max(factor·e(t), floor). A capture that replays stale
+inputs or skips a kernel (the failures capture can cause) changes the trajectory at the scale of the learning
+signal, like a wrong gradient does.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 
 import pytest
@@ -73,6 +84,18 @@ def test_convergence_and_match_to_reference(tier):
         else:
             peft_run = _run(tier, cfg, peft_impl, init)
 
+    captured_check = "steps where captured training leaves the band around eager training"
+    ours_eager = None
+    if cfg.train.cuda_graph:
+        ours_eager = _run(tier, dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, cuda_graph=False)),
+                          None, init)
+        replayed = sum(r.captured for r in ours.records)
+        tier.check(f"{name}: steps replayed from the captured graph", replayed, "==",
+                   cfg.train.steps - cfg.train.graph_warmup_steps, source="train.cuda_graph: the mode ran")
+    else:
+        tier.check.not_applicable(captured_check, "train.cuda_graph is off for this run (configs/convergence.yaml "
+                                                  "or the implementation's declaration)")
+
     rows, beyond = loss_match(ours.losses, ref.losses, control.losses, crit.loss_match_factor, crit.loss_match_floor)
     beyond_peft = []
     if peft_run is not None:
@@ -93,3 +116,13 @@ def test_convergence_and_match_to_reference(tier):
                source=source)
     if peft_run is not None:
         tier.check(f"{peft_check} (first: {beyond_peft[:5]})", len(beyond_peft), "==", 0, source=source)
+    if ours_eager is not None:
+        cap_rows, beyond_cap = loss_match(ours.losses, ours_eager.losses, control.losses, crit.loss_match_factor,
+                                          crit.loss_match_floor)
+        tier.report.add_series(Series(tier.nodeid, f"per-step loss: {name} captured vs {name} eager",
+                                      ("step", "eager", "captured", "rel diff", "control envelope e(t)", "tolerance"),
+                                      tuple(cap_rows), plot_x="step", plot_y=("eager", "captured")))
+        identical = sum(a == b for a, b in zip(ours.losses, ours_eager.losses))
+        tier.report.notes.append(f"{tier.nodeid}: captured and eager losses bitwise equal on {identical} of "
+                                 f"{len(ours.losses)} steps; max relative gap {max(r[3] for r in cap_rows):.3g}")
+        tier.check(f"{captured_check} (first: {beyond_cap[:5]})", len(beyond_cap), "==", 0, source=source)

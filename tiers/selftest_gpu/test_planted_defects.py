@@ -94,6 +94,41 @@ def test_accumulation_without_division_is_caught(tier, monkeypatch):
     _caught(tier, "accumulation without 1/k", accumulation[0])
 
 
+# ------------------------------------------------------------------ convergence tier: captured vs eager
+def test_a_captured_step_that_keeps_the_capture_time_lr_is_caught(tier, monkeypatch):
+    """The classic capture bug: a host-side value that is not fed into the graph. Here the learning rate is never
+    written into the capturable optimizer's lr tensor, so every step runs at the configured peak instead of the
+    warm-up and cosine schedule. The convergence tier's captured-vs-eager band must catch it (40 steps here)."""
+    from lora_suite.criteria import loss_match
+    conv = _load("tiers/convergence/test_convergence_tier.py", "convergence_tier")
+    cfg = tier.config("convergence")
+    if not cfg.train.cuda_graph:
+        pytest.skip("the convergence tier does not capture its steps for this implementation")
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=40))
+    eager_cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, cuda_graph=False))
+    crit = cfg.criteria
+    first = tier.prepare(cfg)
+    init = {n: p.detach().clone() for n, p in first.adapters.items()}
+    del first
+    ref = conv._run(tier, cfg, "torch", init)
+    control = conv._run(tier, cfg, "torch", init, perturb=crit.control_perturbation)
+    eager = conv._run(tier, eager_cfg, None, init)
+    real = trainer.set_lr
+
+    def set_lr_but_not_into_tensors(optimizer, lr):
+        if not any(torch.is_tensor(g["lr"]) for g in optimizer.param_groups):
+            real(optimizer, lr)
+
+    monkeypatch.setattr(trainer, "set_lr", set_lr_but_not_into_tensors)
+    planted = conv._run(tier, cfg, None, init)
+    _, beyond = loss_match(planted.losses, eager.losses, control.losses, crit.loss_match_factor, crit.loss_match_floor)
+    _, beyond_ref = loss_match(ref.losses, eager.losses, control.losses, crit.loss_match_factor, crit.loss_match_floor)
+    tier.check("planted lr never written into the captured step: steps beyond the captured-vs-eager band",
+               len(beyond), ">", 0, source="convergence tier's captured-vs-eager check", detail=f"first: {beyond[:5]}")
+    tier.report.notes.append(f"{tier.nodeid}: unplanted torch-reference captured run vs eager: {len(beyond_ref)} steps "
+                             "beyond the same band (a different implementation, for scale)")
+
+
 # ------------------------------------------------------------------ extended tier: leak and slow paths
 def _extended_records(tier, hook, steps: int, forward_work=None):
     """Train the extended configuration for ``steps``; ``hook(step)`` after each optimizer step and, if given,
