@@ -152,9 +152,37 @@ def test_host_time_per_call(shape, run_report):
         torch.cuda.synchronize()
         row[impl] = statistics.median(rounds)
     ratio = row["cupy"] / row["torch"]
+    if shape == HOST_SHAPES[0]:
+        _host_profile("cupy", SHAPES[shape], run_report)
     run_report.add_row("benchmarks", "host time of one forward+backward, bf16 adapters (µs, issued without sync, "
                        "median of 7 rounds of 30)", ("shape", *HOST_IMPLS, "cupy / torch"),
                        (shape, *(None if row[i] is None else round(row[i], 1) for i in HOST_IMPLS), round(ratio, 3)))
+
+
+def _host_profile(impl: str, dims, run_report, calls: int = 300) -> None:
+    """Where the host time of ``impl``'s forward+backward goes: cProfile over ``calls`` calls, the functions with
+    the most own time, per call (cProfile's own overhead inflates every figure alike: read them as shares)."""
+    import cProfile
+    import pstats
+
+    step = layer_step(impl, *dims)
+    for _ in range(10):
+        step()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        step()
+    prof.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(prof).stats  # {(file, line, name): (cc, nc, tottime, cumtime, callers)}
+    total = sum(v[2] for v in stats.values())
+    top = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:12]
+    for (file, line, name), (_, ncalls, tottime, _, _) in top:
+        where = f"{file.rsplit('/', 2)[-1]}:{line}" if line else "(built-in)"
+        run_report.add_row("benchmarks", f"host profile of {impl}, {dims[2]}x{dims[3]} r{dims[4]}: own time per call "
+                           "(cProfile)", ("function", "where", "calls per fwd+bwd", "µs per fwd+bwd", "share"),
+                           (name[:60], where, round(ncalls / calls, 2), round(tottime / calls * 1e6, 2),
+                            round(tottime / total, 3)))
 
 
 @pytest.mark.parametrize("impl", ["base", "cupy", "peft"])

@@ -150,7 +150,9 @@ class on_torch_stream:
         if self._guard is not None:
             self._guard.__enter__()
         self.handle = torch.cuda.current_blas_handle()
-        self.stream = _RawStream(torch.cuda.current_stream().cuda_stream)
+        # the raw cudaStream_t of torch's current stream, without building a torch.cuda.Stream object (host time);
+        # the same call Inductor's generated code makes for its launches
+        self.stream = _RawStream(torch._C._cuda_getCurrentRawStream(self.index))
         return self
 
     def __exit__(self, *exc) -> None:
