@@ -159,6 +159,10 @@ class Criteria:
     grad_match_factor: float | None = None
     grad_accum_k: int | None = None  # micro-batches in the gradient-accumulation check (None: not checked)
     grad_loss_floor: float | None = None  # the loss check's floor: factor · max(16-bit ref loss gap, this)
+    # Multi-GPU tier (lora_suite/multigpu.py): tokens/s on N GPUs ÷ (N × one GPU), floor set from a calibration
+    # run (None: reported, not judged); and how long a job with a failing rank may take to end.
+    scaling_efficiency_min: float | None = None
+    rank_failure_seconds_max: float | None = None
 
 
 @dataclass(frozen=True)
@@ -379,7 +383,8 @@ def validate(cfg: TierConfig) -> None:
     ]
     for name in ("loss_drop_min", "loss_match_factor", "smooth_slack", "vram_budget_gib", "leak_slope_max_mib_per_step",
                  "stall_fraction_max", "throughput_drift_max", "tier_seconds_max", "grad_match_factor",
-                 "vram_budget_16bit_base_gib", "memory_estimate_error_max", "build_seconds_max", "grad_loss_floor"):
+                 "vram_budget_16bit_base_gib", "memory_estimate_error_max", "build_seconds_max", "grad_loss_floor",
+                 "scaling_efficiency_min", "rank_failure_seconds_max"):
         value = getattr(c, name)
         rules.append((f"criteria.{name}", value, value is None or (_finite(value) and value > 0), "null or finite, > 0"))
     floor = c.loss_match_floor

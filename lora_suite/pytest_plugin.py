@@ -59,6 +59,8 @@ def pytest_addoption(parser):
                          "group lora_suite.implementations, or package.module:factory")
     group.addoption("--weights", default=None, choices=("auto", "pretrained", "random"),
                     help="override every tier's model weights mode")
+    group.addoption("--gpus", default=None, type=int, metavar="N",
+                    help="multigpu tier: GPUs (torchrun processes) per job; default every visible GPU")
 
 
 class Terminated(KeyboardInterrupt):

@@ -16,7 +16,9 @@ TARGET
   memory        TinyLlama-1.1B architecture, 50 steps, batch 1: peak VRAM within budget
   extended      TinyLlama-1.1B architecture, 500 steps: no memory leak, loss keeps falling, steady speed
   full          Llama-2-7B architecture, 1000 steps: VRAM budget, convergence, checkpoint round trip
-  all           the five tiers above, in that order
+  multigpu      TinyLlama-1.1B architecture on N GPUs with DDP via torchrun: ranks agree, N GPUs match one,
+                a failing rank ends the job (skips with fewer than two GPUs)
+  all           the five tiers above, in that order, then multigpu when two or more GPUs are visible
   bench         pytest-benchmark suite of the LoRA layer (forward+backward vs the frozen base and PEFT)
   selftest      the framework's own CPU tests (what CI runs)
   selftest-gpu  planted defects (stale activation, missing scale, accumulation, leak, slow paths) that the
@@ -33,6 +35,7 @@ Options
   --lora-impl SPEC      the LoRA implementation under test: cupy (default), torch, peft, an entry point
                         of lora_suite.implementations, or package.module:factory
   --weights MODE        auto | pretrained | random: override the tiers' model weights mode
+  --gpus N              multigpu: processes (GPUs) per torchrun job (default: every visible GPU)
   --baseline DIR|auto   after each target, compare its run with DIR/<target> (or DIR itself when it holds a
                         run); a regression fails the target. auto: reports/baselines/<this GPU's name>
   --verbose             verbose pytest output with live progress lines
@@ -56,7 +59,7 @@ die_usage() { printf '%sgpu-test.sh: %s%s\n' "$RED" "$1" "$RESET" >&2; printf "R
 
 # ---------------------------------------------------------------- arguments
 TARGET=""; CHECK_VRAM=0; STRICT_VRAM=0; CONTINUE=0; VERBOSE=0; REPORT_ROOT=""
-LORA_IMPL=""; WEIGHTS=""; BASELINE=""; EXTRA=(); POSITIONAL=()
+LORA_IMPL=""; WEIGHTS=""; BASELINE=""; GPUS=""; EXTRA=(); POSITIONAL=()
 # An option's value must not be another flag: `--report-dir --check-vram` is a mistake, not a folder.
 value_of() { [[ $# -ge 3 && -n "$3" && "$3" != -* ]] || die_usage "$1 needs $2, got '${3:-}'"; }
 while [[ $# -gt 0 ]]; do
@@ -72,6 +75,7 @@ while [[ $# -gt 0 ]]; do
     --backend) die_usage "--backend was replaced by --lora-impl (cupy, torch, peft or package.module:factory)" ;;
     --weights) value_of "$1" "a value (auto, pretrained or random)" "${2:-}"; WEIGHTS="$2"; shift ;;
     --baseline) value_of "$1" "a directory" "${2:-}"; BASELINE="$2"; shift ;;
+    --gpus) value_of "$1" "a number of GPUs (2 or more)" "${2:-}"; GPUS="$2"; shift ;;
     --) shift; EXTRA=("$@"); break ;;
     -*) die_usage "unknown option '$1'" ;;
     *) if [[ -z "$TARGET" ]]; then TARGET="$1"
@@ -80,23 +84,30 @@ while [[ $# -gt 0 ]]; do
   esac
   shift
 done
-[[ -n "$TARGET" ]] || die_usage "no target given (quick, convergence, memory, extended, full, all, bench, selftest, selftest-gpu or compare)"
+[[ -n "$TARGET" ]] || die_usage "no target given (quick, convergence, memory, extended, full, multigpu, all, bench, selftest, selftest-gpu or compare)"
+[[ -z "$GPUS" || "$GPUS" =~ ^[1-9][0-9]*$ ]] || die_usage "--gpus must be a positive whole number, got '$GPUS'"
 [[ -z "$LORA_IMPL" || "$LORA_IMPL" =~ ^[A-Za-z_][A-Za-z0-9_.-]*(:[A-Za-z_][A-Za-z0-9_]*)?$ ]] \
   || die_usage "--lora-impl must be a name or package.module:factory, got '$LORA_IMPL'"
 case "$WEIGHTS" in ""|auto|pretrained|random) ;; *) die_usage "--weights must be auto, pretrained or random, got '$WEIGHTS'" ;; esac
 [[ $STRICT_VRAM -eq 0 || $CHECK_VRAM -eq 1 ]] || die_usage "--strict-vram only makes sense with --check-vram"
 case "$TARGET" in
-  quick|convergence|memory|extended|full|bench|selftest|selftest-gpu) TARGETS=("$TARGET") ;;
+  quick|convergence|memory|extended|full|multigpu|bench|selftest|selftest-gpu) TARGETS=("$TARGET") ;;
   all) TARGETS=("${TIERS_ALL[@]}") ;;
   compare) [[ ${#POSITIONAL[@]} -eq 2 ]] || die_usage "compare needs two run directories: compare BASELINE RUN"
            TARGETS=(compare) ;;
-  *) die_usage "unknown target '$TARGET' (expected quick, convergence, memory, extended, full, all, bench, selftest, selftest-gpu or compare)" ;;
+  *) die_usage "unknown target '$TARGET' (expected quick, convergence, memory, extended, full, multigpu, all, bench, selftest, selftest-gpu or compare)" ;;
 esac
 [[ -z "$BASELINE" || "$BASELINE" == auto || -d "$BASELINE" ]] || die_usage "--baseline $BASELINE is not a directory"
 # The report directory must be writable before anything runs (not after a tier ran for minutes).
 if [[ -n "$REPORT_ROOT" ]]; then
   { mkdir -p "$REPORT_ROOT" 2>/dev/null && probe="$(mktemp "$REPORT_ROOT/.write-test.XXXXXX" 2>/dev/null)" && rm -f "$probe"; } ||
     die_usage "--report-dir $REPORT_ROOT is not a writable directory"
+fi
+# 'all' adds the multigpu tier where two or more GPUs are visible (GPU_TEST_GPU_COUNT overrides the count: tests).
+if [[ "$TARGET" == all ]]; then
+  n_gpus="${GPU_TEST_GPU_COUNT:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)}"
+  if [[ "${n_gpus:-0}" -ge 2 ]]; then TARGETS+=(multigpu)
+  else say "multigpu: not part of this 'all' run (it needs 2 or more GPUs; found ${n_gpus:-0})"; fi
 fi
 [[ "${GPU_TEST_DRY_RUN:-0}" != "1" ]] || { say "targets: ${TARGETS[*]}"; exit 0; }  # for the CPU tests of this script
 
@@ -201,6 +212,7 @@ for t in "${TARGETS[@]}"; do
   [[ $VERBOSE -eq 1 ]] && args+=(-v -o log_cli=true --log-cli-level=INFO)
   [[ -n "$LORA_IMPL" ]] && args+=(--lora-impl "$LORA_IMPL")
   [[ -n "$WEIGHTS" ]] && args+=(--weights "$WEIGHTS")
+  [[ -n "$GPUS" ]] && args+=(--gpus "$GPUS")
   run_dir=""
   case "$t" in
     compare) args=(-m lora_suite.compare "${POSITIONAL[@]}") ;;

@@ -47,9 +47,20 @@ def test_bad_usage_exits_2_with_a_message(args, message):
     assert out.returncode == 2 and message in out.stderr
 
 
-def test_all_expands_to_the_five_tiers_in_order():
+def test_all_expands_to_the_five_tiers_in_order_and_multigpu_only_with_two_gpus(monkeypatch):
+    monkeypatch.setenv("GPU_TEST_GPU_COUNT", "1")
     out = run("all", "--check-vram", "--continue-on-error")
-    assert out.returncode == 0 and out.stdout.strip() == "targets: quick convergence memory extended full"
+    assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "targets: quick convergence memory extended full"
+    assert "multigpu: not part of this 'all' run (it needs 2 or more GPUs; found 1)" in out.stdout
+    monkeypatch.setenv("GPU_TEST_GPU_COUNT", "2")
+    out = run("all")
+    assert out.stdout.strip() == "targets: quick convergence memory extended full multigpu"
+
+
+def test_multigpu_target_and_gpus_option():
+    assert run("multigpu", "--gpus", "2").stdout.strip() == "targets: multigpu"
+    bad = run("multigpu", "--gpus", "two")
+    assert bad.returncode == 2 and "--gpus must be a positive whole number, got 'two'" in bad.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour on a machine without a GPU")

@@ -1,0 +1,88 @@
+"""The multi-GPU launcher and rank logic on the CPU: torchrun with gloo, two processes, the tiny Llama."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lora_suite import multigpu as M
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_command_is_torchrun_over_the_worker_and_multicast_is_off():
+    cmd = M.launch_command("c.yaml", "out", 2, implementation="cupy", steps=5)
+    assert cmd[:5] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    assert cmd[5:7] == ["-m", "lora_suite.multigpu"] and "--implementation" in cmd and "cupy" in cmd
+    env = M.launch_env({"PATH": "/bin"})
+    assert env["NCCL_NVLS_ENABLE"] == "0" and env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
+    assert env["PATH"] == "/bin"
+    with pytest.raises(ValueError, match="mode 'allreduce' is not one of"):
+        M.launch_command("c.yaml", "out", 2, mode="allreduce")
+    with pytest.raises(ValueError, match="nproc=0 must be >= 1"):
+        M.launch_command("c.yaml", "out", 0)
+
+
+def test_each_rank_gets_its_block_of_rows_and_a_batch_that_does_not_split_is_named():
+    batch = {"input_ids": torch.arange(8).view(4, 2), "labels": torch.arange(8).view(4, 2)}
+    assert M.rank_rows(batch, 1, 2)["input_ids"].tolist() == [[4, 5], [6, 7]]
+    with pytest.raises(ValueError, match="4 rows, not divisible by 3 ranks"):
+        M.rank_rows(batch, 0, 3)
+
+
+def test_scaling_efficiency_and_failure_summary():
+    assert M.scaling_efficiency(150.0, 2, 100.0) == 0.75
+    err = ("[rank0]: RuntimeError: Connection closed by peer\n[rank1]: RuntimeError: planted failure on rank 1 at "
+           "step 3\nRoot Cause (first observed failure):\n[0]:\n  rank      : 1 (local_rank: 1)\n")
+    summary = M.failure_summary(M.LaunchResult(2, 1, 3.0, "", err, []))
+    assert summary.startswith("root cause: rank 1") and "[rank1]: RuntimeError: planted failure" in summary
+    assert M.failure_summary(M.LaunchResult(2, 0, 3.0, "", "all fine", [])) is None
+
+
+@pytest.fixture
+def short_cfg(config_dir):
+    path = config_dir / "tiny.yaml"
+    path.write_text(path.read_text().replace("steps: 40", "steps: 12"))
+    return path
+
+
+def test_two_gloo_ranks_agree_bitwise_and_match_one_process(short_cfg, tmp_path):
+    two = M.launch(short_cfg, tmp_path / "two", 2, timeout_s=240, device="cpu")
+    one = M.launch(short_cfg, tmp_path / "one", 1, timeout_s=240, device="cpu")
+    assert two.returncode == 0 and one.returncode == 0, two.stderr[-3000:] + one.stderr[-3000:]
+    assert [r["rank"] for r in two.ranks] == [0, 1]
+    for r in two.ranks:
+        assert r["adapters_differing_from_rank0"] == [] and r["base_untouched"] and r["served_by"] == "torch"
+    assert two.ranks[0]["losses"] == two.ranks[1]["losses"]  # the all-reduced global loss
+    # fp32 on the CPU: the split changes only the summation order
+    torch.testing.assert_close(torch.tensor(two.ranks[0]["losses"]), torch.tensor(one.ranks[0]["losses"]),
+                               rtol=1e-4, atol=0)
+    assert (tmp_path / "two" / "adapters.safetensors").exists()
+
+
+def test_a_planted_failure_on_rank_1_ends_the_job_and_names_the_rank(short_cfg, tmp_path):
+    res = M.launch(short_cfg, tmp_path / "fail", 2, timeout_s=120, device="cpu", mode="fail", fail_at=3)
+    assert not res.timed_out and res.returncode not in (0, None)
+    summary = M.failure_summary(res)
+    assert "planted failure on rank 1 at step 3" in summary and "root cause: rank 1" in summary, summary
+    assert res.ranks == []  # no rank wrote a result: nothing pretends the job finished
+
+
+def test_the_tier_skips_with_fewer_than_two_gpus_saying_how_many(monkeypatch):
+    spec = importlib.util.spec_from_file_location("multigpu_tier", ROOT / "tiers/multigpu/test_multigpu_tier.py")
+    tier_mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tier_mod)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+
+    class Request:
+        class config:
+            @staticmethod
+            def getoption(name):
+                return None
+
+    with pytest.raises(pytest.skip.Exception, match="needs at least 2 GPUs; found 1 visible"):
+        tier_mod.gpus_for_run(Request)

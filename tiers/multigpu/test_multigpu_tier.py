@@ -1,0 +1,109 @@
+"""multigpu tier (issue 11): LoRA training with DistributedDataParallel on N GPUs of one host, via torchrun.
+
+Three jobs from the same seed (lora_suite/multigpu.py launches each under torchrun, with a timeout):
+  multi     N ranks, the global batch B split by rows, DDP averaging the adapters' gradients
+  single    one process with the whole batch B: the reference
+  control   ``single`` with lora_A perturbed elementwise by ±2^-8 (bf16 unit roundoff)
+Checks: every rank's adapters bitwise identical to rank 0's after training; the base weights bitwise untouched
+on every rank; every rank served by the implementation's path; per-step losses of ``multi`` within
+max(factor·e(t), floor) of ``single`` (e(t): the control's running gap; the convergence tier's band and its
+derivation: the split changes GEMM shapes and so rounding, nothing else); the loss falls; scaling efficiency
+(tokens/s on N GPUs ÷ (N × one GPU), a figure until calibrated). A planted failure (rank 1 raises at step 3)
+must end the whole job within ``rank_failure_seconds_max`` with that rank's error in the report.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lora_suite.config import CONFIG_DIR
+from lora_suite.criteria import loss_drop, loss_match
+from lora_suite.multigpu import failure_summary, launch, scaling_efficiency
+from lora_suite.report import Series
+
+pytestmark = [pytest.mark.gpu, pytest.mark.multigpu]
+CONFIG = CONFIG_DIR / "multigpu.yaml"
+JOB_TIMEOUT_S = 300
+
+
+def gpus_for_run(request) -> int:
+    """--gpus N, or every visible GPU; a skip with the count found when fewer than two."""
+    visible = torch.cuda.device_count()
+    n = request.config.getoption("gpus") or visible
+    if n < 2 or visible < 2:
+        pytest.skip(f"the multigpu tier needs at least 2 GPUs; found {visible} visible"
+                    + (f" (--gpus {n})" if request.config.getoption("gpus") else ""))
+    if n > visible:
+        pytest.fail(f"--gpus {n}, but only {visible} GPUs are visible")
+    return n
+
+
+def _job_failed(tier, what: str, res) -> None:
+    tail = "\n".join(res.stderr.splitlines()[-15:])
+    pytest.fail(f"{what} job ({res.nproc} processes) {'timed out' if res.timed_out else f'exited {res.returncode}'} "
+                f"after {res.seconds:.0f} s: {failure_summary(res) or 'no rank error line'}\n{tail}")
+
+
+def test_ddp_matches_one_gpu_and_ranks_agree(tier, request, tmp_path):
+    n = gpus_for_run(request)
+    cfg = tier.config("multigpu")
+    crit = cfg.criteria
+    impl = tier.impl.name
+    runs = {}
+    for name, nproc, perturb in (("multi", n, 0.0), ("single", 1, 0.0), ("control", 1, crit.control_perturbation)):
+        res = launch(CONFIG, tmp_path / name, nproc, timeout_s=JOB_TIMEOUT_S, implementation=impl, perturb=perturb)
+        tier.report.notes.append(f"{tier.nodeid}: {name} job, {nproc} GPU(s): exit {res.returncode}, {res.seconds:.1f} s")
+        if res.returncode != 0 or len(res.ranks) != nproc:
+            _job_failed(tier, name, res)
+        runs[name] = res
+    ranks = runs["multi"].ranks
+    single = runs["single"].ranks[0]
+    tier.check(f"ranks whose adapters differ bitwise from rank 0's after {cfg.train.steps} steps",
+               sum(bool(r["adapters_differing_from_rank0"]) for r in ranks), "==", 0,
+               detail="; ".join(f"rank {r['rank']}: {r['adapters_differing_from_rank0'][:3]}" for r in ranks
+                                if r["adapters_differing_from_rank0"]))
+    tier.check("ranks whose frozen base weights changed", sum(not r["base_untouched"] for r in ranks), "==", 0)
+    tier.check(f"ranks not served by the implementation's path ({tier.impl.expected_path})",
+               sum(r["served_by"] != tier.impl.expected_path for r in ranks), "==", 0,
+               detail=str(sorted({r["served_by"] for r in ranks})))
+    rows, beyond = loss_match(ranks[0]["losses"], single["losses"], runs["control"].ranks[0]["losses"],
+                              crit.loss_match_factor, crit.loss_match_floor)
+    tier.report.add_series(Series(tier.nodeid, f"per-step loss: {n} GPUs (DDP) vs one GPU, global batch "
+                                  f"{cfg.data.batch_size}", ("step", "one GPU", f"{n} GPUs", "rel diff",
+                                                             "control envelope e(t)", "tolerance"),
+                                  tuple(rows), plot_x="step", plot_y=("one GPU", f"{n} GPUs")))
+    tier.check(f"steps where the {n}-GPU loss leaves the band around the one-GPU loss (first: {beyond[:5]})",
+               len(beyond), "==", 0, source="max(loss_match_factor*e(t), loss_match_floor): configs/multigpu.yaml")
+    drop = loss_drop(ranks[0]["losses"], crit.loss_window)
+    tier.check(f"{n}-GPU loss drop, mean of first {crit.loss_window} vs last {crit.loss_window} steps", round(drop, 4),
+               ">=", crit.loss_drop_min, source="configs/multigpu.yaml loss_drop_min")
+    tokens_n = sum(r["local_tokens_per_s"] for r in ranks)
+    eff = scaling_efficiency(tokens_n, n, single["local_tokens_per_s"])
+    tier.report.add_row(tier.nodeid, "multi-GPU throughput (median tokens/s after warm-up)",
+                        ("GPUs", "tokens/s", "one GPU tokens/s", "scaling efficiency", "peak GiB per rank"),
+                        (n, round(tokens_n), round(single["local_tokens_per_s"]), round(eff, 3),
+                         max(r["peak_allocated_gib"] or 0 for r in ranks)))
+    if crit.scaling_efficiency_min is None:
+        tier.check.not_applicable("scaling efficiency floor", f"no floor calibrated yet (measured {eff:.3f}; "
+                                  "configs/multigpu.yaml scaling_efficiency_min)")
+    else:
+        tier.check("scaling efficiency, tokens/s on N GPUs / (N x one GPU)", round(eff, 3), ">=",
+                   crit.scaling_efficiency_min, source="configs/multigpu.yaml scaling_efficiency_min")
+
+
+def test_a_failing_rank_ends_the_whole_job(tier, request, tmp_path):
+    n = gpus_for_run(request)
+    cfg = tier.config("multigpu")
+    limit = cfg.criteria.rank_failure_seconds_max
+    res = launch(CONFIG, tmp_path / "fail", n, timeout_s=limit + 60, mode="fail", fail_rank=1, fail_at=3,
+                 implementation=tier.impl.name)
+    summary = failure_summary(res) or ""
+    tier.report.notes.append(f"{tier.nodeid}: planted failure on rank 1: exit {res.returncode} after "
+                             f"{res.seconds:.1f} s; first rank error: {summary}")
+    tier.check("the job with a failing rank ended (not killed at the timeout)", res.timed_out, "==", False)
+    tier.check("seconds until the whole job ended", round(res.seconds, 1), "<=", limit,
+               source="configs/multigpu.yaml rank_failure_seconds_max")
+    tier.check("exit code of the job (non-zero: the failure is reported)", res.returncode not in (0, None), "==", True)
+    tier.check("the report names the failing rank (torchrun's root cause) and its error",
+               "root cause: rank 1" in summary and "planted failure on rank 1" in summary, "==", True, detail=summary)
