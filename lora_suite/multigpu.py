@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -159,7 +161,7 @@ def _worker(args: argparse.Namespace) -> None:
     if cuda:
         torch.cuda.set_device(local)
     device = torch.device("cuda", local) if cuda else torch.device("cpu")
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=__import__("datetime").timedelta(seconds=120),
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=60),
                             **({"device_id": device} if cuda else {}))
     try:
         cfg = load_tier_config(args.config)
@@ -211,9 +213,15 @@ def _worker(args: argparse.Namespace) -> None:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(result))
         tmp.replace(path)  # atomic: a reader never sees half a file
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    except BaseException:
+        # Leave at once, without destroy_process_group(): with NCCL it waits for the other ranks, which are blocked
+        # in a collective this rank will never join, so the job hung until the NCCL timeout (seen on two H200s:
+        # 200 s). Exiting lets torchrun see this rank fail and stop the others.
+        for line in traceback.format_exc().splitlines():
+            print(f"[rank{rank}]: {line}", file=sys.stderr)  # the prefix torchrun's own excepthook writes
+        sys.stderr.flush()
+        os._exit(1)
+    dist.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -68,7 +68,8 @@ def test_a_planted_failure_on_rank_1_ends_the_job_and_names_the_rank(short_cfg, 
     res = M.launch(short_cfg, tmp_path / "fail", 2, timeout_s=120, device="cpu", mode="fail", fail_at=3)
     assert not res.timed_out and res.returncode not in (0, None)
     summary = M.failure_summary(res)
-    assert "planted failure on rank 1 at step 3" in summary and "root cause: rank 1" in summary, summary
+    assert "[rank1]: RuntimeError: planted failure on rank 1 at step 3" in summary, summary
+    assert "root cause: rank" in summary  # torchrun's first observed failure: rank 1 or, racing it, rank 0
     assert res.ranks == []  # no rank wrote a result: nothing pretends the job finished
 
 
