@@ -23,7 +23,7 @@ def test_triggers_nightly_and_never_on_pull_requests():
 def test_jobs_run_on_self_hosted_gpu_with_timeouts_and_fork_guard():
     data, _ = _load()
     for name, job in data["jobs"].items():
-        assert job["runs-on"] == ["self-hosted", "linux", "gpu"], name
+        assert job["runs-on"][:3] == ["self-hosted", "linux", "gpu"], name  # multigpu adds its own label
         assert isinstance(job["timeout-minutes"], int) and job["timeout-minutes"] > 0, name
         assert "github.event_name != 'pull_request'" in job["if"], name
 
@@ -47,3 +47,11 @@ def test_nightly_runs_the_regression_gate_and_the_planted_defects():
     assert any("gpu-test.sh all" in r and "--baseline auto" in r for r in runs)
     assert any("gpu-test.sh bench" in r and "--baseline auto" in r for r in runs)
     assert any("gpu-test.sh selftest-gpu" in r for r in runs)
+
+
+def test_the_multigpu_job_runs_only_where_a_multi_gpu_runner_is_declared():
+    import yaml
+    wf = yaml.safe_load((Path(__file__).resolve().parents[2] / ".github/workflows/nightly-gpu.yml").read_text())
+    job = wf["jobs"]["multigpu"]
+    assert "multi-gpu" in job["runs-on"] and "vars.MULTI_GPU_RUNNER == 'true'" in job["if"]
+    assert any("gpu-test.sh multigpu" in step.get("run", "") for step in job["steps"])
