@@ -221,7 +221,13 @@ def _worker(args: argparse.Namespace) -> None:
             print(f"[rank{rank}]: {line}", file=sys.stderr)  # the prefix torchrun's own excepthook writes
         sys.stderr.flush()
         os._exit(1)
-    dist.destroy_process_group()
+    # Done: the results are on disk. Leave without destroy_process_group(): on gloo it waited forever in one rank
+    # once the other had exited (seen in CPU test runs); a barrier first, so no rank leaves while others still
+    # gather from it.
+    dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main(argv: list[str] | None = None) -> None:
