@@ -152,6 +152,7 @@ def _worker(args: argparse.Namespace) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     from lora_suite.config import load_tier_config
+    from lora_suite.gradients import perturb_lora_a
     from lora_suite.prepare import prepare
     from lora_suite.trainer import train
 
@@ -170,13 +171,8 @@ def _worker(args: argparse.Namespace) -> None:
         if args.steps:
             cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=args.steps))
         prepared = prepare(cfg, device)
-        if args.perturb:  # the control run: lora_A perturbed elementwise by ±perturb (relative), as in convergence
-            with torch.no_grad():
-                for name, p in prepared.adapters.items():
-                    if name.endswith("lora_A"):
-                        gen = torch.Generator(device=p.device).manual_seed(99)
-                        sign = torch.randint(0, 2, p.shape, generator=gen, device=p.device) * 2 - 1
-                        p.mul_(1 + args.perturb * sign)
+        if args.perturb:  # the control run, as in the convergence tier
+            perturb_lora_a(prepared.adapters, args.perturb)
         base = {n: p.detach().clone() for n, p in prepared.model.named_parameters() if not p.requires_grad}
         model = prepared.model
         if world > 1:

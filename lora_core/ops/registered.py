@@ -30,6 +30,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from lora_core.backend import count_call
+from lora_core.ops import cupy_interop as cx
+from lora_core.ops import cupy_lora
+
 NAMESPACE = "lora_core"
 
 
@@ -48,9 +52,6 @@ def lora_linear_forward(x: Tensor, weight: Tensor, lora_a: Tensor, lora_b: Tenso
 
 @lora_linear_forward.register_kernel("cuda")
 def _lora_linear_cuda(x, weight, lora_a, lora_b, scale):
-    from lora_core.backend import count_call
-    from lora_core.ops import cupy_interop as cx
-    from lora_core.ops import cupy_lora
     count_call("cupy")  # runs each time the op runs eagerly (not on a CUDA graph's replay): the path is visible
     lead = x.shape[:-1]
     with cx.on_torch_stream(x.device) as cu:
@@ -84,8 +85,6 @@ def lora_linear_backward(dy: Tensor, x: Tensor, weight: Tensor, lora_a: Tensor, 
 
 @lora_linear_backward.register_kernel("cuda")
 def _lora_linear_backward_cuda(dy, x, weight, lora_a, lora_b, h, scale, needs_dx):
-    from lora_core.ops import cupy_interop as cx
-    from lora_core.ops import cupy_lora
     with cx.on_torch_stream(dy.device) as cu:
         a_c, b_c = cupy_lora.adapters_in(cu, lora_a, lora_b, dy.dtype)
         dx, da, db = cupy_lora.backward(cu, _flat(dy).contiguous(), _flat(x).contiguous(), weight.contiguous(), a_c,

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from lora_suite.criteria import loss_match
+from lora_suite.gradients import copy_adapters, perturb_lora_a
 from lora_core.inject import adapter_parameters
 from lora_core.ops import lora_linear as op
 from lora_suite.prepare import prepare
@@ -20,12 +21,10 @@ FACTOR, FLOOR, PERTURB = 4, 2.0**-10, 2.0**-8  # the convergence tier's values (
 
 def _run(cfg, init, perturb=0.0):
     p = prepare(cfg, "cpu")
-    with torch.no_grad():
-        for name, param in adapter_parameters(p.model).items():
-            param.copy_(init[name])
-            if perturb and name.endswith("lora_A"):
-                sign = torch.randint(0, 2, param.shape, generator=torch.Generator().manual_seed(99)) * 2 - 1
-                param.mul_(1 + perturb * sign)
+    adapters = adapter_parameters(p.model)
+    copy_adapters(adapters, init)
+    if perturb:
+        perturb_lora_a(adapters, perturb)
     return train(p.model, p.batches, cfg.train).losses
 
 

@@ -35,6 +35,7 @@ import pytest
 import torch
 
 from lora_suite.criteria import loss_drop, loss_match
+from lora_suite.gradients import copy_adapters, perturb_lora_a
 from lora_suite.implementations import ImplementationError, resolve_implementation
 from lora_suite.report import Series
 from lora_suite.trainer import train
@@ -45,13 +46,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.convergence]
 def _run(tier, cfg, implementation, init, perturb=0.0):
     """Train from the adapters ``init`` (canonical names) with ``implementation`` (a name or the one under test)."""
     prepared = tier.prepare(cfg, implementation=implementation)
-    with torch.no_grad():
-        for name, p in prepared.adapters.items():
-            p.copy_(init[name].to(p.dtype))
-            if perturb and name.endswith("lora_A"):
-                gen = torch.Generator(device=p.device).manual_seed(99)
-                sign = torch.randint(0, 2, p.shape, generator=gen, device=p.device) * 2 - 1
-                p.mul_(1 + perturb * sign)
+    copy_adapters(prepared.adapters, init)
+    if perturb:
+        perturb_lora_a(prepared.adapters, perturb)
     result = train(prepared.model, prepared.batches, cfg.train, adapters=prepared.adapters)
     if prepared.implementation is tier.impl:
         tier.check_served(prepared)
