@@ -163,6 +163,9 @@ class Criteria:
     # run (None: reported, not judged); and how long a job with a failing rank may take to end.
     scaling_efficiency_min: float | None = None
     rank_failure_seconds_max: float | None = None
+    # FSDP2 (multigpu tier): the number of ranks each parameter is sharded over; null: all of them (fully_shard
+    # over the whole world). The per-rank peak bound is derived from it (lora_suite.multigpu.fsdp_peak_bound).
+    fsdp_sharding_factor: int | None = None
 
 
 @dataclass(frozen=True)
@@ -362,8 +365,6 @@ def validate(cfg: TierConfig) -> None:
         ("train.graph_warmup_steps", t.graph_warmup_steps,
          t.graph_warmup_steps >= 1 and (not t.cuda_graph or t.graph_warmup_steps < t.steps),
          f">= 1, and < steps={t.steps} with cuda_graph (CUDA graphs need eager warm-up steps before the capture)"),
-        ("train.gradient_checkpointing", t.gradient_checkpointing, not (t.cuda_graph and t.gradient_checkpointing),
-         "false when train.cuda_graph is true (checkpointing under capture is not supported here yet)"),
         ("criteria.loss_window", c.loss_window, c.loss_window >= 1 and (c.loss_drop_min is None or 2 * c.loss_window <= t.steps),
          f">= 1, and two windows must fit in steps={t.steps} when loss_drop_min is set"),
         ("criteria.fit_after_step", c.fit_after_step,
@@ -378,6 +379,8 @@ def validate(cfg: TierConfig) -> None:
         ("criteria.drift_noise_z", c.drift_noise_z, _finite(c.drift_noise_z) and c.drift_noise_z >= 0, "finite, >= 0"),
         ("criteria.bf16_comparison_steps", c.bf16_comparison_steps,
          c.bf16_comparison_steps is None or 1 <= c.bf16_comparison_steps <= t.steps, f"null or 1 <= x <= steps={t.steps}"),
+        ("criteria.fsdp_sharding_factor", c.fsdp_sharding_factor, c.fsdp_sharding_factor is None or c.fsdp_sharding_factor >= 2,
+         "null (every rank) or an integer >= 2"),
         ("criteria.grad_accum_k", c.grad_accum_k, c.grad_accum_k is None or (c.grad_accum_k >= 2 and d.batch_size % c.grad_accum_k == 0),
          f"null or >= 2 dividing batch_size={d.batch_size}"),
     ]

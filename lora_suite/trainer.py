@@ -124,7 +124,9 @@ def make_optimizer(model: nn.Module, s: TrainSettings,
         raise ValueError(f"parameters outside the adapters require grad: {stray[:5]} ({len(stray)} in all); "
                          "the base model must be frozen")
     params = list(adapters.values())
-    fused = all(p.is_cuda for p in params)
+    # The fused kernel for plain CUDA tensors; a sharded model's DTensor adapters take torch's default
+    # (foreach) implementation, which DTensor supports.
+    fused = all(p.is_cuda and not _is_dtensor(p) for p in params)
     if s.cuda_graph:  # capturable: the step count and the lr live on the device, so a replay can update them
         check_capturable(params, s)
         return torch.optim.AdamW(params, lr=torch.tensor(s.lr, device=params[0].device), betas=(0.9, 0.999),
@@ -133,14 +135,67 @@ def make_optimizer(model: nn.Module, s: TrainSettings,
                              fused=fused or None)
 
 
+def _is_dtensor(t: torch.Tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+    return isinstance(t, DTensor)
+
+
 def check_capturable(params: list[nn.Parameter], s: TrainSettings) -> None:
     """The errors a captured run gives before it starts, naming what is wrong."""
     devices = sorted({str(p.device) for p in params})
     if any(not p.is_cuda for p in params):
         raise ValueError(f"train.cuda_graph: true needs the adapters on a CUDA device; they are on {devices}")
-    if s.gradient_checkpointing:
-        raise ValueError("train.cuda_graph: true with train.gradient_checkpointing: true is not supported: "
-                         "activation checkpointing is not captured here yet; turn one of them off")
+
+
+def checkpointing_kwargs(model: nn.Module, s: TrainSettings) -> dict[str, bool]:
+    """How activations are checkpointed: non-reentrant, and, when the step is captured, without RNG stashing.
+
+    Non-reentrant checkpointing (saved-tensor hooks; the recomputation runs inside backward) is what a
+    CUDA graph can record: the recomputed forward is just more kernels in the captured backward. What it
+    cannot record is the RNG stash (``preserve_rng_state``: reading and restoring the CUDA generator state
+    on the host at every checkpointed block, which reads capture-time values). That stash exists to
+    replay dropout masks exactly; a model with no random op in training mode has none to replay, so under
+    capture it is turned off, after checking that nothing in the model draws random numbers, and a model
+    that does is refused with the modules named.
+    """
+    kwargs = {"use_reentrant": False}
+    if s.cuda_graph:
+        random_ops = random_in_training(model)
+        if random_ops:
+            raise ValueError("train.cuda_graph: true with train.gradient_checkpointing: true needs a model without "
+                             f"dropout in training mode (the checkpoint's RNG stash cannot be captured); found "
+                             f"{random_ops[:5]}{' ...' if len(random_ops) > 5 else ''}: set their p to 0 or turn "
+                             "one of the two settings off")
+        kwargs["preserve_rng_state"] = False
+    return kwargs
+
+
+def random_in_training(model: nn.Module) -> list[str]:
+    """What draws random numbers in training mode: dropout modules with p > 0 and the config's dropout rates."""
+    found = [f"{n or type(model).__name__} (p={m.p})" for n, m in model.named_modules()
+             if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0]
+    config = getattr(model, "config", None)
+    for key in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop"):
+        value = getattr(config, key, None) if config is not None else None
+        if isinstance(value, (int, float)) and value > 0:
+            found.append(f"config.{key}={value}")
+    return found
+
+
+def clip_gradients(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Clip the gradients to a total 2-norm of ``max_norm`` (inf: no clipping); return the norm before clipping.
+
+    What ``torch.nn.utils.clip_grad_norm_`` does (the same two calls), except that a sharded model's norm
+    (FSDP2: DTensor gradients, so a partial norm per rank) is completed across the ranks before it is used,
+    so every rank clips by the global norm and returns it.
+    """
+    from torch.distributed.tensor import DTensor
+    grads = [p.grad for p in params if p.grad is not None]
+    total = torch.nn.utils.get_total_norm(grads, 2.0)
+    if isinstance(total, DTensor):
+        total = total.full_tensor()
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return total
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
@@ -184,7 +239,7 @@ class CapturedStep:
         torch.cuda.synchronize()
         with torch.cuda.graph(self.graph):
             self.loss = accumulate_gradients(model, self.static.buffers)
-            self.grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+            self.grad_norm = clip_gradients(params, max_norm)
             optimizer.step()
 
     def run(self, micro: list[dict[str, torch.Tensor]], step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -242,7 +297,7 @@ def train(model: nn.Module, batches: Callable[[int], dict[str, torch.Tensor]], s
         side.wait_stream(torch.cuda.current_stream())
     captured: CapturedStep | None = None
     if s.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpointing_kwargs(model, s))
     model.train()
     nvml = NvmlReader() if cuda else None
     # Move the model's large object graph out of the cyclic collector's reach: a full collection over it
@@ -279,7 +334,7 @@ def train(model: nn.Module, batches: Callable[[int], dict[str, torch.Tensor]], s
                 else:
                     optimizer.zero_grad(set_to_none=True)
                     loss_t = accumulate_gradients(model, micro)
-                    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))  # syncs
+                    grad_norm = float(clip_gradients(params, max_norm))  # syncs
                     loss = float(loss_t)
                     if not (math.isfinite(loss) and math.isfinite(grad_norm)):
                         raise NonFiniteError(_non_finite_message(step, loss, grad_norm, named))

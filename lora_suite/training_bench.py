@@ -13,8 +13,10 @@ from the measured steps only:
 
 and each run's ratios: tokens/s ÷ PEFT eager's and ÷ PEFT captured's for the same case (the issue's targets are
 written against these), peak ÷ PEFT eager's peak and ÷ the peak of PEFT's run in the same mode (captured
-runs keep the graph's memory pool: their peak is compared with PEFT captured; compiled with PEFT eager). A run that cannot be made (captured with activation
-checkpointing) is recorded as not applicable with the reason, not dropped.
+runs keep the graph's memory pool: their peak is compared with PEFT captured; compiled with PEFT eager). A run
+that cannot be made (compiled with activation checkpointing, captured for an implementation that refuses
+capture) is recorded as not applicable with the reason, not dropped. Captured runs of the checkpointed 7B case
+capture the recomputation too (``trainer.checkpointing_kwargs``).
 """
 
 from __future__ import annotations
@@ -68,8 +70,6 @@ def run_config(case: Case, implementation: str, mode: str, *, warmup: int, measu
 
 def not_applicable(case: Case, mode: str, implementation=None) -> str | None:
     """Why a run cannot be made, or None (``implementation``: a LoRAImplementation, asked about capture)."""
-    if mode == "captured" and case.gradient_checkpointing:
-        return "captured steps with activation checkpointing are refused by the trainer (not supported yet)"
     if mode == "captured" and implementation is not None:
         return implementation.reason_not_applicable("cuda_graph_capture")
     if mode == "compiled" and case.gradient_checkpointing:

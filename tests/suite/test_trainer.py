@@ -114,14 +114,30 @@ def test_a_captured_run_needs_cuda_adapters_and_says_so(tiny_cfg):
         train(p.model, p.batches, cfg, adapters=p.adapters)
 
 
-def test_capture_with_checkpointing_is_refused_at_load_time(config_dir):
-    from lora_suite.config import ConfigError, load_tier_config
+def test_capture_with_checkpointing_loads_and_checkpoints_without_the_rng_stash(config_dir):
+    from lora_suite.config import load_tier_config
+    from lora_suite.trainer import checkpointing_kwargs
     path = config_dir / "tiny.yaml"
     path.write_text(path.read_text().replace("log_every: 20}", "log_every: 20, cuda_graph: true, "
                                                                 "gradient_checkpointing: true}"))
-    with pytest.raises(ConfigError, match="train.gradient_checkpointing: True is out of range; expected false when "
-                                          "train.cuda_graph is true"):
-        load_tier_config(path)
+    cfg = load_tier_config(path)
+    model = prepare(cfg, "cpu").model
+    assert checkpointing_kwargs(model, cfg.train) == {"use_reentrant": False, "preserve_rng_state": False}
+    eager = dataclasses.replace(cfg.train, cuda_graph=False)
+    assert checkpointing_kwargs(model, eager) == {"use_reentrant": False}  # eager keeps the RNG stash
+
+
+def test_capture_with_checkpointing_refuses_a_model_with_dropout_naming_it(tiny_cfg):
+    from lora_suite.trainer import checkpointing_kwargs, random_in_training
+    model = prepare(tiny_cfg, "cpu").model
+    assert random_in_training(model) == []
+    s = dataclasses.replace(tiny_cfg.train, cuda_graph=True, gradient_checkpointing=True)
+    model.config.attention_dropout = 0.1
+    model.model.layers[0].mlp.drop = torch.nn.Dropout(0.2)
+    assert random_in_training(model) == ["model.layers.0.mlp.drop (p=0.2)", "config.attention_dropout=0.1"]
+    with pytest.raises(ValueError, match=r"needs a model without dropout in training mode .*found "
+                                         r"\['model.layers.0.mlp.drop \(p=0.2\)', 'config.attention_dropout=0.1'\]"):
+        checkpointing_kwargs(model, s)
 
 
 def test_static_batches_copy_in_and_refuse_other_shapes():

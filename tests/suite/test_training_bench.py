@@ -33,9 +33,10 @@ def test_compiled_runs_are_measured_for_cupy_only_and_not_with_checkpointing():
     assert TB.run_config(small, "cupy", "compiled", warmup=10, measured=30).train.cuda_graph is False
 
 
-def test_captured_with_checkpointing_is_not_applicable_with_its_reason():
+def test_captured_runs_are_applicable_unless_the_implementation_refuses_capture():
     seven_b = next(c for c in TB.CASES if c.gradient_checkpointing)
-    assert "checkpointing" in TB.not_applicable(seven_b, "captured")
+    assert TB.not_applicable(seven_b, "captured") is None  # checkpointing is captured with the step
+    assert TB.run_config(seven_b, "cupy", "captured", warmup=3, measured=5).train.cuda_graph is True
     assert TB.not_applicable(seven_b, "eager") is None
     from lora_suite.implementations import resolve_implementation
     small = TB.CASES[0]
