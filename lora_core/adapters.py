@@ -35,8 +35,23 @@ def _peft_key(module_path: str, which: str) -> str:
     return f"{PREFIX}{module_path}.{which}.weight"
 
 
-def save_peft_adapter(model: nn.Module, path: str | Path, *, base_model_name_or_path: str | None = None) -> Path:
-    """Write ``model``'s LoRA adapters as a PEFT folder (``peft.PeftModel.from_pretrained`` loads it)."""
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself, or for a sharded DTensor (FSDP2's parameters) the whole tensor, gathered from every rank.
+
+    Gathering is a collective: on a sharded model every rank must make the same calls in the same order.
+    """
+    from torch.distributed.tensor import DTensor
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def save_peft_adapter(model: nn.Module, path: str | Path, *, base_model_name_or_path: str | None = None,
+                      write: bool = True) -> Path:
+    """Write ``model``'s LoRA adapters as a PEFT folder (``peft.PeftModel.from_pretrained`` loads it).
+
+    A model sharded with FSDP2 (``fully_shard``: DTensor adapters) is saved whole: each adapter is gathered
+    from the ranks (``full_tensor``), so every rank must call this; pass ``write=(rank == 0)`` so that one
+    rank writes the folder.
+    """
     layers = lora_modules(model)
     if not layers:
         raise ValueError("the model has no LoRA adapters to save (inject_lora first)")
@@ -55,9 +70,11 @@ def save_peft_adapter(model: nn.Module, path: str | Path, *, base_model_name_or_
     }
     tensors = {}
     for name, m in layers.items():
-        tensors[_peft_key(name, "lora_A")] = m.lora_A.detach().to("cpu").contiguous()
-        tensors[_peft_key(name, "lora_B")] = m.lora_B.detach().to("cpu").contiguous()
+        tensors[_peft_key(name, "lora_A")] = full_tensor(m.lora_A.detach()).to("cpu").contiguous()
+        tensors[_peft_key(name, "lora_B")] = full_tensor(m.lora_B.detach()).to("cpu").contiguous()
     path = Path(path)
+    if not write:
+        return path
     path.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
     (path / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")

@@ -10,8 +10,16 @@ Worker modes (``--mode``):
             and with equal label counts per rank (fixed-length windows) the average of the ranks' mean losses is
             the global mean, so the N-rank run takes the same steps as one process with the whole batch, up to
             rounding (the GEMMs see other shapes). With one rank it is that one-process run.
-    fail    the same, and rank ``--fail-rank`` raises at step ``--fail-at`` (a planted failure): the job must
-            end, not hang on the next collective.
+    fsdp    FSDP2 (``torch.distributed.fsdp.fully_shard``): every decoder layer is one FSDP unit and the model
+            the root unit, so base weights, adapters, their gradients and AdamW's state are sharded over the
+            ranks (``shard_model``); the batch is split by rows as for ddp. After training every rank takes
+            part in saving the adapters as a PEFT folder (``<out>/adapter``, gathered from the shards by
+            ``lora_core.adapters.save_peft_adapter``) and in a forward pass over a probe batch whose logits
+            rank 0 writes (``<out>/probe.safetensors``) for the one-GPU reload check. The base weights are
+            checked untouched by checksums (a full copy would be the 7B model again on every rank). With one
+            rank nothing is sharded: that is the one-GPU reference whose peak memory the sharded run is held to.
+    fail    the same as ddp, and rank ``--fail-rank`` raises at step ``--fail-at`` (a planted failure): the job
+            must end, not hang on the next collective.
 Each rank writes ``<out>/rank<r>.json``: its per-step global losses (the mean of the ranks' losses, all-reduced
 after the run), local tokens/s, whether its base weights are bitwise untouched, and how many adapter tensors
 differ from rank 0's (all-gathered, compared bitwise). Rank 0 also saves the adapters
@@ -38,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}  # why: module docstring
-MODES = ("ddp", "fail")
+MODES = ("ddp", "fsdp", "fail")
 
 
 @dataclass(frozen=True)
@@ -57,7 +65,8 @@ class LaunchResult:
 
 def launch_command(config: str | Path, out: str | Path, nproc: int, *, mode: str = "ddp",
                    implementation: str | None = None, device: str = "cuda", steps: int | None = None,
-                   perturb: float = 0.0, fail_rank: int = 1, fail_at: int = 3) -> list[str]:
+                   perturb: float = 0.0, fail_rank: int = 1, fail_at: int = 3,
+                   batch_size: int | None = None) -> list[str]:
     """The torchrun command line of one run (``--standalone``: a local rendezvous on a free port)."""
     if mode not in MODES:
         raise ValueError(f"mode {mode!r} is not one of {MODES}")
@@ -70,6 +79,8 @@ def launch_command(config: str | Path, out: str | Path, nproc: int, *, mode: str
         cmd += ["--implementation", implementation]
     if steps is not None:
         cmd += ["--steps", str(steps)]
+    if batch_size is not None:
+        cmd += ["--batch-size", str(batch_size)]
     return cmd
 
 
@@ -145,6 +156,79 @@ def rank_rows(batch: dict, rank: int, world: int) -> dict:
     return {k: v[rank * per:(rank + 1) * per] for k, v in batch.items()}
 
 
+# ------------------------------------------------------------------------------------------- FSDP2
+def decoder_layers(model) -> list:
+    """The repeated blocks of a causal LM (``model.model.layers`` in transformers' Llama family): FSDP units."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None or len(layers) == 0:
+        raise ValueError(f"{type(model).__name__} has no model.layers: the fsdp mode shards a transformers causal LM "
+                         "of the Llama family, one FSDP unit per decoder layer")
+    return list(layers)
+
+
+def shard_model(model, mesh=None) -> None:
+    """FSDP2 in place: ``fully_shard`` each decoder layer, then the model (the root unit: embeddings, final norm,
+    LM head). Each parameter, frozen or not, becomes a DTensor sharded on dim 0 over the mesh's ranks."""
+    from torch.distributed.fsdp import fully_shard
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def param_bytes(module, *, recurse: bool = True) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters(recurse=recurse))
+
+
+def memory_terms(model, adapters: dict) -> dict[str, int]:
+    """The byte counts ``fsdp_peak_bound`` needs, from the unsharded model (before ``shard_model``).
+
+    sharded     every parameter (base and adapters) + the adapters' gradients + AdamW's two moments (fp32,
+                like the adapters): what FSDP2 divides over the ranks
+    transient   what a rank holds unsharded at once: the root unit's own parameters (FSDP2 keeps the root
+                gathered between forward and backward) + two decoder layers (the one running and the next,
+                prefetched)
+    """
+    adapter = sum(p.numel() * p.element_size() for p in adapters.values())
+    root_own = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if ".layers." not in f".{n}")
+    largest_layer = max(param_bytes(layer) for layer in decoder_layers(model))
+    return {"sharded": param_bytes(model) + 3 * adapter, "transient": root_own + 2 * largest_layer,
+            "params": param_bytes(model), "adapters": adapter, "root_own_params": root_own,
+            "largest_layer_params": largest_layer}
+
+
+def fsdp_peak_bound(peak_one_gpu: float, terms: dict[str, int], factor: int) -> float:
+    """The most a rank of an FSDP2 run may hold at its peak, in bytes.
+
+    The one-GPU run (same per-rank batch, nothing sharded) peaks at P = S + R, S the shardable bytes
+    (``memory_terms``) and R the rest (activations, logits, scratch), which sharding leaves as it is. Sharded
+    F ways, a rank keeps S/F of S and adds what it gathers at once, T (``memory_terms`` "transient"):
+        peak_rank <= P - S·(1 - 1/F) + T
+    An FSDP run that does not shard (a unit left unwrapped, parameters kept gathered after use) keeps most of
+    S and lands well above this bound when S·(1 - 1/F) is much more than T, as for a 7B model on two GPUs.
+    """
+    if factor < 1:
+        raise ValueError(f"sharding factor {factor} must be >= 1")
+    return peak_one_gpu - terms["sharded"] * (1 - 1 / factor) + terms["transient"]
+
+
+def base_checksums(model) -> dict[str, tuple[float, float]]:
+    """Per frozen parameter, two sums over its bits (plain and position-weighted), taken on the whole tensor
+    (gathered when sharded: a collective, every rank calls it). Equal before and after training: untouched."""
+    import torch
+
+    from lora_core.adapters import full_tensor
+    sums = {}
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            continue
+        bits = full_tensor(p.detach()).contiguous().view(-1)
+        bits = bits.view(torch.int16) if bits.element_size() == 2 else bits.view(torch.int32) if bits.element_size() == 4 else bits
+        v = bits.to(torch.float64)
+        pos = torch.arange(1, v.numel() + 1, device=v.device, dtype=torch.float64) % 65521
+        sums[name] = (float(v.sum()), float((v * pos).sum()))
+    return sums
+
+
 # ------------------------------------------------------------------------------------------- the worker
 def _worker(args: argparse.Namespace) -> None:
     import torch
@@ -170,12 +254,24 @@ def _worker(args: argparse.Namespace) -> None:
             cfg = dataclasses.replace(cfg, implementation=args.implementation)
         if args.steps:
             cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=args.steps))
+        if args.batch_size:
+            cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, batch_size=args.batch_size,
+                                                                    pool=max(cfg.data.pool, args.batch_size)))
         prepared = prepare(cfg, device)
         if args.perturb:  # the control run, as in the convergence tier
             perturb_lora_a(prepared.adapters, args.perturb)
-        base = {n: p.detach().clone() for n, p in prepared.model.named_parameters() if not p.requires_grad}
-        model = prepared.model
-        if world > 1:
+        model, adapters = prepared.model, prepared.adapters
+        fsdp = args.mode == "fsdp"
+        terms = memory_terms(model, adapters) if fsdp else None
+        if fsdp:
+            base_before = base_checksums(model)
+        else:
+            base = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+        if fsdp and world > 1:
+            from lora_core.inject import adapter_parameters
+            shard_model(model)
+            adapters = adapter_parameters(model)  # the DTensor parameters fully_shard put in the modules' place
+        elif world > 1:
             model = DistributedDataParallel(model, device_ids=[local] if cuda else None)
         fail = args.mode == "fail"
 
@@ -186,25 +282,44 @@ def _worker(args: argparse.Namespace) -> None:
             if fail and rank == args.fail_rank and step + 1 == args.fail_at:
                 raise RuntimeError(f"planted failure on rank {rank} at step {step + 1}")
 
-        records = train(model, batches, cfg.train, adapters=prepared.adapters, step_hook=hook).records
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)  # the peak of training: the model is built and sharded
+        records = train(model, batches, cfg.train, adapters=adapters, step_hook=hook).records
+        peak = torch.cuda.max_memory_allocated(device) if cuda else None
         local_losses = torch.tensor([r.loss for r in records], dtype=torch.float64, device=device)
         dist.all_reduce(local_losses)
-        differ = adapter_mismatches(prepared.adapters) if world > 1 else []
-        untouched = all(torch.equal(p, base[n]) for n, p in prepared.model.named_parameters() if n in base)
         warm = min(len(records) // 4, 5)
         result = {
-            "rank": rank, "world": world, "device": str(device), "implementation": cfg.implementation,
-            "served_by": prepared.implementation.served_by(prepared.model),
-            "losses": (local_losses / world).tolist(),
+            "rank": rank, "world": world, "mode": args.mode, "device": str(device),
+            "implementation": cfg.implementation, "served_by": prepared.implementation.served_by(prepared.model),
+            "losses": (local_losses / world).tolist(), "batch_size": cfg.data.batch_size,
             "local_tokens_per_s": statistics.median(r.tokens_per_s for r in records[warm:]),
-            "peak_allocated_gib": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None,
-            "base_untouched": untouched, "adapters_differing_from_rank0": differ,
-            "n_adapters": len(prepared.adapters),
+            "peak_allocated_gib": peak / 2**30 if peak is not None else None,
+            "peak_allocated_bytes": peak, "n_adapters": len(adapters),
         }
-        if rank == 0:
+        if fsdp:
             from safetensors.torch import save_file
-            save_file({n: p.detach().cpu().contiguous() for n, p in prepared.adapters.items()},
-                      str(Path(args.out) / "adapters.safetensors"))
+
+            from lora_core.adapters import save_peft_adapter
+            result["memory_terms"] = terms
+            result["sharded"] = world > 1
+            result["base_untouched"] = base_checksums(model) == base_before
+            result["adapters_differing_from_rank0"] = None  # sharded: each rank holds its own part
+            save_peft_adapter(model, Path(args.out) / "adapter", write=rank == 0)
+            probe = prepared.batches(10_000)["input_ids"][:1]  # the same window on every rank
+            with torch.no_grad():
+                logits = model(input_ids=probe).logits.float()
+            if rank == 0:
+                save_file({"input_ids": probe.cpu().contiguous(), "logits": logits.cpu().contiguous()},
+                          str(Path(args.out) / "probe.safetensors"))
+        else:
+            result["adapters_differing_from_rank0"] = adapter_mismatches(adapters) if world > 1 else []
+            result["base_untouched"] = all(torch.equal(p, base[n]) for n, p in prepared.model.named_parameters()
+                                           if n in base)  # the unwrapped model: DDP's names carry "module."
+            if rank == 0:
+                from safetensors.torch import save_file
+                save_file({n: p.detach().cpu().contiguous() for n, p in adapters.items()},
+                          str(Path(args.out) / "adapters.safetensors"))
         path = Path(args.out) / f"rank{rank}.json"
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(result))
@@ -234,6 +349,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--implementation", default=None)
     ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--batch-size", type=int, default=None, help="override data.batch_size (the global batch)")
     ap.add_argument("--perturb", type=float, default=0.0)
     ap.add_argument("--fail-rank", type=int, default=1)
     ap.add_argument("--fail-at", type=int, default=3)

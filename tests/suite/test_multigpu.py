@@ -87,3 +87,62 @@ def test_the_tier_skips_with_fewer_than_two_gpus_saying_how_many(monkeypatch):
 
     with pytest.raises(pytest.skip.Exception, match="needs at least 2 GPUs; found 1 visible"):
         tier_mod.gpus_for_run(Request)
+
+
+def test_fsdp2_on_two_gloo_ranks_trains_like_one_process_and_saves_a_peft_folder_that_reloads(short_cfg, tmp_path):
+    """FSDP2 (fully_shard) over two gloo ranks: the same losses as one process, base untouched, and the PEFT folder
+    gathered from the shards loads into a fresh one-process model that reproduces the sharded model's logits."""
+    from safetensors.torch import load_file
+
+    from lora_core.adapters import load_peft_adapter
+    from lora_suite.config import load_tier_config
+    from lora_suite.prepare import prepare
+    two = M.launch(short_cfg, tmp_path / "two", 2, timeout_s=240, device="cpu", mode="fsdp")
+    one = M.launch(short_cfg, tmp_path / "one", 1, timeout_s=240, device="cpu", mode="fsdp")
+    assert two.returncode == 0 and one.returncode == 0, two.stderr[-3000:] + one.stderr[-3000:]
+    assert [r["sharded"] for r in two.ranks] == [True, True] and one.ranks[0]["sharded"] is False
+    for r in two.ranks:
+        assert r["base_untouched"] and r["served_by"] == "torch" and r["adapters_differing_from_rank0"] is None
+    torch.testing.assert_close(torch.tensor(two.ranks[0]["losses"]), torch.tensor(one.ranks[0]["losses"]),
+                               rtol=1e-4, atol=0)
+    probe = load_file(str(tmp_path / "two" / "probe.safetensors"))
+    fresh = prepare(load_tier_config(short_cfg), "cpu")  # same seed: the same base, untrained adapters
+    with torch.no_grad():
+        untrained = fresh.model(input_ids=probe["input_ids"]).logits.float()
+    assert load_peft_adapter(fresh.model, tmp_path / "two" / "adapter")
+    with torch.no_grad():
+        reloaded = fresh.model(input_ids=probe["input_ids"]).logits.float()
+    assert not torch.allclose(untrained, probe["logits"], rtol=0, atol=1e-4)  # the adapters did train
+    torch.testing.assert_close(reloaded, probe["logits"], rtol=1e-5, atol=1e-5)
+
+
+def test_the_fsdp_peak_bound_and_its_memory_terms():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from lora_core.inject import adapter_parameters, inject_lora
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                         num_attention_heads=4, num_key_value_heads=2))
+    inject_lora(model, ["q_proj"], 2, 4, backend="torch")
+    adapters = adapter_parameters(model)
+    t = M.memory_terms(model, adapters)
+    layer = sum(p.numel() * 4 for p in model.model.layers[0].parameters())
+    root = sum(p.numel() * 4 for p in (model.model.embed_tokens.weight, model.model.norm.weight, model.lm_head.weight))
+    adapter = sum(p.numel() * 4 for p in adapters.values())
+    assert t["largest_layer_params"] == layer and t["root_own_params"] == root and t["adapters"] == adapter
+    assert t["sharded"] == t["params"] + 3 * adapter and t["transient"] == root + 2 * layer
+    # P - S(1 - 1/F) + T: a 10 GB one-GPU peak of which 8 GB shard, 1 GB gathered at once
+    assert M.fsdp_peak_bound(10e9, {"sharded": 8e9, "transient": 1e9}, 2) == 7e9
+    assert M.fsdp_peak_bound(10e9, {"sharded": 8e9, "transient": 1e9}, 1) == 11e9
+    with pytest.raises(ValueError, match="sharding factor 0 must be >= 1"):
+        M.fsdp_peak_bound(1.0, {"sharded": 0, "transient": 0}, 0)
+    with pytest.raises(ValueError, match="has no model.layers"):
+        M.decoder_layers(torch.nn.Linear(2, 2))
+
+
+def test_base_checksums_change_when_one_bit_of_a_frozen_weight_changes():
+    lin = torch.nn.Linear(4, 3).to(torch.bfloat16).requires_grad_(False)
+    before = M.base_checksums(lin)
+    assert set(before) == {"weight", "bias"} and M.base_checksums(lin) == before
+    with torch.no_grad():
+        lin.weight.view(-1).view(torch.int16)[5] += 1  # the smallest change: one unit in the last place
+    assert M.base_checksums(lin)["weight"] != before["weight"] and M.base_checksums(lin)["bias"] == before["bias"]
