@@ -123,16 +123,19 @@ cd "$ROOT"
 # on a machine with an NVIDIA GPU the system under test also needs CuPy and nvmath-python's cuBLAS binding,
 # built for the CUDA major of the torch that is installed (the cuda12 or cuda13 extra), and PEFT for the
 # reference rows.
-NEEDED="import torch, transformers, yaml, pynvml, pytest, pytest_benchmark, safetensors, matplotlib"
+# The check finds the packages without importing them (importing torch, transformers, CuPy and PEFT here took
+# ~6 s of a 46 s quick tier on a fresh machine, reports/20261122T104642Z-quick); a package that is present but
+# broken fails at import in pytest, which names it.
+NEEDED="torch transformers yaml pynvml pytest pytest_benchmark safetensors matplotlib"
 NVIDIA=0
 if [[ "${GPU_TEST_ASSUME_GPU:-}" == 1 ]] || { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }; then
-  NVIDIA=1; NEEDED="$NEEDED, cupy, nvmath.bindings.cublas, peft"
+  NVIDIA=1; NEEDED="$NEEDED cupy nvmath peft"
 fi
-[[ "$TARGET" == selftest ]] && NEEDED="$NEEDED, jsonschema"  # the CPU tests validate committed reports
+[[ "$TARGET" == selftest ]] && NEEDED="$NEEDED jsonschema"  # the CPU tests validate committed reports
 pick_python() {
-  local cand
+  local cand has_all="import importlib.util, sys; sys.exit(0 if all(importlib.util.find_spec(m) for m in '$NEEDED'.split()) else 1)"
   for cand in "${PYTHON:-}" "$ROOT/.venv/bin/python" python3; do
-    [[ -n "$cand" ]] && command -v "$cand" >/dev/null 2>&1 && "$cand" -c "$NEEDED" >/dev/null 2>&1 && { PY="$cand"; return 0; }
+    [[ -n "$cand" ]] && command -v "$cand" >/dev/null 2>&1 && "$cand" -c "$has_all" >/dev/null 2>&1 && { PY="$cand"; return 0; }
   done
   return 1
 }

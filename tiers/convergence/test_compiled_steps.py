@@ -46,3 +46,26 @@ def test_compiled_reduce_overhead_steps_match_eager(check, tiny_cupy_llama):
     check("cupy op ran while compiling and recording", calls, ">", 0)
     check(f"cupy op calls over {runs} compiled steps: fewer than eager's {runs} x {n_lora} (replays call none)",
           calls, "<", runs * n_lora, source="the CUDA graph replayed the op")
+
+
+def test_llama_with_cupy_layers_traces_as_one_graph_with_one_op_node_per_layer(check, tiny_cupy_llama):
+    """``torch.compile(fullgraph=True)`` of a Llama with injected cupy layers: no graph break, each LoRA layer one
+    ``lora_core::lora_linear`` node. (Moved here from the quick tier: Dynamo's trace alone took 9 s of that
+    tier's 31, reports/20261122T104642Z-quick.)"""
+    model = tiny_cupy_llama()
+    n_lora = sum(isinstance(m, lora_core.LoRALinear) for m in model.modules())
+    ids = torch.randint(0, 512, (2, 64), device="cuda")
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    traced = torch.compile(model, fullgraph=True, backend=record)(input_ids=ids, labels=ids).loss
+    ops = (torch.ops.lora_core.lora_linear, torch.ops.lora_core.lora_linear.default)
+    nodes = sum(1 for gm in graphs for node in gm.graph.nodes if node.target in ops)
+    check("graphs traced by torch.compile(fullgraph=True) (a graph break is an error)", len(graphs), "==", 1)
+    check("lora_core::lora_linear nodes in the graph, one per LoRA layer", nodes, "==", n_lora)
+    eager = model(input_ids=ids, labels=ids).loss
+    check("traced loss == eager loss (the same kernels, run by the graph)", traced.item(), "==", eager.item())
