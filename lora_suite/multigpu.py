@@ -15,7 +15,8 @@ Worker modes (``--mode``):
             ranks (``shard_model``); the batch is split by rows as for ddp. After training every rank takes
             part in saving the adapters as a PEFT folder (``<out>/adapter``, gathered from the shards by
             ``lora_core.adapters.save_peft_adapter``) and in a forward pass over a probe batch whose logits
-            rank 0 writes (``<out>/probe.safetensors``) for the one-GPU reload check. The base weights are
+            rank 0 writes (``<out>/probe.safetensors``) for the one-GPU reload check. ``--plant-no-reshard``
+            keeps the layers gathered after forward: a planted defect for the memory check. The base weights are
             checked untouched by checksums (a full copy would be the 7B model again on every rank). With one
             rank nothing is sharded: that is the one-GPU reference whose peak memory the sharded run is held to.
     fail    the same as ddp, and rank ``--fail-rank`` raises at step ``--fail-at`` (a planted failure): the job
@@ -66,7 +67,7 @@ class LaunchResult:
 def launch_command(config: str | Path, out: str | Path, nproc: int, *, mode: str = "ddp",
                    implementation: str | None = None, device: str = "cuda", steps: int | None = None,
                    perturb: float = 0.0, fail_rank: int = 1, fail_at: int = 3,
-                   batch_size: int | None = None) -> list[str]:
+                   batch_size: int | None = None, plant_no_reshard: bool = False) -> list[str]:
     """The torchrun command line of one run (``--standalone``: a local rendezvous on a free port)."""
     if mode not in MODES:
         raise ValueError(f"mode {mode!r} is not one of {MODES}")
@@ -81,6 +82,8 @@ def launch_command(config: str | Path, out: str | Path, nproc: int, *, mode: str
         cmd += ["--steps", str(steps)]
     if batch_size is not None:
         cmd += ["--batch-size", str(batch_size)]
+    if plant_no_reshard:
+        cmd += ["--plant-no-reshard"]
     return cmd
 
 
@@ -166,13 +169,16 @@ def decoder_layers(model) -> list:
     return list(layers)
 
 
-def shard_model(model, mesh=None) -> None:
+def shard_model(model, mesh=None, *, reshard_after_forward: bool = True) -> None:
     """FSDP2 in place: ``fully_shard`` each decoder layer, then the model (the root unit: embeddings, final norm,
-    LM head). Each parameter, frozen or not, becomes a DTensor sharded on dim 0 over the mesh's ranks."""
+    LM head). Each parameter, frozen or not, becomes a DTensor sharded on dim 0 over the mesh's ranks.
+
+    ``reshard_after_forward=False`` keeps every layer gathered from its forward to its backward: the planted
+    defect (``--plant-no-reshard``) that the per-rank peak bound must catch."""
     from torch.distributed.fsdp import fully_shard
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
 
 
 def param_bytes(module, *, recurse: bool = True) -> int:
@@ -185,13 +191,17 @@ def memory_terms(model, adapters: dict) -> dict[str, int]:
     sharded     every parameter (base and adapters) + the adapters' gradients + AdamW's two moments (fp32,
                 like the adapters): what FSDP2 divides over the ranks
     transient   what a rank holds unsharded at once: the root unit's own parameters (FSDP2 keeps the root
-                gathered between forward and backward) + two decoder layers (the one running and the next,
-                prefetched)
+                gathered between forward and backward) + three decoder layers: the one running, and for the
+                next one (prefetched) both FSDP2's flat all-gather buffer and the per-parameter tensors it is
+                copied out into (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py,
+                ``foreach_all_gather_copy_out`` allocates those before it copies). The first FSDP2 run on two
+                H200s counted two layers and its rank peak exceeded that bound by 0.16 GiB, less than the one
+                layer (0.38 GiB) left out (reports/20261122T105603Z-multigpu).
     """
     adapter = sum(p.numel() * p.element_size() for p in adapters.values())
     root_own = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if ".layers." not in f".{n}")
     largest_layer = max(param_bytes(layer) for layer in decoder_layers(model))
-    return {"sharded": param_bytes(model) + 3 * adapter, "transient": root_own + 2 * largest_layer,
+    return {"sharded": param_bytes(model) + 3 * adapter, "transient": root_own + 3 * largest_layer,
             "params": param_bytes(model), "adapters": adapter, "root_own_params": root_own,
             "largest_layer_params": largest_layer}
 
@@ -269,7 +279,7 @@ def _worker(args: argparse.Namespace) -> None:
             base = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
         if fsdp and world > 1:
             from lora_core.inject import adapter_parameters
-            shard_model(model)
+            shard_model(model, reshard_after_forward=not args.plant_no_reshard)
             adapters = adapter_parameters(model)  # the DTensor parameters fully_shard put in the modules' place
         elif world > 1:
             model = DistributedDataParallel(model, device_ids=[local] if cuda else None)
@@ -350,6 +360,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--implementation", default=None)
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--batch-size", type=int, default=None, help="override data.batch_size (the global batch)")
+    ap.add_argument("--plant-no-reshard", action="store_true",
+                    help="fsdp: keep layers gathered after forward (the planted defect of the memory check)")
     ap.add_argument("--perturb", type=float, default=0.0)
     ap.add_argument("--fail-rank", type=int, default=1)
     ap.add_argument("--fail-at", type=int, default=3)

@@ -23,6 +23,9 @@ def test_the_command_is_torchrun_over_the_worker_and_multicast_is_off():
     assert env["PATH"] == "/bin"
     with pytest.raises(ValueError, match="mode 'allreduce' is not one of"):
         M.launch_command("c.yaml", "out", 2, mode="allreduce")
+    planted = M.launch_command("c.yaml", "out", 2, mode="fsdp", batch_size=2, plant_no_reshard=True)
+    assert planted[-3:] == ["--batch-size", "2", "--plant-no-reshard"]
+    assert "--plant-no-reshard" not in M.launch_command("c.yaml", "out", 2, mode="fsdp")
     with pytest.raises(ValueError, match="nproc=0 must be >= 1"):
         M.launch_command("c.yaml", "out", 0)
 
@@ -129,7 +132,7 @@ def test_the_fsdp_peak_bound_and_its_memory_terms():
     root = sum(p.numel() * 4 for p in (model.model.embed_tokens.weight, model.model.norm.weight, model.lm_head.weight))
     adapter = sum(p.numel() * 4 for p in adapters.values())
     assert t["largest_layer_params"] == layer and t["root_own_params"] == root and t["adapters"] == adapter
-    assert t["sharded"] == t["params"] + 3 * adapter and t["transient"] == root + 2 * layer
+    assert t["sharded"] == t["params"] + 3 * adapter and t["transient"] == root + 3 * layer
     # P - S(1 - 1/F) + T: a 10 GB one-GPU peak of which 8 GB shard, 1 GB gathered at once
     assert M.fsdp_peak_bound(10e9, {"sharded": 8e9, "transient": 1e9}, 2) == 7e9
     assert M.fsdp_peak_bound(10e9, {"sharded": 8e9, "transient": 1e9}, 1) == 11e9

@@ -118,7 +118,8 @@ def test_fsdp2_shards_a_7b_model_trains_and_its_peft_adapters_reload_on_one_gpu(
     """FSDP2 (``fully_shard``) on the Llama-2-7B architecture: each rank's peak below the one-GPU peak by the
     sharding factor (``fsdp_peak_bound``), the loss falls, the base is untouched, and the adapters saved from the
     sharded model as a PEFT folder reload into a one-GPU model (this process) with logits equal to the sharded
-    model's on the same probe batch (the same weights and kernels: bitwise)."""
+    model's on the same probe batch (the same weights and kernels: bitwise). A third job plants the defect the
+    memory bound exists for (layers kept gathered after forward) and must exceed the bound."""
     from safetensors.torch import load_file
 
     from lora_core.adapters import load_peft_adapter
@@ -132,9 +133,10 @@ def test_fsdp2_shards_a_7b_model_trains_and_its_peft_adapters_reload_on_one_gpu(
                     f"(hybrid sharding is not implemented): set it to null or run with --gpus {factor}")
     impl = tier.impl.name
     jobs = {}
-    for name, nproc, batch in (("sharded", n, None), ("one GPU", 1, cfg.data.batch_size // n)):
-        res = launch(CONFIG_FSDP, tmp_path / name.replace(" ", "_"), nproc, timeout_s=JOB_TIMEOUT_S, mode="fsdp",
-                     implementation=impl, batch_size=batch)
+    for name, nproc, batch, plant in (("sharded", n, None, False), ("one GPU", 1, cfg.data.batch_size // n, False),
+                                      ("planted: layers kept gathered after forward", n, None, True)):
+        res = launch(CONFIG_FSDP, tmp_path / name.split(":")[0].replace(" ", "_"), nproc, timeout_s=JOB_TIMEOUT_S,
+                     mode="fsdp", implementation=impl, batch_size=batch, plant_no_reshard=plant)
         tier.report.notes.append(f"{tier.nodeid}: {name} job, {nproc} GPU(s): exit {res.returncode}, {res.seconds:.1f} s")
         if res.returncode != 0 or len(res.ranks) != nproc:
             _job_failed(tier, name, res)
@@ -163,6 +165,10 @@ def test_fsdp2_shards_a_7b_model_trains_and_its_peft_adapters_reload_on_one_gpu(
     tier.check(f"largest per-rank peak over {n} FSDP2 ranks (GiB)", round(peak_n / gib, 3), "<=", round(bound / gib, 3),
                source=f"one-GPU peak {peak_1 / gib:.3f} GiB reduced by sharding factor {factor} "
                       "(lora_suite.multigpu.fsdp_peak_bound)")
+    planted = max(r["peak_allocated_bytes"] for r in jobs["planted: layers kept gathered after forward"].ranks)
+    tier.check("the bound's control: per-rank peak (GiB) of the same job with reshard_after_forward=False "
+               "(a planted defect) exceeds the bound", round(planted / gib, 3), ">", round(bound / gib, 3),
+               source="the check must fail on the defect it exists for")
     tokens_n = sum(r["local_tokens_per_s"] for r in ranks)
     tier.report.add_row(tier.nodeid, "FSDP2 throughput (median tokens/s after warm-up)",
                         ("GPUs", "tokens/s", "one GPU (B/N rows) tokens/s", "per-rank tokens/s / one GPU"),
