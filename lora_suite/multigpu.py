@@ -10,6 +10,8 @@ Worker modes (``--mode``):
             and with equal label counts per rank (fixed-length windows) the average of the ranks' mean losses is
             the global mean, so the N-rank run takes the same steps as one process with the whole batch, up to
             rounding (the GEMMs see other shapes). With one rank it is that one-process run.
+            ``--plant-no-sync`` trains without DDP (each rank keeps its own gradients): the planted defect
+            that the rank-agreement check must catch.
     fsdp    FSDP2 (``torch.distributed.fsdp.fully_shard``): every decoder layer is one FSDP unit and the model
             the root unit, so base weights, adapters, their gradients and AdamW's state are sharded over the
             ranks (``shard_model``); the batch is split by rows as for ddp. After training every rank takes
@@ -67,7 +69,8 @@ class LaunchResult:
 def launch_command(config: str | Path, out: str | Path, nproc: int, *, mode: str = "ddp",
                    implementation: str | None = None, device: str = "cuda", steps: int | None = None,
                    perturb: float = 0.0, fail_rank: int = 1, fail_at: int = 3,
-                   batch_size: int | None = None, plant_no_reshard: bool = False) -> list[str]:
+                   batch_size: int | None = None, plant_no_reshard: bool = False,
+                   plant_no_sync: bool = False) -> list[str]:
     """The torchrun command line of one run (``--standalone``: a local rendezvous on a free port)."""
     if mode not in MODES:
         raise ValueError(f"mode {mode!r} is not one of {MODES}")
@@ -84,6 +87,8 @@ def launch_command(config: str | Path, out: str | Path, nproc: int, *, mode: str
         cmd += ["--batch-size", str(batch_size)]
     if plant_no_reshard:
         cmd += ["--plant-no-reshard"]
+    if plant_no_sync:
+        cmd += ["--plant-no-sync"]
     return cmd
 
 
@@ -281,7 +286,7 @@ def _worker(args: argparse.Namespace) -> None:
             from lora_core.inject import adapter_parameters
             shard_model(model, reshard_after_forward=not args.plant_no_reshard)
             adapters = adapter_parameters(model)  # the DTensor parameters fully_shard put in the modules' place
-        elif world > 1:
+        elif world > 1 and not args.plant_no_sync:  # planted: no DDP, so each rank keeps its own gradients
             model = DistributedDataParallel(model, device_ids=[local] if cuda else None)
         fail = args.mode == "fail"
 
@@ -360,6 +365,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--implementation", default=None)
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--batch-size", type=int, default=None, help="override data.batch_size (the global batch)")
+    ap.add_argument("--plant-no-sync", action="store_true",
+                    help="ddp: train without DDP, gradients never averaged (the planted defect of the rank check)")
     ap.add_argument("--plant-no-reshard", action="store_true",
                     help="fsdp: keep layers gathered after forward (the planted defect of the memory check)")
     ap.add_argument("--perturb", type=float, default=0.0)

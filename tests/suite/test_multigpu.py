@@ -26,6 +26,7 @@ def test_the_command_is_torchrun_over_the_worker_and_multicast_is_off():
     planted = M.launch_command("c.yaml", "out", 2, mode="fsdp", batch_size=2, plant_no_reshard=True)
     assert planted[-3:] == ["--batch-size", "2", "--plant-no-reshard"]
     assert "--plant-no-reshard" not in M.launch_command("c.yaml", "out", 2, mode="fsdp")
+    assert M.launch_command("c.yaml", "out", 2, plant_no_sync=True)[-1] == "--plant-no-sync"
     with pytest.raises(ValueError, match="nproc=0 must be >= 1"):
         M.launch_command("c.yaml", "out", 0)
 
@@ -65,6 +66,9 @@ def test_two_gloo_ranks_agree_bitwise_and_match_one_process(short_cfg, tmp_path)
     torch.testing.assert_close(torch.tensor(two.ranks[0]["losses"]), torch.tensor(one.ranks[0]["losses"]),
                                rtol=1e-4, atol=0)
     assert (tmp_path / "two" / "adapters.safetensors").exists()
+    planted = M.launch(short_cfg, tmp_path / "planted", 2, timeout_s=240, device="cpu", plant_no_sync=True)
+    assert planted.returncode == 0, planted.stderr[-3000:]
+    assert all(r["adapters_differing_from_rank0"] for r in planted.ranks)  # the rank check sees unsynced ranks
 
 
 def test_a_planted_failure_on_rank_1_ends_the_job_and_names_the_rank(short_cfg, tmp_path):

@@ -4,6 +4,7 @@ Three jobs from the same seed (lora_suite/multigpu.py launches each under torchr
   multi     N ranks, the global batch B split by rows, DDP averaging the adapters' gradients
   single    one process with the whole batch B: the reference
   control   ``single`` with lora_A perturbed elementwise by ±2^-8 (bf16 unit roundoff)
+  planted   ``multi`` without DDP (gradients never averaged): the rank-agreement check must see it
 Checks: every rank's adapters bitwise identical to rank 0's after training; the base weights bitwise untouched
 on every rank; every rank served by the implementation's path; per-step losses of ``multi`` within
 max(factor·e(t), floor) of ``single`` (e(t): the control's running gap; the convergence tier's band and its
@@ -51,8 +52,10 @@ def test_ddp_matches_one_gpu_and_ranks_agree(tier, request, tmp_path):
     crit = cfg.criteria
     impl = tier.impl.name
     runs = {}
-    for name, nproc, perturb in (("multi", n, 0.0), ("single", 1, 0.0), ("control", 1, crit.control_perturbation)):
-        res = launch(CONFIG, tmp_path / name, nproc, timeout_s=JOB_TIMEOUT_S, implementation=impl, perturb=perturb)
+    for name, nproc, perturb, plant in (("multi", n, 0.0, False), ("single", 1, 0.0, False),
+                                        ("control", 1, crit.control_perturbation, False), ("planted", n, 0.0, True)):
+        res = launch(CONFIG, tmp_path / name, nproc, timeout_s=JOB_TIMEOUT_S, implementation=impl, perturb=perturb,
+                     plant_no_sync=plant)
         tier.report.notes.append(f"{tier.nodeid}: {name} job, {nproc} GPU(s): exit {res.returncode}, {res.seconds:.1f} s")
         if res.returncode != 0 or len(res.ranks) != nproc:
             _job_failed(tier, name, res)
@@ -63,6 +66,9 @@ def test_ddp_matches_one_gpu_and_ranks_agree(tier, request, tmp_path):
                sum(bool(r["adapters_differing_from_rank0"]) for r in ranks), "==", 0,
                detail="; ".join(f"rank {r['rank']}: {r['adapters_differing_from_rank0'][:3]}" for r in ranks
                                 if r["adapters_differing_from_rank0"]))
+    tier.check("the rank check's control: ranks whose adapters differ from rank 0's when the gradients are never "
+               "averaged (planted: no DDP)", sum(bool(r["adapters_differing_from_rank0"]) for r in runs["planted"].ranks),
+               ">=", 1, source="the check must fail on the defect it exists for")
     tier.check("ranks whose frozen base weights changed", sum(not r["base_untouched"] for r in ranks), "==", 0)
     tier.check(f"ranks not served by the implementation's path ({tier.impl.expected_path})",
                sum(r["served_by"] != tier.impl.expected_path for r in ranks), "==", 0,
