@@ -154,6 +154,31 @@ def adapter_mismatches(adapters: dict, group=None) -> list[str]:
     return differ
 
 
+def adapter_gaps(multi: dict, single: dict, control: dict, factor: float, floor: float) -> tuple[list, list[str]]:
+    """The N-GPU run's adapters against the one-GPU run's, within a band set by the control run.
+
+    Per adapter tensor, the relative gap d(X) = ‖X − single‖ / ‖single‖ (Frobenius norms) of the N-GPU run and
+    of the control (the one-GPU run started from lora_A perturbed at bf16 roundoff): the N-GPU tensor must stay
+    within max(factor · d(control), floor), the convergence tier's band applied to the trained adapters instead
+    of the losses. Returns (rows (name, d_multi, d_control, tolerance), names beyond the band).
+    """
+    import torch
+    if set(multi) != set(single) or set(control) != set(single):
+        raise ValueError(f"the runs saved different adapters: {sorted(set(multi) ^ set(single))[:5]} / "
+                         f"{sorted(set(control) ^ set(single))[:5]}")
+    rows, beyond = [], []
+    for name in sorted(single):
+        ref = single[name].double()
+        norm = float(ref.norm()) or 1.0
+        d_multi = float((multi[name].double() - ref).norm()) / norm
+        d_control = float((control[name].double() - ref).norm()) / norm
+        tol = max(factor * d_control, floor)
+        rows.append((name, d_multi, d_control, tol))
+        if not d_multi <= tol:  # NaN counts as beyond
+            beyond.append(name)
+    return rows, beyond
+
+
 def rank_rows(batch: dict, rank: int, world: int) -> dict:
     """Rank ``rank``'s share of a global batch: its contiguous block of B/N rows (B must divide by N)."""
     rows = batch["input_ids"].shape[0]

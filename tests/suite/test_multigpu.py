@@ -38,6 +38,18 @@ def test_each_rank_gets_its_block_of_rows_and_a_batch_that_does_not_split_is_nam
         M.rank_rows(batch, 0, 3)
 
 
+def test_adapter_gaps_band_and_refusals():
+    single = {"a": torch.ones(4), "b": torch.full((2,), 2.0)}
+    control = {"a": torch.ones(4) * 1.01, "b": torch.full((2,), 2.0)}  # d(control): 0.01 and 0
+    inside = {"a": torch.ones(4) * 1.03, "b": torch.full((2,), 2.0 + 2 ** -12)}
+    rows, beyond = M.adapter_gaps(inside, single, control, 4, 2 ** -10)
+    assert beyond == [] and rows[0][0] == "a" and rows[0][3] == pytest.approx(0.04)
+    outside = {"a": torch.ones(4) * 1.05, "b": torch.full((2,), float("nan"))}
+    assert M.adapter_gaps(outside, single, control, 4, 2 ** -10)[1] == ["a", "b"]
+    with pytest.raises(ValueError, match="different adapters"):
+        M.adapter_gaps({"a": torch.ones(4)}, single, control, 4, 0.0)
+
+
 def test_scaling_efficiency_and_failure_summary():
     assert M.scaling_efficiency(150.0, 2, 100.0) == 0.75
     err = ("[rank0]: RuntimeError: Connection closed by peer\n[rank1]: RuntimeError: planted failure on rank 1 at "
@@ -65,7 +77,13 @@ def test_two_gloo_ranks_agree_bitwise_and_match_one_process(short_cfg, tmp_path)
     # fp32 on the CPU: the split changes only the summation order
     torch.testing.assert_close(torch.tensor(two.ranks[0]["losses"]), torch.tensor(one.ranks[0]["losses"]),
                                rtol=1e-4, atol=0)
-    assert (tmp_path / "two" / "adapters.safetensors").exists()
+    from safetensors.torch import load_file
+    control = M.launch(short_cfg, tmp_path / "control", 1, timeout_s=240, device="cpu", perturb=2 ** -8)
+    assert control.returncode == 0, control.stderr[-3000:]
+    saved = {k: load_file(str(tmp_path / k / "adapters.safetensors")) for k in ("two", "one", "control")}
+    rows, beyond = M.adapter_gaps(saved["two"], saved["one"], saved["control"], 4, 2 ** -10)
+    assert beyond == [] and len(rows) == len(saved["one"])
+    assert all(d_control > d_multi for _, d_multi, d_control, _ in rows)  # fp32 reorder << a 2^-8 start
     planted = M.launch(short_cfg, tmp_path / "planted", 2, timeout_s=240, device="cpu", plant_no_sync=True)
     assert planted.returncode == 0, planted.stderr[-3000:]
     assert all(r["adapters_differing_from_rank0"] for r in planted.ranks)  # the rank check sees unsynced ranks

@@ -6,7 +6,8 @@ Three jobs from the same seed (lora_suite/multigpu.py launches each under torchr
   control   ``single`` with lora_A perturbed elementwise by ±2^-8 (bf16 unit roundoff)
   planted   ``multi`` without DDP (gradients never averaged): the rank-agreement check must see it
 Checks: every rank's adapters bitwise identical to rank 0's after training; the base weights bitwise untouched
-on every rank; every rank served by the implementation's path; per-step losses of ``multi`` within
+on every rank; every rank served by the implementation's path; the trained adapters of ``multi`` within the
+same band of ``single``'s per tensor (``adapter_gaps``); per-step losses of ``multi`` within
 max(factor·e(t), floor) of ``single`` (e(t): the control's running gap; the convergence tier's band and its
 derivation: the split changes GEMM shapes and so rounding, nothing else); the loss falls; scaling efficiency
 (tokens/s on N GPUs ÷ (N × one GPU), a figure until calibrated). A planted failure (rank 1 raises at step 3)
@@ -20,7 +21,7 @@ import torch
 
 from lora_suite.config import CONFIG_DIR
 from lora_suite.criteria import loss_drop, loss_match
-from lora_suite.multigpu import failure_summary, launch, scaling_efficiency
+from lora_suite.multigpu import adapter_gaps, failure_summary, launch, scaling_efficiency
 from lora_suite.report import Series
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multigpu]
@@ -81,6 +82,15 @@ def test_ddp_matches_one_gpu_and_ranks_agree(tier, request, tmp_path):
                                   tuple(rows), plot_x="step", plot_y=("one GPU", f"{n} GPUs")))
     tier.check(f"steps where the {n}-GPU loss leaves the band around the one-GPU loss (first: {beyond[:5]})",
                len(beyond), "==", 0, source="max(loss_match_factor*e(t), loss_match_floor): configs/multigpu.yaml")
+    from safetensors.torch import load_file
+    saved = {name: load_file(str(tmp_path / name / "adapters.safetensors")) for name in ("multi", "single", "control")}
+    gap_rows, gap_beyond = adapter_gaps(saved["multi"], saved["single"], saved["control"], crit.loss_match_factor,
+                                        crit.loss_match_floor)
+    worst = max(gap_rows, key=lambda r: r[1] / r[3])
+    tier.check(f"adapter tensors of the {n}-GPU run beyond the band around the one-GPU run's after {cfg.train.steps} "
+               f"steps (of {len(gap_rows)}; worst {worst[0]}: {worst[1]:.3g} vs {worst[3]:.3g})", len(gap_beyond), "==", 0,
+               source="max(loss_match_factor*d(control), loss_match_floor) per tensor: configs/multigpu.yaml",
+               detail=", ".join(gap_beyond[:5]))
     drop = loss_drop(ranks[0]["losses"], crit.loss_window)
     tier.check(f"{n}-GPU loss drop, mean of first {crit.loss_window} vs last {crit.loss_window} steps", round(drop, 4),
                ">=", crit.loss_drop_min, source="configs/multigpu.yaml loss_drop_min")
