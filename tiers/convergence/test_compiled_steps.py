@@ -50,8 +50,9 @@ def test_compiled_reduce_overhead_steps_match_eager(check, tiny_cupy_llama):
 
 def test_llama_with_cupy_layers_traces_as_one_graph_with_one_op_node_per_layer(check, tiny_cupy_llama):
     """``torch.compile(fullgraph=True)`` of a Llama with injected cupy layers: no graph break, each LoRA layer one
-    ``lora_core::lora_linear`` node. (Moved here from the quick tier: Dynamo's trace alone took 9 s of that
-    tier's 31, reports/20261122T104642Z-quick.)"""
+    ``lora_core::lora_linear`` node. (Moved here from the quick tier, where it took 9.3 s of 31 in
+    reports/20261122T104642Z-quick; most of that proved to be first-use start-up, which the quick tier's next
+    test then paid, reports/20261122T110533Z-quick: the move saved ~1.6 s.)"""
     model = tiny_cupy_llama()
     n_lora = sum(isinstance(m, lora_core.LoRALinear) for m in model.modules())
     ids = torch.randint(0, 512, (2, 64), device="cuda")

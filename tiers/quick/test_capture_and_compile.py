@@ -1,7 +1,7 @@
 """The cupy op inside CUDA graphs and torch.library: replay equals eager, the registered op passes opcheck.
 
-(Tracing a whole Llama with ``torch.compile`` costs ~9 s of Dynamo time, a third of this tier; that check sits
-with the compiled training steps in tiers/convergence/test_compiled_steps.py.)
+(The check that ``torch.compile`` traces a whole Llama as one graph sits with the compiled training steps in
+tiers/convergence/test_compiled_steps.py.)
 
 Why these matter: a training step captured in a CUDA graph (``train.cuda_graph``) or compiled with
 ``mode="reduce-overhead"`` replays the kernels recorded at capture time; an op that could not be captured
