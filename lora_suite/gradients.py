@@ -155,7 +155,6 @@ def copy_adapters(dst: dict[str, nn.Parameter], src: dict[str, torch.Tensor]) ->
             p.copy_(src[name].to(device=p.device, dtype=p.dtype))
 
 
-
 def perturb_lora_a(adapters: dict[str, nn.Parameter], relative: float, seed: int = 99) -> None:
     """The control run's start: every lora_A multiplied elementwise by 1 ± ``relative`` (random signs, seeded), a
     rounding-level change (bf16 unit roundoff) whose effect on the loss curve sets the tiers' tolerance band."""
@@ -165,6 +164,7 @@ def perturb_lora_a(adapters: dict[str, nn.Parameter], relative: float, seed: int
                 gen = torch.Generator(device=p.device).manual_seed(seed)
                 sign = torch.randint(0, 2, p.shape, generator=gen, device=p.device) * 2 - 1
                 p.mul_(1 + relative * sign)
+
 
 def whole_model_checks(model: nn.Module, batch: dict[str, torch.Tensor], *, label: str, reference: nn.Module,
                        adapters: dict[str, nn.Parameter] | None = None, reference_adapters=None, k: int | None,

@@ -211,8 +211,8 @@ def shard_model(model, mesh=None, *, reshard_after_forward: bool = True) -> None
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
 
 
-def param_bytes(module, *, recurse: bool = True) -> int:
-    return sum(p.numel() * p.element_size() for p in module.parameters(recurse=recurse))
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def memory_terms(model, adapters: dict) -> dict[str, int]:
@@ -228,12 +228,12 @@ def memory_terms(model, adapters: dict) -> dict[str, int]:
                 H200s counted two layers and its rank peak exceeded that bound by 0.16 GiB, less than the one
                 layer (0.38 GiB) left out (reports/20261122T105603Z-multigpu).
     """
-    adapter = sum(p.numel() * p.element_size() for p in adapters.values())
-    root_own = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if ".layers." not in f".{n}")
-    largest_layer = max(param_bytes(layer) for layer in decoder_layers(model))
-    return {"sharded": param_bytes(model) + 3 * adapter, "transient": root_own + 3 * largest_layer,
-            "params": param_bytes(model), "adapters": adapter, "root_own_params": root_own,
-            "largest_layer_params": largest_layer}
+    params = _nbytes(model.parameters())
+    adapter = _nbytes(adapters.values())
+    root_own = _nbytes(p for n, p in model.named_parameters() if ".layers." not in f".{n}")
+    largest_layer = max(_nbytes(layer.parameters()) for layer in decoder_layers(model))
+    return {"sharded": params + 3 * adapter, "transient": root_own + 3 * largest_layer, "params": params,
+            "adapters": adapter, "root_own_params": root_own, "largest_layer_params": largest_layer}
 
 
 def fsdp_peak_bound(peak_one_gpu: float, terms: dict[str, int], factor: int) -> float:

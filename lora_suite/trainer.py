@@ -48,6 +48,7 @@ import torch
 from torch import nn
 
 from lora_suite.config import TrainSettings
+from lora_core.adapters import full_tensor
 from lora_core.inject import adapter_parameters
 from lora_suite.memory import MIB
 from lora_suite.nvml import NvmlReader
@@ -128,7 +129,7 @@ def make_optimizer(model: nn.Module, s: TrainSettings,
     # (foreach) implementation, which DTensor supports.
     fused = all(p.is_cuda and not _is_dtensor(p) for p in params)
     if s.cuda_graph:  # capturable: the step count and the lr live on the device, so a replay can update them
-        check_capturable(params, s)
+        check_capturable(params)
         return torch.optim.AdamW(params, lr=torch.tensor(s.lr, device=params[0].device), betas=(0.9, 0.999),
                                  eps=1e-8, weight_decay=s.weight_decay, fused=True, capturable=True)
     return torch.optim.AdamW(params, lr=s.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=s.weight_decay,
@@ -140,10 +141,10 @@ def _is_dtensor(t: torch.Tensor) -> bool:
     return isinstance(t, DTensor)
 
 
-def check_capturable(params: list[nn.Parameter], s: TrainSettings) -> None:
+def check_capturable(params: list[nn.Parameter]) -> None:
     """The errors a captured run gives before it starts, naming what is wrong."""
-    devices = sorted({str(p.device) for p in params})
     if any(not p.is_cuda for p in params):
+        devices = sorted({str(p.device) for p in params})
         raise ValueError(f"train.cuda_graph: true needs the adapters on a CUDA device; they are on {devices}")
 
 
@@ -189,11 +190,8 @@ def clip_gradients(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
     (FSDP2: DTensor gradients, so a partial norm per rank) is completed across the ranks before it is used,
     so every rank clips by the global norm and returns it.
     """
-    from torch.distributed.tensor import DTensor
     grads = [p.grad for p in params if p.grad is not None]
-    total = torch.nn.utils.get_total_norm(grads, 2.0)
-    if isinstance(total, DTensor):
-        total = total.full_tensor()
+    total = full_tensor(torch.nn.utils.get_total_norm(grads, 2.0))
     torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
     return total
 
@@ -287,7 +285,7 @@ def train(model: nn.Module, batches: Callable[[int], dict[str, torch.Tensor]], s
     cuda = params[0].is_cuda
     records = [] if records is None else records
     if s.cuda_graph:
-        check_capturable(params, s)
+        check_capturable(params)
         if not any(torch.is_tensor(g["lr"]) for g in optimizer.param_groups):
             raise ValueError("train.cuda_graph: true needs a capturable optimizer with a tensor lr "
                              "(make_optimizer builds one from the same settings)")

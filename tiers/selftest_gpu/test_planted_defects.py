@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import time
 from pathlib import Path
 
 import pytest
@@ -209,7 +210,6 @@ def _gpu_work(ms: float):
 def _host_work(ms: float):
     """work(scale): extra host work of about scale × ``ms`` milliseconds of process CPU time: walks over a
     Python list (timed once here), as a per-call history that keeps growing would cost; returns None."""
-    import time
     history = list(range(100_000))
     t0 = time.process_time()
     for _ in range(20):
