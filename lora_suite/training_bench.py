@@ -9,7 +9,7 @@ from the measured steps only:
 
     step_ms      median CUDA-event span of a measured step
     tokens_per_s tokens per step / median host wall time of a step
-    peak_gib     torch's peak allocated memory over the run
+    peak_gib     the run's own peak of torch-allocated memory (``lora_suite.memory.PeakWindow``)
 
 and each run's ratios: tokens/s ÷ PEFT eager's and ÷ PEFT captured's for the same case (the issue's targets are
 written against these), peak ÷ PEFT eager's peak and ÷ the peak of PEFT's run in the same mode (captured

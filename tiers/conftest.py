@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from lora_suite.config import CONFIG_DIR, TierConfig, load_tier_config
-from lora_suite.memory import GIB, estimate_training_memory, measured_split, vram_verdict
+from lora_suite.memory import GIB, PeakWindow, estimate_training_memory, measured_split, vram_verdict
 from lora_suite.nvml import nvml_memory
 from lora_suite.models import CheckpointNotFound
 from lora_suite.prepare import Prepared, prepare
@@ -118,14 +118,21 @@ class Tier:
         finally:
             self.record_steps(name, records, plots=plots)
 
+    def peak_window(self, name: str) -> PeakWindow:
+        """Open a measurement of one run's own peak (``lora_suite.memory.PeakWindow``) and note what it excludes."""
+        window = PeakWindow.open()
+        self.report.notes.append(f"{self.nodeid}: {name}: peak measured net of {window.carried / 2**20:.1f} MiB left "
+                                 f"allocated by earlier work ({window.released / 2**20:.1f} MiB of cached cuBLAS "
+                                 "workspaces released first)")
+        return window
+
     def run_and_measure(self, cfg, quantize, steps=None):
-        """Train ``steps`` (default: all) with the given base storage; return (peak bytes, split, records)."""
-        gc.collect()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
+        """Train ``steps`` (default: all) with the given base storage; return (this run's peak bytes, split, records)."""
+        name = f"{cfg.tier} ({quantize or cfg.dtype} base)"
+        window = self.peak_window(name)
         prepared = self.prepare(cfg, quantize=quantize)
-        result = self.train(f"{cfg.tier} ({quantize or cfg.dtype} base)", prepared, cfg, stop_step=steps)
-        peak = torch.cuda.max_memory_allocated()
+        result = self.train(name, prepared, cfg, stop_step=steps)
+        peak = window.peak()
         self.check_served(prepared)
         split = measured_split(prepared.model, result.optimizer, peak, prepared.adapters)
         del prepared, result.optimizer

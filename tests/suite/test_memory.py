@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lora_suite.config import LoRASettings
-from lora_suite.memory import (CONTEXT_BYTES, GIB, MemoryEstimate, estimate_training_memory, fit_slope,
+from lora_suite.memory import (CONTEXT_BYTES, GIB, MIB, MemoryEstimate, estimate_training_memory, fit_slope,
                               measured_split, vram_verdict)
 from lora_suite.prepare import prepare
 from lora_suite.trainer import train
@@ -68,3 +68,45 @@ def test_measured_split_adds_up(tiny_cfg):
     assert 2 * split["adapters"] <= split["optimizer"] <= 2 * split["adapters"] + 8 * n_adapters  # + a step count each
     assert sum(split.values()) == 10**8
 
+
+
+class _FakeAllocator:
+    """torch.cuda's counters as PeakWindow reads them; ``workspaces`` bytes go when the workspaces are cleared."""
+
+    def __init__(self, allocated, workspaces, peak):
+        self.allocated, self.workspaces, self.peak_bytes, self.calls = allocated, workspaces, peak, []
+
+    def install(self, monkeypatch, with_clear=True):
+        cuda = torch.cuda
+        monkeypatch.setattr(cuda, "synchronize", lambda device=None: self.calls.append("sync"))
+        monkeypatch.setattr(cuda, "empty_cache", lambda: self.calls.append("empty_cache"))
+        monkeypatch.setattr(cuda, "reset_peak_memory_stats", lambda device=None: self.calls.append("reset"))
+        monkeypatch.setattr(cuda, "memory_allocated", lambda device=None: self.allocated)
+        monkeypatch.setattr(cuda, "max_memory_allocated", lambda device=None: self.peak_bytes)
+        if with_clear:
+            monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces", self.clear, raising=False)
+        else:
+            monkeypatch.delattr(torch._C, "_cuda_clearCublasWorkspaces", raising=False)
+
+    def clear(self):
+        self.calls.append("clear")
+        self.allocated -= self.workspaces
+        self.workspaces = 0
+
+
+def test_peak_window_releases_workspaces_and_excludes_what_earlier_work_left(monkeypatch):
+    from lora_suite.memory import PeakWindow
+    fake = _FakeAllocator(allocated=100 * MIB, workspaces=64 * MIB, peak=14 * GIB)
+    fake.install(monkeypatch)
+    window = PeakWindow.open()
+    assert (window.released, window.carried) == (64 * MIB, 36 * MIB)
+    assert fake.calls == ["sync", "clear", "empty_cache", "reset"]  # released before the peak is reset
+    assert window.peak() == 14 * GIB - 36 * MIB
+
+
+def test_peak_window_without_the_workspace_call_releases_nothing(monkeypatch):
+    from lora_suite.memory import PeakWindow
+    fake = _FakeAllocator(allocated=64 * MIB, workspaces=64 * MIB, peak=GIB)
+    fake.install(monkeypatch, with_clear=False)
+    window = PeakWindow.open()
+    assert (window.released, window.carried, window.peak()) == (0, 64 * MIB, GIB - 64 * MIB)

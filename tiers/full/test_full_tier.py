@@ -22,10 +22,10 @@ def test_llama7b_end_to_end(tier, tmp_path):
     cfg = tier.config("full")
     crit = cfg.criteria
     bf16 = tier.bf16_baseline(cfg)
-    torch.cuda.reset_peak_memory_stats()
+    window = tier.peak_window("full")
     prepared = tier.prepare(cfg)
     result = tier.train("full", prepared, cfg)
-    peak = torch.cuda.max_memory_allocated()
+    peak = window.peak()
     tier.check_served(prepared)
     tier.record_split(cfg, "full", peak, measured_split(prepared.model, result.optimizer, peak, prepared.adapters),
                       bf16)
