@@ -24,6 +24,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from lora_suite.timing import PairedEstimate
+
 from lora_suite.config import (CONFIG_DIR, DataSettings, LoRASettings, TierConfig, TrainSettings,
                                load_model_config, validate)
 
@@ -106,3 +108,31 @@ def ratios(run: RunFigures, peft: dict[str, RunFigures], mode: str = "eager") ->
             "speed_vs_peft_captured": run.tokens_per_s / captured.tokens_per_s if captured else None,
             "peak_vs_peft_eager": run.peak_gib / eager.peak_gib if eager else None,
             "peak_vs_peft_same_mode": run.peak_gib / same.peak_gib if same else None}
+
+
+def rotation(names: list[str] | tuple[str, ...], round_index: int) -> list[str]:
+    """The order of one interleaved round: ``names`` rotated by the round's index, so none always goes first."""
+    k = round_index % len(names)
+    return list(names[k:]) + list(names[:k])
+
+
+def interleaved_speed(round_step_s: dict[str, list[float]], reference: str = "peft") -> dict[str, PairedEstimate]:
+    """Speed of each implementation ÷ the reference's, from eager runs that took turns within rounds.
+
+    ``round_step_s[impl][i]``: the median host wall time of a step of ``impl``'s turn in round i. Per round,
+    speed ratio = reference time / own time (the same tokens per step); the estimate is the median over rounds
+    and its standard error (``PairedEstimate``). Taking turns puts the host's drift on every implementation
+    alike: runs timed one after another carry it into their ratio (issue 10's 7B eager step, host-bound, read
+    1.35× and 0.87× PEFT eager on two H200 runs, reports/20261122T110752Z-bench and …132954Z-bench).
+    """
+    if reference not in round_step_s:
+        raise ValueError(f"reference {reference!r} has no rounds; got {sorted(round_step_s)}")
+    ref = round_step_s[reference]
+    lengths = {name: len(v) for name, v in round_step_s.items()}
+    if len(set(lengths.values())) != 1 or len(ref) < 3:
+        raise ValueError(f"every implementation needs the same number (>= 3) of rounds, got {lengths}")
+    bad = {name: v for name, v in round_step_s.items() if not all(t > 0 for t in v)}
+    if bad:
+        raise ValueError(f"step times must be positive seconds, got {bad}")
+    return {name: PairedEstimate.of([r / t for r, t in zip(ref, times)])
+            for name, times in round_step_s.items() if name != reference}

@@ -67,3 +67,33 @@ def test_figures_leave_the_warm_up_out_and_ratios_compare_with_peft():
                                   "peak_vs_peft_eager": None, "peak_vs_peft_same_mode": None}
     with pytest.raises(ValueError, match="leave 1 measured steps"):
         TB.figures(records[:3], 2048, 2, 0)
+
+
+def test_rotation_gives_each_implementation_each_position():
+    names = ("peft", "torch", "cupy")
+    orders = [TB.rotation(names, i) for i in range(3)]
+    assert orders == [["peft", "torch", "cupy"], ["torch", "cupy", "peft"], ["cupy", "peft", "torch"]]
+    assert {o[0] for o in orders} == set(names) and TB.rotation(names, 3) == orders[0]
+
+
+def test_interleaved_speed_is_the_median_per_round_ratio_to_the_reference():
+    # a host that slows down round by round slows every implementation alike: the ratio stays 2 and 0.5
+    times = {"peft": [0.10, 0.20, 0.40, 0.30], "cupy": [0.05, 0.10, 0.20, 0.15], "torch": [0.2, 0.4, 0.8, 0.6]}
+    est = TB.interleaved_speed(times, "peft")
+    assert set(est) == {"cupy", "torch"}
+    assert est["cupy"].median == pytest.approx(2.0) and est["cupy"].se == pytest.approx(0.0)
+    assert est["torch"].median == pytest.approx(0.5)
+    noisy = TB.interleaved_speed({"peft": [1.0, 1.0, 1.0], "cupy": [0.5, 1.0, 0.4]})
+    assert noisy["cupy"].median == pytest.approx(2.0) and noisy["cupy"].values == pytest.approx((2.0, 1.0, 2.5))
+    assert noisy["cupy"].se > 0
+
+
+@pytest.mark.parametrize("times,match", [
+    ({"cupy": [1.0, 1.0, 1.0]}, "reference 'peft' has no rounds"),
+    ({"peft": [1.0, 1.0, 1.0], "cupy": [1.0, 1.0]}, "same number"),
+    ({"peft": [1.0, 1.0], "cupy": [1.0, 1.0]}, r"same number \(>= 3\)"),
+    ({"peft": [1.0, 1.0, 1.0], "cupy": [1.0, 0.0, 1.0]}, "positive seconds"),
+])
+def test_interleaved_speed_refuses_rounds_it_cannot_pair(times, match):
+    with pytest.raises(ValueError, match=match):
+        TB.interleaved_speed(times)
