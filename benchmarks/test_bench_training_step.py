@@ -7,8 +7,9 @@ added. The report has one table of figures and ratios (tokens/s ÷ PEFT eager an
 eager), and each pytest-benchmark row's ``extra_info`` the same; the issue's targets are figures to read there,
 not timed assertions. Each run's peak is its own (``lora_suite.memory.PeakWindow``): the runs share one process,
 and what earlier runs left allocated (cached cuBLAS workspaces, released first; anything else, subtracted and
-shown) is not charged to the next one. ``test_eager_speed_interleaved`` measures the eager ratios again with the
-implementations' models side by side, taking turns, so that the host's drift between runs is not in them.
+shown) is not charged to the next one. ``test_speed_interleaved`` measures the ratios again with the implementations'
+models side by side and the eager and captured runs taking turns, so that the host's drift between runs is not
+in them.
 
 Run: ``./scripts/gpu-test.sh bench -- -k training`` (or ``pytest benchmarks/test_bench_training_step.py -m benchmark``).
 """
@@ -92,57 +93,76 @@ def test_training_step(benchmark, case, impl, mode, run_report, check):
     torch._dynamo.reset()
 
 
-TURN_STEPS, ROUNDS = 5, 6  # steps per turn; measured rounds (one more round first, as warm-up, left out)
-INTERLEAVED_TABLE = (f"eager tokens/s ÷ PEFT eager, implementations taking turns ({ROUNDS} rounds of {TURN_STEPS} "
-                     "steps each, after a warm-up round)")
-HEADROOM = 4 * 2**30  # bytes beyond the models themselves: one step's activations and the allocator's slack
+TURN_STEPS = {"eager": 5, "captured": 8}  # steps per turn: captured = 3 warm-up, 1 capture, 4 timed replays
+ROUNDS = 6  # measured rounds (one more round first, as warm-up, left out)
+INTERLEAVED_TABLE = (f"tokens/s ÷ PEFT's, runs taking turns ({ROUNDS} rounds after a warm-up round; a turn is "
+                     f"{TURN_STEPS['eager']} eager steps, or {TURN_STEPS['captured']} captured ones of which the "
+                     "replays after the capture are timed)")
+HEADROOM = 6 * 2**30  # bytes beyond the models: one step's activations, a graph's pool, the allocator's slack
 
 
 @pytest.mark.parametrize("case", TB.CASES, ids=[c.name for c in TB.CASES])
-def test_eager_speed_interleaved(benchmark, case, run_report):
-    """The eager ratios to PEFT with the host's drift taken out: PEFT, the torch reference and cupy models are
-    built side by side and train in turns (``TB.rotation``), each turn ``TURN_STEPS`` steps, so a slow moment of
-    the host falls on all of them alike; per-round ratios, median and SE (``TB.interleaved_speed``). Skipped,
-    with the figures, where the GPU cannot hold the models at once."""
+def test_speed_interleaved(benchmark, case, run_report):
+    """The ratios to PEFT eager and PEFT captured with the host's drift taken out. The eager steps of the small
+    cases and of the checkpointed 7B case are host-bound, so runs timed one after another carry the host's speed
+    of their moment into their ratios (PEFT's eager SmolLM2 step read 104 and 75 ms in two H200 runs of one
+    hour, reports/20261122T133445Z-bench and …134319Z-bench). Here PEFT, the torch reference and cupy models are
+    built side by side and every (implementation, mode) run, eager and captured, trains in turns
+    (``TB.rotation``) on its implementation's model with its own optimizer (the captured runs re-capture in
+    each turn; only the replays after the capture are timed, ``TB.turn_step_times``); per-round ratios, median
+    and SE (``TB.interleaved_speed``). Skipped, with the figures, where the GPU cannot hold the models at once."""
     pytest.importorskip("peft", reason="peft is not installed: the ratios are to PEFT")
     impls = list(IMPLS)
-    runs = {}
+    runs, models = {}, {}
     for impl in impls:
-        cfg = TB.run_config(case, impl, "eager", warmup=TURN_STEPS, measured=ROUNDS * TURN_STEPS)
-        before = torch.cuda.memory_allocated()
-        prepared = prepare(cfg, "cuda", implementation=resolve_implementation(impl))
-        if not runs:
-            per_model = torch.cuda.memory_allocated() - before
-            free = torch.cuda.mem_get_info()[0]
-            need = per_model * (len(impls) - 1) + HEADROOM
-            if free < need:
-                pytest.skip(f"not enough GPU memory to hold {len(impls)} models at once: {need / 2**30:.1f} GiB "
-                            f"more needed, {free / 2**30:.1f} GiB free")
-        runs[impl] = {"cfg": cfg, "prepared": prepared, "optimizer": None, "at": 0}
-    times = {impl: [] for impl in impls}
+        implementation = resolve_implementation(impl)
+        modes = [m for m in ("eager", "captured") if not TB.not_applicable(case, m, implementation)]
+        for mode in modes:
+            turn = TURN_STEPS[mode]
+            cfg = TB.run_config(case, impl, mode, warmup=turn, measured=ROUNDS * turn)
+            if impl not in models:
+                before = torch.cuda.memory_allocated()
+                models[impl] = prepare(cfg, "cuda", implementation=implementation)
+                if len(models) == 1:
+                    per_model = torch.cuda.memory_allocated() - before
+                    free = torch.cuda.mem_get_info()[0]
+                    need = per_model * (len(impls) - 1) + HEADROOM
+                    if free < need:
+                        pytest.skip(f"not enough GPU memory to hold {len(impls)} models at once: {need / 2**30:.1f} "
+                                    f"GiB more needed, {free / 2**30:.1f} GiB free")
+            runs[f"{impl}-{mode}"] = {"cfg": cfg, "mode": mode, "prepared": models[impl], "optimizer": None, "at": 0}
+    times = {name: [] for name in runs}
 
     def run_rounds():
         for rnd in range(ROUNDS + 1):
-            for impl in TB.rotation(impls, rnd):
-                r = runs[impl]
+            for name in TB.rotation(list(runs), rnd):
+                r = runs[name]
+                turn = TURN_STEPS[r["mode"]]
                 res = train(r["prepared"].model, r["prepared"].batches, r["cfg"].train, optimizer=r["optimizer"],
-                            start_step=r["at"], stop_step=r["at"] + TURN_STEPS, adapters=r["prepared"].adapters)
-                r["optimizer"], r["at"] = res.optimizer, r["at"] + TURN_STEPS
+                            start_step=r["at"], stop_step=r["at"] + turn, adapters=r["prepared"].adapters)
+                r["optimizer"], r["at"] = res.optimizer, r["at"] + turn
                 if rnd:
-                    times[impl].append(statistics.median(rec.step_time_s for rec in res.records))
+                    times[name].append(statistics.median(TB.turn_step_times(res.records, r["mode"])))
 
     benchmark.group = f"training-interleaved-{case.name}"
     benchmark.pedantic(run_rounds, rounds=1, iterations=1)
-    estimates = TB.interleaved_speed(times, "peft")
-    tokens = runs["peft"]["cfg"].data.batch_size * runs["peft"]["cfg"].data.seq_len
-    info = {"case": case.name, "turn_steps": TURN_STEPS, "rounds": ROUNDS,
-            "peft_tokens_per_s": tokens / statistics.median(times["peft"])}
-    for impl, est in estimates.items():
-        info[f"{impl}_speed_vs_peft_eager"] = est.median
-        info[f"{impl}_speed_vs_peft_eager_se"] = est.se
+    cfg = runs["peft-eager"]["cfg"]
+    tokens = cfg.data.batch_size * cfg.data.seq_len * cfg.train.grad_accum
+    info = {"case": case.name, "turn_steps": TURN_STEPS, "rounds": ROUNDS}
+    vs = {ref: TB.interleaved_speed(times, ref) for ref in ("peft-eager", "peft-captured") if ref in times}
+    for name in runs:
+        step_ms = statistics.median(times[name]) * 1e3
+        info[f"{name}_tokens_per_s"] = tokens / statistics.median(times[name])
+        cells = []
+        for ref, est in vs.items():
+            e = est.get(name)
+            if e is not None:
+                info[f"{name}_speed_vs_{ref}"], info[f"{name}_speed_vs_{ref}_se"] = e.median, e.se
+            cells += [None, None, None] if e is None else [round(e.median, 3), round(e.se, 3),
+                                                            f"{min(e.values):.2f}-{max(e.values):.2f}"]
         run_report.add_row("benchmarks", INTERLEAVED_TABLE,
-                           ("case", "implementation", "median ratio", "SE", "min", "max", "PEFT median step ms"),
-                           (case.name, impl, round(est.median, 3), round(est.se, 3), round(min(est.values), 3),
-                            round(max(est.values), 3), round(statistics.median(times["peft"]) * 1e3, 1)))
+                           ("case", "run", "median step ms (host)", "÷ PEFT eager", "SE", "range",
+                            "÷ PEFT captured", "SE", "range"),
+                           (case.name, name, round(step_ms, 2), *cells))
     benchmark.extra_info.update(info)
-    del runs
+    del runs, models

@@ -136,3 +136,24 @@ def interleaved_speed(round_step_s: dict[str, list[float]], reference: str = "pe
         raise ValueError(f"step times must be positive seconds, got {bad}")
     return {name: PairedEstimate.of([r / t for r, t in zip(ref, times)])
             for name, times in round_step_s.items() if name != reference}
+
+
+def turn_step_times(records, mode: str) -> list[float]:
+    """Host wall times (s) of the steps of one interleaved turn that represent ``mode``.
+
+    Eager: every step. Captured: the replays after the first, which also captured the graph (the turn's first
+    ``graph_warmup_steps`` steps run eagerly on a side stream, as every capture needs). A turn that replayed
+    fewer than two steps is an error, not a figure.
+    """
+    if mode == "eager":
+        times = [r.step_time_s for r in records if not r.captured]
+        if len(times) != len(records):
+            raise ValueError(f"an eager turn replayed {len(records) - len(times)} of {len(records)} steps")
+    elif mode == "captured":
+        times = [r.step_time_s for r in records if r.captured][1:]
+        if len(times) < 2:
+            raise ValueError(f"a captured turn of {len(records)} steps left {len(times)} replays after the capture "
+                             "(need >= 2): lengthen the turn")
+    else:
+        raise ValueError(f"mode {mode!r} is not 'eager' or 'captured'")
+    return times

@@ -97,3 +97,21 @@ def test_interleaved_speed_is_the_median_per_round_ratio_to_the_reference():
 def test_interleaved_speed_refuses_rounds_it_cannot_pair(times, match):
     with pytest.raises(ValueError, match=match):
         TB.interleaved_speed(times)
+
+
+def _rec(step, captured, t):
+    return StepRecord(step=step, loss=1.0, grad_norm=1.0, lr=1e-4, tokens_per_s=1.0, step_time_s=t, allocated_mib=0,
+                      reserved_mib=0, peak_allocated_mib=0, nvml_used_mib=None, captured=captured)
+
+
+def test_turn_step_times_keep_eager_steps_and_the_replays_after_the_capture():
+    eager = [_rec(i, False, 0.1 * (i + 1)) for i in range(3)]
+    assert TB.turn_step_times(eager, "eager") == pytest.approx([0.1, 0.2, 0.3])
+    captured = [_rec(0, False, 1.0), _rec(1, False, 1.0), _rec(2, True, 5.0), _rec(3, True, 0.02), _rec(4, True, 0.03)]
+    assert TB.turn_step_times(captured, "captured") == pytest.approx([0.02, 0.03])  # the capture step left out
+    with pytest.raises(ValueError, match="need >= 2"):
+        TB.turn_step_times(captured[:4], "captured")
+    with pytest.raises(ValueError, match="an eager turn replayed 3 of 5"):
+        TB.turn_step_times(captured, "eager")
+    with pytest.raises(ValueError, match="'compiled' is not"):
+        TB.turn_step_times(eager, "compiled")
