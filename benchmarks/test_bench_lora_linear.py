@@ -22,7 +22,8 @@ from statistics import geometric_mean
 import pytest
 import torch
 
-from lora_suite.benchmarking import NOISE_Z, implementation_step, layer_step, paired_difference, ratio_rounds
+from lora_suite.benchmarking import (NOISE_Z, implementation_step, kernel_profile, layer_step, paired_difference,
+                                     ratio_rounds)
 from lora_suite.timing import PairedEstimate, cuda_time, measure_until_pass
 
 pytestmark = [pytest.mark.gpu, pytest.mark.benchmark]
@@ -236,34 +237,28 @@ def test_profile_llama7b_layer(shape, impl, run_report):
         for _ in range(calls):
             step()
         torch.cuda.synchronize()
-    events = [e for e in prof.key_averages() if e.device_type.name == "CUDA" and e.self_device_time_total > 0]
-    events.sort(key=lambda e: e.self_device_time_total, reverse=True)
-    total = sum(e.self_device_time_total for e in events) / calls / 1e3
+    total, kernels = kernel_profile(prof, calls)
     _kernel_ms.setdefault(shape, {})[impl] = total
-    for e in events[:8]:
+    for kern in kernels[:8]:
         run_report.add_row("benchmarks", "profile: kernels of one forward+backward, 8192 tok, r16, bf16",
                            ("shape", "impl", "kernel", "launches per call", "ms per call", "share"),
-                           (shape, impl, e.key[:90], e.count / calls, round(e.self_device_time_total / calls / 1e3, 4),
-                            round(e.self_device_time_total / calls / 1e3 / total, 3)))
+                           (shape, impl, kern.name[:90], kern.launches, round(kern.ms, 4), round(kern.ms / total, 3)))
     base = _kernel_ms[shape].get("base")
     run_report.add_row("benchmarks", "profile: device time of one forward+backward, 8192 tok, r16, bf16",
                        ("shape", "impl", "ms per call (sum of kernels)", "kernels", "ratio to base"),
-                       (shape, impl, round(total, 4), len(events), None if base is None else round(total / base, 4)))
+                       (shape, impl, round(total, 4), len(kernels), None if base is None else round(total / base, 4)))
 
 
 def test_layer_ratio_geomean(run_report):
     """Issue 10's layer target (≤ 1.15): per implementation, the geometric mean over the three Llama-7B shapes of
     the interleaved ratio to base and of the kernel-sum ratio to base. A figure, not a timed assertion; needs the
     tests above to have run in this session."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU: none found (torch.cuda.is_available() is False)")
+    kernel_ratio = {s: {i: ms / t["base"] for i, ms in t.items() if i != "base"}
+                    for s, t in _kernel_ms.items() if "base" in t}
     rows = 0
-    for label, table in (("interleaved ratio", {s: _interleaved.get(s, {}) for s in LLAMA7B_SHAPES}),
-                         ("kernel-sum ratio", {s: {i: v / _kernel_ms[s]["base"] for i, v in _kernel_ms[s].items()
-                                                   if i != "base"} if "base" in _kernel_ms.get(s, {}) else {}
-                                               for s in LLAMA7B_SHAPES})):
+    for label, table in (("interleaved ratio", _interleaved), ("kernel-sum ratio", kernel_ratio)):
         for impl in IMPLS[1:]:
-            values = [table[s].get(impl) for s in LLAMA7B_SHAPES]
+            values = [table.get(s, {}).get(impl) for s in LLAMA7B_SHAPES]
             if None in values:
                 continue
             rows += 1

@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from lora_suite import training_bench as TB
+from lora_suite.benchmarking import kernel_profile
 from lora_suite.implementations import resolve_implementation
 from lora_suite.memory import PeakWindow
 from lora_suite.prepare import prepare
@@ -190,17 +191,12 @@ def test_profile_training_step(case, impl, run_report):
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         train(prepared.model, prepared.batches, cfg.train, optimizer=res.optimizer, start_step=3,
               stop_step=3 + PROFILE_STEPS, adapters=prepared.adapters)
-    events = [e for e in prof.key_averages() if e.device_type.name == "CUDA" and e.self_device_time_total > 0]
-    events.sort(key=lambda e: e.self_device_time_total, reverse=True)
-    total_ms = sum(e.self_device_time_total for e in events) / PROFILE_STEPS / 1e3
-    launches = sum(e.count for e in events) / PROFILE_STEPS
+    total_ms, kernels = kernel_profile(prof, PROFILE_STEPS)
     run_report.add_row("benchmarks", "profile: device time of one eager training step (sum of kernels)",
                        ("case", "implementation", "kernel ms per step", "kernel launches per step"),
-                       (case.name, impl, round(total_ms, 3), round(launches)))
-    for e in events[:10]:
+                       (case.name, impl, round(total_ms, 3), round(sum(k.launches for k in kernels))))
+    for k in kernels[:10]:
         run_report.add_row("benchmarks", "profile: kernels of one eager training step, most time first",
                            ("case", "implementation", "kernel", "launches per step", "ms per step", "share"),
-                           (case.name, impl, e.key[:80], e.count / PROFILE_STEPS,
-                            round(e.self_device_time_total / PROFILE_STEPS / 1e3, 3),
-                            round(e.self_device_time_total / PROFILE_STEPS / 1e3 / total_ms, 3)))
+                           (case.name, impl, k.name[:80], k.launches, round(k.ms, 3), round(k.ms / total_ms, 3)))
     del prepared, res

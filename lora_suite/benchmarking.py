@@ -3,6 +3,8 @@
 - ``layer_step(impl, ...)``: one forward+backward of a LoRA linear layer (or the frozen base alone) in bf16.
 - ``ratio_rounds``: per-round CUDA-event medians of the base layer and several implementations, taken in
   turns (``timing.interleaved_rounds``), as ratios to the base layer of the same round.
+- ``kernel_profile``: the CUDA kernels that ran under a ``torch.profiler`` session, per call of the profiled
+  work (summed device time, launches), most time first.
 - ``dequant_vs_copy``: NF4 dequantisation time against a device-to-device copy moving the same number of
   bytes (read + written), per round: fraction = t_copy / t_dequant = bandwidth(dequant) / bandwidth(copy).
   A copy of the same size is the right yardstick: a 1 GiB copy reaches a higher bandwidth than any
@@ -15,6 +17,7 @@ measured again (``timing.measure_until_pass``) before it fails.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -78,6 +81,22 @@ def ratio_rounds(steps: dict[str, Callable[[], object]], *, rounds: int = 7, rep
 def paired_difference(a: list[float], b: list[float]) -> PairedEstimate:
     """Per-round a − b (e.g. cupy's ratio − PEFT's): its median and standard error."""
     return PairedEstimate.of([x - y for x, y in zip(a, b)])
+
+
+@dataclass(frozen=True)
+class KernelTime:
+    name: str
+    launches: float  # per call of the profiled work
+    ms: float  # device time per call
+
+
+def kernel_profile(prof, calls: int) -> tuple[float, list[KernelTime]]:
+    """(summed kernel ms per call, each kernel per call, most time first) from a finished
+    ``torch.profiler.profile(activities=[ProfilerActivity.CUDA])`` session that ran the work ``calls`` times."""
+    kernels = [KernelTime(e.key, e.count / calls, e.self_device_time_total / calls / 1e3)
+               for e in prof.key_averages() if e.device_type.name == "CUDA" and e.self_device_time_total > 0]
+    kernels.sort(key=lambda k: k.ms, reverse=True)
+    return sum(k.ms for k in kernels), kernels
 
 
 def dequant_vs_copy(shape: tuple[int, int], *, dequant=dequantize_nf4, rounds: int = 7,

@@ -24,10 +24,9 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from lora_suite.timing import PairedEstimate
-
 from lora_suite.config import (CONFIG_DIR, DataSettings, LoRASettings, TierConfig, TrainSettings,
                                load_model_config, validate)
+from lora_suite.timing import PairedEstimate
 
 MODES = ("eager", "captured", "compiled")
 COMPILED_IMPLEMENTATIONS = ("cupy",)  # issue 10: the op registered for torch.compile
@@ -116,10 +115,10 @@ def rotation(names: list[str] | tuple[str, ...], round_index: int) -> list[str]:
     return list(names[k:]) + list(names[:k])
 
 
-def interleaved_speed(round_step_s: dict[str, list[float]], reference: str = "peft") -> dict[str, PairedEstimate]:
-    """Speed of each implementation ÷ the reference's, from eager runs that took turns within rounds.
+def interleaved_speed(round_step_s: dict[str, list[float]], reference: str) -> dict[str, PairedEstimate]:
+    """Speed of each run ÷ the ``reference`` run's, from runs that took turns within rounds.
 
-    ``round_step_s[impl][i]``: the median host wall time of a step of ``impl``'s turn in round i. Per round,
+    ``round_step_s[run][i]``: the median host wall time of a step of ``run``'s turn in round i. Per round,
     speed ratio = reference time / own time (the same tokens per step); the estimate is the median over rounds
     and its standard error (``PairedEstimate``). Taking turns puts the host's drift on every implementation
     alike: runs timed one after another carry it into their ratio (issue 10's 7B eager step, host-bound, read

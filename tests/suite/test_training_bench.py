@@ -83,7 +83,7 @@ def test_interleaved_speed_is_the_median_per_round_ratio_to_the_reference():
     assert set(est) == {"cupy", "torch"}
     assert est["cupy"].median == pytest.approx(2.0) and est["cupy"].se == pytest.approx(0.0)
     assert est["torch"].median == pytest.approx(0.5)
-    noisy = TB.interleaved_speed({"peft": [1.0, 1.0, 1.0], "cupy": [0.5, 1.0, 0.4]})
+    noisy = TB.interleaved_speed({"peft": [1.0, 1.0, 1.0], "cupy": [0.5, 1.0, 0.4]}, "peft")
     assert noisy["cupy"].median == pytest.approx(2.0) and noisy["cupy"].values == pytest.approx((2.0, 1.0, 2.5))
     assert noisy["cupy"].se > 0
 
@@ -96,7 +96,7 @@ def test_interleaved_speed_is_the_median_per_round_ratio_to_the_reference():
 ])
 def test_interleaved_speed_refuses_rounds_it_cannot_pair(times, match):
     with pytest.raises(ValueError, match=match):
-        TB.interleaved_speed(times)
+        TB.interleaved_speed(times, "peft")
 
 
 def _rec(step, captured, t):
