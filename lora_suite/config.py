@@ -38,6 +38,10 @@ CONFIG_DIR = find_config_dir()
 WEIGHTS_MODES = ("auto", "pretrained", "random")
 IMPLEMENTATION_SPEC = re.compile(r"[A-Za-z_][\w.-]*(:[A-Za-z_]\w*)?")  # a name, or package.module:factory
 RENAMED = {"backend": "implementation"}  # old key -> new key, named in the error
+RETIRED = {  # old key -> why it is gone, named in the error
+    "throughput_drift_max": "the process-CPU-time drift judged the host's speed (issue 18); it is a diagnostic now, "
+                            "and device_time_drift_max and aged_vs_fresh_slowdown_max judge the code's speed",
+}
 
 
 _FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|[-+]?\.?(inf|nan)", re.IGNORECASE)
@@ -148,10 +152,21 @@ class Criteria:
     # dominated.
     stall_factor: float = 2.5
     stall_fraction_max: float | None = None
-    # Relative fall of the median tokens/s, last window vs first window after warm-up; the check adds the
-    # noise allowance z·SE of the difference of two medians (criteria.median_drift).
-    throughput_drift_max: float | None = None
-    drift_noise_z: float = 3.0  # how many standard errors of the median difference count as noise
+    drift_noise_z: float = 3.0  # how many standard errors of a median (difference) count as noise
+    # Host memory: slope of the process's resident set size after fit_after_step (memory.host_rss_bytes).
+    host_leak_slope_max_mib_per_step: float | None = None
+    # Device time (lora_suite/device_time.py): device_window profiled steps early and late after warm-up; each
+    # launch clipped at device_clip x its median over the window; the drift of steps per device-second may be at
+    # most device_time_drift_max + drift_noise_z standard errors (criteria.device_time_verdict).
+    device_time_drift_max: float | None = None
+    device_window: int = 5
+    device_clip: float = 2.0
+    # Aged vs fresh (lora_suite/aged_vs_fresh.py): after the run, aged_vs_fresh_warmup steps of a fresh run, then
+    # aged_vs_fresh_pairs alternating pairs; median(aged CPU time / fresh) - 1 may be at most
+    # aged_vs_fresh_slowdown_max + drift_noise_z standard errors (criteria.aged_vs_fresh_verdict).
+    aged_vs_fresh_slowdown_max: float | None = None
+    aged_vs_fresh_pairs: int = 40
+    aged_vs_fresh_warmup: int = 10
     tier_seconds_max: float | None = None  # wall time of the tier's main test, model build included
     # Whole-model gradient checks (quick tier): every adapter's gradient from the model under test vs an fp32
     # copy of the same model (torch reference backend), relative to the error of the 16-bit torch reference
@@ -192,6 +207,7 @@ def _build(cls, raw, where: str):
     unknown = sorted(set(raw) - set(fields))
     if unknown:
         renamed = [f"{k!r} is now {RENAMED[k]!r}" for k in unknown if k in RENAMED and RENAMED[k] in fields]
+        renamed += [f"{k!r} was retired: {RETIRED[k]}" for k in unknown if k in RETIRED]
         raise ConfigError(f"{where}: unknown key(s) {unknown}; expected some of {sorted(fields)}"
                           + (f" ({'; '.join(renamed)})" if renamed else ""))
     hints = typing.get_type_hints(cls)
@@ -339,7 +355,8 @@ def validate(cfg: TierConfig) -> None:
         raise ConfigError(f"{where}.data.path: None; source 'jsonl' needs the path of an Alpaca-format JSONL file")
     validate_model(cfg.model, f"{where}.model({cfg.model.name})")
     a, t, c, d = cfg.model.architecture, cfg.train, cfg.criteria, cfg.data
-    timed = any(v is not None for v in (c.leak_slope_max_mib_per_step, c.stall_fraction_max, c.throughput_drift_max))
+    timed = any(v is not None for v in (c.leak_slope_max_mib_per_step, c.stall_fraction_max, c.device_time_drift_max,
+                                        c.aged_vs_fresh_slowdown_max, c.host_leak_slope_max_mib_per_step))
     smallest = min((min(io), name) for name, io in target_shapes(a, cfg.lora.targets).items())
     rules = [
         ("lora.r", cfg.lora.r, 1 <= cfg.lora.r <= smallest[0],
@@ -370,13 +387,18 @@ def validate(cfg: TierConfig) -> None:
         ("criteria.fit_after_step", c.fit_after_step,
          0 <= c.fit_after_step and (c.fit_after_step < t.steps or not timed), f"0 <= x < steps={t.steps}"),
         ("criteria.smooth_window", c.smooth_window,
-         c.smooth_window >= 1 and (c.smooth_slack is None and c.throughput_drift_max is None
-                                   or 2 * c.smooth_window <= t.steps - c.fit_after_step),
+         c.smooth_window >= 1 and (c.smooth_slack is None or 2 * c.smooth_window <= t.steps - c.fit_after_step),
          f">= 1, and two windows must fit in the {t.steps - c.fit_after_step} steps after fit_after_step"),
         ("criteria.control_perturbation", c.control_perturbation, _finite(c.control_perturbation) and 0 < c.control_perturbation < 1,
          "0 < x < 1"),
         ("criteria.stall_factor", c.stall_factor, _finite(c.stall_factor) and c.stall_factor > 1, "finite, > 1"),
         ("criteria.drift_noise_z", c.drift_noise_z, _finite(c.drift_noise_z) and c.drift_noise_z >= 0, "finite, >= 0"),
+        ("criteria.device_window", c.device_window,
+         c.device_window >= 2 and (c.device_time_drift_max is None or 2 * c.device_window <= t.steps - c.fit_after_step),
+         f">= 2, and two windows must fit in the {t.steps - c.fit_after_step} steps after fit_after_step"),
+        ("criteria.device_clip", c.device_clip, _finite(c.device_clip) and c.device_clip >= 1, "finite, >= 1"),
+        ("criteria.aged_vs_fresh_pairs", c.aged_vs_fresh_pairs, c.aged_vs_fresh_pairs >= 2, ">= 2"),
+        ("criteria.aged_vs_fresh_warmup", c.aged_vs_fresh_warmup, c.aged_vs_fresh_warmup >= 0, ">= 0"),
         ("criteria.bf16_comparison_steps", c.bf16_comparison_steps,
          c.bf16_comparison_steps is None or 1 <= c.bf16_comparison_steps <= t.steps, f"null or 1 <= x <= steps={t.steps}"),
         ("criteria.fsdp_sharding_factor", c.fsdp_sharding_factor, c.fsdp_sharding_factor is None or c.fsdp_sharding_factor >= 2,
@@ -385,7 +407,8 @@ def validate(cfg: TierConfig) -> None:
          f"null or >= 2 dividing batch_size={d.batch_size}"),
     ]
     for name in ("loss_drop_min", "loss_match_factor", "smooth_slack", "vram_budget_gib", "leak_slope_max_mib_per_step",
-                 "stall_fraction_max", "throughput_drift_max", "tier_seconds_max", "grad_match_factor",
+                 "stall_fraction_max", "device_time_drift_max", "aged_vs_fresh_slowdown_max",
+                 "host_leak_slope_max_mib_per_step", "tier_seconds_max", "grad_match_factor",
                  "vram_budget_16bit_base_gib", "memory_estimate_error_max", "build_seconds_max", "grad_loss_floor",
                  "scaling_efficiency_min", "rank_failure_seconds_max"):
         value = getattr(c, name)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import gc
 import math
+import os
 from dataclasses import asdict, dataclass
 
 import torch
@@ -182,6 +183,23 @@ def vram_verdict(estimate: MemoryEstimate, free_bytes: int) -> tuple[bool, str]:
            f"+10% allocator slack + {estimate.context / GIB:.1f} GiB CUDA context; {parts}), NVML free "
            f"{free_bytes / GIB:.2f} GiB: {'enough' if ok else 'NOT enough'}")
     return ok, msg
+
+
+# ---------------------------------------------------------------------------------------------- host memory
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def host_rss_bytes(statm: str = "/proc/self/statm") -> int | None:
+    """The process's resident set size now (Linux: /proc/self/statm, its second field in pages); None elsewhere.
+
+    A host-side leak (per-step Python objects or pinned buffers kept alive) grows it step by step, as a device
+    leak grows torch's allocated memory; the extended tier fits its slope beside the CUDA and NVML ones.
+    """
+    try:
+        with open(statm) as f:
+            return int(f.read().split()[1]) * _PAGE_BYTES
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 # ---------------------------------------------------------------------------------------------- leak fit

@@ -61,6 +61,15 @@ def pytest_addoption(parser):
                     help="override every tier's model weights mode")
     group.addoption("--gpus", default=None, type=int, metavar="N",
                     help="multigpu tier: GPUs (torchrun processes) per job; default every visible GPU")
+    group.addoption("--plant-repeats", default=1, type=_positive_int, metavar="N",
+                    help="selftest-gpu: run each repeatable planted defect N times (each must be caught every time)")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"expected a whole number >= 1, got {text!r}")
+    return value
 
 
 class Terminated(KeyboardInterrupt):

@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from lora_suite.criteria import MAD_TO_SIGMA, MEDIAN_SE_FACTOR
+from lora_suite.criteria import median_se
 
 
 @dataclass(frozen=True)
@@ -84,9 +84,8 @@ class PairedEstimate:
 
     @classmethod
     def of(cls, values: list[float]) -> "PairedEstimate":
-        med = statistics.median(values)
-        mad = statistics.median(abs(v - med) for v in values)
-        return cls(med, MEDIAN_SE_FACTOR * MAD_TO_SIGMA * mad / len(values) ** 0.5, tuple(values))
+        med, se = median_se(values)
+        return cls(med, se, tuple(values))
 
 
 @dataclass(frozen=True)

@@ -27,11 +27,7 @@ are overwritten, never zeroed, by each replay. The loss and gradient norm are re
 the non-finite guard stops the run one update later than in eager mode (the update of the non-finite step is
 already applied; the error says so). Records say which steps were replayed (``StepRecord.captured``).
 
-Learning rate at step t (0-based) with warm-up w, total T, peak η and floor ratio m:
-    t < w:        η·(t+1)/w
-    cosine:       η·(m + (1−m)·½(1 + cos(π·p))),   p = (t−w)/(T−w−1)   (p = 1 at the last step)
-    linear:       η·(1 − (1−m)·p)
-    constant:     η
+The optimizer, the learning-rate schedule and clipping live in ``lora_suite.optimizer``.
 """
 
 from __future__ import annotations
@@ -47,11 +43,12 @@ from typing import Callable
 import torch
 from torch import nn
 
-from lora_suite.config import TrainSettings
-from lora_core.adapters import full_tensor
 from lora_core.inject import adapter_parameters
-from lora_suite.memory import MIB
+from lora_suite.config import TrainSettings
+from lora_suite.device_time import DeviceTimer
+from lora_suite.memory import MIB, host_rss_bytes
 from lora_suite.nvml import NvmlReader
+from lora_suite.optimizer import check_capturable, clip_gradients, lr_at, make_optimizer, set_lr
 
 log = logging.getLogger("lora_suite.trainer")
 
@@ -76,12 +73,20 @@ class StepRecord:
     cpu_time_s: float | None = None  # process CPU time of the step, all threads (module docstring)
     host_probe_s: float | None = None  # process CPU time of the fixed host probe run after the step (host_probe)
     captured: bool = False  # replayed from the captured CUDA graph (train.cuda_graph)
+    host_rss_mib: float | None = None  # the process's resident set size after the step (memory.host_rss_bytes)
+    # Summed duration of the step's GPU launches, for the steps a DeviceTimer profiled (lora_suite.device_time)
+    device_time_s: float | None = None
+
+    @property
+    def profiled(self) -> bool:
+        return self.device_time_s is not None
 
 
 @dataclass
 class TrainResult:
     records: list[StepRecord]
     optimizer: torch.optim.Optimizer
+    run: "TrainingRun | None" = None  # the run's state, to drive it further (aged-vs-fresh comparison)
 
     @property
     def losses(self) -> list[float]:
@@ -97,55 +102,6 @@ def host_probe(ops: int) -> float:
     for _ in range(ops):
         t.add_(1.0)
     return time.process_time() - c0
-
-
-def lr_at(step: int, s: TrainSettings) -> float:
-    if step < s.warmup_steps:
-        return s.lr * (step + 1) / s.warmup_steps
-    if s.schedule == "constant":
-        return s.lr
-    p = min(1.0, (step - s.warmup_steps) / max(1, s.steps - s.warmup_steps - 1))
-    if s.schedule == "cosine":
-        return s.lr * (s.min_lr_ratio + (1 - s.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * p)))
-    return s.lr * (1 - (1 - s.min_lr_ratio) * p)
-
-
-def make_optimizer(model: nn.Module, s: TrainSettings,
-                   adapters: dict[str, nn.Parameter] | None = None) -> torch.optim.AdamW:
-    """AdamW over exactly the adapter parameters; any other trainable parameter is an error.
-
-    ``adapters`` defaults to the model's LoRALinear adapters; pass another model's (PEFT's) explicitly.
-    """
-    adapters = adapter_parameters(model) if adapters is None else adapters
-    if not adapters:
-        raise ValueError("the model has no LoRA adapters (inject_lora first)")
-    adapter_ids = {id(p) for p in adapters.values()}
-    stray = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in adapter_ids]
-    if stray:
-        raise ValueError(f"parameters outside the adapters require grad: {stray[:5]} ({len(stray)} in all); "
-                         "the base model must be frozen")
-    params = list(adapters.values())
-    # The fused kernel for plain CUDA tensors; a sharded model's DTensor adapters take torch's default
-    # (foreach) implementation, which DTensor supports.
-    fused = all(p.is_cuda and not _is_dtensor(p) for p in params)
-    if s.cuda_graph:  # capturable: the step count and the lr live on the device, so a replay can update them
-        check_capturable(params)
-        return torch.optim.AdamW(params, lr=torch.tensor(s.lr, device=params[0].device), betas=(0.9, 0.999),
-                                 eps=1e-8, weight_decay=s.weight_decay, fused=True, capturable=True)
-    return torch.optim.AdamW(params, lr=s.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=s.weight_decay,
-                             fused=fused or None)
-
-
-def _is_dtensor(t: torch.Tensor) -> bool:
-    from torch.distributed.tensor import DTensor
-    return isinstance(t, DTensor)
-
-
-def check_capturable(params: list[nn.Parameter]) -> None:
-    """The errors a captured run gives before it starts, naming what is wrong."""
-    if any(not p.is_cuda for p in params):
-        devices = sorted({str(p.device) for p in params})
-        raise ValueError(f"train.cuda_graph: true needs the adapters on a CUDA device; they are on {devices}")
 
 
 def checkpointing_kwargs(model: nn.Module, s: TrainSettings) -> dict[str, bool]:
@@ -181,28 +137,6 @@ def random_in_training(model: nn.Module) -> list[str]:
         if isinstance(value, (int, float)) and value > 0:
             found.append(f"config.{key}={value}")
     return found
-
-
-def clip_gradients(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
-    """Clip the gradients to a total 2-norm of ``max_norm`` (inf: no clipping); return the norm before clipping.
-
-    What ``torch.nn.utils.clip_grad_norm_`` does (the same two calls), except that a sharded model's norm
-    (FSDP2: DTensor gradients, so a partial norm per rank) is completed across the ranks before it is used,
-    so every rank clips by the global norm and returns it.
-    """
-    grads = [p.grad for p in params if p.grad is not None]
-    total = full_tensor(torch.nn.utils.get_total_norm(grads, 2.0))
-    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
-    return total
-
-
-def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    """Write ``lr`` into every group: in place into a tensor lr (a captured step reads it), else assigned."""
-    for group in optimizer.param_groups:
-        if torch.is_tensor(group["lr"]):
-            group["lr"].fill_(lr)
-        else:
-            group["lr"] = lr
 
 
 class StaticBatches:
@@ -268,109 +202,158 @@ def accumulate_gradients(model: nn.Module, micro_batches: list[dict[str, torch.T
     return loss_sum
 
 
+@contextlib.contextmanager
+def frozen_heap():
+    """Move every live object out of the cyclic collector's reach for the duration (``gc.freeze``).
+
+    A full collection over a model's large object graph stalls a step for hundreds of ms (seen once in an
+    extended-tier run on the H200): noise in step-time statistics, not a property of the code under test.
+    """
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+class TrainingRun:
+    """The state of one training run (model, batches, optimizer, records, a captured graph) and its ``step``.
+
+    ``train`` drives one run from its start to its stop; the extended tier's aged-vs-fresh comparison
+    (``lora_suite.aged_vs_fresh``) drives two runs in turns, a step of one then a step of the other. A run is
+    used inside ``with run:`` (training mode, an NVML reader), which may be entered again later.
+    """
+
+    def __init__(self, model: nn.Module, batches: Callable[[int], dict[str, torch.Tensor]], s: TrainSettings, *,
+                 optimizer: torch.optim.Optimizer | None = None, start_step: int = 0,
+                 adapters: dict[str, nn.Parameter] | None = None, records: list[StepRecord] | None = None,
+                 step_hook: Callable[[int], None] | None = None, device_timer: DeviceTimer | None = None):
+        self.model, self.batches, self.s = model, batches, s
+        self.named = adapter_parameters(model) if adapters is None else adapters
+        self.optimizer = optimizer or make_optimizer(model, s, self.named)
+        self.params = list(self.named.values())
+        self.cuda = self.params[0].is_cuda
+        self.records = [] if records is None else records
+        self.step_hook, self.device_timer = step_hook, device_timer
+        if s.cuda_graph:
+            check_capturable(self.params)
+            if not any(torch.is_tensor(g["lr"]) for g in self.optimizer.param_groups):
+                raise ValueError("train.cuda_graph: true needs a capturable optimizer with a tensor lr "
+                                 "(make_optimizer builds one from the same settings)")
+        self.capture_at = start_step + s.graph_warmup_steps if s.cuda_graph else None
+        self.side = torch.cuda.Stream() if s.cuda_graph else None  # the warm-up steps run here, as capture requires
+        if self.side is not None:
+            self.side.wait_stream(torch.cuda.current_stream())
+        self.captured: CapturedStep | None = None
+        if s.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpointing_kwargs(model, s))
+        self.nvml: NvmlReader | None = None
+
+    def __enter__(self) -> "TrainingRun":
+        self.model.train()
+        if self.cuda and self.nvml is None:
+            self.nvml = NvmlReader()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.nvml is not None:
+            self.nvml.close()
+            self.nvml = None
+        self.model.eval()
+
+    def step(self, step: int, *, record: bool = True) -> StepRecord:
+        """Optimizer step ``step`` (micro-batches ``step * grad_accum ...``), timed and recorded (module docstring)."""
+        s, cuda = self.s, self.cuda
+        if self.captured is None and self.capture_at is not None and step == self.capture_at:
+            torch.cuda.current_stream().wait_stream(self.side)  # the warm-up is over: back on the main stream
+            self.side = None
+        stream_ctx = torch.cuda.stream(self.side) if self.side is not None else contextlib.nullcontext()
+        timer = self.device_timer.measure(step, cuda) if self.device_timer else contextlib.nullcontext()
+        with timer, stream_ctx:
+            t0, c0 = time.perf_counter(), time.process_time()
+            if cuda:
+                ev_start, ev_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                ev_start.record()
+            lr = lr_at(step, s)
+            set_lr(self.optimizer, lr)
+            micro = [self.batches(step * s.grad_accum + i) for i in range(s.grad_accum)]
+            n_tokens = sum(b["input_ids"].numel() for b in micro)
+            max_norm = s.max_grad_norm if s.max_grad_norm is not None else math.inf
+            replayed = self.capture_at is not None and step >= self.capture_at
+            if replayed:
+                if self.captured is None:
+                    self.captured = CapturedStep(self.model, self.optimizer, self.params, micro, max_norm)
+                loss_t, norm_t = self.captured.run(micro, step)
+                grad_norm, loss = float(norm_t), float(loss_t)  # sync after the replay
+                if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                    raise NonFiniteError(_non_finite_message(step, loss, grad_norm, self.named)
+                                         + " (captured step: its update is already applied)")
+            else:
+                self.optimizer.zero_grad(set_to_none=True)
+                loss_t = accumulate_gradients(self.model, micro)
+                grad_norm = float(clip_gradients(self.params, max_norm))  # syncs
+                loss = float(loss_t)
+                if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                    raise NonFiniteError(_non_finite_message(step, loss, grad_norm, self.named))
+                self.optimizer.step()
+            if self.step_hook is not None:
+                self.step_hook(step)
+            if cuda:
+                ev_end.record()  # on the stream the step ran on (the side stream during a graph's warm-up)
+                torch.cuda.synchronize()
+            dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+        probe = host_probe(s.host_probe_ops) if s.host_probe_ops else None
+        nvml_used = self.nvml.used() if self.nvml is not None else None
+        rss = host_rss_bytes()
+        launches = self.device_timer.launches.get(step) if self.device_timer else None
+        rec = StepRecord(
+            step=step, loss=loss, grad_norm=grad_norm, lr=lr, tokens_per_s=n_tokens / dt,
+            step_time_s=dt,
+            allocated_mib=torch.cuda.memory_allocated() / MIB if cuda else 0.0,
+            reserved_mib=torch.cuda.memory_reserved() / MIB if cuda else 0.0,
+            peak_allocated_mib=torch.cuda.max_memory_allocated() / MIB if cuda else 0.0,
+            nvml_used_mib=None if nvml_used is None else nvml_used / MIB,
+            gpu_time_s=ev_start.elapsed_time(ev_end) / 1e3 if cuda else None,
+            cpu_time_s=cpu,
+            host_probe_s=probe,
+            captured=replayed,
+            host_rss_mib=None if rss is None else rss / MIB,
+            device_time_s=None if launches is None else sum(d for _, d in launches) / 1e6,
+        )
+        if record:
+            self.records.append(rec)
+        return rec
+
+
 def train(model: nn.Module, batches: Callable[[int], dict[str, torch.Tensor]], s: TrainSettings, *,
           optimizer: torch.optim.Optimizer | None = None, start_step: int = 0, stop_step: int | None = None,
           adapters: dict[str, nn.Parameter] | None = None, records: list[StepRecord] | None = None,
-          step_hook: Callable[[int], None] | None = None) -> TrainResult:
+          step_hook: Callable[[int], None] | None = None, device_timer: DeviceTimer | None = None) -> TrainResult:
     """Run optimizer steps ``start_step .. stop_step`` (default: to ``s.steps``); batches(i) gives micro-batch i.
 
     ``records``: a list the step records are appended to as they are made (it survives an exception).
     ``step_hook(step)``: called inside each timed step after the optimizer step (the suite's planted-defect
     self-tests slow or leak through it; tiers pass nothing).
+    ``device_timer``: profiles the steps it names (``lora_suite.device_time``); their records carry
+    ``device_time_s`` and ``profiled``.
     """
     stop_step = s.steps if stop_step is None else stop_step
-    named = adapter_parameters(model) if adapters is None else adapters
-    optimizer = optimizer or make_optimizer(model, s, named)
-    params = list(named.values())
-    cuda = params[0].is_cuda
-    records = [] if records is None else records
-    if s.cuda_graph:
-        check_capturable(params)
-        if not any(torch.is_tensor(g["lr"]) for g in optimizer.param_groups):
-            raise ValueError("train.cuda_graph: true needs a capturable optimizer with a tensor lr "
-                             "(make_optimizer builds one from the same settings)")
-    capture_at = start_step + s.graph_warmup_steps if s.cuda_graph else None
-    side = torch.cuda.Stream() if s.cuda_graph else None  # the warm-up steps run here, as capture requires
-    if side is not None:
-        side.wait_stream(torch.cuda.current_stream())
-    captured: CapturedStep | None = None
-    if s.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpointing_kwargs(model, s))
-    model.train()
-    nvml = NvmlReader() if cuda else None
-    # Move the model's large object graph out of the cyclic collector's reach: a full collection over it
-    # stalls a step for hundreds of ms (seen once in an extended-tier run on the H200), which is noise in
-    # step-time statistics, not a property of the kernels under test.
-    gc.collect()
-    gc.freeze()
+    run = TrainingRun(model, batches, s, optimizer=optimizer, start_step=start_step, adapters=adapters,
+                      records=records, step_hook=step_hook, device_timer=device_timer)
     began = time.perf_counter()
-    try:
+    with run, frozen_heap():
         for step in range(start_step, stop_step):
-            if captured is None and capture_at is not None and step == capture_at:
-                torch.cuda.current_stream().wait_stream(side)  # the warm-up is over: back on the main stream
-                side = None
-            stream_ctx = torch.cuda.stream(side) if side is not None else contextlib.nullcontext()
-            with stream_ctx:
-                t0, c0 = time.perf_counter(), time.process_time()
-                if cuda:
-                    ev_start, ev_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    ev_start.record()
-                lr = lr_at(step, s)
-                set_lr(optimizer, lr)
-                micro = [batches(step * s.grad_accum + i) for i in range(s.grad_accum)]
-                n_tokens = sum(b["input_ids"].numel() for b in micro)
-                max_norm = s.max_grad_norm if s.max_grad_norm is not None else math.inf
-                replayed = capture_at is not None and step >= capture_at
-                if replayed:
-                    if captured is None:
-                        captured = CapturedStep(model, optimizer, params, micro, max_norm)
-                    loss_t, norm_t = captured.run(micro, step)
-                    grad_norm, loss = float(norm_t), float(loss_t)  # sync after the replay
-                    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-                        raise NonFiniteError(_non_finite_message(step, loss, grad_norm, named)
-                                             + " (captured step: its update is already applied)")
-                else:
-                    optimizer.zero_grad(set_to_none=True)
-                    loss_t = accumulate_gradients(model, micro)
-                    grad_norm = float(clip_gradients(params, max_norm))  # syncs
-                    loss = float(loss_t)
-                    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-                        raise NonFiniteError(_non_finite_message(step, loss, grad_norm, named))
-                    optimizer.step()
-                if step_hook is not None:
-                    step_hook(step)
-                if cuda:
-                    ev_end.record()  # on the stream the step ran on (the side stream during a graph's warm-up)
-                    torch.cuda.synchronize()
-            dt, cpu = time.perf_counter() - t0, time.process_time() - c0
-            probe = host_probe(s.host_probe_ops) if s.host_probe_ops else None
-            nvml_used = nvml.used() if nvml is not None else None
-            rec = StepRecord(
-                step=step, loss=loss, grad_norm=grad_norm, lr=lr, tokens_per_s=n_tokens / dt,
-                step_time_s=dt,
-                allocated_mib=torch.cuda.memory_allocated() / MIB if cuda else 0.0,
-                reserved_mib=torch.cuda.memory_reserved() / MIB if cuda else 0.0,
-                peak_allocated_mib=torch.cuda.max_memory_allocated() / MIB if cuda else 0.0,
-                nvml_used_mib=None if nvml_used is None else nvml_used / MIB,
-                gpu_time_s=ev_start.elapsed_time(ev_end) / 1e3 if cuda else None,
-                cpu_time_s=cpu,
-                host_probe_s=probe,
-                captured=replayed,
-            )
-            records.append(rec)
+            rec = run.step(step)
             if (step + 1) % s.log_every == 0 or step == stop_step - 1 or step == start_step:
                 done = step + 1 - start_step
                 eta = (time.perf_counter() - began) / done * (stop_step - step - 1)
                 log.info("step %d/%d loss %.4f grad_norm %.3g lr %.2e %.0f tok/s %.0f ms alloc %.2f GiB nvml %s eta %s",
-                         step + 1, s.steps, loss, grad_norm, lr, rec.tokens_per_s, dt * 1e3, rec.allocated_mib / 1024,
+                         step + 1, s.steps, rec.loss, rec.grad_norm, rec.lr, rec.tokens_per_s, rec.step_time_s * 1e3,
+                         rec.allocated_mib / 1024,
                          "-" if rec.nvml_used_mib is None else f"{rec.nvml_used_mib / 1024:.2f} GiB",
                          f"{eta // 60:.0f}m{eta % 60:02.0f}s")
-    finally:
-        gc.unfreeze()
-        if nvml is not None:
-            nvml.close()
-        model.eval()
-    return TrainResult(records, optimizer)
+    return TrainResult(run.records, run.optimizer, run)
 
 
 def _non_finite_message(step: int, loss: float, grad_norm: float, named: dict[str, nn.Parameter]) -> str:

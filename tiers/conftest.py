@@ -14,13 +14,16 @@ import time
 import pytest
 import torch
 
+from lora_suite.aged_vs_fresh import Pair, run_pairs
 from lora_suite.config import CONFIG_DIR, TierConfig, load_tier_config
+from lora_suite.device_time import DeviceTimer, DeviceWindow, window as device_window
+from lora_suite.long_run import LongRunVerdicts, time_budget_rows
 from lora_suite.memory import GIB, PeakWindow, estimate_training_memory, measured_split, vram_verdict
 from lora_suite.nvml import nvml_memory
 from lora_suite.models import CheckpointNotFound
 from lora_suite.prepare import Prepared, prepare
 from lora_suite.report import Series
-from lora_suite.trainer import StepRecord, TrainResult, train
+from lora_suite.trainer import StepRecord, TrainingRun, TrainResult, train
 
 
 class Tier:
@@ -118,6 +121,57 @@ class Tier:
         finally:
             self.record_steps(name, records, plots=plots)
 
+    def aged_vs_fresh(self, cfg: TierConfig, aged: TrainResult, **kw) -> list[Pair]:
+        """After a run: a fresh run from the same config and seed takes turns with it (lora_suite.aged_vs_fresh);
+        ``kw`` (a step_hook) goes to the fresh run as it went to the aged one. The pairs are recorded as a series."""
+        crit = cfg.criteria
+        fresh = self.prepare(cfg)
+        fresh_run = TrainingRun(fresh.model, fresh.batches, cfg.train, adapters=fresh.adapters, **kw)
+        pairs = run_pairs(aged.run, fresh_run, aged_start=cfg.train.steps, pairs=crit.aged_vs_fresh_pairs,
+                          warmup=crit.aged_vs_fresh_warmup)
+        self.report.add_series(Series(self.nodeid, "aged vs fresh: alternating pairs (process CPU ms, event span ms)",
+                                      ("pair", "aged step", "fresh step", "aged first", "aged CPU ms", "fresh CPU ms",
+                                       "ratio", "aged span ms", "fresh span ms"),
+                                      tuple((p.index, p.aged_step, p.fresh_step, p.aged_first, round(p.aged_cpu_s * 1e3, 3),
+                                             round(p.fresh_cpu_s * 1e3, 3), round(p.ratio, 4),
+                                             None if p.aged_span_s is None else round(p.aged_span_s * 1e3, 3),
+                                             None if p.fresh_span_s is None else round(p.fresh_span_s * 1e3, 3))
+                                            for p in pairs), plot_x="pair", plot_y=("ratio",)))
+        del fresh, fresh_run
+        return pairs
+
+    def device_windows(self, cfg: TierConfig, timer: DeviceTimer, plan: dict[str, list[int]],
+                       records: list[StepRecord]) -> dict[str, DeviceWindow] | None:
+        """The profiled windows' device times, recorded per step (None, and a note, when nothing was profiled)."""
+        try:
+            windows = {name: device_window(name, steps, timer.launches, cfg.criteria.device_clip)
+                       for name, steps in plan.items()}
+        except ValueError as exc:
+            self.report.notes.append(f"{self.nodeid}: device time not measured: {exc}")
+            return None
+        spans = {r.step: r.gpu_time_s for r in records}
+        rows = tuple((w.name, step, round(summed * 1e3, 3), round(clipped * 1e3, 3), n,
+                      None if spans.get(step) is None else round(spans[step] * 1e3, 3))
+                     for w in windows.values() for step, summed, clipped, n in zip(w.steps, w.summed_s, w.clipped_s, w.launches))
+        self.report.add_series(Series(self.nodeid, "device time of the profiled steps (lora_suite/device_time.py)",
+                                      ("window", "step", "summed launch ms", "clipped launch ms", "launches", "event span ms"),
+                                      rows))
+        self.report.add_series(Series(self.nodeid, "where a step's time goes: device busy share of the event span",
+                                      ("window", "steps", "event span ms", "summed launch ms", "clipped launch ms",
+                                       "launches", "device busy share"), tuple(time_budget_rows(records, windows))))
+        return windows
+
+    def record_verdicts(self, judged: LongRunVerdicts) -> None:
+        """A long run's verdicts as checks; a criterion without data fails (it is not silently passed)."""
+        self.report.add_series(Series(self.nodeid, "leak fit: y = slope*step + intercept",
+                                      ("series", "slope MiB/step", "intercept MiB", "r2", "min MiB", "max MiB"),
+                                      tuple(judged.fits)))
+        self.report.notes.extend(f"{self.nodeid}: {d}" for d in judged.diagnostics)
+        for m in judged.missing:
+            self.check(f"measured: {m}", False, "==", True, source="the tier's config judges it; the run gave no data")
+        for v in judged.verdicts:
+            self.check(v.name, v.value, v.op, v.threshold, source=v.source, detail=v.detail)
+
     def peak_window(self, name: str) -> PeakWindow:
         """Open a measurement of one run's own peak (``lora_suite.memory.PeakWindow``) and note what it excludes."""
         window = PeakWindow.open()
@@ -192,6 +246,14 @@ class Tier:
     def op_calls(self) -> int | None:
         """LoRA op calls counted by the implementation, or None (recorded as not applicable by the caller)."""
         return None if self.impl.reason_not_applicable("op_call_count") else self.impl.op_calls()
+
+
+def pytest_generate_tests(metafunc):
+    """``plant_round``: the planted-defect self-tests that take it run ``--plant-repeats`` times (issue 18 asks
+    for every plant caught in 5 runs of 5)."""
+    if "plant_round" in metafunc.fixturenames:
+        rounds = metafunc.config.getoption("plant_repeats")
+        metafunc.parametrize("plant_round", range(1, rounds + 1), ids=[f"round{i}" for i in range(1, rounds + 1)])
 
 
 @pytest.fixture

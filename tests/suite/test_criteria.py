@@ -79,16 +79,32 @@ def test_stalls_are_counted_beyond_a_factor_of_the_median_only():
     assert stall_fraction(quarter, 2.5) > 0.15  # a stall on every 4th step: a defect, far above 5%
 
 
-def test_step_time_verdicts_judge_stalls_on_spans_and_drift_on_cpu_time():
-    from lora_suite.criteria import step_time_verdicts
+def test_stall_verdict_judges_multiples_of_the_step_not_a_host_regime():
+    from lora_suite.criteria import stall_verdict
     steps = list(range(50, 500))
     wall = [0.17 if s < 300 else 0.33 for s in steps]  # the loaded host switching regime: 2x, not a stall
-    cpu = [0.150 * (1 + 0.01 * ((s * 31) % 7)) for s in steps]  # CPU time does not see the preemption
-    kw = dict(stall_factor=2.5, stall_max=0.05, drift_max=0.05, window=50, z=3.0, source="x.yaml")
-    stalls, drift = step_time_verdicts(wall, cpu, 2048, **kw)
-    assert stalls.passed and drift.passed, (stalls, drift)
-    slowing = [t * (1 + 0.4 * s / 500) for s, t in zip(steps, cpu)]  # a planted progressive slowdown
-    assert not step_time_verdicts(wall, slowing, 2048, **kw)[1].passed
+    assert stall_verdict(wall, factor=2.5, stall_max=0.05, source="x.yaml").passed
+    stalled = [0.17 * (3.0 if s % 4 == 0 else 1.0) for s in steps]
+    assert not stall_verdict(stalled, factor=2.5, stall_max=0.05, source="x.yaml").passed
+
+
+def test_device_time_verdict_passes_jitter_and_fails_a_10_percent_slower_device_step():
+    from lora_suite.criteria import device_time_verdict
+    early = [0.0370 * (1 + 0.002 * k) for k in (-2, -1, 0, 1, 2)]  # quiet kernels: well under 1% apart
+    kw = dict(drift_max=0.05, z=3.0, source="x.yaml")
+    assert device_time_verdict(early, [t * 1.01 for t in early], **kw).passed
+    v = device_time_verdict(early, [t * 1.10 for t in early], **kw)
+    assert not v.passed and v.value == pytest.approx(1 - 1 / 1.1, abs=1e-3), v
+
+
+def test_aged_vs_fresh_verdict_passes_equal_sides_and_fails_a_10_percent_costlier_aged_side():
+    from lora_suite.criteria import aged_vs_fresh_verdict
+    jitter = [1 + 0.02 * ((i * 7) % 5 - 2) for i in range(40)]  # deterministic ±4% pair-to-pair noise
+    kw = dict(slowdown_max=0.05, z=3.0, source="x.yaml")
+    assert aged_vs_fresh_verdict(jitter, **kw).passed
+    assert not aged_vs_fresh_verdict([1.10 * j for j in jitter], **kw).passed
+    with pytest.raises(ValueError, match="need two or more values, got 1"):
+        aged_vs_fresh_verdict([1.0], **kw)
 
 
 def test_host_normalised_drift_tells_a_slower_host_from_more_work():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import statistics
 import time
 from pathlib import Path
 
@@ -20,6 +21,9 @@ from lora_suite import gradients as G
 from lora_suite import trainer
 from lora_suite.benchmarking import NOISE_Z
 from lora_core.ops import lora_linear as op
+from lora_suite.config import target_shapes
+from lora_suite.device_time import DeviceTimer, profile_windows
+from lora_suite.long_run import extended_verdicts
 from lora_suite.trainer import NonFiniteError
 
 pytestmark = [pytest.mark.gpu, pytest.mark.selftest_gpu]
@@ -130,46 +134,55 @@ def test_a_captured_step_that_keeps_the_capture_time_lr_is_caught(tier, monkeypa
                              "beyond the same band (a different implementation, for scale)")
 
 
-# ------------------------------------------------------------------ extended tier: leak and slow paths
-def _extended_records(tier, hook, steps: int, forward_work=None):
-    """Train the extended configuration for ``steps``; ``hook(step)`` after each optimizer step and, if given,
-    ``forward_work(step)`` before every forward (inside the forward+backward the device time measures)."""
+# ------------------------------------------------------------------ extended tier: leaks and slow paths
+# Each plant runs the extended configuration for 100 steps (fit after 50; device windows at 50-54 and 95-99)
+# and asserts that the criterion written for its class of defect fails. ``--plant-repeats N`` runs each N times.
+PLANT_STEPS = 100
+
+
+def _extended_run(tier, *, step_hook=None, forward_work=None, steps: int = PLANT_STEPS, aged_vs_fresh: bool = False):
+    """Train the extended configuration for ``steps`` with the tier's device windows; ``step_hook(step)`` after each
+    optimizer step, ``forward_work(step)`` before every forward; the aged-vs-fresh pairs when asked. Returns the
+    verdicts by name (up to ' after' / ',')."""
     cfg = tier.config("extended")
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=steps))
+    crit = cfg.criteria
     prepared = tier.prepare(cfg)
     state = {"step": 0}
     if forward_work is not None:
         prepared.model.register_forward_pre_hook(lambda module, args, kwargs: forward_work(state["step"]),
                                                  with_kwargs=True)
 
-    def step_hook(step):
+    def hook(step):
         state["step"] = step + 1
-        hook(step)
-    return cfg, tier.train(f"extended, planted ({hook.__name__})", prepared, cfg, step_hook=step_hook).records
-
-
-def _extended_run(tier, hook, steps: int = 150, forward_work=None):
-    """The extended tier's configuration (fit after 50, windows of 50), with planted hooks."""
-    ext = _load("tiers/extended/test_extended_tier.py", "extended_tier")
-    cfg, records = _extended_records(tier, hook, steps, forward_work)
-    verdicts, _ = ext.extended_verdicts(cfg, records)
-    return {v.name.split(" after")[0].split(" slope")[0].split(",")[0]: v for v in verdicts}
+        if step_hook is not None:
+            step_hook(step)
+    plan = profile_windows(crit.fit_after_step, steps, crit.device_window)
+    timer = DeviceTimer(s for window in plan.values() for s in window)
+    result = tier.train("extended, planted", prepared, cfg, step_hook=hook, device_timer=timer)
+    windows = tier.device_windows(cfg, timer, plan, result.records)
+    pairs = tier.aged_vs_fresh(cfg, result, step_hook=step_hook) if aged_vs_fresh else None
+    judged = extended_verdicts(cfg, result.records, windows, pairs)
+    return {v.name.split(" after")[0].split(" slope")[0].split(",")[0]: v for v in judged.verdicts}
 
 
 _MEDIANS: dict[str, float] = {}
 
 
 def _median_ms(tier, which: str) -> float:
-    """Median step time (``"step"``: CUDA-event span; ``"cpu"``: process CPU time) of the extended configuration
-    without a defect (60 steps, the first 20 left out)."""
+    """Median of the extended configuration's steps without a defect (60 steps, the first 20 left out):
+    ``"step"`` CUDA-event span, ``"cpu"`` process CPU time, ``"device"`` summed launch time (steps 40-44)."""
     if not _MEDIANS:
-        def no_defect(step):
-            return None
-        _, records = _extended_records(tier, no_defect, 60)
-        steps = sorted(r.gpu_time_s for r in records[20:])
-        _MEDIANS["step"] = steps[len(steps) // 2] * 1e3
-        cpu = sorted(r.cpu_time_s for r in records[20:])
-        _MEDIANS["cpu"] = cpu[len(cpu) // 2] * 1e3
+        cfg = tier.config("extended")
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=60))
+        timer = DeviceTimer(range(40, 45))
+        records = tier.train("extended, no defect (calibration)", tier.prepare(cfg), cfg, plots=False,
+                             device_timer=timer).records
+        later = [r for r in records[20:] if not r.profiled]
+        _MEDIANS["step"] = statistics.median(r.gpu_time_s for r in later) * 1e3
+        _MEDIANS["cpu"] = statistics.median(r.cpu_time_s for r in later) * 1e3
+        _MEDIANS["device"] = statistics.median(r.device_time_s for r in records if r.profiled) * 1e3
+        tier.report.notes.append(f"{tier.nodeid}: calibration medians (ms): {_MEDIANS}")
     return _MEDIANS[which]
 
 
@@ -178,14 +191,23 @@ def _assert_fails(tier, what: str, v):
                source="extended tier criterion", detail=v.detail)
 
 
-def test_a_leak_is_caught(tier):
+def test_a_leak_is_caught(tier, plant_round):
     kept = []
 
     def leak(step):  # one (512, 2048) bf16 activation kept per step: 2 MiB/step
         kept.append(torch.empty(512, 2048, dtype=torch.bfloat16, device="cuda"))
 
-    verdicts = _extended_run(tier, leak)
-    _assert_fails(tier, "leak of 2 MiB/step", verdicts["allocated_mib"])
+    _assert_fails(tier, "leak of 2 MiB/step", _extended_run(tier, step_hook=leak)["allocated_mib"])
+
+
+def test_a_host_leak_is_caught(tier, plant_round):
+    """Plant (c) of issue 18: ~1 MiB of host memory kept per step (a per-step Python object never released)."""
+    kept = []
+
+    def leak(step):
+        kept.append(bytearray(1 << 20))  # zero-filled: its pages are resident
+
+    _assert_fails(tier, "host leak of 1 MiB/step", _extended_run(tier, step_hook=leak)["host_rss_mib"])
 
 
 def _gpu_work(ms: float):
@@ -207,46 +229,54 @@ def _gpu_work(ms: float):
     return work
 
 
-def _host_work(ms: float):
-    """work(scale): extra host work of about scale × ``ms`` milliseconds of process CPU time: walks over a
-    Python list (timed once here), as a per-call history that keeps growing would cost; returns None."""
+def test_gpu_work_growing_with_the_step_count_is_caught(tier, plant_round):
+    """Plant (b): each forward does extra GPU work that grows with the step, +0% at step 0 to +40% of the median
+    step's device time at the last (a kernel doing more work as steps go by). The device-time drift must fail;
+    the host's speed plays no part in it."""
+    work = _gpu_work(_median_ms(tier, "device"))
+    verdicts = _extended_run(tier, forward_work=lambda step: work(0.40 * step / PLANT_STEPS))
+    _assert_fails(tier, "GPU work growing to +40%", verdicts["device time per step drift (clipped kernel durations)"])
+
+
+def test_host_work_growing_with_the_models_own_state_is_caught(tier, plant_round, monkeypatch):
+    """Plant (a): every LoRA layer keeps a history of its calls and walks it on each forward (a per-layer record
+    that is never trimmed), calibrated so that after PLANT_STEPS steps the walks cost +40% of the median step's
+    CPU time. The state belongs to the model, so the fresh run of the aged-vs-fresh pairs starts without it:
+    the pairs must fail, whatever the host's speed did meanwhile."""
+    import lora_core.layer as layer_module
     history = list(range(100_000))
     t0 = time.process_time()
     for _ in range(20):
         sum(history)
-    per = (time.process_time() - t0) / 20 * 1e3
+    per_item_ms = (time.process_time() - t0) / 20 / len(history) * 1e3
+    cfg = tier.config("extended")
+    n_layers = cfg.model.architecture.num_hidden_layers * len(target_shapes(cfg.model.architecture, cfg.lora.targets))
+    walks = max(1, round(0.40 * _median_ms(tier, "cpu") / (n_layers * PLANT_STEPS * per_item_ms)))
+    real = layer_module.LoRALinear.forward
 
-    def work(scale: float) -> None:
-        for _ in range(max(0, round(ms * scale / per))):
-            sum(history)
-    return work
+    def forward(self, x):
+        calls = self.__dict__.setdefault("_planted_calls", [])
+        calls.append(len(calls))
+        for _ in range(walks):
+            sum(calls)
+        return real(self, x)
 
-
-def test_a_progressive_slowdown_is_caught(tier):
-    """A 300-step extended run (windows 50-99 and 250-299), each forward doing extra host work that grows with
-    the step (a history that every step walks again): +0% at step 0, +40% of the median step's CPU time by the
-    last. Host work, not GPU work: the extended tier judges tokens per process CPU-second, and its TinyLlama
-    step is host-bound, so a plant of extra GPU work only filled the GPU's idle gaps and did not slow the step
-    (reports/20261122T081042Z-selftest-gpu: windows 7% apart); a slowdown of the host path is what the
-    criterion exists to see (per-call host-side overhead that grows)."""
-    work = _host_work(_median_ms(tier, "cpu"))
-    steps = 300
-
-    def no_hook(step):
-        return None
-
-    verdicts = _extended_run(tier, no_hook, steps=steps, forward_work=lambda step: work(0.40 * step / steps))
-    _assert_fails(tier, "progressive slowdown to +40%", verdicts["tokens per process CPU-second drift"])
+    monkeypatch.setattr(layer_module.LoRALinear, "forward", forward)
+    verdicts = _extended_run(tier, aged_vs_fresh=True)
+    tier.report.notes.append(f"{tier.nodeid}: plant walks each layer's history {walks}x per forward "
+                             f"({n_layers} layers, {per_item_ms * 1e6:.1f} ns per item)")
+    _assert_fails(tier, "host work growing with the model's own state to +40%",
+                  verdicts["aged run's step / fresh run's step"])
 
 
-def test_stalls_on_a_quarter_of_the_steps_are_caught(tier):
-    """Every 4th step stalls for twice a median step (e.g. a synchronising allocator retry every 4 steps)."""
+def test_stalls_on_a_quarter_of_the_steps_are_caught(tier, plant_round):
+    """Plant (d): every 4th step stalls for twice a median step (e.g. a synchronising allocator retry every 4 steps)."""
     work = _gpu_work(_median_ms(tier, "step"))
 
     def every_fourth(step):
         work(2.0 if step % 4 == 0 else 0.0)
 
-    verdicts = _extended_run(tier, every_fourth)
+    verdicts = _extended_run(tier, step_hook=every_fourth)
     _assert_fails(tier, "3x stall every 4th step", verdicts["share of steps slower than 2.5 x the median step (stalls)"])
 
 

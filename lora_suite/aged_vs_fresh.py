@@ -1,0 +1,66 @@
+"""Aged vs fresh: does a run's own accumulated state make its steps cost more host time?
+
+At the end of a long run (the aged run), a fresh run is built from the same config and seed (model, adapters,
+optimizer, trainer state). After ``warmup`` unpaired steps of the fresh run (allocations, first-use caches), the
+two take turns for ``pairs`` pairs: pair i runs one step of each, aged first in even pairs and fresh first in odd
+ones (so that neither side always follows the other). Per pair, the ratio of the two steps' process CPU times
+
+    ρ_i = c_aged,i / c_fresh,i
+
+Noise model: the two steps of a pair run within a fraction of a second of each other in the same process, so
+the host's speed at that moment (clock, neighbours' load on shared cores and caches, a GPU neighbour) moves both
+alike and cancels in ρ_i; what is left is step-to-step jitter, which the median over the pairs and its standard
+error (criteria.median_se) absorb. State that grows with the run (a history that every step walks, a cache that
+never empties, per-step Python objects kept alive) costs only the aged side. criteria.aged_vs_fresh_verdict
+judges median(ρ) − 1 against an allowance.
+
+Limitation: state that grows process-wide (a module-level cache shared by both runs) costs both sides alike
+and cancels too; if it holds memory, the resident-set-size slope sees it, and if it moves GPU work, the
+device-time drift does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lora_suite.trainer import TrainingRun, frozen_heap
+
+
+@dataclass(frozen=True)
+class Pair:
+    index: int
+    aged_step: int
+    fresh_step: int
+    aged_first: bool
+    aged_cpu_s: float
+    fresh_cpu_s: float
+    aged_span_s: float | None  # CUDA-event spans: diagnostic (a loaded host's preemption moves them)
+    fresh_span_s: float | None
+
+    @property
+    def ratio(self) -> float:
+        return self.aged_cpu_s / self.fresh_cpu_s
+
+
+def run_pairs(aged: TrainingRun, fresh: TrainingRun, *, aged_start: int, pairs: int, warmup: int) -> list[Pair]:
+    """Alternate steps of the two runs (module docstring); the aged run goes on from step ``aged_start``.
+
+    The steps are not appended to either run's records (the aged run's per-step series stays the tier's run).
+    """
+    if pairs < 2 or warmup < 0:
+        raise ValueError(f"aged vs fresh needs pairs >= 2 and warmup >= 0, got pairs={pairs}, warmup={warmup}")
+    out = []
+    with aged, fresh, frozen_heap():
+        for step in range(warmup):
+            fresh.step(step, record=False)
+        for i in range(pairs):
+            aged_first = i % 2 == 0
+            a_step, f_step = aged_start + i, warmup + i
+            if aged_first:
+                a = aged.step(a_step, record=False)
+                f = fresh.step(f_step, record=False)
+            else:
+                f = fresh.step(f_step, record=False)
+                a = aged.step(a_step, record=False)
+            out.append(Pair(i, a_step, f_step, aged_first, a.cpu_time_s, f.cpu_time_s, a.gpu_time_s, f.gpu_time_s))
+    return out

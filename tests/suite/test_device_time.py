@@ -1,0 +1,72 @@
+"""lora_suite.device_time on the CPU: launch keys, clipping of time-sliced launches, the profiled windows."""
+
+from __future__ import annotations
+
+import pytest
+
+from lora_suite.device_time import DeviceTimer, clipped_step_times, launch_keys, profile_windows, window
+
+
+def _step(scale: float = 1.0, extra: list | None = None) -> list[tuple[str, float]]:
+    """A deterministic step of launches: two GEMMs of different sizes sharing one kernel name, and elementwise."""
+    launches = []
+    for layer in range(4):
+        launches += [("gemm", 100.0 * scale), ("gemm", 40.0 * scale), ("add", 5.0 * scale)]
+    return launches + (extra or [])
+
+
+def test_launch_keys_number_each_name_in_launch_order():
+    assert launch_keys([("a", 1), ("b", 2), ("a", 3)]) == [("a", 0), ("b", 0), ("a", 1)]
+
+
+def test_clipping_removes_a_time_sliced_launch_but_keeps_a_real_change():
+    steps = [_step() for _ in range(5)]
+    plain = sum(d for _, d in steps[0]) / 1e6
+    sliced = [list(s) for s in steps]
+    sliced[2][4] = ("gemm", 2000.0)  # pre-empted by another context for ~2 ms in one step only
+    assert clipped_step_times(sliced, 2.0) == pytest.approx([plain] * 5)
+    slower = [_step(1.1) for _ in range(5)]  # every step of the window does 10% more work
+    assert clipped_step_times(slower, 2.0) == pytest.approx([plain * 1.1] * 5)
+
+
+def test_extra_launches_that_grow_within_a_window_count():
+    """A plant that adds launches (more with the step) still adds their time, also when the count differs
+    between the window's steps."""
+    steps = [_step(extra=[("big_gemm", 500.0)] * n) for n in (3, 3, 4, 4, 4)]
+    base = sum(d for _, d in _step()) / 1e6
+    assert clipped_step_times(steps, 2.0) == pytest.approx([base + 1.5e-3] * 2 + [base + 2e-3] * 3)
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="clip=0.5 must be >= 1"):
+        clipped_step_times([_step()], 0.5)
+    with pytest.raises(ValueError, match="no profiled steps"):
+        clipped_step_times([], 2.0)
+    with pytest.raises(ValueError, match=r"device window 'late': none of steps \[8, 9\] was profiled"):
+        window("late", [8, 9], {1: _step()}, 2.0)
+    with pytest.raises(ValueError, match="device window width 5: need 2 <= width and two windows in the 8 steps"):
+        profile_windows(50, 58, 5)
+
+
+def test_profile_windows_of_the_extended_tier():
+    plan = profile_windows(50, 500, 5)
+    assert plan == {"warm-up": [45], "early": [50, 51, 52, 53, 54], "late": [495, 496, 497, 498, 499],
+                    "middle": [272, 273, 274, 275, 276]}
+    assert "middle" not in profile_windows(50, 60, 5)
+
+
+def test_the_timer_does_nothing_without_cuda_and_outside_its_steps():
+    timer = DeviceTimer([3])
+    with timer.measure(3, cuda=False):
+        pass
+    with timer.measure(4, cuda=True):
+        pass
+    assert timer.launches == {}
+
+
+def test_window_records_plain_and_clipped_sums():
+    launches = {s: _step() for s in (10, 11, 12)}
+    launches[11] = [("gemm", 2000.0)] + launches[11][1:]
+    w = window("early", [10, 11, 12], launches, 2.0)
+    assert w.steps == (10, 11, 12) and w.launches == (12, 12, 12)
+    assert w.summed_s[1] > w.clipped_s[1] == pytest.approx(w.clipped_s[0])

@@ -1,0 +1,94 @@
+"""Replays of recorded extended-tier runs through lora_suite.long_run.extended_verdicts, on the CPU.
+
+Fixtures (tests/fixtures/extended_replay/, trimmed report.json files; README there says where each came from):
+- h200-2026-11-23-*: unchanged code (86cb0ab) on shared 2xH200 hosts, before issue 18. Four of the seven failed
+  the process-CPU-time drift then; that figure is a diagnostic now, and every criterion these runs carry the
+  data for must pass. They have no device windows, no aged-vs-fresh pairs and no RSS readings.
+- the runs of the issue-18 load acceptance (if present): every criterion must pass.
+Each fixture is then planted with a 10% drift (or a leak, or stalls) per criterion: that criterion must fail.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from lora_suite.config import CONFIG_DIR, load_tier_config
+from lora_suite.criteria import host_time_drift
+from lora_suite.long_run import extended_verdicts, replay_report
+
+FIXTURES = sorted((Path(__file__).resolve().parents[1] / "fixtures" / "extended_replay").glob("*.json"))
+BEFORE_ISSUE_18 = [f for f in FIXTURES if f.name.startswith("h200-2026-11-23-")]
+WITH_NEW_SERIES = [f for f in FIXTURES if not f.name.startswith("h200-2026-11-23-")]
+CFG = load_tier_config(CONFIG_DIR / "extended.yaml")
+
+
+def _load(path: Path):
+    return replay_report(json.loads(path.read_text()))
+
+
+def _by_name(judged):
+    return {v.name.split(" after")[0].split(" slope")[0].split(",")[0]: v for v in judged.verdicts}
+
+
+def test_the_fixtures_are_there():
+    assert len(BEFORE_ISSUE_18) == 7, [f.name for f in FIXTURES]
+
+
+@pytest.mark.parametrize("path", BEFORE_ISSUE_18, ids=lambda p: p.stem)
+def test_runs_before_issue_18_pass_what_they_carry_and_their_old_false_alarm_was_the_host(path):
+    records, windows, pairs = _load(path)
+    assert windows is None and pairs is None
+    judged = extended_verdicts(CFG, records, windows, pairs)
+    failed = [(v.name, v.value, v.threshold) for v in judged.verdicts if not v.passed]
+    assert not failed, failed
+    assert sorted(m.split(":")[0] for m in judged.missing) == ["aged vs fresh", "device time drift", "host_rss_mib slope"]
+    # The old criterion, replayed: it failed exactly the runs the evidence says it failed (5% + 3 SE bar).
+    tokens = CFG.data.batch_size * CFG.data.seq_len
+    after = [r.cpu_time_s for r in records if r.step >= CFG.criteria.fit_after_step]
+    d = host_time_drift(after, tokens, CFG.criteria.smooth_window)
+    assert (d.drift > d.allowed(0.05, 3.0)) == ("-fail" in path.stem), (d.drift, d.allowed(0.05, 3.0))
+
+
+def _plant(records, field: str, fn):
+    return [dataclasses.replace(r, **{field: fn(r.step, getattr(r, field))}) for r in records]
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
+def test_planted_leaks_and_stalls_fail_on_every_fixture(path):
+    records, windows, pairs = _load(path)
+    leak = _plant(records, "allocated_mib", lambda step, v: v + 0.5 * step)  # 0.5 MiB/step, bar 0.1
+    assert not _by_name(extended_verdicts(CFG, leak, windows, pairs))["allocated_mib"].passed
+    stalls = _plant(records, "gpu_time_s", lambda step, v: v * (3.0 if step % 4 == 0 else 1.0))
+    assert not _by_name(extended_verdicts(CFG, stalls, windows, pairs))["share of steps slower than 2.5 x the median step (stalls)"].passed
+    slower_host = _plant(records, "gpu_time_s", lambda step, v: v * (1.3 if step > 250 else 1.0))
+    assert _by_name(extended_verdicts(CFG, slower_host, windows, pairs))["share of steps slower than 2.5 x the median step (stalls)"].passed
+
+
+@pytest.mark.parametrize("path", WITH_NEW_SERIES, ids=lambda p: p.stem)
+def test_issue_18_runs_pass_every_criterion(path):
+    records, windows, pairs = _load(path)
+    judged = extended_verdicts(CFG, records, windows, pairs)
+    assert not judged.missing
+    failed = [(v.name, v.value, v.threshold) for v in judged.verdicts if not v.passed]
+    assert not failed, failed
+
+
+@pytest.mark.parametrize("path", WITH_NEW_SERIES, ids=lambda p: p.stem)
+def test_a_10_percent_drift_planted_in_a_recorded_run_fails_its_criterion(path):
+    records, windows, pairs = _load(path)
+    late = windows["late"]
+    slower = dict(windows, late=dataclasses.replace(late, clipped_s=tuple(t * 1.10 for t in late.clipped_s)))
+    assert not _by_name(extended_verdicts(CFG, records, slower, pairs))["device time per step drift (clipped kernel durations)"].passed
+    costlier = [dataclasses.replace(p, aged_cpu_s=p.aged_cpu_s * 1.10) for p in pairs]
+    assert not _by_name(extended_verdicts(CFG, records, windows, costlier))["aged run's step / fresh run's step"].passed
+    host_leak = _plant(records, "host_rss_mib", lambda step, v: v + 1.0 * step)
+    assert not _by_name(extended_verdicts(CFG, host_leak, windows, pairs))["host_rss_mib"].passed
+
+
+def test_a_report_without_the_tier_series_is_named():
+    with pytest.raises(ValueError, match="report 'x' has no 'extended: loss' series"):
+        replay_report({"run_id": "x", "series": []})
