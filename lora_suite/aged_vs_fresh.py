@@ -10,7 +10,7 @@ ones (so that neither side always follows the other). Per pair, the ratio of the
 Noise model: the two steps of a pair run within a fraction of a second of each other in the same process, so
 the host's speed at that moment (clock, neighbours' load on shared cores and caches, a GPU neighbour) moves both
 alike and cancels in ρ_i; what is left is step-to-step jitter, which the median over the pairs and its standard
-error (criteria.median_se) absorb. State that grows with the run (a history that every step walks, a cache that
+error (criteria.median_se) absorb; a noisy host gets more pairs (``run_pairs``). State that grows with the run (a history that every step walks, a cache that
 never empties, per-step Python objects kept alive) costs only the aged side. criteria.aged_vs_fresh_verdict
 judges median(ρ) − 1 against an allowance.
 
@@ -22,6 +22,7 @@ device-time drift does.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from lora_suite.trainer import TrainingRun, frozen_heap
 
@@ -42,25 +43,36 @@ class Pair:
         return self.aged_cpu_s / self.fresh_cpu_s
 
 
-def run_pairs(aged: TrainingRun, fresh: TrainingRun, *, aged_start: int, pairs: int, warmup: int) -> list[Pair]:
+def run_pairs(aged: TrainingRun, fresh: TrainingRun, *, aged_start: int, pairs: int, warmup: int,
+              max_pairs: int | None = None, resolved: Callable[[list[Pair]], bool] | None = None,
+              block: int = 20) -> list[Pair]:
     """Alternate steps of the two runs (module docstring); the aged run goes on from step ``aged_start``.
 
-    The steps are not appended to either run's records (the aged run's per-step series stays the tier's run).
+    ``pairs`` are always run; then, while ``resolved(pairs)`` is false and fewer than ``max_pairs`` ran, ``block``
+    more (a noisy host needs more pairs for the same resolution: the standard error falls as 1/√n; stopping on
+    the standard error, never on the estimate, leaves the verdict's false-alarm rate alone). The steps are not
+    appended to either run's records (the aged run's per-step series stays the tier's run).
     """
-    if pairs < 2 or warmup < 0:
-        raise ValueError(f"aged vs fresh needs pairs >= 2 and warmup >= 0, got pairs={pairs}, warmup={warmup}")
-    out = []
+    max_pairs = pairs if max_pairs is None else max_pairs
+    if pairs < 2 or warmup < 0 or max_pairs < pairs or block < 2:
+        raise ValueError(f"aged vs fresh needs pairs >= 2, warmup >= 0, max_pairs >= pairs and block >= 2, got "
+                         f"pairs={pairs}, warmup={warmup}, max_pairs={max_pairs}, block={block}")
+    out: list[Pair] = []
+
+    def one(i: int) -> Pair:
+        a_step, f_step = aged_start + i, warmup + i
+        if i % 2 == 0:
+            a = aged.step(a_step, record=False)
+            f = fresh.step(f_step, record=False)
+        else:
+            f = fresh.step(f_step, record=False)
+            a = aged.step(a_step, record=False)
+        return Pair(i, a_step, f_step, i % 2 == 0, a.cpu_time_s, f.cpu_time_s, a.gpu_time_s, f.gpu_time_s)
+
     with aged, fresh, frozen_heap():
         for step in range(warmup):
             fresh.step(step, record=False)
-        for i in range(pairs):
-            aged_first = i % 2 == 0
-            a_step, f_step = aged_start + i, warmup + i
-            if aged_first:
-                a = aged.step(a_step, record=False)
-                f = fresh.step(f_step, record=False)
-            else:
-                f = fresh.step(f_step, record=False)
-                a = aged.step(a_step, record=False)
-            out.append(Pair(i, a_step, f_step, aged_first, a.cpu_time_s, f.cpu_time_s, a.gpu_time_s, f.gpu_time_s))
+        out += [one(i) for i in range(pairs)]
+        while len(out) < max_pairs and resolved is not None and not resolved(out):
+            out += [one(i) for i in range(len(out), min(len(out) + block, max_pairs))]
     return out

@@ -162,10 +162,13 @@ class Criteria:
     device_window: int = 5
     device_clip: float = 2.0
     # Aged vs fresh (lora_suite/aged_vs_fresh.py): after the run, aged_vs_fresh_warmup steps of a fresh run, then
-    # aged_vs_fresh_pairs alternating pairs; median(aged CPU time / fresh) - 1 may be at most
+    # aged_vs_fresh_pairs alternating pairs, and 20 more at a time while the allowance slowdown_max + z·SE is above
+    # aged_vs_fresh_resolution, up to aged_vs_fresh_pairs_max; median(aged CPU time / fresh) - 1 may be at most
     # aged_vs_fresh_slowdown_max + drift_noise_z standard errors (criteria.aged_vs_fresh_verdict).
     aged_vs_fresh_slowdown_max: float | None = None
     aged_vs_fresh_pairs: int = 40
+    aged_vs_fresh_pairs_max: int = 40
+    aged_vs_fresh_resolution: float | None = None
     aged_vs_fresh_warmup: int = 10
     tier_seconds_max: float | None = None  # wall time of the tier's main test, model build included
     # Whole-model gradient checks (quick tier): every adapter's gradient from the model under test vs an fp32
@@ -398,6 +401,8 @@ def validate(cfg: TierConfig) -> None:
          f">= 2, and two windows must fit in the {t.steps - c.fit_after_step} steps after fit_after_step"),
         ("criteria.device_clip", c.device_clip, _finite(c.device_clip) and c.device_clip >= 1, "finite, >= 1"),
         ("criteria.aged_vs_fresh_pairs", c.aged_vs_fresh_pairs, c.aged_vs_fresh_pairs >= 2, ">= 2"),
+        ("criteria.aged_vs_fresh_pairs_max", c.aged_vs_fresh_pairs_max, c.aged_vs_fresh_pairs_max >= c.aged_vs_fresh_pairs,
+         f">= aged_vs_fresh_pairs={c.aged_vs_fresh_pairs}"),
         ("criteria.aged_vs_fresh_warmup", c.aged_vs_fresh_warmup, c.aged_vs_fresh_warmup >= 0, ">= 0"),
         ("criteria.bf16_comparison_steps", c.bf16_comparison_steps,
          c.bf16_comparison_steps is None or 1 <= c.bf16_comparison_steps <= t.steps, f"null or 1 <= x <= steps={t.steps}"),
@@ -408,7 +413,7 @@ def validate(cfg: TierConfig) -> None:
     ]
     for name in ("loss_drop_min", "loss_match_factor", "smooth_slack", "vram_budget_gib", "leak_slope_max_mib_per_step",
                  "stall_fraction_max", "device_time_drift_max", "aged_vs_fresh_slowdown_max",
-                 "host_leak_slope_max_mib_per_step", "tier_seconds_max", "grad_match_factor",
+                 "host_leak_slope_max_mib_per_step", "aged_vs_fresh_resolution", "tier_seconds_max", "grad_match_factor",
                  "vram_budget_16bit_base_gib", "memory_estimate_error_max", "build_seconds_max", "grad_loss_floor",
                  "scaling_efficiency_min", "rank_failure_seconds_max"):
         value = getattr(c, name)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from lora_suite.aged_vs_fresh import Pair
 from lora_suite.config import TierConfig
 from lora_suite.criteria import (Verdict, aged_vs_fresh_verdict, device_time_verdict, host_time_drift, is_non_increasing,
-                                 stall_verdict, windowed_means)
+                                 median_se, stall_verdict, windowed_means)
 from lora_suite.device_time import DeviceWindow
 from lora_suite.memory import fit_slope
 from lora_suite.trainer import StepRecord
@@ -95,6 +95,15 @@ def extended_verdicts(cfg: TierConfig, records: list[StepRecord], windows: dict[
                                f"speed): {d.drift:.4f} (SE {d.noise_se:.4f}), first {d.first_median:.0f}, last "
                                f"{d.last_median:.0f}")
     return out
+
+
+def aged_vs_fresh_resolved(pairs: list[Pair], crit) -> bool:
+    """Whether the pairs so far resolve a slowdown of ``aged_vs_fresh_resolution``: slowdown_max + z·SE at most that
+    (always true without a resolution target)."""
+    if crit.aged_vs_fresh_resolution is None or crit.aged_vs_fresh_slowdown_max is None:
+        return True
+    _, se = median_se([p.ratio for p in pairs])
+    return crit.aged_vs_fresh_slowdown_max + crit.drift_noise_z * se <= crit.aged_vs_fresh_resolution
 
 
 def time_budget_rows(records: list[StepRecord], windows: dict[str, DeviceWindow]) -> list[tuple]:

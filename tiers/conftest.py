@@ -17,7 +17,7 @@ import torch
 from lora_suite.aged_vs_fresh import Pair, run_pairs
 from lora_suite.config import CONFIG_DIR, TierConfig, load_tier_config
 from lora_suite.device_time import DeviceTimer, DeviceWindow, window as device_window
-from lora_suite.long_run import LongRunVerdicts, time_budget_rows
+from lora_suite.long_run import LongRunVerdicts, aged_vs_fresh_resolved, time_budget_rows
 from lora_suite.memory import GIB, PeakWindow, estimate_training_memory, measured_split, vram_verdict
 from lora_suite.nvml import nvml_memory
 from lora_suite.models import CheckpointNotFound
@@ -128,7 +128,8 @@ class Tier:
         fresh = self.prepare(cfg)
         fresh_run = TrainingRun(fresh.model, fresh.batches, cfg.train, adapters=fresh.adapters, **kw)
         pairs = run_pairs(aged.run, fresh_run, aged_start=cfg.train.steps, pairs=crit.aged_vs_fresh_pairs,
-                          warmup=crit.aged_vs_fresh_warmup)
+                          warmup=crit.aged_vs_fresh_warmup, max_pairs=crit.aged_vs_fresh_pairs_max,
+                          resolved=lambda done: aged_vs_fresh_resolved(done, crit))
         self.report.add_series(Series(self.nodeid, "aged vs fresh: alternating pairs (process CPU ms, event span ms)",
                                       ("pair", "aged step", "fresh step", "aged first", "aged CPU ms", "fresh CPU ms",
                                        "ratio", "aged span ms", "fresh span ms"),

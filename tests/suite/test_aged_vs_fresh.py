@@ -30,8 +30,21 @@ def test_pairs_alternate_their_order_and_leave_the_records_alone(tiny_cfg):
     assert len(result.records) == 6 and fresh.records == []
     assert all(p.aged_cpu_s > 0 and p.fresh_cpu_s > 0 and p.aged_span_s is None for p in pairs)
     assert not result.run.model.training  # the runs leave their models in eval mode, as train() does
-    with pytest.raises(ValueError, match="pairs >= 2 and warmup >= 0, got pairs=1, warmup=0"):
+    with pytest.raises(ValueError, match="pairs >= 2, warmup >= 0, max_pairs >= pairs and block >= 2, got pairs=1"):
         run_pairs(result.run, fresh, aged_start=6, pairs=1, warmup=0)
+
+
+def test_more_pairs_are_run_until_resolved_or_the_cap(tiny_cfg):
+    cfg = dataclasses.replace(tiny_cfg, train=dataclasses.replace(tiny_cfg.train, steps=4, warmup_steps=2))
+    result, fresh = _aged_and_fresh(cfg)
+    seen = []
+    never = run_pairs(result.run, fresh, aged_start=4, pairs=4, warmup=0, max_pairs=9, block=2,
+                      resolved=lambda done: seen.append(len(done)) and False)
+    assert seen == [4, 6, 8] and len(never) == 9
+    assert [p.aged_first for p in never] == [i % 2 == 0 for i in range(9)]
+    assert [p.aged_step for p in never] == list(range(4, 13))
+    at_once = run_pairs(result.run, fresh, aged_start=13, pairs=4, warmup=0, max_pairs=9, resolved=lambda done: True)
+    assert len(at_once) == 4
 
 
 def test_host_work_that_grows_with_the_models_own_state_fails_the_pairs(tiny_cfg, monkeypatch):
