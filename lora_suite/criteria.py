@@ -196,10 +196,10 @@ def aged_vs_fresh_verdict(ratios, *, slowdown_max: float, z: float, source: str)
     """Per-pair ratio ρ_i = CPU time of the aged run's step / the fresh run's (lora_suite/aged_vs_fresh.py); passes when
     median(ρ) − 1 ≤ slowdown_max + z·SE(median)."""
     med, se = median_se(ratios)
-    return Verdict(f"aged run's step / fresh run's step, process CPU time, median of {len(ratios)} alternating pairs, "
-                   "minus 1", round(med - 1, 4), "<=", round(slowdown_max + z * se, 4),
+    return Verdict("aged run's step / fresh run's step, process CPU time, median over alternating pairs, minus 1",
+                   round(med - 1, 4), "<=", round(slowdown_max + z * se, 4),
                    f"{source} aged_vs_fresh_slowdown_max {slowdown_max} + drift_noise_z {z} x SE {se:.4f}",
-                   f"median ratio {med:.4f}, min {min(ratios):.3f}, max {max(ratios):.3f}")
+                   f"{len(ratios)} pairs: median ratio {med:.4f}, min {min(ratios):.3f}, max {max(ratios):.3f}")
 
 
 def host_time_drift(cpu_times_s, tokens_per_step: float, window: int) -> Drift:

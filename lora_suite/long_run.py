@@ -5,7 +5,8 @@ The tier (tiers/extended), the planted-defect self-test (tiers/selftest_gpu) and
 
 What is judged, and the noise each criterion absorbs (after ``fit_after_step`` warm-up steps):
 - leaks: least-squares slope of torch's allocated and reserved memory, NVML's used memory and the process's
-  resident set size (host memory), MiB per step, each against its bar. Allocator caching and a one-off jump
+  C heap in use (host memory, memory.host_heap_bytes; the resident set size is fitted as a diagnostic), MiB per
+  step, each against its bar. Allocator caching and a one-off jump
   move a slope over 450 steps little; a per-step leak moves it by its size.
 - loss: 50-step window means non-increasing within a slack, last below first (sampling noise ~1%).
 - stalls: the share of steps whose CUDA-event span exceeds factor × the median span. A loaded host stretches
@@ -33,7 +34,8 @@ from lora_suite.device_time import DeviceWindow
 from lora_suite.memory import fit_slope
 from lora_suite.trainer import StepRecord
 
-LEAK_SERIES = ("allocated_mib", "reserved_mib", "nvml_used_mib", "host_rss_mib")
+LEAK_SERIES = ("allocated_mib", "reserved_mib", "nvml_used_mib", "host_heap_mib")
+DIAGNOSTIC_SLOPES = ("host_rss_mib",)  # fitted and shown, not judged (memory.host_heap_bytes says why)
 
 
 @dataclass
@@ -51,18 +53,23 @@ def extended_verdicts(cfg: TierConfig, records: list[StepRecord], windows: dict[
     after = [r for r in records if r.step >= crit.fit_after_step]
     steps = [r.step for r in after]
     for name in LEAK_SERIES:
-        bar, key = ((crit.host_leak_slope_max_mib_per_step, "host_leak_slope_max_mib_per_step") if name == "host_rss_mib"
+        bar, key = ((crit.host_leak_slope_max_mib_per_step, "host_leak_slope_max_mib_per_step") if name == "host_heap_mib"
                     else (crit.leak_slope_max_mib_per_step, "leak_slope_max_mib_per_step"))
         if bar is None:
             continue
         values = [getattr(r, name) for r in after]
         if any(v is None for v in values):
-            out.missing.append(f"{name} slope: no readings ({'no NVML' if name == 'nvml_used_mib' else 'no /proc'})")
+            out.missing.append(f"{name} slope: no readings ({'no NVML' if name == 'nvml_used_mib' else 'no glibc mallinfo2'})")
             continue
         fit = fit_slope(steps, values)
         out.fits.append((name, fit.slope, fit.intercept, fit.r2, min(values), max(values)))
         out.verdicts.append(Verdict(f"{name} slope after step {crit.fit_after_step}", round(fit.slope, 5), "<=", bar,
                                     f"{source} {key}", f"from {values[0]:.1f} to {values[-1]:.1f} MiB, r2 {fit.r2:.3f}"))
+    for name in DIAGNOSTIC_SLOPES:
+        values = [getattr(r, name) for r in after]
+        if len(values) >= 2 and all(v is not None for v in values):
+            fit = fit_slope(steps, values)
+            out.fits.append((f"{name} (diagnostic)", fit.slope, fit.intercept, fit.r2, min(values), max(values)))
     if crit.smooth_slack is not None:
         means = windowed_means([r.loss for r in records], crit.smooth_window)
         out.verdicts.append(Verdict(f"smoothed loss keeps falling (each window <= previous x (1 + {crit.smooth_slack}))",

@@ -46,7 +46,7 @@ from torch import nn
 from lora_core.inject import adapter_parameters
 from lora_suite.config import TrainSettings
 from lora_suite.device_time import DeviceTimer
-from lora_suite.memory import MIB, host_rss_bytes
+from lora_suite.memory import MIB, host_heap_bytes, host_rss_bytes
 from lora_suite.nvml import NvmlReader
 from lora_suite.optimizer import check_capturable, clip_gradients, lr_at, make_optimizer, set_lr
 
@@ -74,6 +74,7 @@ class StepRecord:
     host_probe_s: float | None = None  # process CPU time of the fixed host probe run after the step (host_probe)
     captured: bool = False  # replayed from the captured CUDA graph (train.cuda_graph)
     host_rss_mib: float | None = None  # the process's resident set size after the step (memory.host_rss_bytes)
+    host_heap_mib: float | None = None  # C heap in use after the step (memory.host_heap_bytes): the host leak series
     # Summed duration of the step's GPU launches, for the steps a DeviceTimer profiled (lora_suite.device_time)
     device_time_s: float | None = None
 
@@ -305,7 +306,7 @@ class TrainingRun:
             dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         probe = host_probe(s.host_probe_ops) if s.host_probe_ops else None
         nvml_used = self.nvml.used() if self.nvml is not None else None
-        rss = host_rss_bytes()
+        rss, heap = host_rss_bytes(), host_heap_bytes()
         launches = self.device_timer.launches.get(step) if self.device_timer else None
         rec = StepRecord(
             step=step, loss=loss, grad_norm=grad_norm, lr=lr, tokens_per_s=n_tokens / dt,
@@ -319,6 +320,7 @@ class TrainingRun:
             host_probe_s=probe,
             captured=replayed,
             host_rss_mib=None if rss is None else rss / MIB,
+            host_heap_mib=None if heap is None else heap / MIB,
             device_time_s=None if launches is None else sum(d for _, d in launches) / 1e6,
         )
         if record:

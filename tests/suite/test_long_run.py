@@ -45,7 +45,7 @@ def test_runs_before_issue_18_pass_what_they_carry_and_their_old_false_alarm_was
     judged = extended_verdicts(CFG, records, windows, pairs)
     failed = [(v.name, v.value, v.threshold) for v in judged.verdicts if not v.passed]
     assert not failed, failed
-    assert sorted(m.split(":")[0] for m in judged.missing) == ["aged vs fresh", "device time drift", "host_rss_mib slope"]
+    assert sorted(m.split(":")[0] for m in judged.missing) == ["aged vs fresh", "device time drift", "host_heap_mib slope"]
     # The old criterion, replayed: it failed exactly the runs the evidence says it failed (5% + 3 SE bar).
     tokens = CFG.data.batch_size * CFG.data.seq_len
     after = [r.cpu_time_s for r in records if r.step >= CFG.criteria.fit_after_step]
@@ -85,8 +85,8 @@ def test_a_10_percent_drift_planted_in_a_recorded_run_fails_its_criterion(path):
     assert not _by_name(extended_verdicts(CFG, records, slower, pairs))["device time per step drift (clipped kernel durations)"].passed
     costlier = [dataclasses.replace(p, aged_cpu_s=p.aged_cpu_s * 1.10) for p in pairs]
     assert not _by_name(extended_verdicts(CFG, records, windows, costlier))["aged run's step / fresh run's step"].passed
-    host_leak = _plant(records, "host_rss_mib", lambda step, v: v + 1.0 * step)
-    assert not _by_name(extended_verdicts(CFG, host_leak, windows, pairs))["host_rss_mib"].passed
+    host_leak = _plant(records, "host_heap_mib", lambda step, v: v + 1.0 * step)
+    assert not _by_name(extended_verdicts(CFG, host_leak, windows, pairs))["host_heap_mib"].passed
 
 
 def test_a_report_without_the_tier_series_is_named():

@@ -110,3 +110,26 @@ def test_peak_window_without_the_workspace_call_releases_nothing(monkeypatch):
     fake.install(monkeypatch, with_clear=False)
     window = PeakWindow.open()
     assert (window.released, window.carried, window.peak()) == (0, 64 * MIB, GIB - 64 * MIB)
+
+
+def test_host_heap_in_use_sees_a_leak_that_reuses_freed_memory():
+    """The RSS misses a leak served from memory the process freed earlier (glibc keeps it); bytes in use do not."""
+    import sys
+
+    from lora_suite.memory import host_heap_bytes, host_rss_bytes
+    if host_heap_bytes() is None:
+        pytest.skip(f"no glibc mallinfo2 on this platform ({sys.platform})")
+    churn = [bytearray(1 << 20) for _ in range(64)]
+    del churn  # 64 MiB freed: glibc may keep it for reuse
+    before = host_heap_bytes()
+    kept = [bytearray(1 << 20) for _ in range(16)]
+    grown = host_heap_bytes() - before
+    assert 15 * 2**20 <= grown <= 20 * 2**20, grown
+    assert host_rss_bytes() > 0 and len(kept) == 16
+
+
+def test_host_rss_is_none_where_there_is_no_statm(tmp_path):
+    from lora_suite.memory import host_rss_bytes
+    assert host_rss_bytes(str(tmp_path / "missing")) is None
+    (tmp_path / "statm").write_text("garbage")
+    assert host_rss_bytes(str(tmp_path / "statm")) is None

@@ -1,0 +1,95 @@
+"""A load-acceptance report: every run under a directory, by condition, with each judged figure and its allowance.
+
+``python -m lora_suite.acceptance OUT_DIR`` reads ``OUT_DIR/<condition>/<run>/report.json`` (as
+scripts/load-acceptance.sh lays them out) and writes ``OUT_DIR/acceptance.json`` and ``OUT_DIR/acceptance.md``
+atomically: per run its condition, target, verdict and every check (value, comparison, threshold, pass); per
+target the number of runs and of failed runs, and per judged figure its range over the runs against its allowance.
+Exit status: 0 when every run passed, 1 when one failed, 2 when the directory holds no run.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from lora_suite.report import atomic_write_text
+
+
+def collect(root: Path) -> list[dict]:
+    runs = []
+    for path in sorted(root.glob("*/*/report.json")):
+        report = json.loads(path.read_text())
+        checks = report.get("checks", [])
+        runs.append({"condition": path.parent.parent.name, "run": path.parent.name, "target": report.get("selection"),
+                     "status": report.get("status"), "summary": report.get("summary", {}),
+                     "passed": report.get("status") == "complete" and not report.get("summary", {}).get("failed")
+                     and all(c["passed"] for c in checks),
+                     "environment": report.get("environment", {}),
+                     "checks": [{k: c.get(k) for k in ("test", "name", "value", "op", "threshold", "passed")} for c in checks]})
+    return runs
+
+
+def figure_ranges(runs: list[dict]) -> list[tuple]:
+    """Per (target, check name with the run-specific parts cut): runs, failures, min and max value, min and max
+    threshold."""
+    acc: dict[tuple, list] = defaultdict(list)
+    for run in runs:
+        for c in run["checks"]:
+            if isinstance(c["value"], (int, float)) and not isinstance(c["value"], bool):
+                name = c["name"].split(" (")[0][:110]
+                acc[(run["target"], name, c["op"])].append((c["value"], c["threshold"], c["passed"]))
+    rows = []
+    for (target, name, op), vals in sorted(acc.items()):
+        values = [v for v, _, _ in vals]
+        limits = [t for _, t, _ in vals if isinstance(t, (int, float))]
+        rows.append((target, name, len(vals), sum(not p for _, _, p in vals), min(values), max(values), op,
+                     min(limits) if limits else None, max(limits) if limits else None))
+    return rows
+
+
+def render(runs: list[dict]) -> str:
+    env = runs[0]["environment"]
+    lines = [f"# Load acceptance: {len(runs)} runs, {sum(not r['passed'] for r in runs)} failed", "",
+             f"GPU {env.get('gpu_name')}, driver {env.get('driver')}, torch {env.get('torch')}, commit "
+             f"{env.get('git_commit')}; conditions: {', '.join(sorted({r['condition'] for r in runs}))}.", "",
+             "## Runs", "", "| condition | run | target | verdict | checks passed / failed |", "|---|---|---|---|---|"]
+    for r in runs:
+        s = r["summary"]
+        lines.append(f"| {r['condition']} | {r['run']} | {r['target']} | {'PASS' if r['passed'] else 'FAIL'} | "
+                     f"{s.get('checks_passed', 0)} / {s.get('checks_failed', 0)} |")
+    lines += ["", "## Judged figures over the runs (value range against the allowance range)", "",
+              "| target | check | runs | failed | min value | max value | op | allowance (min) | allowance (max) |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for target, name, n, failed, lo, hi, op, tlo, thi in figure_ranges(runs):
+        lines.append(f"| {target} | {name} | {n} | {failed} | {lo:.4g} | {hi:.4g} | {op} | {tlo} | {thi} |")
+    lines += ["", "## Every run's checks", ""]
+    for r in runs:
+        lines += [f"### {r['condition']} / {r['run']} ({'PASS' if r['passed'] else 'FAIL'})", "",
+                  "| check | value | op | allowance | passed |", "|---|---|---|---|---|"]
+        lines += [f"| {c['test'].split('::')[-1] if c['test'] else ''}: {c['name']} | {c['value']} | {c['op']} | "
+                  f"{c['threshold']} | {c['passed']} |" for c in r["checks"]]
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m lora_suite.acceptance OUT_DIR", file=sys.stderr)
+        return 2
+    root = Path(argv[0])
+    runs = collect(root)
+    if not runs:
+        print(f"{root}: no <condition>/<run>/report.json under it", file=sys.stderr)
+        return 2
+    atomic_write_text(root / "acceptance.json", json.dumps({"runs": runs, "figures": figure_ranges(runs)}, indent=1))
+    atomic_write_text(root / "acceptance.md", render(runs))
+    failed = [f"{r['condition']}/{r['run']}" for r in runs if not r["passed"]]
+    print(f"{len(runs)} runs, {len(failed)} failed{': ' + ', '.join(failed) if failed else ''}; "
+          f"{root / 'acceptance.md'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
