@@ -34,6 +34,19 @@ from lora_suite.device_time import DeviceWindow
 from lora_suite.memory import fit_slope
 from lora_suite.trainer import StepRecord
 
+NOISE_MODELS = (  # (criterion, measured on, noise it absorbs, what moves it): the report's table of the timed verdicts
+    ("stalls", "CUDA-event span of each unprofiled step after warm-up",
+     "host preemption and jitter (tens of percent; worst seen 2.05x the median)", "a step taking 2.5x the median or more"),
+    ("device time drift", "summed GPU launch durations (CUPTI) of 5 profiled steps early and late, outlying launches at "
+     "their window median", "the host's speed (it does not enter launch durations); a GPU neighbour's time slices "
+     "(clipped); kernel jitter (3 SE of the window medians); clock changes (5%)", "more GPU work per step as the run goes on"),
+    ("aged vs fresh", "process CPU time of alternating steps of this run and a fresh one, per-pair ratio",
+     "the host's speed, which moves both steps of a pair alike; step jitter (3 SE of the median ratio, pairs added "
+     "until that resolves 9%); what two models in one process may differ in (3%)",
+     "host work that grows with the run's own state (model, optimizer, trainer)"),
+    ("leak slopes", "torch allocated and reserved, NVML used, C heap in use, per step after warm-up",
+     "allocator caching; one-off allocations (a 75 MiB jump moves a 450-step slope < 0.25)", "memory kept per step"),
+)
 LEAK_SERIES = ("allocated_mib", "reserved_mib", "nvml_used_mib", "host_heap_mib")
 DIAGNOSTIC_SLOPES = ("host_rss_mib",)  # fitted and shown, not judged (memory.host_heap_bytes says why)
 

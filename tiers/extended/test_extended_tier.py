@@ -17,7 +17,7 @@ import pytest
 from lora_suite.config import TierConfig
 from lora_suite.criteria import host_normalised_drift
 from lora_suite.device_time import DeviceTimer, profile_windows
-from lora_suite.long_run import extended_verdicts
+from lora_suite.long_run import NOISE_MODELS, extended_verdicts
 from lora_suite.report import Series
 from lora_suite.trainer import StepRecord
 
@@ -37,6 +37,8 @@ def test_long_run_no_leak_loss_falls_steady_speed(tier):
     windows = tier.device_windows(cfg, timer, plan, result.records)
     pairs = tier.aged_vs_fresh(cfg, result) if crit.aged_vs_fresh_slowdown_max is not None else None
     record_host_speed(tier, cfg, result.records)
+    tier.report.add_series(Series(tier.nodeid, "noise model of each timed verdict (lora_suite/long_run.py)",
+                                  ("criterion", "measured on", "noise it absorbs", "what moves it"), NOISE_MODELS))
     tier.record_verdicts(extended_verdicts(cfg, result.records, windows, pairs))
 
 

@@ -105,7 +105,9 @@ def test_ddp_matches_one_gpu_and_ranks_agree(tier, request, tmp_path):
                                   "configs/multigpu.yaml scaling_efficiency_min)")
     else:
         tier.check("scaling efficiency, tokens/s on N GPUs / (N x one GPU)", round(eff, 3), ">=",
-                   crit.scaling_efficiency_min, source="configs/multigpu.yaml scaling_efficiency_min")
+                   crit.scaling_efficiency_min, source="configs/multigpu.yaml scaling_efficiency_min; noise model: the N-GPU "
+                   "and 1-GPU jobs run one after the other, so the host's speed between them is not cancelled; the "
+                   "floor sits below the calibration runs named in the YAML to absorb it (not yet paired: issue 18)")
 
 
 def test_a_failing_rank_ends_the_whole_job(tier, request, tmp_path):
