@@ -95,3 +95,58 @@ def test_runs_of_different_implementations_are_not_compared(tmp_path, capsys):
     assert "judged the LoRA implementation 'cupy'" in capsys.readouterr().err
     old = _write(tmp_path / "old", report={"outcomes": [], "checks": []})  # before schema 3: cupy's
     assert compare.main([str(old), str(base)]) == 0
+
+
+INTERLEAVED = ROOT / "reports" / "20261122T134747Z-bench"  # H200, d43484f: runs taking turns (reports/README.md)
+
+
+def _scaled_ratio(bench: dict, key: str, factor: float) -> dict:
+    out = copy.deepcopy(bench)
+    for row in out["benchmarks"]:  # a slowdown scales every round's ratio: the median and its SE alike
+        for k in (key, f"{key}_se"):
+            if k in row["extra_info"]:
+                row["extra_info"][k] *= factor
+    return out
+
+
+def test_a_same_mode_ratio_that_fell_20_percent_is_a_regression_a_cross_mode_one_is_not(tmp_path, capsys):
+    bench = json.loads((INTERLEAVED / "benchmark.json").read_text())
+    assert not [c for c in compare.compare_benchmarks(bench, bench) if c.regression]
+    slower = _scaled_ratio(bench, "cupy-captured_speed_vs_peft-captured", 0.8)
+    base, run = _write(tmp_path / "base", benchmark=bench), _write(tmp_path / "run", benchmark=slower)
+    assert compare.main([str(base), str(run)]) == 1
+    assert "cupy-captured_speed_vs_peft-captured" in capsys.readouterr().out
+    # The eager ratios' SE (6 rounds of host-bound steps: 5-8%) makes their threshold 21-33%: a 20% move is within it.
+    eager = compare.compare_benchmarks(bench, _scaled_ratio(bench, "cupy-eager_speed_vs_peft-eager", 0.8))
+    assert not [c for c in eager if c.regression]
+    eager = compare.compare_benchmarks(bench, _scaled_ratio(bench, "cupy-eager_speed_vs_peft-eager", 0.6))
+    assert len([c for c in eager if c.regression]) == 3
+    mixed = _scaled_ratio(bench, "cupy-captured_speed_vs_peft-eager", 0.7)  # a slower host, captured ÷ eager
+    changes = compare.compare_benchmarks(bench, mixed)
+    assert changes and not any(c.regression for c in changes)
+    assert all("host-clocked over a device-clocked" in c.note for c in changes)
+
+
+def test_a_host_clocked_row_is_listed_not_judged(tmp_path):
+    bench = json.loads((INTERLEAVED / "benchmark.json").read_text())
+    row = copy.deepcopy(bench["benchmarks"][0])
+    row["fullname"], row["extra_info"] = "training_step[eager]", {"clock": "host", "cuda_median_ms": 100.0,
+                                                                   "cuda_p20_ms": 99.0, "cuda_p80_ms": 101.0}
+    slow = copy.deepcopy(row)
+    slow["extra_info"].update(cuda_median_ms=140.0, cuda_p20_ms=139.0, cuda_p80_ms=141.0)
+    (change,) = compare.compare_benchmarks({"benchmarks": [row]}, {"benchmarks": [slow]})
+    assert not change.regression and change.note.startswith("host-clocked")
+    device = copy.deepcopy(slow)
+    del device["extra_info"]["clock"]
+    assert compare.compare_benchmarks({"benchmarks": [row]}, {"benchmarks": [device]})[0].regression
+
+
+def test_a_retired_check_is_not_missing():
+    """The H100 extended baseline (before issue 18) still judges a run made after it."""
+    base = json.loads((ROOT / "reports" / "baselines" / "NVIDIA_H100_80GB_HBM3" / "extended" / "report.json").read_text())
+    run = json.loads((ROOT / "reports" / "20261124T024657Z-load-acceptance" / "quiet" / "20261124T025530Z-extended"
+                      / "report.json").read_text())
+    changes = compare.compare_reports(base, run)
+    assert not [c for c in changes if c.regression], changes
+    (retired,) = [c for c in changes if c.kind == "retired"]
+    assert retired.name.endswith("tokens per process CPU-second drift, median of the first vs last 50 steps after warm-up")
