@@ -58,6 +58,10 @@ class LongRunVerdicts:
     missing: list[str] = field(default_factory=list)  # criteria the config asks for but the run gave no data for
     diagnostics: list[str] = field(default_factory=list)
 
+    def by_name(self) -> dict[str, Verdict]:
+        """The verdicts by their criterion's short name: the name up to ' after', ' slope' or ','."""
+        return {v.name.split(" after")[0].split(" slope")[0].split(",")[0]: v for v in self.verdicts}
+
 
 def extended_verdicts(cfg: TierConfig, records: list[StepRecord], windows: dict[str, DeviceWindow] | None = None,
                       pairs: list[Pair] | None = None) -> LongRunVerdicts:

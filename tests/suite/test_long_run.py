@@ -30,10 +30,6 @@ def _load(path: Path):
     return replay_report(json.loads(path.read_text()))
 
 
-def _by_name(judged):
-    return {v.name.split(" after")[0].split(" slope")[0].split(",")[0]: v for v in judged.verdicts}
-
-
 def test_the_fixtures_are_there():
     assert len(BEFORE_ISSUE_18) == 7, [f.name for f in FIXTURES]
 
@@ -61,11 +57,11 @@ def _plant(records, field: str, fn):
 def test_planted_leaks_and_stalls_fail_on_every_fixture(path):
     records, windows, pairs = _load(path)
     leak = _plant(records, "allocated_mib", lambda step, v: v + 0.5 * step)  # 0.5 MiB/step, bar 0.1
-    assert not _by_name(extended_verdicts(CFG, leak, windows, pairs))["allocated_mib"].passed
+    assert not extended_verdicts(CFG, leak, windows, pairs).by_name()["allocated_mib"].passed
     stalls = _plant(records, "gpu_time_s", lambda step, v: v * (3.0 if step % 4 == 0 else 1.0))
-    assert not _by_name(extended_verdicts(CFG, stalls, windows, pairs))["share of steps slower than 2.5 x the median step (stalls)"].passed
+    assert not extended_verdicts(CFG, stalls, windows, pairs).by_name()["share of steps slower than 2.5 x the median step (stalls)"].passed
     slower_host = _plant(records, "gpu_time_s", lambda step, v: v * (1.3 if step > 250 else 1.0))
-    assert _by_name(extended_verdicts(CFG, slower_host, windows, pairs))["share of steps slower than 2.5 x the median step (stalls)"].passed
+    assert extended_verdicts(CFG, slower_host, windows, pairs).by_name()["share of steps slower than 2.5 x the median step (stalls)"].passed
 
 
 @pytest.mark.parametrize("path", WITH_NEW_SERIES, ids=lambda p: p.stem)
@@ -82,11 +78,11 @@ def test_a_10_percent_drift_planted_in_a_recorded_run_fails_its_criterion(path):
     records, windows, pairs = _load(path)
     late = windows["late"]
     slower = dict(windows, late=dataclasses.replace(late, clipped_s=tuple(t * 1.10 for t in late.clipped_s)))
-    assert not _by_name(extended_verdicts(CFG, records, slower, pairs))["device time per step drift (clipped kernel durations)"].passed
+    assert not extended_verdicts(CFG, records, slower, pairs).by_name()["device time per step drift (clipped kernel durations)"].passed
     costlier = [dataclasses.replace(p, aged_cpu_s=p.aged_cpu_s * 1.10) for p in pairs]
-    assert not _by_name(extended_verdicts(CFG, records, windows, costlier))["aged run's step / fresh run's step"].passed
+    assert not extended_verdicts(CFG, records, windows, costlier).by_name()["aged run's step / fresh run's step"].passed
     host_leak = _plant(records, "host_heap_mib", lambda step, v: v + 1.0 * step)
-    assert not _by_name(extended_verdicts(CFG, host_leak, windows, pairs))["host_heap_mib"].passed
+    assert not extended_verdicts(CFG, host_leak, windows, pairs).by_name()["host_heap_mib"].passed
 
 
 def test_a_report_without_the_tier_series_is_named():

@@ -164,8 +164,7 @@ def _extended_run(tier, *, step_hook=None, forward_work=None, steps: int = PLANT
     result = tier.train("extended, planted", prepared, cfg, step_hook=hook, device_timer=timer)
     windows = tier.device_windows(cfg, timer, plan, result.records)
     pairs = tier.aged_vs_fresh(cfg, result, step_hook=step_hook) if aged_vs_fresh else None
-    judged = extended_verdicts(cfg, result.records, windows, pairs)
-    return {v.name.split(" after")[0].split(" slope")[0].split(",")[0]: v for v in judged.verdicts}
+    return extended_verdicts(cfg, result.records, windows, pairs).by_name()
 
 
 _MEDIANS: dict[str, float] = {}
