@@ -93,9 +93,16 @@ def profile_windows(fit_after: int, steps: int, width: int) -> dict[str, list[in
 class DeviceTimer:
     """Profiles the given optimizer steps; ``launches[step]`` is that step's [(name, µs), ...] in launch order."""
 
-    def __init__(self, steps: Iterable[int]):
+    def __init__(self, steps: Iterable[int], plan: dict[str, list[int]] | None = None):
         self.steps = frozenset(steps)
+        self.plan = plan or {}  # window name -> its steps, when built by ``for_windows``
         self.launches: dict[int, list[Launch]] = {}
+
+    @classmethod
+    def for_windows(cls, fit_after: int, steps: int, width: int) -> "DeviceTimer":
+        """A timer of the steps of ``profile_windows(fit_after, steps, width)``, which it keeps as ``plan``."""
+        plan = profile_windows(fit_after, steps, width)
+        return cls((step for window_steps in plan.values() for step in window_steps), plan)
 
     @contextlib.contextmanager
     def measure(self, step: int, cuda: bool) -> Iterator[None]:

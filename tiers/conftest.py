@@ -141,12 +141,12 @@ class Tier:
         del fresh, fresh_run
         return pairs
 
-    def device_windows(self, cfg: TierConfig, timer: DeviceTimer, plan: dict[str, list[int]],
+    def device_windows(self, cfg: TierConfig, timer: DeviceTimer,
                        records: list[StepRecord]) -> dict[str, DeviceWindow] | None:
-        """The profiled windows' device times, recorded per step (None, and a note, when nothing was profiled)."""
+        """The device times of the timer's windows, recorded per step (None, and a note, when nothing was profiled)."""
         try:
             windows = {name: device_window(name, steps, timer.launches, cfg.criteria.device_clip)
-                       for name, steps in plan.items()}
+                       for name, steps in timer.plan.items()}
         except ValueError as exc:
             self.report.notes.append(f"{self.nodeid}: device time not measured: {exc}")
             return None

@@ -53,6 +53,8 @@ def test_profile_windows_of_the_extended_tier():
     assert plan == {"warm-up": [45], "early": [50, 51, 52, 53, 54], "late": [495, 496, 497, 498, 499],
                     "middle": [272, 273, 274, 275, 276]}
     assert "middle" not in profile_windows(50, 60, 5)
+    timer = DeviceTimer.for_windows(50, 500, 5)
+    assert timer.plan == plan and timer.steps == frozenset(s for steps in plan.values() for s in steps)
 
 
 def test_the_timer_does_nothing_without_cuda_and_outside_its_steps():

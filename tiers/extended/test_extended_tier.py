@@ -16,7 +16,7 @@ import pytest
 
 from lora_suite.config import TierConfig
 from lora_suite.criteria import host_normalised_drift
-from lora_suite.device_time import DeviceTimer, profile_windows
+from lora_suite.device_time import DeviceTimer
 from lora_suite.long_run import NOISE_MODELS, extended_verdicts
 from lora_suite.report import Series
 from lora_suite.trainer import StepRecord
@@ -28,13 +28,12 @@ def test_long_run_no_leak_loss_falls_steady_speed(tier):
     cfg = tier.config("extended")
     crit = cfg.criteria
     prepared = tier.prepare(cfg)
-    plan = profile_windows(crit.fit_after_step, cfg.train.steps, crit.device_window)
-    timer = DeviceTimer(step for steps in plan.values() for step in steps)
+    timer = DeviceTimer.for_windows(crit.fit_after_step, cfg.train.steps, crit.device_window)
     result = tier.train("extended", prepared, cfg, device_timer=timer)
     tier.check_served(prepared)
     if any(r.nvml_used_mib is None for r in result.records):
         tier.report.notes.append(f"{tier.nodeid}: no NVML readings; nvml_used_mib slope not fitted")
-    windows = tier.device_windows(cfg, timer, plan, result.records)
+    windows = tier.device_windows(cfg, timer, result.records)
     pairs = tier.aged_vs_fresh(cfg, result) if crit.aged_vs_fresh_slowdown_max is not None else None
     record_host_speed(tier, cfg, result.records)
     tier.report.add_series(Series(tier.nodeid, "noise model of each timed verdict (lora_suite/long_run.py)",

@@ -22,7 +22,7 @@ from lora_suite import trainer
 from lora_suite.benchmarking import NOISE_Z
 from lora_core.ops import lora_linear as op
 from lora_suite.config import target_shapes
-from lora_suite.device_time import DeviceTimer, profile_windows
+from lora_suite.device_time import DeviceTimer
 from lora_suite.long_run import extended_verdicts
 from lora_suite.trainer import NonFiniteError
 
@@ -159,10 +159,9 @@ def _extended_run(tier, *, step_hook=None, forward_work=None, steps: int = PLANT
         state["step"] = step + 1
         if step_hook is not None:
             step_hook(step)
-    plan = profile_windows(crit.fit_after_step, steps, crit.device_window)
-    timer = DeviceTimer(s for window in plan.values() for s in window)
+    timer = DeviceTimer.for_windows(crit.fit_after_step, steps, crit.device_window)
     result = tier.train("extended, planted", prepared, cfg, step_hook=hook, device_timer=timer)
-    windows = tier.device_windows(cfg, timer, plan, result.records)
+    windows = tier.device_windows(cfg, timer, result.records)
     pairs = tier.aged_vs_fresh(cfg, result, step_hook=step_hook) if aged_vs_fresh else None
     return extended_verdicts(cfg, result.records, windows, pairs).by_name()
 
