@@ -3,7 +3,9 @@
 ``python -m lora_suite.acceptance OUT_DIR`` reads ``OUT_DIR/<condition>/<run>/report.json`` (as
 scripts/load-acceptance.sh lays them out) and writes ``OUT_DIR/acceptance.json`` and ``OUT_DIR/acceptance.md``
 atomically: per run its condition, target, verdict and every check (value, comparison, threshold, pass); per
-target the number of runs and of failed runs, and per judged figure its range over the runs against its allowance.
+target the number of runs and of failed runs, and per judged figure its range over the runs against its allowance;
+per planted defect of the self-test (a test parametrised ``[roundN]``) and condition, how many rounds caught it.
+Runs may come from several machines and commits: each run's row names its GPU, the host's GPU count and commit.
 Exit status: 0 when every run passed, 1 when one failed, 2 when the directory holds no run.
 """
 
@@ -49,16 +51,63 @@ def figure_ranges(runs: list[dict]) -> list[tuple]:
     return rows
 
 
-def render(runs: list[dict]) -> str:
-    env = runs[0]["environment"]
-    lines = [f"# Load acceptance: {len(runs)} runs, {sum(not r['passed'] for r in runs)} failed", "",
-             f"GPU {env.get('gpu_name')}, driver {env.get('driver')}, torch {env.get('torch')}, commit "
-             f"{env.get('git_commit')}; conditions: {', '.join(sorted({r['condition'] for r in runs}))}.", "",
-             "## Runs", "", "| condition | run | target | verdict | checks passed / failed |", "|---|---|---|---|---|"]
+def run_counts(runs: list[dict]) -> dict[str, dict[str, list[int]]]:
+    """{target: {condition: [runs, failed runs]}}."""
+    counts: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
     for r in runs:
-        s = r["summary"]
+        cell = counts[r["target"]][r["condition"]]
+        cell[0] += 1
+        cell[1] += not r["passed"]
+    return {t: dict(c) for t, c in counts.items()}
+
+
+def plant_tallies(runs: list[dict]) -> dict[str, dict[str, list[int]]]:
+    """{planted defect (test name without its round): {condition: [rounds caught, rounds]}}.
+
+    A self-test round passes exactly when its plant was caught (the check asserts the criterion failed)."""
+    tallies: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    for r in runs:
+        for c in r["checks"]:
+            test = (c["test"] or "").split("::")[-1]
+            if "[round" not in test:
+                continue
+            cell = tallies[test.split("[round")[0]][r["condition"]]
+            cell[0] += bool(c["passed"])
+            cell[1] += 1
+    return {t: dict(c) for t, c in tallies.items()}
+
+
+def _cells(by_condition: dict[str, list[int]], conditions: list[str], fmt) -> str:
+    return " | ".join(fmt(*by_condition[c]) if c in by_condition else "-" for c in conditions)
+
+
+def render(runs: list[dict]) -> str:
+    conditions = sorted({r["condition"] for r in runs})
+    envs = [r["environment"] for r in runs]
+    facts = {k: sorted({str(e.get(k)) for e in envs}) for k in ("gpu_name", "driver", "torch", "git_commit")}
+    lines = [f"# Load acceptance: {len(runs)} runs, {sum(not r['passed'] for r in runs)} failed", "",
+             f"GPU {', '.join(facts['gpu_name'])}; driver {', '.join(facts['driver'])}; torch "
+             f"{', '.join(facts['torch'])}; commits {', '.join(facts['git_commit'])}; conditions: "
+             f"{', '.join(conditions)}.", "",
+             "## Runs per target and condition (failed in brackets)", "",
+             f"| target | {' | '.join(conditions)} | all |", "|---|" + "---|" * (len(conditions) + 1)]
+    for target, by in sorted(run_counts(runs).items()):
+        lines.append(f"| {target} | {_cells(by, conditions, lambda n, f: f'{n} ({f})')} | "
+                     f"{sum(n for n, _ in by.values())} ({sum(f for _, f in by.values())}) |")
+    tallies = plant_tallies(runs)
+    if tallies:
+        lines += ["", "## Planted defects: rounds that caught the plant / rounds", "",
+                  f"| plant | {' | '.join(conditions)} | all |", "|---|" + "---|" * (len(conditions) + 1)]
+        for plant, by in sorted(tallies.items()):
+            lines.append(f"| {plant} | {_cells(by, conditions, lambda k, n: f'{k}/{n}')} | "
+                         f"{sum(k for k, _ in by.values())}/{sum(n for _, n in by.values())} |")
+    lines += ["", "## Runs", "", "| condition | run | target | verdict | checks passed / failed | GPU | host GPUs | commit |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        s, e = r["summary"], r["environment"]
         lines.append(f"| {r['condition']} | {r['run']} | {r['target']} | {'PASS' if r['passed'] else 'FAIL'} | "
-                     f"{s.get('checks_passed', 0)} / {s.get('checks_failed', 0)} |")
+                     f"{s.get('checks_passed', 0)} / {s.get('checks_failed', 0)} | {e.get('gpu_name')} | "
+                     f"{e.get('host_gpus', 'not recorded')} | {str(e.get('git_commit')).split(' ')[0]} |")
     lines += ["", "## Judged figures over the runs (value range against the allowance range)", "",
               "| target | check | runs | failed | min value | max value | op | allowance (min) | allowance (max) |",
               "|---|---|---|---|---|---|---|---|---|"]
@@ -83,7 +132,9 @@ def main(argv: list[str]) -> int:
     if not runs:
         print(f"{root}: no <condition>/<run>/report.json under it", file=sys.stderr)
         return 2
-    atomic_write_text(root / "acceptance.json", json.dumps({"runs": runs, "figures": figure_ranges(runs)}, indent=1))
+    atomic_write_text(root / "acceptance.json", json.dumps({"runs": runs, "figures": figure_ranges(runs),
+                                                            "counts": run_counts(runs), "plants": plant_tallies(runs)},
+                                                           indent=1))
     atomic_write_text(root / "acceptance.md", render(runs))
     failed = [f"{r['condition']}/{r['run']}" for r in runs if not r["passed"]]
     print(f"{len(runs)} runs, {len(failed)} failed{': ' + ', '.join(failed) if failed else ''}; "

@@ -34,6 +34,7 @@ class Environment:
     git_dirty: bool
     hostname: str
     timestamp_utc: str
+    host_gpus: int | None = None  # GPUs on the host as NVML counts them (CUDA_VISIBLE_DEVICES hides none); None: no NVML
 
 
 def _dist_version(name: str) -> str | None:
@@ -68,32 +69,38 @@ def git_state(root: Path = PROJECT_ROOT) -> tuple[str, bool]:
         return "unknown", False
 
 
-def nvidia_driver_version() -> str | None:
+def nvml_host_facts() -> tuple[str | None, int | None]:
+    """(driver version, number of GPUs on the host) from NVML; (None, None) where there is no NVIDIA driver.
+
+    The count is the host's, not the process's: a suite job pinned to one GPU of a two-GPU runner still says 2,
+    so a report tells whether a neighbour job could have shared the host.
+    """
     try:
         import pynvml
     except ImportError:
-        return None
+        return None, None
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError:  # no NVIDIA driver here: the report says None
-        return None
+        return None, None
     try:
         version = pynvml.nvmlSystemGetDriverVersion()
-        return version.decode() if isinstance(version, bytes) else version
+        return (version.decode() if isinstance(version, bytes) else version), pynvml.nvmlDeviceGetCount()
     finally:
         pynvml.nvmlShutdown()
 
 
 def collect_environment() -> Environment:
     commit, dirty = git_state()
+    driver, host_gpus = nvml_host_facts()
     gpu = cc = mem = None
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         gpu, cc, mem = props.name, f"{props.major}.{props.minor}", round(props.total_memory / 2**30, 2)
     return Environment(
-        gpu_name=gpu, compute_capability=cc, gpu_memory_gib=mem, driver=nvidia_driver_version(),
+        gpu_name=gpu, compute_capability=cc, gpu_memory_gib=mem, driver=driver,
         cuda=torch.version.cuda, torch=torch.__version__, cupy=cupy_version(), nvmath=cublas_binding_version(),
         transformers=_dist_version("transformers"), peft=_dist_version("peft"),
         python=platform.python_version(), git_commit=commit, git_dirty=dirty, hostname=platform.node(),
-        timestamp_utc=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        timestamp_utc=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), host_gpus=host_gpus,
     )

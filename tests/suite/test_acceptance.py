@@ -6,7 +6,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from lora_suite.acceptance import collect, figure_ranges, main
+from lora_suite.acceptance import collect, figure_ranges, main, plant_tallies, run_counts
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,6 +35,33 @@ def test_runs_by_condition_with_figure_ranges(tmp_path, capsys):
     assert md.startswith("# Load acceptance: 2 runs, 0 failed") and "| quiet | r1 | extended | PASS |" in md
     assert json.loads((tmp_path / "acceptance.json").read_text())["runs"][0]["run"] == "r2"
     assert "2 runs, 0 failed" in capsys.readouterr().out
+
+
+def _plants(root: Path, condition: str, run: str, caught: list[bool]):
+    d = root / condition / run
+    d.mkdir(parents=True)
+    checks = [{"test": f"tiers/selftest_gpu/test_x.py::test_leak_is_caught[round{i + 1}]", "name": "planted leak fails",
+               "value": not c, "op": "==", "threshold": False, "passed": c} for i, c in enumerate(caught)]
+    report = {"run_id": run, "selection": "selftest_gpu", "status": "complete",
+              "summary": {"checks_passed": sum(caught), "checks_failed": len(caught) - sum(caught)},
+              "environment": {"gpu_name": "NVIDIA H200", "git_commit": "def5678 (from $LORA_SUITE_GIT_COMMIT)",
+                              "host_gpus": 2}, "checks": checks}
+    (d / "report.json").write_text(json.dumps(report))
+
+
+def test_plant_rounds_are_tallied_per_condition_and_machines_named_per_run(tmp_path):
+    _plants(tmp_path, "quiet", "p1", [True, True])
+    _plants(tmp_path, "loaded", "p2", [True, False, True])
+    _run(tmp_path, "quiet", "r1", 0.001)
+    runs = collect(tmp_path)
+    assert plant_tallies(runs) == {"test_leak_is_caught": {"loaded": [2, 3], "quiet": [2, 2]}}
+    assert run_counts(runs) == {"selftest_gpu": {"loaded": [1, 1], "quiet": [1, 0]}, "extended": {"quiet": [1, 0]}}
+    assert main([str(tmp_path)]) == 1  # the round that missed its plant fails the acceptance
+    md = (tmp_path / "acceptance.md").read_text()
+    assert "| test_leak_is_caught | 2/3 | 2/2 | 4/5 |" in md
+    assert "| selftest_gpu | 1 (1) | 1 (0) | 2 (1) |" in md and "| extended | - | 1 (0) | 1 (0) |" in md
+    assert "| loaded | p2 | selftest_gpu | FAIL | 2 / 1 | NVIDIA H200 | 2 | def5678 |" in md
+    assert "commits abc1234, def5678 (from $LORA_SUITE_GIT_COMMIT)" in md
 
 
 def test_a_failed_or_interrupted_run_fails_the_acceptance(tmp_path, capsys):
