@@ -211,17 +211,21 @@ def test_a_host_leak_is_caught(tier, plant_round):
 
 
 def _gpu_work(ms: float):
-    """work(scale): extra GPU work of about scale × ``ms`` milliseconds (bf16 4096² matmuls into one buffer,
-    timed once here); returns None (it also serves as a forward pre-hook)."""
+    """work(scale): extra GPU work of about scale × ``ms`` milliseconds (bf16 4096² matmuls into one buffer);
+    returns None (it also serves as a forward pre-hook). One matmul's time is the fastest of 20 timed one by one:
+    a GPU neighbour only lengthens a launch, and a slower calibration would plant less work than it says."""
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     out = torch.empty_like(a)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
+    torch.matmul(a, a, out=out)
+    times = []
+    for _ in range(20):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
         torch.matmul(a, a, out=out)
-    end.record()
-    torch.cuda.synchronize()
-    per = start.elapsed_time(end) / 10
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    per = min(times)
 
     def work(scale: float) -> None:
         for _ in range(max(0, round(ms * scale / per))):
