@@ -61,8 +61,13 @@ def run_counts(runs: list[dict]) -> dict[str, dict[str, list[int]]]:
     return {t: dict(c) for t, c in counts.items()}
 
 
+def _commit(run: dict) -> str:
+    return str(run["environment"].get("git_commit")).split(" ")[0]
+
+
 def plant_tallies(runs: list[dict]) -> dict[str, dict[str, list[int]]]:
-    """{planted defect (test name without its round): {condition: [rounds caught, rounds]}}.
+    """{"<planted defect> @ <commit>": {condition: [rounds caught, rounds]}}: per commit, because a change of a
+    criterion makes the earlier rounds evidence of the earlier code only.
 
     A self-test round passes exactly when its plant was caught (the check asserts the criterion failed)."""
     tallies: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
@@ -71,7 +76,7 @@ def plant_tallies(runs: list[dict]) -> dict[str, dict[str, list[int]]]:
             test = (c["test"] or "").split("::")[-1]
             if "[round" not in test:
                 continue
-            cell = tallies[test.split("[round")[0]][r["condition"]]
+            cell = tallies[f"{test.split('[round')[0]} @ {_commit(r)}"][r["condition"]]
             cell[0] += bool(c["passed"])
             cell[1] += 1
     return {t: dict(c) for t, c in tallies.items()}
@@ -96,7 +101,7 @@ def render(runs: list[dict]) -> str:
                      f"{sum(n for n, _ in by.values())} ({sum(f for _, f in by.values())}) |")
     tallies = plant_tallies(runs)
     if tallies:
-        lines += ["", "## Planted defects: rounds that caught the plant / rounds", "",
+        lines += ["", "## Planted defects: rounds that caught the plant / rounds, per commit", "",
                   f"| plant | {' | '.join(conditions)} | all |", "|---|" + "---|" * (len(conditions) + 1)]
         for plant, by in sorted(tallies.items()):
             lines.append(f"| {plant} | {_cells(by, conditions, lambda k, n: f'{k}/{n}')} | "
@@ -107,7 +112,7 @@ def render(runs: list[dict]) -> str:
         s, e = r["summary"], r["environment"]
         lines.append(f"| {r['condition']} | {r['run']} | {r['target']} | {'PASS' if r['passed'] else 'FAIL'} | "
                      f"{s.get('checks_passed', 0)} / {s.get('checks_failed', 0)} | {e.get('gpu_name')} | "
-                     f"{e.get('host_gpus', 'not recorded')} | {str(e.get('git_commit')).split(' ')[0]} |")
+                     f"{e.get('host_gpus', 'not recorded')} | {_commit(r)} |")
     lines += ["", "## Judged figures over the runs (value range against the allowance range)", "",
               "| target | check | runs | failed | min value | max value | op | allowance (min) | allowance (max) |",
               "|---|---|---|---|---|---|---|---|---|"]

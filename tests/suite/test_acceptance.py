@@ -54,11 +54,11 @@ def test_plant_rounds_are_tallied_per_condition_and_machines_named_per_run(tmp_p
     _plants(tmp_path, "loaded", "p2", [True, False, True])
     _run(tmp_path, "quiet", "r1", 0.001)
     runs = collect(tmp_path)
-    assert plant_tallies(runs) == {"test_leak_is_caught": {"loaded": [2, 3], "quiet": [2, 2]}}
+    assert plant_tallies(runs) == {"test_leak_is_caught @ def5678": {"loaded": [2, 3], "quiet": [2, 2]}}
     assert run_counts(runs) == {"selftest_gpu": {"loaded": [1, 1], "quiet": [1, 0]}, "extended": {"quiet": [1, 0]}}
     assert main([str(tmp_path)]) == 1  # the round that missed its plant fails the acceptance
     md = (tmp_path / "acceptance.md").read_text()
-    assert "| test_leak_is_caught | 2/3 | 2/2 | 4/5 |" in md
+    assert "| test_leak_is_caught @ def5678 | 2/3 | 2/2 | 4/5 |" in md
     assert "| selftest_gpu | 1 (1) | 1 (0) | 2 (1) |" in md and "| extended | - | 1 (0) | 1 (0) |" in md
     assert "| loaded | p2 | selftest_gpu | FAIL | 2 / 1 | NVIDIA H200 | 2 | def5678 |" in md
     assert "commits abc1234, def5678 (from $LORA_SUITE_GIT_COMMIT)" in md
