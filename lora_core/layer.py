@@ -41,6 +41,7 @@ class _NF4Storage:
         self.register_buffer("weight_absmax", q.absmax)
         self.register_buffer("weight_absmax_q", q.absmax_q)
         self.register_buffer("weight_absmax_scale", q.absmax_scale)
+        self.register_buffer("weight_absmax_code", q.absmax_code)  # set for a weight read from bitsandbytes
         self._nf4_meta = (q.shape, q.dtype, q.blocksize, q.absmax_mean)
 
     @property
@@ -49,7 +50,7 @@ class _NF4Storage:
             return None
         shape, dtype, blocksize, mean = self._nf4_meta
         return NF4Tensor(self.weight_packed, shape, dtype, blocksize, self.weight_absmax, self.weight_absmax_q,
-                         self.weight_absmax_scale, mean)
+                         self.weight_absmax_scale, mean, self.weight_absmax_code)
 
 
 class LoRALinear(_NF4Storage, nn.Module):
@@ -66,10 +67,16 @@ class LoRALinear(_NF4Storage, nn.Module):
         super().__init__()
         if quantize not in QUANTIZE_MODES:
             raise ValueError(f"quantize={quantize!r} is not one of {QUANTIZE_MODES}")
-        if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
-            raise ValueError(f"weight must be a 2-D tensor (out_features, in_features), got "
+        stored = weight if isinstance(weight, NF4Tensor) else None  # already NF4 (e.g. read from bitsandbytes)
+        if stored is not None:
+            if quantize != "nf4":
+                raise ValueError(f"weight is an NF4Tensor but quantize={quantize!r}: pass quantize='nf4'")
+            if len(stored.shape) != 2:
+                raise ValueError(f"NF4 weight has shape {stored.shape}, expected (out_features, in_features)")
+        elif not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+            raise ValueError(f"weight must be a 2-D tensor (out_features, in_features) or an NF4Tensor, got "
                              f"{tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
-        self.out_features, self.in_features = weight.shape
+        self.out_features, self.in_features = stored.shape if stored is not None else weight.shape
         self.r, self.alpha, self.use_rslora = r, alpha, use_rslora
         self.scale = lora_scale(r, alpha, use_rslora)
         self.backend = validate_backend_name(backend)  # requested: "cupy", "torch" or None (auto)
@@ -77,7 +84,7 @@ class LoRALinear(_NF4Storage, nn.Module):
         self.quantize = quantize
         if quantize == "nf4":
             self.weight = None
-            self._store_nf4(quantize_nf4(weight.detach()))
+            self._store_nf4(stored if stored is not None else quantize_nf4(weight.detach()))
         else:
             self.weight = nn.Parameter(weight.detach(), requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)

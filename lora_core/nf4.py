@@ -8,6 +8,8 @@ Quantisation of a weight w (any shape, flattened row-major, n elements, n a mult
 Double quantisation of the absmaxes (``double_quant=True``):
     μ = mean(absmax);  per block g of 256: s_g = max |absmax − μ|;  q = rint((absmax − μ) / s_g · 127) as int8
     absmax ≈ q · s_g / 127 + μ          (4 + 8/64 + 32/(64·256) ≈ 4.127 bits per parameter)
+bitsandbytes' double quantisation (an NF4Tensor read by ``lora_core.bnb_format``, ``absmax_code`` set):
+    absmax ≈ d[q] · s_g + μ,  q uint8, d bitsandbytes' 256-entry dynamic map (fp32 multiply, then fp32 add)
 Dequantisation: ŵ_i = c[code_i] · absmax_b, in the requested dtype.
 
 Sizes that are not a multiple of the block size raise ValueError (no silent padding): every Llama
@@ -21,6 +23,7 @@ GPU quantise/dequantise are the RawKernels of ``kernels/nf4.cu``; ``quantize_nf4
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -53,6 +56,9 @@ class NF4Tensor:
     absmax_q: torch.Tensor | None  # int8 (n / blocksize,) when double-quantised
     absmax_scale: torch.Tensor | None  # fp32 (ceil(n_blocks / 256),)
     absmax_mean: float  # μ (0.0 when not double-quantised)
+    # bitsandbytes' dynamic map (fp32 (256,)) when the absmaxes are double-quantised its way: absmax_q is then
+    # uint8 indices into it and absmax_scale its per-256 scales (lora_core.bnb_format); None: lora_core's int8 form
+    absmax_code: torch.Tensor | None = None
 
     @property
     def numel(self) -> int:
@@ -68,8 +74,8 @@ class NF4Tensor:
 
     def state_nbytes(self) -> int:
         """Bytes of the quantisation state (absmaxes, their codes and scales), not counting the codes."""
-        return sum(t.numel() * t.element_size() for t in (self.absmax, self.absmax_q, self.absmax_scale)
-                   if t is not None)
+        return sum(t.numel() * t.element_size()
+                   for t in (self.absmax, self.absmax_q, self.absmax_scale, self.absmax_code) if t is not None)
 
     def nbytes(self) -> int:
         return self.packed.numel() + self.state_nbytes()
@@ -79,6 +85,8 @@ class NF4Tensor:
         if not self.double_quant:
             return self.absmax
         scale = self.absmax_scale.repeat_interleave(DQ_BLOCKSIZE)[: self.absmax_q.numel()]
+        if self.absmax_code is not None:  # bitsandbytes: d[q] · s, then + μ, two roundings as its kernels do
+            return self.absmax_code[self.absmax_q.long()] * scale + torch.full_like(scale, self.absmax_mean)
         # Tensor-by-tensor IEEE ops only, in the kernel's order: torch may turn a division by a Python
         # scalar into a multiplication by its reciprocal (seen on the H200: 1090 of 64000 values off by an ulp).
         step = scale / torch.full_like(scale, 127.0)
@@ -183,6 +191,9 @@ def dequantize_nf4(q: NF4Tensor, dtype: torch.dtype | None = None, out: torch.Te
     elif tuple(out.shape) != q.shape or out.dtype != dtype or not out.is_contiguous() or out.device != q.device:
         raise ValueError(f"out has shape {tuple(out.shape)} {out.dtype} on {out.device}, expected contiguous "
                          f"{q.shape} {dtype} on {q.device}")
+    if q.absmax_code is not None:  # bitsandbytes' double quantisation: the kernel reads fp32 absmaxes
+        q = dataclasses.replace(q, absmax=q.block_absmax(), absmax_q=None, absmax_scale=None, absmax_mean=0.0,
+                                absmax_code=None)
     n8 = q.numel // 8  # work items of 8 elements
     block, items_per_thread = 256, 4  # items_per_thread is DEQ_ITEMS in kernels/nf4.cu
     null = 0  # a null pointer for the state the variant does not use
@@ -197,6 +208,9 @@ def dequantize_nf4(q: NF4Tensor, dtype: torch.dtype | None = None, out: torch.Te
 
 def roundtrip_error_bound(q: NF4Tensor) -> torch.Tensor:
     """Per-block bound on |w − ŵ|: absmax·MAX_CODE_GAP/2 plus the absmax's own double-quantisation error."""
+    if q.absmax_code is not None:
+        raise ValueError("roundtrip_error_bound: this NF4Tensor holds bitsandbytes' double quantisation (absmax_code "
+                         "set); the bound is derived for lora_core's own int8 form only")
     absmax = q.block_absmax()
     if not q.double_quant:
         return absmax * (MAX_CODE_GAP / 2) * (1 + 1e-6)
