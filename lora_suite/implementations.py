@@ -44,6 +44,8 @@ FEATURES = {
     "op_call_count": "a count of LoRA op calls, to prove the path under test served them",
     "lora_core_ops": "lora_core's own op and kernels, tested below the model level",
     "cuda_graph_capture": "training steps captured in a CUDA graph (train.cuda_graph)",
+    "fp32_adapters_on_16bit_base": "fp32 adapters over a 16-bit base (PEFT's default mixed precision)",
+    "rslora": "rank-stabilised scaling s = alpha / sqrt(r)",
 }
 
 
@@ -214,27 +216,7 @@ class PeftImplementation(LoRAImplementation):
         return path
 
     def load_adapter(self, model, path):
-        from safetensors.torch import load_file
-
-        from lora_core.adapters import CONFIG_FILE, PREFIX, WEIGHTS_FILE
-        path = Path(path)
-        if not (path / CONFIG_FILE).is_file():
-            raise ImplementationError(f"peft: {path} has no {CONFIG_FILE}: not a PEFT folder")
-        json.loads((path / CONFIG_FILE).read_text())  # a broken config is an error here, not later
-        tensors = load_file(str(path / WEIGHTS_FILE))
-        adapters = self.adapter_parameters(model)
-        by_key = {f"{PREFIX}{name}.weight": p for name, p in adapters.items()}
-        unknown = sorted(set(tensors) - set(by_key))
-        missing = sorted(set(by_key) - set(tensors))
-        if unknown or missing:
-            raise ImplementationError(f"peft: {path}: keys that fit no adapter {unknown[:5]}, adapters without a "
-                                      f"key {missing[:5]}")
-        with torch.no_grad():
-            for key, p in by_key.items():
-                if tensors[key].shape != p.shape:
-                    raise ImplementationError(f"peft: {key} has shape {tuple(tensors[key].shape)}, the model's "
-                                              f"adapter {tuple(p.shape)}")
-                p.copy_(tensors[key])
+        load_peft_tensors(self.name, self.adapter_parameters(model), path)
 
     def served_by(self, model):
         """"peft" when every adapted layer is PEFT's LoRA layer, active (not merged, not disabled) and has run a
@@ -252,6 +234,44 @@ class PeftImplementation(LoRAImplementation):
             else:
                 kinds.add("peft")
         return ",".join(sorted(kinds))
+
+
+def load_peft_tensors(who: str, adapters: dict[str, nn.Parameter], path: str | Path) -> None:
+    """Copy a PEFT folder's tensors into ``adapters`` (canonical names), refusing keys that fit no adapter,
+    adapters without a key and shapes that differ, each named; the config must parse."""
+    from safetensors.torch import load_file
+
+    from lora_core.adapters import CONFIG_FILE, PREFIX, WEIGHTS_FILE
+    path = Path(path)
+    if not (path / CONFIG_FILE).is_file():
+        raise ImplementationError(f"{who}: {path} has no {CONFIG_FILE}: not a PEFT folder")
+    json.loads((path / CONFIG_FILE).read_text())  # a broken config is an error here, not later
+    tensors = load_file(str(path / WEIGHTS_FILE))
+    by_key = {f"{PREFIX}{name}.weight": p for name, p in adapters.items()}
+    unknown = sorted(set(tensors) - set(by_key))
+    missing = sorted(set(by_key) - set(tensors))
+    if unknown or missing:
+        raise ImplementationError(f"{who}: {path}: keys that fit no adapter {unknown[:5]}, adapters without a "
+                                  f"key {missing[:5]}")
+    with torch.no_grad():
+        for key, p in by_key.items():
+            if tensors[key].shape != p.shape:
+                raise ImplementationError(f"{who}: {key} has shape {tuple(tensors[key].shape)}, the model's "
+                                          f"adapter {tuple(p.shape)}")
+            p.copy_(tensors[key])
+
+
+def save_peft_tensors(adapters: dict[str, nn.Parameter], config: dict, path: str | Path) -> Path:
+    """Write ``adapters`` (canonical names) and ``config`` as a PEFT folder (PEFT's key names)."""
+    from safetensors.torch import save_file
+
+    from lora_core.adapters import CONFIG_FILE, PREFIX, WEIGHTS_FILE
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / CONFIG_FILE).write_text(json.dumps(config, indent=2))
+    save_file({f"{PREFIX}{name}.weight": p.detach().to("cpu").contiguous() for name, p in adapters.items()},
+              str(path / WEIGHTS_FILE), metadata={"format": "pt"})
+    return path
 
 
 def _count_call(module, args, output) -> None:
@@ -272,10 +292,14 @@ def _builtin(name: str) -> LoRAImplementation | None:
 
 
 BUILTINS = ("cupy", "torch", "peft")
+# Peers bundled with the suite (lora_suite/peers): the same specs as pyproject's entry points, so that a source
+# checkout on PYTHONPATH (a lent GPU machine runs the suite uninstalled) finds them by name too.
+BUNDLED = {"loralib": "lora_suite.peers.loralib_impl:LoralibImplementation"}
 
 
 def entry_point_names() -> list[str]:
-    return sorted(ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+    """Names of the entry points of ``ENTRY_POINT_GROUP`` and of the bundled peers."""
+    return sorted({ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)} | set(BUNDLED))
 
 
 def resolve_implementation(spec: str | None) -> LoRAImplementation:
@@ -295,6 +319,8 @@ def resolve_implementation(spec: str | None) -> LoRAImplementation:
         impl = factory() if callable(factory) else factory
     elif impl is None:
         eps = {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+        if spec not in eps and spec in BUNDLED:
+            return check_contract(resolve_implementation(BUNDLED[spec]), spec)
         if spec not in eps:
             raise ImplementationError(
                 f"LoRA implementation {spec!r} is not known: built-ins {list(BUILTINS)}, entry points of "

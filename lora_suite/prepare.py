@@ -63,6 +63,10 @@ def prepare(cfg: TierConfig, device: torch.device | str, *, implementation: LoRA
     if cfg.train.cuda_graph and no_capture:
         raise ImplementationError(f"train.cuda_graph: true, but implementation {impl.name!r} cannot be captured: "
                                   f"{no_capture}")
+    mixed = impl.reason_not_applicable("fp32_adapters_on_16bit_base")
+    if mixed and cfg.dtype in ("bfloat16", "float16") and spec.adapter_dtype == torch.float32:
+        raise ImplementationError(f"lora.adapter_dtype: float32 on a {cfg.dtype} base, but implementation "
+                                  f"{impl.name!r} cannot: {mixed}")
     per_layer = impl.inject_per_layer
 
     def on_layer(layer: nn.Module) -> None:

@@ -9,6 +9,7 @@ in PEFT format and reloads it, and its adapters must agree with lora_core's torc
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import math
 from pathlib import Path
 
@@ -111,7 +112,7 @@ def test_a_toy_implementation_plugs_in_by_entry_point(monkeypatch):
     ep = importlib.metadata.EntryPoint(name="toy", value=SPEC, group=I.ENTRY_POINT_GROUP)
     monkeypatch.setattr(importlib.metadata, "entry_points",
                         lambda group=None: [ep] if group == I.ENTRY_POINT_GROUP else [])
-    assert I.entry_point_names() == ["toy"]
+    assert I.entry_point_names() == sorted(["toy", *I.BUNDLED])
     assert I.resolve_implementation("toy").name == "toy"
 
 
@@ -149,7 +150,15 @@ def test_peft_refuses_an_nf4_base_with_its_reason(tiny_cfg):
 
 
 # ------------------------------------------------------------------ the contract, through the harness
-@pytest.mark.parametrize("spec", ["torch", "peft", SPEC])
+def _peer(name):
+    """A bundled peer as a parameter, skipped with the extra to install where its library does not import."""
+    module = {"loralib": "loralib"}[name]
+    return pytest.param(name, marks=pytest.mark.skipif(importlib.util.find_spec(module) is None,
+                                                       reason=f"{module} is not installed: pip install "
+                                                              f"lora-gpu-suite[{name}]"))
+
+
+@pytest.mark.parametrize("spec", ["torch", "peft", SPEC, _peer("loralib")])
 def test_implementation_trains_saves_and_reloads_through_the_harness(spec, tiny_cfg, tmp_path):
     ref = prepare(tiny_cfg, "cpu", implementation="torch")
     p = prepare(tiny_cfg, "cpu", implementation=spec)
@@ -177,7 +186,7 @@ def test_implementation_trains_saves_and_reloads_through_the_harness(spec, tiny_
         torch.testing.assert_close(ref.model(input_ids=probe).logits, logits, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("spec", ["peft", SPEC])
+@pytest.mark.parametrize("spec", ["peft", SPEC, _peer("loralib")])
 def test_same_adapters_give_the_same_function_as_lora_core(spec, tiny_cfg):
     """Canonical names and the scale mean the same thing in every implementation: equal adapters, equal logits."""
     ref = prepare(tiny_cfg, "cpu", implementation="torch")
@@ -206,3 +215,24 @@ def test_capturing_an_implementation_that_declares_it_cannot_be_captured_is_refu
 def test_the_cupy_implementation_declares_capture_applicable():
     # issue 10: its GEMMs go through nvmath's binding on torch's handle, which stream capture accepts
     assert I.LoraCoreImplementation("cupy").reason_not_applicable("cuda_graph_capture") is None
+
+
+@pytest.mark.skipif(importlib.util.find_spec("loralib") is None, reason="loralib is not installed: pip install "
+                                                                        "lora-gpu-suite[loralib]")
+def test_loralib_declares_what_it_cannot_do_and_refuses_it_naming_why(tiny_cfg):
+    import dataclasses
+    impl = I.resolve_implementation("loralib")
+    assert impl.name == "loralib" and set(impl.not_applicable) >= {"fp32_adapters_on_16bit_base", "rslora", "nf4_base"}
+    half = dataclasses.replace(tiny_cfg, dtype="bfloat16")
+    with pytest.raises(I.ImplementationError, match="lora.adapter_dtype: float32 on a bfloat16 base, but "
+                                                    "implementation 'loralib' cannot: loralib's forward"):
+        prepare(half, "cpu", implementation="loralib")
+    same = dataclasses.replace(half, lora=dataclasses.replace(half.lora, adapter_dtype="bfloat16"))
+    p = prepare(same, "cpu", implementation="loralib")  # adapters in the base dtype: loralib's own way
+    assert {t.dtype for t in p.adapters.values()} == {torch.bfloat16}
+    for spec in (I.AdapterSpec(("all-linear",), 2, 4, use_rslora=True), I.AdapterSpec(("all-linear",), 2, 4,
+                                                                                        quantize="nf4")):
+        with pytest.raises(I.ImplementationError, match="rsLoRA|alpha / r|quantised base"):
+            impl.inject(nn.Sequential(nn.Linear(4, 4)), spec)
+    p.model.eval()  # loralib's default would merge s*B*A into the frozen base here; merge_weights=False does not
+    assert p.implementation.served_by(p.model) == "loralib layers that never ran"
