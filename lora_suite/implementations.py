@@ -294,7 +294,8 @@ def _builtin(name: str) -> LoRAImplementation | None:
 BUILTINS = ("cupy", "torch", "peft")
 # Peers bundled with the suite (lora_suite/peers): the same specs as pyproject's entry points, so that a source
 # checkout on PYTHONPATH (a lent GPU machine runs the suite uninstalled) finds them by name too.
-BUNDLED = {"loralib": "lora_suite.peers.loralib_impl:LoralibImplementation"}
+BUNDLED = {"loralib": "lora_suite.peers.loralib_impl:LoralibImplementation",
+           "torchtune": "lora_suite.peers.torchtune_impl:TorchtuneImplementation"}
 
 
 def entry_point_names() -> list[str]:

@@ -152,13 +152,13 @@ def test_peft_refuses_an_nf4_base_with_its_reason(tiny_cfg):
 # ------------------------------------------------------------------ the contract, through the harness
 def _peer(name):
     """A bundled peer as a parameter, skipped with the extra to install where its library does not import."""
-    module = {"loralib": "loralib"}[name]
+    module = {"loralib": "loralib", "torchtune": "torchtune"}[name]
     return pytest.param(name, marks=pytest.mark.skipif(importlib.util.find_spec(module) is None,
                                                        reason=f"{module} is not installed: pip install "
                                                               f"lora-gpu-suite[{name}]"))
 
 
-@pytest.mark.parametrize("spec", ["torch", "peft", SPEC, _peer("loralib")])
+@pytest.mark.parametrize("spec", ["torch", "peft", SPEC, _peer("loralib"), _peer("torchtune")])
 def test_implementation_trains_saves_and_reloads_through_the_harness(spec, tiny_cfg, tmp_path):
     ref = prepare(tiny_cfg, "cpu", implementation="torch")
     p = prepare(tiny_cfg, "cpu", implementation=spec)
@@ -186,7 +186,7 @@ def test_implementation_trains_saves_and_reloads_through_the_harness(spec, tiny_
         torch.testing.assert_close(ref.model(input_ids=probe).logits, logits, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("spec", ["peft", SPEC, _peer("loralib")])
+@pytest.mark.parametrize("spec", ["peft", SPEC, _peer("loralib"), _peer("torchtune")])
 def test_same_adapters_give_the_same_function_as_lora_core(spec, tiny_cfg):
     """Canonical names and the scale mean the same thing in every implementation: equal adapters, equal logits."""
     ref = prepare(tiny_cfg, "cpu", implementation="torch")
@@ -217,22 +217,21 @@ def test_the_cupy_implementation_declares_capture_applicable():
     assert I.LoraCoreImplementation("cupy").reason_not_applicable("cuda_graph_capture") is None
 
 
-@pytest.mark.skipif(importlib.util.find_spec("loralib") is None, reason="loralib is not installed: pip install "
-                                                                        "lora-gpu-suite[loralib]")
-def test_loralib_declares_what_it_cannot_do_and_refuses_it_naming_why(tiny_cfg):
+@pytest.mark.parametrize("name", [_peer("loralib"), _peer("torchtune")])
+def test_a_peer_declares_what_it_cannot_do_and_refuses_it_naming_why(name, tiny_cfg):
     import dataclasses
-    impl = I.resolve_implementation("loralib")
-    assert impl.name == "loralib" and set(impl.not_applicable) >= {"fp32_adapters_on_16bit_base", "rslora", "nf4_base"}
+    impl = I.resolve_implementation(name)
+    assert impl.name == name and set(impl.not_applicable) >= {"fp32_adapters_on_16bit_base", "rslora", "nf4_base"}
     half = dataclasses.replace(tiny_cfg, dtype="bfloat16")
-    with pytest.raises(I.ImplementationError, match="lora.adapter_dtype: float32 on a bfloat16 base, but "
-                                                    "implementation 'loralib' cannot: loralib's forward"):
-        prepare(half, "cpu", implementation="loralib")
+    with pytest.raises(I.ImplementationError, match=f"lora.adapter_dtype: float32 on a bfloat16 base, but "
+                                                    f"implementation '{name}' cannot: {name}'s"):
+        prepare(half, "cpu", implementation=name)
     same = dataclasses.replace(half, lora=dataclasses.replace(half.lora, adapter_dtype="bfloat16"))
-    p = prepare(same, "cpu", implementation="loralib")  # adapters in the base dtype: loralib's own way
+    p = prepare(same, "cpu", implementation=name)  # adapters in the base dtype: the peer's own way
     assert {t.dtype for t in p.adapters.values()} == {torch.bfloat16}
     for spec in (I.AdapterSpec(("all-linear",), 2, 4, use_rslora=True), I.AdapterSpec(("all-linear",), 2, 4,
                                                                                         quantize="nf4")):
-        with pytest.raises(I.ImplementationError, match="rsLoRA|alpha / r|quantised base"):
+        with pytest.raises(I.ImplementationError, match="alpha / r|quantised base|QLoRA"):
             impl.inject(nn.Sequential(nn.Linear(4, 4)), spec)
     p.model.eval()  # loralib's default would merge s*B*A into the frozen base here; merge_weights=False does not
-    assert p.implementation.served_by(p.model) == "loralib layers that never ran"
+    assert p.implementation.served_by(p.model) == f"{name} layers that never ran"
