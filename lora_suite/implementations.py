@@ -46,6 +46,7 @@ FEATURES = {
     "cuda_graph_capture": "training steps captured in a CUDA graph (train.cuda_graph)",
     "fp32_adapters_on_16bit_base": "fp32 adapters over a 16-bit base (PEFT's default mixed precision)",
     "rslora": "rank-stabilised scaling s = alpha / sqrt(r)",
+    "bf16_base": "a 16-bit base weight (lora.quantize: null)",
 }
 
 
@@ -295,7 +296,8 @@ BUILTINS = ("cupy", "torch", "peft")
 # Peers bundled with the suite (lora_suite/peers): the same specs as pyproject's entry points, so that a source
 # checkout on PYTHONPATH (a lent GPU machine runs the suite uninstalled) finds them by name too.
 BUNDLED = {"loralib": "lora_suite.peers.loralib_impl:LoralibImplementation",
-           "torchtune": "lora_suite.peers.torchtune_impl:TorchtuneImplementation"}
+           "torchtune": "lora_suite.peers.torchtune_impl:TorchtuneImplementation",
+           "peft-bnb": "lora_suite.peers.peft_bnb_impl:PeftBnbImplementation"}
 
 
 def entry_point_names() -> list[str]:

@@ -67,6 +67,10 @@ def prepare(cfg: TierConfig, device: torch.device | str, *, implementation: LoRA
     if mixed and cfg.dtype in ("bfloat16", "float16") and spec.adapter_dtype == torch.float32:
         raise ImplementationError(f"lora.adapter_dtype: float32 on a {cfg.dtype} base, but implementation "
                                   f"{impl.name!r} cannot: {mixed}")
+    no_16bit = impl.reason_not_applicable("bf16_base")
+    if no_16bit and quantize is None:
+        raise ImplementationError(f"lora.quantize: null (a 16-bit base), but implementation {impl.name!r} cannot: "
+                                  f"{no_16bit}")
     per_layer = impl.inject_per_layer
 
     def on_layer(layer: nn.Module) -> None:

@@ -144,7 +144,7 @@ torch_cuda_major() {  # of the torch installed in .venv ("" for a CPU build); GP
   printf '%s' "${v%%.*}"
 }
 bootstrap() {
-  local dry="${GPU_TEST_BOOTSTRAP_DRY_RUN:-0}" major extras=".[peft,test,loralib,torchtune]"
+  local dry="${GPU_TEST_BOOTSTRAP_DRY_RUN:-0}" major extras=".[peft,test,loralib,torchtune,peft-bnb]"
   run_step() { if [[ "$dry" == 1 ]]; then say "would run: $*"; else "$@"; fi; }
   say "${YELLOW}Setting up .venv: torch ${LORA_TORCH_SPEC:-==2.13.0}, then this project and its dependencies${RESET}"
   { [[ -x .venv/bin/python ]] || run_step python3 -m venv .venv; } &&
@@ -153,7 +153,7 @@ bootstrap() {
   if [[ $NVIDIA -eq 1 ]]; then
     major="$(torch_cuda_major)"
     case "$major" in
-      12|13) extras=".[peft,test,loralib,torchtune,cuda$major]" ;;
+      12|13) extras=".[peft,test,loralib,torchtune,peft-bnb,cuda$major]" ;;
       "") say "${YELLOW}An NVIDIA GPU is present but the installed torch is a CPU build: no CuPy (the GPU tiers will skip).${RESET}" ;;
       *) say "${RED}torch is built for CUDA $major; CuPy wheels exist for CUDA 12 and 13 only.${RESET}"; return 1 ;;
     esac

@@ -138,10 +138,10 @@ def test_bootstrap_installs_the_cupy_of_torchs_cuda_major_and_peft(tmp_path):
                              env=dict(env, GPU_TEST_TORCH_CUDA=major))
         assert out.returncode == 0, out.stderr
         assert "would run: .venv/bin/python -m pip install -q torch==2.13.0" in out.stdout
-        assert f"would run: .venv/bin/python -m pip install -q -e .[peft,test,loralib,torchtune,{extra}]" in out.stdout
+        assert f"would run: .venv/bin/python -m pip install -q -e .[peft,test,loralib,torchtune,peft-bnb,{extra}]" in out.stdout
     cpu = subprocess.run(["bash", str(SCRIPT), "quick"], capture_output=True, text=True, timeout=120,
                          env=dict(os.environ, NO_COLOR="1", GPU_TEST_BOOTSTRAP_DRY_RUN="1", GPU_TEST_TORCH_CUDA=""))
-    assert "-e .[peft,test,loralib,torchtune]" in cpu.stdout and "cupy" not in cpu.stdout.split("Setting up")[1]
+    assert "-e .[peft,test,loralib,torchtune,peft-bnb]" in cpu.stdout and "cupy" not in cpu.stdout.split("Setting up")[1]
     odd = subprocess.run(["bash", str(SCRIPT), "quick"], capture_output=True, text=True, timeout=120,
                          env=dict(env, GPU_TEST_TORCH_CUDA="11.8"))
     assert odd.returncode == 1 and "CuPy wheels exist for CUDA 12 and 13 only" in odd.stdout

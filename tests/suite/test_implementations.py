@@ -152,7 +152,7 @@ def test_peft_refuses_an_nf4_base_with_its_reason(tiny_cfg):
 # ------------------------------------------------------------------ the contract, through the harness
 def _peer(name):
     """A bundled peer as a parameter, skipped with the extra to install where its library does not import."""
-    module = {"loralib": "loralib", "torchtune": "torchtune"}[name]
+    module = {"loralib": "loralib", "torchtune": "torchtune", "peft-bnb": "bitsandbytes"}[name]
     return pytest.param(name, marks=pytest.mark.skipif(importlib.util.find_spec(module) is None,
                                                        reason=f"{module} is not installed: pip install "
                                                               f"lora-gpu-suite[{name}]"))
@@ -235,3 +235,34 @@ def test_a_peer_declares_what_it_cannot_do_and_refuses_it_naming_why(name, tiny_
             impl.inject(nn.Sequential(nn.Linear(4, 4)), spec)
     p.model.eval()  # loralib's default would merge s*B*A into the frozen base here; merge_weights=False does not
     assert p.implementation.served_by(p.model) == f"{name} layers that never ran"
+
+
+@pytest.mark.parametrize("name", [_peer("peft-bnb")])
+def test_peft_on_a_bitsandbytes_nf4_base_trains_and_reloads_as_qlora(name, tiny_cfg, tmp_path):
+    """QLoRA as people run it, on the CPU (bitsandbytes 0.50 quantises and runs 4-bit there): every linear but
+    the LM head is a quantised Linear4bit, PEFT wraps the targets with its bitsandbytes layer, the loss falls,
+    the PEFT folder reloads with identical logits; a 16-bit base is refused naming lora.quantize."""
+    import dataclasses
+    import bitsandbytes as bnb
+    cfg = dataclasses.replace(tiny_cfg, dtype="bfloat16")
+    with pytest.raises(I.ImplementationError, match="lora.quantize: null .* implementation 'peft-bnb' cannot: QLoRA"):
+        prepare(cfg, "cpu", implementation=name)
+    cfg = dataclasses.replace(cfg, lora=dataclasses.replace(cfg.lora, quantize="nf4"))
+    p = prepare(cfg, "cpu", implementation=name)
+    quantised = [n for n, m in p.model.named_modules() if isinstance(m, bnb.nn.Linear4bit)]
+    linears = [n for n, m in p.model.named_modules() if type(m) is nn.Linear and ".lora_" not in n]  # not adapters
+    assert quantised and all(n.endswith("lm_head") for n in linears)
+    assert {t.dtype for t in p.adapters.values()} == {torch.float32}  # PEFT's QLoRA default: fp32 adapters
+    result = train(p.model, p.batches, cfg.train, adapters=p.adapters)
+    assert p.implementation.served_by(p.model) == "peft-bnb"
+    assert loss_drop(result.losses, cfg.criteria.loss_window) >= cfg.criteria.loss_drop_min
+    probe = p.batches(999)["input_ids"]
+    p.model.eval()  # bitsandbytes takes another 4-bit matmul path in training mode: compare in one mode
+    with torch.no_grad():
+        logits = p.model(input_ids=probe).logits
+    p.implementation.save_adapter(p.model, tmp_path / "a")
+    fresh = prepare(cfg, "cpu", implementation=name)
+    fresh.implementation.load_adapter(fresh.model, tmp_path / "a")
+    fresh.model.eval()
+    with torch.no_grad():
+        assert torch.equal(fresh.model(input_ids=probe).logits, logits)
