@@ -1,0 +1,224 @@
+"""The scorecard: LoRA implementations side by side, judged by the same tiers (issue 19).
+
+``python -m lora_suite.scorecard OUT_DIR REPORT_DIR [REPORT_DIR ...]`` reads every ``report.json`` under the
+report directories (``gpu-test.sh scorecard`` lays out one run directory per implementation and tier) and writes
+``OUT_DIR/scorecard.md``, a self-contained ``OUT_DIR/scorecard.html`` (its plots embedded as PNG) and
+``OUT_DIR/scorecard.json``, atomically:
+
+- the matrix implementation × tier: pass, fail (with the failed checks), not applicable (every check of the tier
+  declared not applicable, with the reasons), the run's own end (error, interrupted) or "not run"; a pass that
+  had checks declared not applicable says how many, with their reasons in a footnote (and on hover in HTML);
+- the convergence tier's loss curves, overlaid per implementation;
+- the memory tier's peak allocated VRAM per implementation, as bars;
+- the benchmark's tokens/s relative to PEFT eager (runs taking turns), where a bench run recorded them.
+A failing implementation is a finding, not an error: the scorecard is written whatever the verdicts (exit 0);
+exit 2 when no report is found or the arguments are wrong.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from lora_suite.report import atomic_write_text
+
+TIERS = ("quick", "convergence", "memory", "benchmark")
+PEAK_CHECK = "peak allocated VRAM"
+
+
+@dataclass
+class Cell:
+    verdict: str  # "pass", "fail", "n/a", "not run" or the run's status ("error", "interrupted", ...)
+    run: str = ""  # the run directory's name
+    failed: list[str] = field(default_factory=list)
+    not_applicable: list[str] = field(default_factory=list)  # "test: reason"
+
+
+def _report_paths(dirs: list[Path]) -> list[Path]:
+    paths = []
+    for d in dirs:
+        if not d.is_dir():
+            raise FileNotFoundError(f"report directory {d} does not exist")
+        paths += [d / "report.json"] if (d / "report.json").is_file() else sorted(d.rglob("report.json"))
+    return paths
+
+
+def _not_applicable(report: dict) -> list[str]:
+    out = []
+    for item in report.get("not_applicable") or []:
+        if isinstance(item, dict):
+            what = item.get("name") or item.get("test", "").split("::")[-1]
+            out.append(f"{what}: {item.get('reason', '')}".strip(": "))
+        else:
+            out.append(str(item))
+    return out
+
+
+def cell_of(report: dict, run: str) -> Cell:
+    checks = report.get("checks", [])
+    failed = [c["name"] for c in checks if not c.get("passed")]
+    summary = report.get("summary", {})
+    na = _not_applicable(report)
+    if report.get("status") != "complete":
+        return Cell(str(report.get("status")), run, failed, na)
+    if failed or summary.get("failed"):
+        return Cell("fail", run, failed or [f"{summary.get('failed')} test(s) failed"], na)
+    if not checks and na:
+        return Cell("n/a", run, [], na)
+    return Cell("pass", run, [], na)
+
+
+@dataclass
+class Scorecard:
+    matrix: dict[str, dict[str, Cell]]  # implementation -> tier -> cell (the newest run of each pair)
+    losses: dict[str, tuple[list[float], list[float]]]  # implementation -> (steps, losses), convergence tier
+    peaks_gib: dict[str, float]  # implementation -> peak allocated VRAM, memory tier
+    speed_vs_peft_eager: dict[str, float]  # "<case> <run>" -> tokens/s ÷ PEFT eager's, from a bench run
+
+
+def build(dirs: list[Path]) -> Scorecard:
+    matrix: dict[str, dict[str, Cell]] = {}
+    losses, peaks, ratios = {}, {}, {}
+    for path in _report_paths(dirs):
+        report = json.loads(path.read_text())
+        impl = (report.get("implementation") or {}).get("name") or "unknown"
+        tier = report.get("selection")
+        matrix.setdefault(impl, {})[tier] = cell_of(report, path.parent.name)  # sorted paths: newest wins
+        for s in report.get("series", []):
+            cols = s.get("columns", [])
+            if tier == "convergence" and s["name"] == f"convergence ({impl}): loss" and "loss" in cols:
+                i, j = cols.index("step"), cols.index("loss")
+                losses[impl] = ([r[i] for r in s["rows"]], [r[j] for r in s["rows"]])
+            if tier == "benchmark" and {"case", "run", "÷ PEFT eager"} <= set(cols):
+                k, run, v = cols.index("case"), cols.index("run"), cols.index("÷ PEFT eager")
+                ratios.update({f"{r[k]} {r[run]}": r[v] for r in s["rows"] if isinstance(r[v], (int, float))})
+        for c in report.get("checks", []):
+            if tier == "memory" and c["name"] == PEAK_CHECK and isinstance(c.get("value"), (int, float)):
+                peaks[impl] = c["value"]
+    return Scorecard(matrix, losses, peaks, ratios)
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    return buf.getvalue()
+
+
+def plots(card: Scorecard) -> dict[str, bytes]:
+    """PNG bytes of the loss overlay and the peak bars (only those with data)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    out = {}
+    if card.losses:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for impl, (steps, loss) in sorted(card.losses.items()):
+            ax.plot(steps, loss, label=impl)
+        ax.set(xlabel="step", ylabel="loss", title="convergence tier: loss per step")
+        ax.legend()
+        out["scorecard-loss.png"] = _png(fig)
+        plt.close(fig)
+    if card.peaks_gib:
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        names = sorted(card.peaks_gib)
+        ax.bar(names, [card.peaks_gib[n] for n in names])
+        ax.set(ylabel="GiB", title="memory tier: peak allocated VRAM")
+        out["scorecard-peak.png"] = _png(fig)
+        plt.close(fig)
+    return out
+
+
+def _cell_text(cell: Cell | None, notes: list[str]) -> str:
+    if cell is None:
+        return "not run"
+    text = cell.verdict
+    if cell.failed:
+        text += f" ({len(cell.failed)}: {'; '.join(cell.failed)[:120]})"
+    if cell.not_applicable:
+        notes.append("; ".join(cell.not_applicable))
+        text += f" [{len(cell.not_applicable)} n/a, note {len(notes)}]"
+    return text
+
+
+def render_md(card: Scorecard, images: dict[str, bytes]) -> str:
+    tiers = [t for t in TIERS if any(t in row for row in card.matrix.values())] or list(TIERS)
+    notes: list[str] = []
+    lines = ["# LoRA implementations scorecard", "",
+             f"| implementation | {' | '.join(tiers)} |", "|---|" + "---|" * len(tiers)]
+    for impl, row in sorted(card.matrix.items()):
+        lines.append(f"| {impl} | {' | '.join(_cell_text(row.get(t), notes) for t in tiers)} |")
+    if notes:
+        lines += ["", "Not applicable, as each implementation declared it:", ""]
+        lines += [f"{i}. {n}" for i, n in enumerate(notes, 1)]
+    if card.peaks_gib:
+        lines += ["", "| implementation | peak allocated VRAM (GiB), memory tier |", "|---|---|"]
+        lines += [f"| {k} | {v} |" for k, v in sorted(card.peaks_gib.items())]
+    if card.speed_vs_peft_eager:
+        lines += ["", "| benchmark case and run | tokens/s ÷ PEFT eager (runs taking turns) |", "|---|---|"]
+        lines += [f"| {k} | {v:.3f} |" for k, v in sorted(card.speed_vs_peft_eager.items())]
+    lines += [""] + [f"![{name}]({name})" for name in images]
+    return "\n".join(lines) + "\n"
+
+
+def render_html(card: Scorecard, images: dict[str, bytes]) -> str:
+    tiers = [t for t in TIERS if any(t in row for row in card.matrix.values())] or list(TIERS)
+    colour = {"pass": "#d4f4d4", "fail": "#f8d0d0", "n/a": "#e8e8e8"}
+    rows = []
+    for impl, row in sorted(card.matrix.items()):
+        cells = []
+        for t in tiers:
+            c = row.get(t)
+            verdict = c.verdict if c else "not run"
+            title = "; ".join((c.failed + c.not_applicable) if c else [])
+            label = verdict + (f" ({len(c.not_applicable)} n/a)" if c and c.not_applicable else "")
+            cells.append(f'<td style="background:{colour.get(verdict, "#fff3c4")}" title="{html.escape(title)}">'
+                         f"{html.escape(label)}</td>")
+        rows.append(f"<tr><th>{html.escape(impl)}</th>{''.join(cells)}</tr>")
+    imgs = "".join(f'<p><img alt="{n}" src="data:image/png;base64,{base64.b64encode(b).decode()}"></p>'
+                   for n, b in images.items())
+    return ("<!doctype html><meta charset=utf-8><title>LoRA implementations scorecard</title>"
+            "<style>td,th{border:1px solid #999;padding:4px 8px}table{border-collapse:collapse}</style>"
+            "<h1>LoRA implementations scorecard</h1><p>Hover a cell for the failed checks and the reasons of what "
+            "was not applicable.</p>"
+            f"<table><tr><th>implementation</th>{''.join(f'<th>{t}</th>' for t in tiers)}</tr>{''.join(rows)}"
+            f"</table>{imgs}\n")
+
+
+def write(out_dir: Path, card: Scorecard) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    images = plots(card)
+    for name, data in images.items():
+        tmp = out_dir / f".{name}.tmp"
+        tmp.write_bytes(data)
+        tmp.replace(out_dir / name)
+    atomic_write_text(out_dir / "scorecard.json", json.dumps(
+        {"matrix": {i: {t: asdict(c) for t, c in row.items()} for i, row in card.matrix.items()},
+         "losses": card.losses, "peaks_gib": card.peaks_gib, "speed_vs_peft_eager": card.speed_vs_peft_eager}, indent=1))
+    atomic_write_text(out_dir / "scorecard.md", render_md(card, images))
+    atomic_write_text(out_dir / "scorecard.html", render_html(card, images))
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2:
+        print("usage: python -m lora_suite.scorecard OUT_DIR REPORT_DIR [REPORT_DIR ...]", file=sys.stderr)
+        return 2
+    try:
+        card = build([Path(a) for a in argv[1:]])
+    except FileNotFoundError as exc:
+        print(f"scorecard: {exc}", file=sys.stderr)
+        return 2
+    if not card.matrix:
+        print(f"scorecard: no report.json under {argv[1:]}", file=sys.stderr)
+        return 2
+    write(Path(argv[0]), card)
+    print(f"scorecard: {len(card.matrix)} implementation(s); {Path(argv[0]) / 'scorecard.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

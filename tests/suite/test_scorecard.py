@@ -1,0 +1,64 @@
+"""lora_suite.scorecard on the CPU, from committed GPU reports of cupy and PEFT (H100, 22ff8ab) and a bench run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from lora_suite.scorecard import build, cell_of, main
+
+REPORTS = Path(__file__).resolve().parents[2] / "reports"
+RUNS = ["20261122T055613Z-quick-peft", "20261122T055703Z-convergence-peft", "20261122T055903Z-memory-peft",
+        "20261122T055507Z-quick", "20261122T061557Z-memory", "20261122T061702Z-convergence", "20261122T134747Z-bench"]
+
+
+def _copy(tmp_path: Path) -> Path:
+    root = tmp_path / "reports"
+    for run in RUNS:
+        shutil.copytree(REPORTS / run, root / run)
+    return root
+
+
+def test_the_matrix_curves_peaks_and_speeds_from_real_reports(tmp_path, capsys):
+    root = _copy(tmp_path)
+    card = build([root])
+    assert sorted(card.matrix) == ["cupy", "peft"]
+    assert {t: c.verdict for t, c in card.matrix["peft"].items()} == {"quick": "pass", "convergence": "pass",
+                                                                     "memory": "pass"}
+    assert "PEFT builds a 4-bit base only through bitsandbytes" in " ".join(card.matrix["peft"]["memory"].not_applicable)
+    assert card.matrix["cupy"]["memory"].not_applicable == []
+    assert set(card.losses) == {"cupy", "peft"} and len(card.losses["peft"][0]) == len(card.losses["peft"][1]) > 10
+    assert card.peaks_gib["peft"] > card.peaks_gib["cupy"]  # PEFT on the bf16 base, cupy on NF4
+    assert card.speed_vs_peft_eager["smollm2-qv-r8-8x256 peft-captured"] == 4.214
+    assert main([str(tmp_path / "out"), str(root)]) == 0
+    md = (tmp_path / "out" / "scorecard.md").read_text()
+    assert "| peft | pass [" in md and "Not applicable, as each implementation declared it:" in md
+    assert "![scorecard-loss.png](scorecard-loss.png)" in md and (tmp_path / "out" / "scorecard-peak.png").is_file()
+    page = (tmp_path / "out" / "scorecard.html").read_text()
+    assert page.count("data:image/png;base64,") == 2 and 'title="' in page
+    assert json.loads((tmp_path / "out" / "scorecard.json").read_text())["peaks_gib"]["cupy"] == card.peaks_gib["cupy"]
+    assert "2 implementation(s)" in capsys.readouterr().out
+
+
+def test_a_failing_or_broken_run_is_a_finding_not_an_error(tmp_path):
+    root = _copy(tmp_path)
+    report = json.loads((root / RUNS[0] / "report.json").read_text())
+    report["checks"][0]["passed"] = False
+    (root / RUNS[0] / "report.json").write_text(json.dumps(report))
+    cell = cell_of(report, RUNS[0])
+    assert cell.verdict == "fail" and cell.failed == [report["checks"][0]["name"]]
+    assert cell_of(dict(report, status="interrupted"), "r").verdict == "interrupted"
+    assert cell_of({"status": "complete", "checks": [], "summary": {},
+                    "not_applicable": [{"name": "x", "reason": "no NF4"}]}, "r").verdict == "n/a"
+    assert main([str(tmp_path / "out"), str(root)]) == 0
+    assert "| peft | fail (1: " in (tmp_path / "out" / "scorecard.md").read_text()
+
+
+def test_bad_arguments_are_named(tmp_path, capsys):
+    assert main([str(tmp_path)]) == 2
+    assert main([str(tmp_path / "out"), str(tmp_path / "missing")]) == 2
+    assert "missing does not exist" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main([str(tmp_path / "out"), str(tmp_path / "empty")]) == 2
+    assert "no report.json under" in capsys.readouterr().err
