@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import importlib.util
 import json
 import re
 from dataclasses import dataclass
@@ -303,6 +304,19 @@ BUNDLED = {"loralib": "lora_suite.peers.loralib_impl:LoralibImplementation",
 def entry_point_names() -> list[str]:
     """Names of the entry points of ``ENTRY_POINT_GROUP`` and of the bundled peers."""
     return sorted({ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)} | set(BUNDLED))
+
+
+def installed_names() -> list[str]:
+    """Every implementation that can be built here: the built-ins, then the entry points and bundled peers whose
+    library imports (the scorecard's default selection)."""
+    names = ["cupy", "torch"] + (["peft"] if importlib.util.find_spec("peft") else [])
+    for name in entry_point_names():
+        try:
+            resolve_implementation(name)
+        except ImplementationError:
+            continue
+        names.append(name)
+    return names
 
 
 def resolve_implementation(spec: str | None) -> LoRAImplementation:

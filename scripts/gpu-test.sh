@@ -23,6 +23,9 @@ TARGET
   selftest      the framework's own CPU tests (what CI runs)
   selftest-gpu  planted defects (stale activation, missing scale, accumulation, leak, slow paths) that the
                 tiers' criteria must catch: the suite's own sensitivity, on a GPU
+  scorecard [--lora-impl a,b,...] [--report-dir DIR] [--check-vram]
+                every selected (default: installed) LoRA implementation through quick, convergence and
+                memory, then the interleaved training benchmark; writes scorecard.md / .html (scripts/scorecard.sh)
   compare BASELINE RUN
                 compare two run directories (report.json, benchmark.json): exit 1 on a regression
 
@@ -47,6 +50,8 @@ Exit codes: 0 all passed (GPU tests skip, with a reason, on a machine without a 
 Environment: GPU_TEST_BOOTSTRAP_DRY_RUN=1 prints what setting up .venv would install, and stops.
 EOF
 }
+
+[[ "${1:-}" == scorecard ]] && { shift; exec "$ROOT/scripts/scorecard.sh" "$@"; }
 
 # ---------------------------------------------------------------- colours (only on a terminal)
 if [[ -t 1 && -z "${NO_COLOR:-}" ]]; then
@@ -84,7 +89,7 @@ while [[ $# -gt 0 ]]; do
   esac
   shift
 done
-[[ -n "$TARGET" ]] || die_usage "no target given (quick, convergence, memory, extended, full, multigpu, all, bench, selftest, selftest-gpu or compare)"
+[[ -n "$TARGET" ]] || die_usage "no target given (quick, convergence, memory, extended, full, multigpu, all, bench, selftest, selftest-gpu, scorecard or compare)"
 [[ -z "$GPUS" || "$GPUS" =~ ^[1-9][0-9]*$ ]] || die_usage "--gpus must be a positive whole number, got '$GPUS'"
 [[ -z "$LORA_IMPL" || "$LORA_IMPL" =~ ^[A-Za-z_][A-Za-z0-9_.-]*(:[A-Za-z_][A-Za-z0-9_]*)?$ ]] \
   || die_usage "--lora-impl must be a name or package.module:factory, got '$LORA_IMPL'"
@@ -95,7 +100,7 @@ case "$TARGET" in
   all) TARGETS=("${TIERS_ALL[@]}") ;;
   compare) [[ ${#POSITIONAL[@]} -eq 2 ]] || die_usage "compare needs two run directories: compare BASELINE RUN"
            TARGETS=(compare) ;;
-  *) die_usage "unknown target '$TARGET' (expected quick, convergence, memory, extended, full, multigpu, all, bench, selftest, selftest-gpu or compare)" ;;
+  *) die_usage "unknown target '$TARGET' (expected quick, convergence, memory, extended, full, multigpu, all, bench, selftest, selftest-gpu, scorecard or compare)" ;;
 esac
 [[ -z "$BASELINE" || "$BASELINE" == auto || -d "$BASELINE" ]] || die_usage "--baseline $BASELINE is not a directory"
 # The report directory must be writable before anything runs (not after a tier ran for minutes).

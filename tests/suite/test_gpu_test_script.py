@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu-test.sh"
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "gpu-test.sh"
 
 
 def run(*args, dry=True, timeout=300):
@@ -159,3 +160,29 @@ def test_baseline_comparison_after_a_target(tmp_path):
     assert "vs baseline" in out.stdout and "no regression" in out.stdout
     none = run("memory", "--report-dir", str(tmp_path / "c"), "--baseline", str(tmp_path / "base"), dry=False)
     assert none.returncode == 0 and "no baseline for memory" in none.stdout
+
+
+def test_scorecard_runs_every_selected_implementation_through_the_tiers_then_builds(tmp_path):
+    env = {**os.environ, "SCORECARD_DRY_RUN": "1"}
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-test.sh"), "scorecard", "--lora-impl", "cupy,peft-bnb",
+                          "--report-dir", str(tmp_path), "--check-vram"], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    lines = [line.removeprefix("would run: ") for line in out.stdout.splitlines()]
+    tiers = [(line.split()[1], line.split()[3]) for line in lines if line.startswith("./scripts/gpu-test.sh") and
+             "--lora-impl" in line]
+    assert tiers == [(t, i) for i in ("cupy", "peft-bnb") for t in ("quick", "convergence", "memory")]
+    assert all("--check-vram" in line for line in lines if "--lora-impl" in line)
+    assert lines[-2] == f"./scripts/gpu-test.sh bench --report-dir {tmp_path} -- -k speed_interleaved"
+    assert lines[-1].endswith(f"-m lora_suite.scorecard {tmp_path} {tmp_path}")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--lora-impl", "a b"], "--lora-impl must be names separated by commas, got 'a b'"),
+    (["--lora-impl"], "--lora-impl needs a comma-separated list, got ''"),
+    (["--report-dir", "--check-vram"], "--report-dir needs a directory, got '--check-vram'"),
+    (["--gpus", "2"], "unknown argument '--gpus'"),
+])
+def test_scorecard_refuses_bad_arguments_naming_them(args, message, tmp_path):
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "scorecard.sh"), *args], capture_output=True, text=True,
+                         env={**os.environ, "SCORECARD_DRY_RUN": "1"})
+    assert out.returncode == 2 and message in out.stderr
