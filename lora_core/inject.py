@@ -47,19 +47,27 @@ def inject_lora(model: nn.Module, targets: tuple[str, ...] | list[str] | str = (
         raise ValueError(f"LoRA target(s) {missing} match no nn.Linear in {type(model).__name__}; "
                          f"its linear layers are named {linears}")
     for name, module, _ in chosen:
-        _replace(model, name, LoRALinear.from_linear(module, r=r, alpha=alpha, backend=backend, use_rslora=use_rslora,
+        replace_module(model, name, LoRALinear.from_linear(module, r=r, alpha=alpha, backend=backend, use_rslora=use_rslora,
                                                      adapter_dtype=adapter_dtype, quantize=quantize))
     if quantize == "nf4":
         others = [(n, m) for n, m in model.named_modules()
                   if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] != "lm_head"]
         for name, module in others:
-            _replace(model, name, NF4Linear(module, backend=backend))
+            replace_module(model, name, NF4Linear(module, backend=backend))
     elif quantize is not None:
         raise ValueError(f"quantize={quantize!r} is not None or 'nf4'")
     return [name for name, _, _ in chosen]
 
 
-def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
+def target_linears(model: nn.Module, targets: tuple[str, ...]) -> list[tuple[str, nn.Module]]:
+    """(module path, nn.Linear) of every linear ``targets`` select, in module order; none is not an error here
+    (``inject_lora`` names missing targets). Shared with the harness's peer implementations: one meaning of a
+    target everywhere."""
+    return [(name, module) for name, module in model.named_modules() if _matches(name, module, targets) is not None]
+
+
+def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
+    """Put ``new`` at module path ``name`` of ``model``."""
     parent_name, _, child = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
     setattr(parent, child, new)

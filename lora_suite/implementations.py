@@ -186,7 +186,7 @@ class PeftImplementation(LoRAImplementation):
         for path in adapted_modules(adapters):  # served_by() evidence: each layer's forward calls
             layer = model.get_submodule(path)
             layer._lora_suite_calls = 0
-            layer.register_forward_hook(_count_call)
+            layer.register_forward_hook(count_call)
         with torch.no_grad():
             for p in adapters.values():
                 if spec.adapter_dtype is not None and p.dtype != spec.adapter_dtype:
@@ -276,7 +276,7 @@ def save_peft_tensors(adapters: dict[str, nn.Parameter], config: dict, path: str
     return path
 
 
-def _count_call(module, args, output) -> None:
+def count_call(module, args, output) -> None:
     module._lora_suite_calls += 1
 
 

@@ -18,7 +18,7 @@ import dataclasses
 
 from torch import nn
 
-from lora_core.inject import _matches
+from lora_core.inject import replace_module, target_linears  # lora_core's meaning of a target
 from lora_suite.implementations import AdapterSpec, ImplementationError, PeftImplementation, adapted_modules
 
 
@@ -47,7 +47,7 @@ class PeftBnbImplementation(PeftImplementation):
         import bitsandbytes as bnb
         if spec.quantize != "nf4":
             raise ImplementationError(f"peft-bnb: quantize={spec.quantize!r}: {self.not_applicable['bf16_base']}")
-        for path, linear in [(n, m) for n, m in model.named_modules() if _matches(n, m, ("all-linear",))]:
+        for path, linear in target_linears(model, ("all-linear",)):
             base = linear.weight
             layer = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=linear.bias is not None,
                                       compute_dtype=base.dtype, compress_statistics=True, quant_type="nf4",
@@ -56,8 +56,7 @@ class PeftBnbImplementation(PeftImplementation):
                                              quant_type="nf4", blocksize=64).to(base.device)  # quantises here
             if linear.bias is not None:
                 layer.bias = nn.Parameter(linear.bias.data, requires_grad=False)
-            parent_name, _, child = path.rpartition(".")
-            setattr(model.get_submodule(parent_name) if parent_name else model, child, layer)
+            replace_module(model, path, layer)
         model.is_loaded_in_4bit = True  # as transformers marks a 4-bit model: PEFT then wraps with its bnb layer
         return super().inject(model, dataclasses.replace(spec, quantize=None))
 

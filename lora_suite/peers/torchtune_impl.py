@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lora_core.inject import _matches  # the same target names, "all-linear" included, as lora_core's
-from lora_suite.implementations import (AdapterSpec, ImplementationError, LoRAImplementation, _count_call,
+from lora_core.inject import replace_module, target_linears  # lora_core's meaning of a target
+from lora_suite.implementations import (AdapterSpec, ImplementationError, LoRAImplementation, count_call,
                                         adapted_modules, load_peft_tensors, save_peft_tensors)
 
 
@@ -52,7 +52,7 @@ class TorchtuneImplementation(LoRAImplementation):
             raise ImplementationError(f"torchtune: quantize={spec.quantize!r}: {self.not_applicable['nf4_base']}")
         if spec.use_rslora:
             raise ImplementationError(f"torchtune: use_rslora=True: {self.not_applicable['rslora']}")
-        chosen = [(n, m) for n, m in model.named_modules() if _matches(n, m, tuple(spec.targets)) is not None]
+        chosen = target_linears(model, tuple(spec.targets))
         if not chosen:
             raise ImplementationError(f"torchtune: targets {list(spec.targets)} adapted no layer of "
                                       f"{type(model).__name__}")
@@ -74,9 +74,8 @@ class TorchtuneImplementation(LoRAImplementation):
             with torch.no_grad():
                 layer.initialize_parameters()
             layer._lora_suite_calls = 0
-            layer.register_forward_hook(_count_call)
-            parent_name, _, child = path.rpartition(".")
-            setattr(model.get_submodule(parent_name) if parent_name else model, child, layer)
+            layer.register_forward_hook(count_call)
+            replace_module(model, path, layer)
         return [path for path, _ in chosen]
 
     def adapter_parameters(self, model):
