@@ -33,6 +33,16 @@ def lora_scale(r: int, alpha: float, use_rslora: bool = False) -> float:
     return alpha / math.sqrt(r) if use_rslora else alpha / r
 
 
+def _nf4_of(linear: nn.Linear) -> NF4Tensor:
+    """The NF4 weight of ``linear``: read as it is from a bitsandbytes 4-bit layer (its weight carries a
+    ``quant_state``, as in a model loaded with transformers' ``BitsAndBytesConfig``), else quantised here."""
+    state = getattr(linear.weight, "quant_state", None)
+    if state is not None:
+        from lora_core.bnb_format import from_bnb
+        return from_bnb(linear.weight.data, state)
+    return quantize_nf4(linear.weight.detach())
+
+
 class _NF4Storage:
     """Keeps an NF4Tensor in registered buffers (so .to(), state_dict and memory accounting see it)."""
 
@@ -101,10 +111,17 @@ class LoRALinear(_NF4Storage, nn.Module):
                     quantize: str | None = None) -> "LoRALinear":
         """Wrap an existing ``nn.Linear``: its weight and bias are shared (not copied) and frozen.
 
-        ``quantize="nf4"`` stores the weight as NF4 instead (the 16-bit one is then no longer referenced).
+        ``quantize="nf4"`` stores the weight as NF4 instead (the 16-bit one is then no longer referenced); a
+        bitsandbytes ``Linear4bit`` keeps its own codes and state (``lora_core.bnb_format``), not quantised again.
         """
         if not isinstance(linear, nn.Linear):
             raise ValueError(f"from_linear expects an nn.Linear, got {type(linear).__name__}")
+        if getattr(linear.weight, "quant_state", None) is not None:  # a bitsandbytes 4-bit layer
+            if quantize != "nf4":
+                raise ValueError(f"{type(linear).__name__} holds a bitsandbytes 4-bit weight, but quantize="
+                                 f"{quantize!r}: pass quantize='nf4' to keep it as it is")
+            return cls(_nf4_of(linear), linear.bias, r, alpha, use_rslora=use_rslora, backend=backend,
+                       adapter_dtype=adapter_dtype, quantize=quantize)
         return cls(linear.weight, linear.bias, r, alpha, use_rslora=use_rslora, backend=backend,
                    adapter_dtype=adapter_dtype, quantize=quantize)
 
@@ -138,7 +155,7 @@ class NF4Linear(_NF4Storage, nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.backend = validate_backend_name(backend)
         self.last_backend: str | None = None
-        self._store_nf4(quantize_nf4(linear.weight.detach()))
+        self._store_nf4(_nf4_of(linear))
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -147,3 +147,38 @@ def test_a_lora_layer_runs_on_the_checkpoints_own_codes(recorded):
         LoRALinear(weights["model.layers.0.mlp.up_proj"], r=4, alpha=8)
     with pytest.raises(BnbFormatError, match="no bitsandbytes NF4 weight in the state dict"):
         nf4_weights({"model.embed_tokens.weight": torch.zeros(4, 4)})
+
+
+def test_a_model_quantised_by_bitsandbytes_converts_to_lora_core_layers_on_its_own_codes():
+    """transformers' BitsAndBytesConfig(load_in_4bit, nf4, double quant) puts bitsandbytes Linear4bit layers in
+    the model; inject_lora(quantize="nf4") turns them into lora_core's LoRALinear / NF4Linear on the same codes
+    and state (bitsandbytes 0.50 quantises on the CPU, so this runs without a GPU)."""
+    bnb = pytest.importorskip("bitsandbytes", reason="bitsandbytes is not installed: pip install lora-gpu-suite[peft-bnb]")
+    import bitsandbytes.functional as F
+    from torch import nn
+
+    from lora_core.inject import inject_lora, replace_module
+    from lora_core.layer import LoRALinear, NF4Linear
+    torch.manual_seed(0)
+    model = nn.Sequential()
+    model.add_module("q_proj", nn.Linear(128, 64, bias=False, dtype=torch.bfloat16))
+    model.add_module("up_proj", nn.Linear(64, 128, bias=True, dtype=torch.bfloat16))
+    expected = {}
+    for name, linear in list(model.named_children()):
+        q = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                              compute_dtype=torch.bfloat16, compress_statistics=True, quant_type="nf4", device="meta")
+        q.weight = bnb.nn.Params4bit(linear.weight.data, requires_grad=False, compress_statistics=True,
+                                     quant_type="nf4", blocksize=64).to("cpu")
+        q.bias = linear.bias
+        expected[name] = F.dequantize_4bit(q.weight.data, q.weight.quant_state)
+        replace_module(model, name, q)
+    with pytest.raises(ValueError, match="holds a bitsandbytes 4-bit weight, but quantize=None: pass quantize='nf4'"):
+        LoRALinear.from_linear(model.q_proj, r=4, alpha=8)
+    inject_lora(model, ("q_proj",), r=4, alpha=8, backend="torch", quantize="nf4")
+    assert isinstance(model.q_proj, LoRALinear) and isinstance(model.up_proj, NF4Linear)
+    for name in ("q_proj", "up_proj"):
+        nf4 = getattr(model, name).nf4
+        assert nf4.absmax_code is not None  # bitsandbytes' own nested state, not quantised again
+        assert torch.equal(dequantize_nf4(nf4), expected[name])
+    x = torch.randn(3, 128, dtype=torch.bfloat16)
+    assert torch.equal(model.q_proj(x), x @ expected["q_proj"].t())  # B = 0 at start
