@@ -19,12 +19,11 @@ import math
 import torch
 from torch import nn
 
-from lora_core.inject import replace_module, target_linears  # lora_core's meaning of a target
-from lora_suite.implementations import (AdapterSpec, ImplementationError, LoRAImplementation, count_call,
-                                        adapted_modules, load_peft_tensors, save_peft_tensors)
+from lora_suite.implementations import ImplementationError
+from lora_suite.peers.wrapped import WrappedLinearPeer
 
 
-class LoralibImplementation(LoRAImplementation):
+class LoralibImplementation(WrappedLinearPeer):
     name = expected_path = "loralib"
     not_applicable = {
         "fp32_adapters_on_16bit_base": "loralib's forward computes x @ lora_A.T in the activations' dtype; "
@@ -37,80 +36,32 @@ class LoralibImplementation(LoRAImplementation):
 
     def __init__(self):
         try:
-            import loralib  # noqa: F401
+            import loralib
         except ImportError as exc:
             raise ImplementationError(f"--lora-impl loralib: loralib does not import ({exc}); install "
                                       "lora-gpu-suite[loralib]") from None
+        self.layer_type = loralib.Linear
 
     def describe(self) -> str:
         import importlib.metadata
         return (f"loralib: Microsoft loralib {importlib.metadata.version('loralib')} loralib.Linear "
                 f"(merge_weights=False), eager torch ops")
 
-    def inject(self, model, spec: AdapterSpec):
-        import loralib
-        if spec.quantize is not None:
-            raise ImplementationError(f"loralib: quantize={spec.quantize!r}: {self.not_applicable['nf4_base']}")
-        if spec.use_rslora:
-            raise ImplementationError(f"loralib: use_rslora=True: {self.not_applicable['rslora']}")
-        chosen = target_linears(model, tuple(spec.targets))
-        if not chosen:
-            raise ImplementationError(f"loralib: targets {list(spec.targets)} adapted no layer of "
-                                      f"{type(model).__name__}")
-        for p in model.parameters():
-            p.requires_grad_(False)
-        for path, linear in chosen:
-            base = linear.weight
-            dtype = spec.adapter_dtype or base.dtype
-            if dtype != base.dtype:
-                raise ImplementationError(f"loralib: adapter dtype {dtype} on a {base.dtype} base at {path}: "
-                                          f"{self.not_applicable['fp32_adapters_on_16bit_base']}")
-            layer = loralib.Linear(linear.in_features, linear.out_features, r=spec.r, lora_alpha=spec.alpha,
-                                   lora_dropout=0.0, merge_weights=False, bias=linear.bias is not None,
-                                   device="meta")
-            layer.weight, layer.bias = base, linear.bias
-            layer.lora_A = nn.Parameter(torch.empty(spec.r, linear.in_features, device=base.device, dtype=dtype))
-            layer.lora_B = nn.Parameter(torch.zeros(linear.out_features, spec.r, device=base.device, dtype=dtype))
-            nn.init.kaiming_uniform_(layer.lora_A, a=math.sqrt(5))
-            layer._lora_suite_calls = 0
-            layer.register_forward_hook(count_call)
-            replace_module(model, path, layer)
-        return [path for path, _ in chosen]
+    def wrap(self, linear, spec):
+        base = linear.weight
+        layer = self.layer_type(linear.in_features, linear.out_features, r=spec.r, lora_alpha=spec.alpha,
+                                lora_dropout=0.0, merge_weights=False, bias=linear.bias is not None, device="meta")
+        layer.weight, layer.bias = base, linear.bias
+        layer.lora_A = nn.Parameter(torch.empty(spec.r, linear.in_features, device=base.device, dtype=base.dtype))
+        layer.lora_B = nn.Parameter(torch.zeros(linear.out_features, spec.r, device=base.device, dtype=base.dtype))
+        nn.init.kaiming_uniform_(layer.lora_A, a=math.sqrt(5))
+        return layer
 
-    def adapter_parameters(self, model):
-        import loralib
-        out = {}
-        for path, m in model.named_modules():
-            if isinstance(m, loralib.Linear) and m.r > 0:
-                out[f"{path}.lora_A"], out[f"{path}.lora_B"] = m.lora_A, m.lora_B
-        return out
+    def adapters_of(self, layer):
+        return layer.lora_A, layer.lora_B
 
-    def save_adapter(self, model, path):
-        import loralib
-        layers = [m for m in model.modules() if isinstance(m, loralib.Linear) and m.r > 0]
-        if not layers:
-            raise ImplementationError("loralib: the model has no loralib layers to save")
-        adapters = self.adapter_parameters(model)
-        config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": layers[0].r, "lora_alpha": layers[0].lora_alpha,
-                  "use_rslora": False, "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
-                  "target_modules": sorted({p.rsplit(".", 1)[-1] for p in adapted_modules(adapters)})}
-        return save_peft_tensors(adapters, config, path)
+    def rank_alpha(self, layer):
+        return layer.r, layer.lora_alpha
 
-    def load_adapter(self, model, path):
-        load_peft_tensors(self.name, self.adapter_parameters(model), path)
-
-    def served_by(self, model):
-        """"loralib" when every adapted layer is an unmerged ``loralib.Linear`` that has run a forward."""
-        import loralib
-        kinds = set()
-        for path in adapted_modules(self.adapter_parameters(model)):
-            m = model.get_submodule(path)
-            if not isinstance(m, loralib.Linear):
-                kinds.add(f"{type(m).__name__} (not a loralib layer)")
-            elif m.merged:
-                kinds.add("loralib, merged")
-            elif not getattr(m, "_lora_suite_calls", 0):
-                kinds.add("loralib layers that never ran")
-            else:
-                kinds.add("loralib")
-        return ",".join(sorted(kinds))
+    def inactive(self, layer):
+        return "merged" if layer.merged else None

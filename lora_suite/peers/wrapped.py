@@ -1,0 +1,92 @@
+"""What the bundled peers that swap each target ``nn.Linear`` for their own LoRA layer class share.
+
+A subclass names its layer class (``layer_type``) and says how to build one over a target (``wrap``), how to read
+its adapters, rank and alpha (``adapters_of``, ``rank_alpha``) and whether it is switched off (``inactive``); the
+rest is the contract done once: spec refusals with the declared reasons, target choice with lora_core's meaning
+of a target, freezing, the dtype check, a forward-count hook (``served_by``'s evidence), PEFT-folder save/load.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from lora_core.inject import replace_module, target_linears
+from lora_suite.implementations import (AdapterSpec, ImplementationError, LoRAImplementation, adapted_modules,
+                                        count_call, load_peft_tensors, save_peft_tensors)
+
+
+class WrappedLinearPeer(LoRAImplementation):
+    layer_type: type = nn.Module  # set by the subclass once its library imports
+
+    def wrap(self, linear: nn.Linear, spec: AdapterSpec) -> nn.Module:
+        """A layer of ``layer_type`` over ``linear``'s own weight and bias, adapters initialised the library's way."""
+        raise NotImplementedError
+
+    def adapters_of(self, layer: nn.Module) -> tuple[nn.Parameter, nn.Parameter]:
+        """(A (r, in), B (out, r)) of one layer."""
+        raise NotImplementedError
+
+    def rank_alpha(self, layer: nn.Module) -> tuple[int, float]:
+        raise NotImplementedError
+
+    def inactive(self, layer: nn.Module) -> str | None:
+        """Why the layer's adapters would not run (merged, disabled), or None."""
+        return None
+
+    def inject(self, model, spec: AdapterSpec):
+        if spec.quantize is not None:
+            raise ImplementationError(f"{self.name}: quantize={spec.quantize!r}: {self.not_applicable['nf4_base']}")
+        if spec.use_rslora:
+            raise ImplementationError(f"{self.name}: use_rslora=True: {self.not_applicable['rslora']}")
+        chosen = target_linears(model, tuple(spec.targets))
+        if not chosen:
+            raise ImplementationError(f"{self.name}: targets {list(spec.targets)} adapted no layer of "
+                                      f"{type(model).__name__}")
+        for p in model.parameters():
+            p.requires_grad_(False)
+        for path, linear in chosen:
+            dtype = spec.adapter_dtype or linear.weight.dtype
+            if dtype != linear.weight.dtype:
+                raise ImplementationError(f"{self.name}: adapter dtype {dtype} on a {linear.weight.dtype} base at "
+                                          f"{path}: {self.not_applicable['fp32_adapters_on_16bit_base']}")
+            layer = self.wrap(linear, spec)
+            layer._lora_suite_calls = 0
+            layer.register_forward_hook(count_call)
+            replace_module(model, path, layer)
+        return [path for path, _ in chosen]
+
+    def adapter_parameters(self, model):
+        out = {}
+        for path, m in model.named_modules():
+            if isinstance(m, self.layer_type):
+                out[f"{path}.lora_A"], out[f"{path}.lora_B"] = self.adapters_of(m)
+        return out
+
+    def save_adapter(self, model, path):
+        layers = [m for m in model.modules() if isinstance(m, self.layer_type)]
+        if not layers:
+            raise ImplementationError(f"{self.name}: the model has no {self.layer_type.__name__} layers to save")
+        adapters = self.adapter_parameters(model)
+        r, alpha = self.rank_alpha(layers[0])
+        config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": alpha, "use_rslora": False,
+                  "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
+                  "target_modules": sorted({p.rsplit(".", 1)[-1] for p in adapted_modules(adapters)})}
+        return save_peft_tensors(adapters, config, path)
+
+    def load_adapter(self, model, path):
+        load_peft_tensors(self.name, self.adapter_parameters(model), path)
+
+    def served_by(self, model):
+        """``expected_path`` when every adapted layer is a ``layer_type``, active, and has run a forward."""
+        kinds = set()
+        for path in adapted_modules(self.adapter_parameters(model)):
+            m = model.get_submodule(path)
+            if not isinstance(m, self.layer_type):
+                kinds.add(f"{type(m).__name__} (not a {self.layer_type.__name__})")
+            elif self.inactive(m):
+                kinds.add(f"{self.name}, {self.inactive(m)}")
+            elif not getattr(m, "_lora_suite_calls", 0):
+                kinds.add(f"{self.name} layers that never ran")
+            else:
+                kinds.add(self.expected_path)
+        return ",".join(sorted(kinds))
