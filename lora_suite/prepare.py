@@ -8,6 +8,7 @@ report. The torch dtype names of the YAML are resolved here.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +40,37 @@ class Prepared:
                 f"({len(self.replaced)} layers, {lora.adapter_dtype} adapters, implementation "
                 f"{self.implementation.name}); data {cfg.data.source} "
                 f"{cfg.data.batch_size}x{cfg.data.seq_len}")
+
+
+def fit_to_implementation(cfg: TierConfig, impl: LoRAImplementation, source: str) -> tuple[TierConfig, list[tuple[str, str]]]:
+    """``cfg`` changed where ``impl`` declares it cannot do what ``cfg`` (read from ``source``) asks, with one
+    (what is not applicable and what runs instead, the implementation's reason) per change, for the report:
+
+    - an NF4 base and ``nf4_base`` n/a: the 16-bit base;  a 16-bit base and ``bf16_base`` n/a: an NF4 base;
+    - fp32 adapters on a 16-bit base and ``fp32_adapters_on_16bit_base`` n/a: adapters in the base's dtype;
+    - rsLoRA and ``rslora`` n/a: alpha / r;  captured steps and ``cuda_graph_capture`` n/a: eager steps.
+    A tier records each pair as not applicable, so nothing runs differently without the report saying so."""
+    why = impl.reason_not_applicable
+    lora, train, notes = cfg.lora, cfg.train, []
+    if lora.quantize and why("nf4_base"):
+        notes.append((f"{lora.quantize} base ({source} lora.quantize); the tier runs on the {cfg.dtype} base",
+                      why("nf4_base")))
+        lora = dataclasses.replace(lora, quantize=None)
+    elif not lora.quantize and why("bf16_base"):
+        notes.append((f"{cfg.dtype} base ({source} lora.quantize: null); the tier runs on an NF4 base", why("bf16_base")))
+        lora = dataclasses.replace(lora, quantize="nf4")
+    if lora.adapter_dtype == "float32" and cfg.dtype in ("bfloat16", "float16") and why("fp32_adapters_on_16bit_base"):
+        notes.append((f"float32 adapters on the {cfg.dtype} base ({source} lora.adapter_dtype); the tier runs "
+                      f"{cfg.dtype} adapters", why("fp32_adapters_on_16bit_base")))
+        lora = dataclasses.replace(lora, adapter_dtype=cfg.dtype)
+    if lora.use_rslora and why("rslora"):
+        notes.append((f"rsLoRA ({source} lora.use_rslora); the tier scales by alpha / r", why("rslora")))
+        lora = dataclasses.replace(lora, use_rslora=False)
+    if train.cuda_graph and why("cuda_graph_capture"):
+        notes.append((f"captured training steps ({source} train.cuda_graph); the tier runs its steps eagerly",
+                      why("cuda_graph_capture")))
+        train = dataclasses.replace(train, cuda_graph=False)
+    return dataclasses.replace(cfg, lora=lora, train=train), notes
 
 
 def adapter_spec(cfg: TierConfig, quantize: str | None) -> AdapterSpec:

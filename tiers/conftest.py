@@ -21,7 +21,7 @@ from lora_suite.long_run import LongRunVerdicts, aged_vs_fresh_resolved, time_bu
 from lora_suite.memory import GIB, PeakWindow, estimate_training_memory, measured_split, vram_verdict
 from lora_suite.nvml import nvml_memory
 from lora_suite.models import CheckpointNotFound
-from lora_suite.prepare import Prepared, prepare
+from lora_suite.prepare import Prepared, fit_to_implementation, prepare
 from lora_suite.report import Series
 from lora_suite.trainer import StepRecord, TrainingRun, TrainResult, train
 
@@ -37,11 +37,11 @@ class Tier:
     def config(self, tier: str) -> TierConfig:
         """The tier's YAML with --weights and the implementation under test applied.
 
-        A tier whose YAML asks for an NF4 base runs on its 16-bit base when the implementation declares
-        ``nf4_base`` not applicable; that is recorded (with the implementation's reason), and the checks that
-        only an NF4 base can take are recorded as not applicable by the tier. Likewise a tier whose YAML
-        captures its steps (``train.cuda_graph``) runs them eagerly for an implementation that declares
-        ``cuda_graph_capture`` not applicable, recorded with its reason.
+        What the implementation declares it cannot do is changed as ``lora_suite.prepare.fit_to_implementation``
+        says (an NF4 base becomes 16-bit for ``nf4_base``, a 16-bit one NF4 for ``bf16_base``, fp32 adapters on a
+        16-bit base take the base's dtype, rsLoRA and captured steps are dropped), each change recorded as not
+        applicable with the implementation's reason; the checks that only an NF4 base can take are recorded as
+        not applicable by the tier.
         """
         cfg = load_tier_config(CONFIG_DIR / f"{tier}.yaml")
         weights = self.request.config.getoption("weights")
@@ -50,16 +50,9 @@ class Tier:
                         f"{self.impl.name!r}: give --lora-impl {cfg.implementation} to run that tier")
         cfg = dataclasses.replace(cfg, weights=weights or cfg.weights, implementation=self.impl.name)
         self.configured_quantize = cfg.lora.quantize
-        reason = self.impl.reason_not_applicable("nf4_base")
-        if cfg.lora.quantize and reason:
-            self.check.not_applicable(f"{cfg.lora.quantize} base (configs/{tier}.yaml lora.quantize); the tier runs "
-                                      f"on the {cfg.dtype} base", reason)
-            cfg = dataclasses.replace(cfg, lora=dataclasses.replace(cfg.lora, quantize=None))
-        reason = self.impl.reason_not_applicable("cuda_graph_capture")
-        if cfg.train.cuda_graph and reason:
-            self.check.not_applicable(f"captured training steps (configs/{tier}.yaml train.cuda_graph); the tier "
-                                      "runs its steps eagerly", reason)
-            cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, cuda_graph=False))
+        cfg, changes = fit_to_implementation(cfg, self.impl, f"configs/{tier}.yaml")
+        for what, reason in changes:
+            self.check.not_applicable(what, reason)
         self._vram_precheck(cfg)
         return cfg
 

@@ -150,10 +150,11 @@ def test_peft_refuses_an_nf4_base_with_its_reason(tiny_cfg):
 
 
 # ------------------------------------------------------------------ the contract, through the harness
-def _peer(name):
-    """A bundled peer as a parameter, skipped with the extra to install where its library does not import."""
+def _peer(name, *more):
+    """A bundled peer as a parameter (with ``more`` values), skipped with the extra to install where its library
+    does not import."""
     module = {"loralib": "loralib", "torchtune": "torchtune", "peft-bnb": "bitsandbytes"}[name]
-    return pytest.param(name, marks=pytest.mark.skipif(importlib.util.find_spec(module) is None,
+    return pytest.param(name, *more, marks=pytest.mark.skipif(importlib.util.find_spec(module) is None,
                                                        reason=f"{module} is not installed: pip install "
                                                               f"lora-gpu-suite[{name}]"))
 
@@ -266,3 +267,27 @@ def test_peft_on_a_bitsandbytes_nf4_base_trains_and_reloads_as_qlora(name, tiny_
     fresh.model.eval()
     with torch.no_grad():
         assert torch.equal(fresh.model(input_ids=probe).logits, logits)
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("torch", []),
+    ("peft", []),
+    _peer("loralib", ["float32 adapters on the bfloat16 base (configs/x.yaml lora.adapter_dtype); the tier runs "
+                      "bfloat16 adapters"]),
+    _peer("peft-bnb", ["bfloat16 base (configs/x.yaml lora.quantize: null); the tier runs on an NF4 base"]),
+])
+def test_a_tier_config_fits_what_the_implementation_declares_and_says_so(name, expected, tiny_cfg):
+    """The tiers' shared mechanism (tiers/conftest.py Tier.config): each change is a not-applicable record with
+    the implementation's own reason, and the changed config then prepares without an error."""
+    import dataclasses
+    from lora_suite.prepare import fit_to_implementation
+    impl = I.resolve_implementation(name)
+    cfg = dataclasses.replace(tiny_cfg, dtype="bfloat16")
+    fitted, notes = fit_to_implementation(cfg, impl, "configs/x.yaml")
+    assert [what for what, _ in notes] == expected
+    assert all(reason and reason in impl.not_applicable.values() for _, reason in notes)
+    prepare(fitted, "cpu", implementation=impl)
+    nf4 = dataclasses.replace(cfg, lora=dataclasses.replace(cfg.lora, quantize="nf4"),
+                              train=dataclasses.replace(cfg.train, cuda_graph=True))
+    _, notes = fit_to_implementation(nf4, I.resolve_implementation("peft"), "configs/x.yaml")
+    assert [what for what, _ in notes][0] == "nf4 base (configs/x.yaml lora.quantize); the tier runs on the bfloat16 base"
