@@ -203,6 +203,10 @@ class Tier:
         """For an NF4 tier: (peak, split) of the same configuration on a 16-bit base; None otherwise."""
         if not cfg.lora.quantize:
             return None
+        no_16bit = self.impl.reason_not_applicable("bf16_base")
+        if no_16bit:  # e.g. peft-bnb: its base is always bitsandbytes NF4
+            self.check.not_applicable("QLoRA peak < 16-bit-base peak (same configuration)", no_16bit)
+            return None
         peak, split, _ = self.run_and_measure(cfg, None, cfg.criteria.bf16_comparison_steps)
         return peak, split
 
