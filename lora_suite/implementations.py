@@ -220,21 +220,26 @@ class PeftImplementation(LoRAImplementation):
     def load_adapter(self, model, path):
         load_peft_tensors(self.name, self.adapter_parameters(model), path)
 
-    def served_by(self, model):
-        """"peft" when every adapted layer is PEFT's LoRA layer, active (not merged, not disabled) and has run a
-        forward (counted by a hook put there at injection); else what each offending layer is."""
+    def wrong_layer(self, m: nn.Module) -> str | None:
+        """Why ``m`` is not the layer this implementation puts in, or None."""
         from peft.tuners.lora import LoraLayer
+        return None if isinstance(m, LoraLayer) else f"{type(m).__name__} (not a PEFT LoRA layer)"
+
+    def served_by(self, model):
+        """``name`` when every adapted layer is the implementation's PEFT layer (``wrong_layer``), active (not
+        merged, not disabled) and has run a forward (counted by a hook put there at injection); else what each
+        offending layer is."""
         kinds = set()
         for path in adapted_modules(self.adapter_parameters(model)):
             m = model.get_submodule(path)
-            if not isinstance(m, LoraLayer):
-                kinds.add(f"{type(m).__name__} (not a PEFT LoRA layer)")
+            if (wrong := self.wrong_layer(m)) is not None:
+                kinds.add(wrong)
             elif m.merged or m.disable_adapters:
-                kinds.add(f"peft, merged={m.merged} disabled={m.disable_adapters}")
+                kinds.add(f"{self.name}, merged={m.merged} disabled={m.disable_adapters}")
             elif not getattr(m, "_lora_suite_calls", 0):
-                kinds.add("peft layers that never ran")
+                kinds.add(f"{self.name} layers that never ran")
             else:
-                kinds.add("peft")
+                kinds.add(self.name)
         return ",".join(sorted(kinds))
 
 

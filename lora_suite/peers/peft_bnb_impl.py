@@ -19,7 +19,7 @@ import dataclasses
 from torch import nn
 
 from lora_core.inject import replace_module, target_linears  # lora_core's meaning of a target
-from lora_suite.implementations import AdapterSpec, ImplementationError, PeftImplementation, adapted_modules
+from lora_suite.implementations import AdapterSpec, ImplementationError, PeftImplementation
 
 
 class PeftBnbImplementation(PeftImplementation):
@@ -60,20 +60,12 @@ class PeftBnbImplementation(PeftImplementation):
         model.is_loaded_in_4bit = True  # as transformers marks a 4-bit model: PEFT then wraps with its bnb layer
         return super().inject(model, dataclasses.replace(spec, quantize=None))
 
-    def served_by(self, model):
+    def wrong_layer(self, m):
+        """Not PEFT's bitsandbytes layer, or over a base that is not a quantised ``Linear4bit``."""
         import bitsandbytes as bnb
         from peft.tuners.lora.bnb import Linear4bit as PeftLinear4bit
-        kinds = set()
-        for path in adapted_modules(self.adapter_parameters(model)):
-            m = model.get_submodule(path)
-            if not isinstance(m, PeftLinear4bit):
-                kinds.add(f"{type(m).__module__}.{type(m).__name__} (not PEFT's bitsandbytes layer)")
-            elif not isinstance(m.base_layer, bnb.nn.Linear4bit) or not m.base_layer.weight.bnb_quantized:
-                kinds.add("peft-bnb over a base that is not a quantised Linear4bit")
-            elif m.merged or m.disable_adapters:
-                kinds.add(f"peft-bnb, merged={m.merged} disabled={m.disable_adapters}")
-            elif not getattr(m, "_lora_suite_calls", 0):
-                kinds.add("peft-bnb layers that never ran")
-            else:
-                kinds.add("peft-bnb")
-        return ",".join(sorted(kinds))
+        if not isinstance(m, PeftLinear4bit):
+            return f"{type(m).__module__}.{type(m).__name__} (not PEFT's bitsandbytes layer)"
+        if not isinstance(m.base_layer, bnb.nn.Linear4bit) or not m.base_layer.weight.bnb_quantized:
+            return "peft-bnb over a base that is not a quantised Linear4bit"
+        return None
