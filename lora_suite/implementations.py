@@ -96,6 +96,13 @@ class LoRAImplementation:
     def op_calls(self) -> int | None:
         return None
 
+    def quantize_base(self, model: nn.Module) -> bool:
+        """Put this implementation's own 4-bit storage into ``model``'s linears (all but the LM head), as its
+        ``inject`` does for ``quantize="nf4"``, and return True; False (nothing done) where its NF4 base, if any,
+        is lora_core's. Comparison runs (the torch reference, the control) are built on the same quantised
+        weights this way (``prepare(..., base_from=)``), so they judge the LoRA layer and not two quantisers."""
+        return False
+
     def reason_not_applicable(self, feature: str) -> str | None:
         if feature not in FEATURES:
             raise ValueError(f"feature {feature!r} is not one of {sorted(FEATURES)}")

@@ -80,8 +80,14 @@ def adapter_spec(cfg: TierConfig, quantize: str | None) -> AdapterSpec:
 
 
 def prepare(cfg: TierConfig, device: torch.device | str, *, implementation: LoRAImplementation | str | None = None,
-            seed: int | None = None, quantize: str | None | bool = True) -> Prepared:
+            seed: int | None = None, quantize: str | None | bool = True,
+            base_from: LoRAImplementation | None = None) -> Prepared:
     """Build, inject and batch per ``cfg``. ``quantize=True`` means the config's own setting.
+
+    ``base_from``: with an NF4 base, the implementation whose own 4-bit storage the base gets before
+    ``implementation`` injects (``LoRAImplementation.quantize_base``; peft-bnb: bitsandbytes' ``Linear4bit``),
+    so a comparison run shares the quantised weights of the implementation under test. One without its own
+    storage changes nothing.
 
     An implementation that injects per layer (``inject_per_layer``: lora_core's) gets each decoder layer as
     the model is built, so a QLoRA 7B model never exists in 16 bits as a whole; others get the whole model.
@@ -104,14 +110,19 @@ def prepare(cfg: TierConfig, device: torch.device | str, *, implementation: LoRA
         raise ImplementationError(f"lora.quantize: null (a 16-bit base), but implementation {impl.name!r} cannot: "
                                   f"{no_16bit}")
     per_layer = impl.inject_per_layer
+    shared_base = base_from is not None and base_from is not impl and quantize is not None
 
     def on_layer(layer: nn.Module) -> None:
+        if shared_base:
+            base_from.quantize_base(layer)
         impl.inject(layer, spec)
 
     torch.manual_seed(seed)  # adapter init (kaiming A) is the same for the same seed on every backend
     built = build_model(cfg.model, cfg.weights, DTYPES[cfg.dtype], device, seed=seed,
                         on_layer=on_layer if per_layer else None)
     if not per_layer:
+        if shared_base:
+            base_from.quantize_base(built.model)
         impl.inject(built.model, spec)
     adapters = impl.adapter_parameters(built.model)
     if not adapters:

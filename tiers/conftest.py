@@ -74,7 +74,10 @@ class Tier:
             pytest.skip(msg)
 
     def prepare(self, cfg: TierConfig, *, implementation=None, **kw) -> Prepared:
-        """The model with adapters from ``implementation`` (default: the one under test)."""
+        """The model with adapters from ``implementation`` (default: the one under test). On an NF4 base a
+        comparison run gets the quantised weights of the implementation under test (``base_from``): a reference
+        judges the LoRA layer, not two quantisers' absmax rounding."""
+        kw.setdefault("base_from", self.impl)
         try:
             prepared = prepare(cfg, "cuda", implementation=implementation or self.impl, **kw)
         except CheckpointNotFound as exc:

@@ -44,10 +44,20 @@ class PeftBnbImplementation(PeftImplementation):
                 f"(nf4, block 64, double quant)")
 
     def inject(self, model, spec: AdapterSpec):
-        import bitsandbytes as bnb
         if spec.quantize != "nf4":
             raise ImplementationError(f"peft-bnb: quantize={spec.quantize!r}: {self.not_applicable['bf16_base']}")
+        self.quantize_base(model)
+        model.is_loaded_in_4bit = True  # as transformers marks a 4-bit model: PEFT then wraps with its bnb layer
+        return super().inject(model, dataclasses.replace(spec, quantize=None))
+
+    def quantize_base(self, model) -> bool:
+        """Every ``nn.Linear`` but the LM head becomes a bitsandbytes ``Linear4bit`` quantised by bitsandbytes (a
+        linear that already is one is kept with its codes). lora_core reads these layers without re-quantising
+        (``lora_core.bnb_format.from_bnb``), so a reference built over them has the same dequantised weights."""
+        import bitsandbytes as bnb
         for path, linear in target_linears(model, ("all-linear",)):
+            if isinstance(linear, bnb.nn.Linear4bit):
+                continue
             base = linear.weight
             layer = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=linear.bias is not None,
                                       compute_dtype=base.dtype, compress_statistics=True, quant_type="nf4",
@@ -57,8 +67,7 @@ class PeftBnbImplementation(PeftImplementation):
             if linear.bias is not None:
                 layer.bias = nn.Parameter(linear.bias.data, requires_grad=False)
             replace_module(model, path, layer)
-        model.is_loaded_in_4bit = True  # as transformers marks a 4-bit model: PEFT then wraps with its bnb layer
-        return super().inject(model, dataclasses.replace(spec, quantize=None))
+        return True
 
     def wrong_layer(self, m):
         """Not PEFT's bitsandbytes layer, or over a base that is not a quantised ``Linear4bit``."""

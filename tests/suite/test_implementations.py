@@ -291,3 +291,31 @@ def test_a_tier_config_fits_what_the_implementation_declares_and_says_so(name, e
                               train=dataclasses.replace(cfg.train, cuda_graph=True))
     _, notes = fit_to_implementation(nf4, I.resolve_implementation("peft"), "configs/x.yaml")
     assert [what for what, _ in notes][0] == "nf4 base (configs/x.yaml lora.quantize); the tier runs on the bfloat16 base"
+
+
+@pytest.mark.parametrize("name", [_peer("peft-bnb")])
+def test_a_comparison_run_shares_the_quantised_base_of_the_implementation_under_test(name, tiny_cfg):
+    """prepare(base_from=): the torch reference over peft-bnb's bitsandbytes codes and absmaxes dequantises to
+    bitsandbytes' own weights bit for bit, where quantising the same bf16 weights itself does not (bitsandbytes
+    stores the absmaxes with its dynamic 8-bit map): without sharing, a tier would compare two quantisers."""
+    import dataclasses
+    import bitsandbytes as bnb
+    from bitsandbytes.functional import dequantize_4bit
+    from lora_core.layer import LoRALinear, NF4Linear
+    from lora_core.nf4 import dequantize_nf4
+    cfg = dataclasses.replace(tiny_cfg, dtype="bfloat16", lora=dataclasses.replace(tiny_cfg.lora, quantize="nf4"))
+    p = prepare(cfg, "cpu", implementation=name)
+    shared = prepare(cfg, "cpu", implementation="torch", base_from=p.implementation)
+    own = prepare(cfg, "cpu", implementation="torch")
+    theirs = {n: dequantize_4bit(m.weight.data, m.weight.quant_state) for n, m in p.model.named_modules()
+              if isinstance(m, bnb.nn.Linear4bit)}
+    assert theirs
+
+    def dequantised(model):
+        return {n.removesuffix(".base_layer"): dequantize_nf4(m.nf4) for n, m in model.named_modules()
+                if isinstance(m, (LoRALinear, NF4Linear))}
+    mine, self_quantised = dequantised(shared.model), dequantised(own.model)
+    for n, w in theirs.items():
+        key = n.removesuffix(".base_layer")
+        assert torch.equal(mine[key], w), key
+    assert any(not torch.equal(self_quantised[n.removesuffix(".base_layer")], w) for n, w in theirs.items())
