@@ -10,11 +10,16 @@ kernels, timed in turns.
   lora_core's LoRALinear on an NF4 base (cupy) against PEFT's LoRA on a bitsandbytes Linear4bit (peft-bnb, as
   QLoRA is run), each over the same weight, timed in turns; rows: ratio peft-bnb / cupy per round, and each
   side's extra peak memory over its inputs.
+- ``test_qlora_7b_training_step_vs_peft_bnb``: the full tier's 7B QLoRA training step, cupy against peft-bnb,
+  eager and captured, taking turns; step ms, ratios to cupy eager and each one's peak.
 Rows, not bars: the issue sets no target. Skipped where bitsandbytes does not import (the lent GPU machines
 need its wheel carried: only the library matching torch's CUDA is needed).
 """
 
 from __future__ import annotations
+
+import dataclasses
+import statistics
 
 import pytest
 import torch
@@ -22,7 +27,14 @@ import torch
 import lora_core
 from lora_core.bnb_format import from_bnb
 from lora_core.nf4 import dequantize_nf4, quantize_nf4
+from lora_suite import training_bench as TB
+from lora_suite.config import CONFIG_DIR, load_tier_config
+from lora_suite.implementations import resolve_implementation
+from lora_suite.memory import PeakWindow
+from lora_suite.prepare import fit_to_implementation, prepare
+from lora_suite.pytest_plugin import is_cuda_error
 from lora_suite.timing import PairedEstimate, interleaved_rounds
+from lora_suite.trainer import train
 
 pytestmark = [pytest.mark.gpu, pytest.mark.benchmark]
 bnb = pytest.importorskip("bitsandbytes", reason="bitsandbytes is not installed: pip install lora-gpu-suite[peft-bnb]")
@@ -116,3 +128,84 @@ def test_qlora_layer_vs_bitsandbytes(shape, run_report, check):
                         "peft-bnb extra peak MiB"),
                        (shape, round(est.median, 3), round(est.se, 3), round(sorted(ms["cupy-nf4"])[3], 3),
                         round(sorted(ms["peft-bnb"])[3], 3), round(peaks["cupy-nf4"], 1), round(peaks["peft-bnb"], 1)))
+
+
+STEP_ROUNDS = 5  # measured rounds of the 7B training-step comparison (one warm-up round first, left out)
+
+
+def test_qlora_7b_training_step_vs_peft_bnb(benchmark, run_report, check):
+    """The full tier's QLoRA training step (Llama-2-7B architecture, random weights, NF4 base, q/k/v/o r8, 1×512,
+    activation checkpointing: configs/full.yaml), cupy against peft-bnb (PEFT on bitsandbytes Linear4bit, the
+    same config fitted to what it declares): each model's own peak first (``PeakWindow`` around its build and
+    one eager and one captured turn), then both models eager and captured taking turns (``TB.take_turns``, the
+    interleaved bench's turns); rows: median step ms and ratios to cupy's, per round, with SE. peft-bnb's run
+    that fails is its finding (a failed check and a row saying what stopped it), not a suite error."""
+    pytest.importorskip("peft", reason="peft is not installed: peft-bnb is PEFT on bitsandbytes")
+    base = load_tier_config(CONFIG_DIR / "full.yaml")
+    base = dataclasses.replace(base, weights="random")
+    turns = {"eager": 5, "captured": 8}
+    runs, peaks, stopped = {}, {}, {}
+    for impl in ("cupy", "peft-bnb"):
+        implementation = resolve_implementation(impl)
+        cfg, changes = fit_to_implementation(dataclasses.replace(base, implementation=impl), implementation,
+                                             "configs/full.yaml")
+        for what, reason in changes:
+            check.not_applicable(f"7B QLoRA step {impl}: {what}", reason)
+        modes = ["eager"] + (["captured"] if cfg.train.cuda_graph else [])
+        window = PeakWindow.open()
+        try:
+            prepared = prepare(cfg, "cuda", implementation=implementation)
+            check(f"7B QLoRA step {impl}: base stored as NF4", prepared.quantize, "==", "nf4")
+            for mode in modes:
+                tc = dataclasses.replace(cfg.train, steps=10**6, cuda_graph=mode == "captured", log_every=10**6)
+                runs[f"{impl}-{mode}"] = {"prepared": prepared, "train": tc, "mode": mode, "optimizer": None, "at": 0}
+            for mode in modes:  # one turn each inside the window: the peak of the run as the tier trains
+                r = runs[f"{impl}-{mode}"]
+                res = train(prepared.model, prepared.batches, r["train"], optimizer=r["optimizer"], start_step=r["at"],
+                            stop_step=r["at"] + turns[mode], adapters=prepared.adapters)
+                r["optimizer"], r["at"] = res.optimizer, r["at"] + turns[mode]
+            torch.cuda.synchronize()
+            peaks[impl] = window.peak() / 2**30
+            check(f"7B QLoRA step {impl}: code path that served every LoRA layer",
+                  implementation.served_by(prepared.model), "==", implementation.expected_path)
+        except Exception as exc:
+            if impl == "cupy" or is_cuda_error(exc):
+                raise
+            stopped[impl] = f"build or first turns: {type(exc).__name__}: {str(exc)[:300]}"
+            for mode in modes:
+                runs.pop(f"{impl}-{mode}", None)
+
+    def turn(name, rnd):
+        r = runs[name]
+        p = r["prepared"]
+        res = train(p.model, p.batches, r["train"], optimizer=r["optimizer"], start_step=r["at"],
+                    stop_step=r["at"] + turns[r["mode"]], adapters=p.adapters)
+        r["optimizer"], r["at"] = res.optimizer, r["at"] + turns[r["mode"]]
+        return statistics.median(TB.turn_step_times(res.records, r["mode"]))
+
+    result = {}
+
+    def run_rounds():
+        result["times"], result["stopped"] = TB.take_turns(
+            list(runs), STEP_ROUNDS, turn, lambda name, exc: name.startswith("peft-bnb") and not is_cuda_error(exc))
+
+    benchmark.group = "qlora-7b-training-step"
+    benchmark.pedantic(run_rounds, rounds=1, iterations=1)
+    times = result["times"]
+    stopped.update(result["stopped"])
+    vs = TB.interleaved_speed(times, "cupy-eager")
+    table = (f"7B QLoRA training step (configs/full.yaml, random weights): runs taking turns ({STEP_ROUNDS} rounds "
+             "after a warm-up round), peak per implementation (its own window)")
+    for name, t in times.items():
+        est = vs.get(name)
+        impl = name.rsplit("-", 1)[0]
+        run_report.add_row("benchmarks", table, ("run", "median step ms (host)", "cupy eager ms / this ms", "SE",
+                                                 "peak GiB (eager and captured turns)"),
+                           (name, round(statistics.median(t) * 1e3, 2), 1.0 if est is None else round(est.median, 3),
+                            None if est is None else round(est.se, 3), round(peaks.get(impl, float("nan")), 3)))
+        benchmark.extra_info[f"{name}_step_ms"] = statistics.median(t) * 1e3
+    benchmark.extra_info.update({f"{k}_peak_gib": v for k, v in peaks.items()})
+    for name, why in stopped.items():
+        run_report.add_row("benchmarks", "7B QLoRA training step: runs that stopped (findings)", ("run", "what stopped it"),
+                           (name, why))
+        check(f"7B QLoRA step {name}: every turn ran", why, "==", None, source="a peer's failure is its finding")

@@ -26,7 +26,8 @@ from lora_suite import training_bench as TB
 from lora_suite.benchmarking import kernel_profile
 from lora_suite.implementations import resolve_implementation
 from lora_suite.memory import PeakWindow
-from lora_suite.prepare import prepare
+from lora_suite.prepare import fit_to_implementation, prepare
+from lora_suite.pytest_plugin import is_cuda_error
 from lora_suite.trainer import train
 
 pytestmark = [pytest.mark.gpu, pytest.mark.benchmark]
@@ -104,8 +105,14 @@ INTERLEAVED_TABLE = (f"tokens/s ÷ PEFT's, runs taking turns ({ROUNDS} rounds af
 HEADROOM = 6 * 2**30  # bytes beyond the models: one step's activations, a graph's pool, the allocator's slack
 
 
+def interleaved_impls(config) -> list[str]:
+    """The implementations that take turns: ``--bench-impls`` (default peft, torch, cupy), PEFT first."""
+    chosen = config.getoption("bench_impls") or IMPLS
+    return ["peft"] + [i for i in dict.fromkeys(chosen) if i != "peft"]
+
+
 @pytest.mark.parametrize("case", TB.CASES, ids=[c.name for c in TB.CASES])
-def test_speed_interleaved(benchmark, case, run_report):
+def test_speed_interleaved(benchmark, case, run_report, check, request):
     """The ratios to PEFT eager and PEFT captured with the host's drift taken out. The eager steps of the small
     cases and of the checkpointed 7B case are host-bound, so runs timed one after another carry the host's speed
     of their moment into their ratios (PEFT's eager SmolLM2 step read 104 and 75 ms in two H200 runs of one
@@ -115,17 +122,30 @@ def test_speed_interleaved(benchmark, case, run_report):
     each turn; only the replays after the capture are timed, ``TB.turn_step_times``); per-round ratios, median
     and SE (``TB.interleaved_speed``). Skipped, with the figures, where the GPU cannot hold the models at once."""
     pytest.importorskip("peft", reason="peft is not installed: the ratios are to PEFT")
-    impls = list(IMPLS)
-    runs, models = {}, {}
+    impls = interleaved_impls(request.config)
+    runs, models, failed = {}, {}, {}  # failed: implementation -> what stopped it (a finding, reported)
     for impl in impls:
         implementation = resolve_implementation(impl)
+        for mode in ("eager", "captured"):
+            reason = TB.not_applicable(case, mode, implementation)
+            if reason:
+                check.not_applicable(f"{case.name} {impl} {mode}", reason)
         modes = [m for m in ("eager", "captured") if not TB.not_applicable(case, m, implementation)]
         for mode in modes:
-            turn = TURN_STEPS[mode]
-            cfg = TB.run_config(case, impl, mode, warmup=turn, measured=ROUNDS * turn)
+            steps = TURN_STEPS[mode]
+            cfg, changes = fit_to_implementation(TB.run_config(case, impl, mode, warmup=steps, measured=ROUNDS * steps),
+                                                 implementation, f"bench case {case.name}")
+            for what, reason in changes if mode == modes[0] else ():
+                check.not_applicable(f"{case.name} {impl}: {what}", reason)
             if impl not in models:
                 before = torch.cuda.memory_allocated()
-                models[impl] = prepare(cfg, "cuda", implementation=implementation)
+                try:
+                    models[impl] = prepare(cfg, "cuda", implementation=implementation)
+                except Exception as exc:  # a peer that cannot build is a finding; the others are still measured
+                    if is_cuda_error(exc) or impl in IMPLS:
+                        raise
+                    failed[impl] = f"model build: {type(exc).__name__}: {str(exc)[:300]}"
+                    break
                 if len(models) == 1:
                     per_model = torch.cuda.memory_allocated() - before
                     free = torch.cuda.mem_get_info()[0]
@@ -134,26 +154,32 @@ def test_speed_interleaved(benchmark, case, run_report):
                         pytest.skip(f"not enough GPU memory to hold {len(impls)} models at once: {need / 2**30:.1f} "
                                     f"GiB more needed, {free / 2**30:.1f} GiB free")
             runs[f"{impl}-{mode}"] = {"cfg": cfg, "mode": mode, "prepared": models[impl], "optimizer": None, "at": 0}
-    times = {name: [] for name in runs}
+
+    def turn(name, rnd):
+        r = runs[name]
+        steps = TURN_STEPS[r["mode"]]
+        res = train(r["prepared"].model, r["prepared"].batches, r["cfg"].train, optimizer=r["optimizer"],
+                    start_step=r["at"], stop_step=r["at"] + steps, adapters=r["prepared"].adapters)
+        r["optimizer"], r["at"] = res.optimizer, r["at"] + steps
+        return statistics.median(TB.turn_step_times(res.records, r["mode"]))
+
+    def may_fail(name, exc):  # a bundled peer's failure is its finding; the suite's own runs and CUDA errors stop
+        return name.rsplit("-", 1)[0] not in IMPLS and not is_cuda_error(exc)
 
     def run_rounds():
-        for rnd in range(ROUNDS + 1):
-            for name in TB.rotation(list(runs), rnd):
-                r = runs[name]
-                turn = TURN_STEPS[r["mode"]]
-                res = train(r["prepared"].model, r["prepared"].batches, r["cfg"].train, optimizer=r["optimizer"],
-                            start_step=r["at"], stop_step=r["at"] + turn, adapters=r["prepared"].adapters)
-                r["optimizer"], r["at"] = res.optimizer, r["at"] + turn
-                if rnd:
-                    times[name].append(statistics.median(TB.turn_step_times(res.records, r["mode"])))
+        times, stopped = TB.take_turns(list(runs), ROUNDS, turn, may_fail)
+        result.update(times=times, stopped=stopped)
 
+    result = {}
     benchmark.group = f"training-interleaved-{case.name}"
     benchmark.pedantic(run_rounds, rounds=1, iterations=1)
+    times = result["times"]
+    failed.update(result["stopped"])
     cfg = runs["peft-eager"]["cfg"]
     tokens = cfg.data.batch_size * cfg.data.seq_len * cfg.train.grad_accum
     info = {"case": case.name, "turn_steps": TURN_STEPS, "rounds": ROUNDS}
     vs = {ref: TB.interleaved_speed(times, ref) for ref in ("peft-eager", "peft-captured") if ref in times}
-    for name in runs:
+    for name in times:
         step_ms = statistics.median(times[name]) * 1e3
         info[f"{name}_tokens_per_s"] = tokens / statistics.median(times[name])
         cells = []
@@ -167,6 +193,11 @@ def test_speed_interleaved(benchmark, case, run_report):
                            ("case", "run", "median step ms (host)", "÷ PEFT eager", "SE", "range",
                             "÷ PEFT captured", "SE", "range"),
                            (case.name, name, round(step_ms, 2), *cells))
+    for name, why in failed.items():  # a peer that could not be measured: its finding, after the others' rows
+        run_report.add_row("benchmarks", "interleaved runs that stopped (findings about the implementation)",
+                           ("case", "run", "what stopped it"), (case.name, name, why))
+        check(f"{case.name} {name}: every turn ran", why, "==", None, source="a peer's failure is its finding")
+    info["stopped"] = failed
     benchmark.extra_info.update(info)
     del runs, models
 

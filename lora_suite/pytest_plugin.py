@@ -16,6 +16,7 @@ recorded as not applicable (and skipped) when the implementation declares the fe
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import datetime as dt
 import gc
@@ -57,12 +58,27 @@ def pytest_addoption(parser):
     group.addoption("--lora-impl", default=None, metavar="NAME|MODULE:FACTORY",
                     help="the LoRA implementation under test: cupy (default), torch, peft, an entry point of the "
                          "group lora_suite.implementations, or package.module:factory")
+    group.addoption("--bench-impls", default=None, type=_impl_list, metavar="A,B,...",
+                    help="the interleaved training benchmark: the implementations that take turns (PEFT always "
+                         "joins first: the ratios are to it); default peft,torch,cupy")
     group.addoption("--weights", default=None, choices=("auto", "pretrained", "random"),
                     help="override every tier's model weights mode")
     group.addoption("--gpus", default=None, type=int, metavar="N",
                     help="multigpu tier: GPUs (torchrun processes) per job; default every visible GPU")
     group.addoption("--plant-repeats", default=1, type=_positive_int, metavar="N",
                     help="selftest-gpu: run each repeatable planted defect N times (each must be caught every time)")
+
+
+def _impl_list(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(","))
+    if not text.strip() or not all(re.fullmatch(r"[A-Za-z0-9_.:-]+", n) for n in names):
+        raise argparse.ArgumentTypeError(f"expected implementation names separated by commas, got {text!r}")
+    return names
+
+
+def is_cuda_error(exc: BaseException) -> bool:
+    """Whether ``exc`` comes from a CUDA error, after which the context cannot be trusted (stop, do not go on)."""
+    return bool(_CUDA_ERROR.search(f"{type(exc).__name__}: {exc}"))
 
 
 def _positive_int(text: str) -> int:

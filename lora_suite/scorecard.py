@@ -84,11 +84,13 @@ class Scorecard:
 def build(dirs: list[Path]) -> Scorecard:
     matrix: dict[str, dict[str, Cell]] = {}
     losses, peaks, ratios = {}, {}, {}
+    bench_cells: dict[str, Cell] = {}  # implementation -> its cell of the interleaved benchmark
     for path in _report_paths(dirs):
         report = json.loads(path.read_text())
         impl = (report.get("implementation") or {}).get("name") or "unknown"
         tier = report.get("selection")
-        matrix.setdefault(impl, {})[tier] = cell_of(report, path.parent.name)  # sorted paths: newest wins
+        if tier != "benchmark":  # a bench run judges the implementations that took turns, each in its own cell
+            matrix.setdefault(impl, {})[tier] = cell_of(report, path.parent.name)  # sorted paths: newest wins
         for s in report.get("series", []):
             cols = s.get("columns", [])
             if tier == "convergence" and s["name"] == f"convergence ({impl}): loss" and "loss" in cols:
@@ -97,10 +99,31 @@ def build(dirs: list[Path]) -> Scorecard:
             if tier == "benchmark" and {"case", "run", "÷ PEFT eager"} <= set(cols):
                 k, run, v = cols.index("case"), cols.index("run"), cols.index("÷ PEFT eager")
                 ratios.update({f"{r[k]} {r[run]}": r[v] for r in s["rows"] if isinstance(r[v], (int, float))})
+                for r in s["rows"]:
+                    bench_cells.setdefault(_impl_of_run(r[run]), Cell("measured", path.parent.name))
+            if tier == "benchmark" and {"case", "run", "what stopped it"} <= set(cols):
+                k, run, why = cols.index("case"), cols.index("run"), cols.index("what stopped it")
+                for r in s["rows"]:
+                    cell = bench_cells.setdefault(_impl_of_run(r[run]), Cell("fail", path.parent.name))
+                    cell.verdict = "fail"
+                    cell.failed.append(f"{r[k]} {r[run]}: {r[why]}")
+        if tier == "benchmark":
+            for item in _not_applicable(report):  # "<case> <impl> <mode>: why" or "<case> <impl>: what: why"
+                parts = item.split(" ", 2)
+                if len(parts) == 3:
+                    impl_of = parts[1].rstrip(":")
+                    bench_cells.setdefault(impl_of, Cell("n/a", path.parent.name)).not_applicable.append(item)
         for c in report.get("checks", []):
             if tier == "memory" and c["name"] == PEAK_CHECK and isinstance(c.get("value"), (int, float)):
                 peaks[impl] = c["value"]
+    for impl, cell in bench_cells.items():  # measured, fail (a run that stopped) or n/a (every mode declared)
+        matrix.setdefault(impl, {})["benchmark"] = cell
     return Scorecard(matrix, losses, peaks, ratios)
+
+
+def _impl_of_run(run: str) -> str:
+    """'peft-bnb-captured' -> 'peft-bnb': an interleaved run is named <implementation>-<mode>."""
+    return run.rsplit("-", 1)[0]
 
 
 def _png(fig) -> bytes:
@@ -129,6 +152,15 @@ def plots(card: Scorecard) -> dict[str, bytes]:
         ax.bar(names, [card.peaks_gib[n] for n in names])
         ax.set(ylabel="GiB", title="memory tier: peak allocated VRAM")
         out["scorecard-peak.png"] = _png(fig)
+        plt.close(fig)
+    if card.speed_vs_peft_eager:
+        keys = sorted(card.speed_vs_peft_eager)
+        fig, ax = plt.subplots(figsize=(8, 0.28 * len(keys) + 1.2))
+        ax.barh(keys, [card.speed_vs_peft_eager[k] for k in keys])
+        ax.axvline(1.0, color="k", lw=0.8)
+        ax.invert_yaxis()
+        ax.set(xlabel="tokens/s ÷ PEFT eager (runs taking turns)", title="training benchmark: speed vs PEFT eager")
+        out["scorecard-speed.png"] = _png(fig)
         plt.close(fig)
     return out
 
@@ -167,7 +199,7 @@ def render_md(card: Scorecard, images: dict[str, bytes]) -> str:
 
 def render_html(card: Scorecard, images: dict[str, bytes]) -> str:
     tiers = [t for t in TIERS if any(t in row for row in card.matrix.values())] or list(TIERS)
-    colour = {"pass": "#d4f4d4", "fail": "#f8d0d0", "n/a": "#e8e8e8"}
+    colour = {"pass": "#d4f4d4", "measured": "#d4f4d4", "fail": "#f8d0d0", "n/a": "#e8e8e8"}
     rows = []
     for impl, row in sorted(card.matrix.items()):
         cells = []

@@ -115,6 +115,31 @@ def rotation(names: list[str] | tuple[str, ...], round_index: int) -> list[str]:
     return list(names[k:]) + list(names[:k])
 
 
+def take_turns(names: list[str], rounds: int, turn, may_fail) -> tuple[dict[str, list[float]], dict[str, str]]:
+    """Run ``rounds`` + 1 rounds (the first a warm-up, not kept) of one turn per run, in ``rotation`` order.
+
+    ``turn(name, round)`` runs a turn and returns its representative step time (s). A turn that raises ends
+    that run when ``may_fail(name, exc)`` (a peer implementation's failure is a finding about it, and the
+    others are still measured: the run's rounds so far are dropped, so every kept run has the same rounds);
+    otherwise the exception propagates (the suite's own runs, a CUDA error). Returns (times per kept run,
+    what stopped each dropped run)."""
+    live, times, stopped = list(names), {n: [] for n in names}, {}
+    for rnd in range(rounds + 1):
+        for name in rotation(live, rnd):
+            try:
+                t = turn(name, rnd)
+            except Exception as exc:
+                if not may_fail(name, exc):
+                    raise
+                stopped[name] = f"round {rnd}: {type(exc).__name__}: {str(exc)[:300]}"
+                live.remove(name)
+                del times[name]
+                continue
+            if rnd:
+                times[name].append(t)
+    return times, stopped
+
+
 def interleaved_speed(round_step_s: dict[str, list[float]], reference: str) -> dict[str, PairedEstimate]:
     """Speed of each run ÷ the ``reference`` run's, from runs that took turns within rounds.
 

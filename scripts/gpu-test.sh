@@ -23,7 +23,7 @@ TARGET
   selftest      the framework's own CPU tests (what CI runs)
   selftest-gpu  planted defects (stale activation, missing scale, accumulation, leak, slow paths) that the
                 tiers' criteria must catch: the suite's own sensitivity, on a GPU
-  scorecard [--lora-impl a,b,...] [--report-dir DIR] [--check-vram]
+  scorecard [--lora-impl a,b,...] [--report-dir DIR] [--check-vram] [--jobs N] [--no-bench]
                 every selected (default: installed) LoRA implementation through quick, convergence and
                 memory, then the interleaved training benchmark; writes scorecard.md / .html (scripts/scorecard.sh)
   compare BASELINE RUN

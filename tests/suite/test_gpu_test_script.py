@@ -172,8 +172,21 @@ def test_scorecard_runs_every_selected_implementation_through_the_tiers_then_bui
              "--lora-impl" in line]
     assert tiers == [(t, i) for i in ("cupy", "peft-bnb") for t in ("quick", "convergence", "memory")]
     assert all("--check-vram" in line for line in lines if "--lora-impl" in line)
-    assert lines[-2] == f"./scripts/gpu-test.sh bench --report-dir {tmp_path} -- -k speed_interleaved"
+    assert lines[-2] == (f"./scripts/gpu-test.sh bench --report-dir {tmp_path} -- -k speed_interleaved "
+                         "--bench-impls cupy,peft-bnb")
     assert lines[-1].endswith(f"-m lora_suite.scorecard {tmp_path} {tmp_path}")
+
+
+def test_scorecard_lanes_run_implementations_at_once_each_logged_then_the_bench_alone(tmp_path):
+    env = {**os.environ, "SCORECARD_DRY_RUN": "1"}
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-test.sh"), "scorecard", "--lora-impl", "cupy,peft,loralib",
+                          "--report-dir", str(tmp_path), "--jobs", "2"], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    for impl in ("cupy", "peft", "loralib"):
+        log = (tmp_path / f"lane-{impl}.log").read_text().splitlines()
+        assert [line.split()[3] for line in log] == ["quick", "convergence", "memory"]  # "would run: gpu-test.sh TIER"
+        assert all(f"--lora-impl {impl} " in line for line in log)
+    assert "speed_interleaved --bench-impls cupy,peft,loralib" in out.stdout.splitlines()[-2]
 
 
 @pytest.mark.parametrize("args, message", [
@@ -181,6 +194,9 @@ def test_scorecard_runs_every_selected_implementation_through_the_tiers_then_bui
     (["--lora-impl"], "--lora-impl needs a comma-separated list, got ''"),
     (["--report-dir", "--check-vram"], "--report-dir needs a directory, got '--check-vram'"),
     (["--gpus", "2"], "unknown argument '--gpus'"),
+    (["--jobs", "0"], "--jobs needs a whole number >= 1, got '0'"),
+    (["--jobs"], "--jobs needs a whole number >= 1, got ''"),
+    (["--no-bench", "x"], "unknown argument 'x'"),
 ])
 def test_scorecard_refuses_bad_arguments_naming_them(args, message, tmp_path):
     out = subprocess.run(["bash", str(ROOT / "scripts" / "scorecard.sh"), *args], capture_output=True, text=True,

@@ -23,9 +23,10 @@ def _copy(tmp_path: Path) -> Path:
 def test_the_matrix_curves_peaks_and_speeds_from_real_reports(tmp_path, capsys):
     root = _copy(tmp_path)
     card = build([root])
-    assert sorted(card.matrix) == ["cupy", "peft"]
+    assert sorted(card.matrix) == ["cupy", "peft", "torch"]  # torch took turns in the bench run only
     assert {t: c.verdict for t, c in card.matrix["peft"].items()} == {"quick": "pass", "convergence": "pass",
-                                                                     "memory": "pass"}
+                                                                     "memory": "pass", "benchmark": "measured"}
+    assert {t: c.verdict for t, c in card.matrix["torch"].items()} == {"benchmark": "measured"}
     assert "PEFT builds a 4-bit base only through bitsandbytes" in " ".join(card.matrix["peft"]["memory"].not_applicable)
     assert card.matrix["cupy"]["memory"].not_applicable == []
     assert set(card.losses) == {"cupy", "peft"} and len(card.losses["peft"][0]) == len(card.losses["peft"][1]) > 10
@@ -36,9 +37,9 @@ def test_the_matrix_curves_peaks_and_speeds_from_real_reports(tmp_path, capsys):
     assert "| peft | pass [" in md and "Not applicable, as each implementation declared it:" in md
     assert "![scorecard-loss.png](scorecard-loss.png)" in md and (tmp_path / "out" / "scorecard-peak.png").is_file()
     page = (tmp_path / "out" / "scorecard.html").read_text()
-    assert page.count("data:image/png;base64,") == 2 and 'title="' in page
+    assert page.count("data:image/png;base64,") == 3 and 'title="' in page
     assert json.loads((tmp_path / "out" / "scorecard.json").read_text())["peaks_gib"]["cupy"] == card.peaks_gib["cupy"]
-    assert "2 implementation(s)" in capsys.readouterr().out
+    assert "3 implementation(s)" in capsys.readouterr().out
 
 
 def test_a_failing_or_broken_run_is_a_finding_not_an_error(tmp_path):
@@ -62,3 +63,26 @@ def test_bad_arguments_are_named(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert main([str(tmp_path / "out"), str(tmp_path / "empty")]) == 2
     assert "no report.json under" in capsys.readouterr().err
+
+
+def test_a_peer_that_stopped_in_the_benchmark_is_a_finding_in_its_own_cell(tmp_path):
+    run = tmp_path / "r" / "20261124T000000Z-bench"
+    run.mkdir(parents=True)
+    table = {"name": "tokens/s ÷ PEFT's", "columns": ["case", "run", "median step ms (host)", "÷ PEFT eager"],
+             "rows": [["c", "peft-eager", 10.0, None], ["c", "loralib-eager", 9.0, 1.1]]}
+    stopped = {"name": "interleaved runs that stopped (findings about the implementation)",
+               "columns": ["case", "run", "what stopped it"],
+               "rows": [["c", "peft-bnb-captured", "round 1: RuntimeError: capture"]]}
+    report = {"status": "complete", "selection": "benchmark", "implementation": {"name": "cupy"}, "checks": [],
+              "series": [table, stopped], "summary": {},
+              "not_applicable": [{"name": "c torchtune captured", "reason": "no capture"},
+                                 {"name": "c peft-bnb: bfloat16 base; the tier runs on an NF4 base", "reason": "QLoRA"}]}
+    (run / "report.json").write_text(json.dumps(report))
+    card = build([tmp_path / "r"])
+    assert card.matrix["loralib"]["benchmark"].verdict == "measured"
+    assert card.matrix["peft-bnb"]["benchmark"].verdict == "fail"
+    assert card.matrix["peft-bnb"]["benchmark"].failed == ["c peft-bnb-captured: round 1: RuntimeError: capture"]
+    assert card.matrix["peft-bnb"]["benchmark"].not_applicable == [
+        "c peft-bnb: bfloat16 base; the tier runs on an NF4 base: QLoRA"]
+    assert card.matrix["torchtune"]["benchmark"].verdict == "n/a"
+    assert "cupy" not in card.matrix  # the bench run's own --lora-impl is not a row of its own

@@ -115,3 +115,29 @@ def test_turn_step_times_keep_eager_steps_and_the_replays_after_the_capture():
         TB.turn_step_times(captured, "eager")
     with pytest.raises(ValueError, match="'compiled' is not"):
         TB.turn_step_times(eager, "compiled")
+
+
+def test_take_turns_drops_a_failing_peer_run_and_keeps_the_others_rounds_equal():
+    order = []
+
+    def turn(name, rnd):
+        order.append((rnd, name))
+        if name == "peer-eager" and rnd == 2:
+            raise RuntimeError("bnb kernel refused capture")
+        return {"peft-eager": 0.2, "cupy-eager": 0.1, "peer-eager": 0.3}[name]
+
+    times, stopped = TB.take_turns(["peft-eager", "cupy-eager", "peer-eager"], 4, turn,
+                                   lambda name, exc: name.startswith("peer"))
+    assert times == {"peft-eager": [0.2] * 4, "cupy-eager": [0.1] * 4}  # round 0 is the warm-up, not kept
+    assert stopped == {"peer-eager": "round 2: RuntimeError: bnb kernel refused capture"}
+    assert order[:3] == [(0, "peft-eager"), (0, "cupy-eager"), (0, "peer-eager")]
+    assert order[3:6] == [(1, "cupy-eager"), (1, "peer-eager"), (1, "peft-eager")]  # rotated each round
+    assert TB.interleaved_speed(times, "peft-eager")["cupy-eager"].median == 2.0
+
+
+def test_take_turns_lets_the_suites_own_failure_and_a_cuda_error_through():
+    def turn(name, rnd):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        TB.take_turns(["peft-eager", "peer-eager"], 3, turn, lambda name, exc: False)
