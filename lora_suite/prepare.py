@@ -110,19 +110,21 @@ def prepare(cfg: TierConfig, device: torch.device | str, *, implementation: LoRA
         raise ImplementationError(f"lora.quantize: null (a 16-bit base), but implementation {impl.name!r} cannot: "
                                   f"{no_16bit}")
     per_layer = impl.inject_per_layer
-    shared_base = base_from is not None and base_from is not impl and quantize is not None
+    # Whose 4-bit storage the base gets, layer by layer as the model is built (as transformers quantises while it
+    # loads: a QLoRA model never exists in 16 bits as a whole, so its build does not set its peak): base_from's,
+    # else the implementation's own (quantize_base returns False where it has none and injects per layer).
+    quantizer = None if quantize is None else (base_from if base_from is not None else impl)
 
     def on_layer(layer: nn.Module) -> None:
-        if shared_base:
-            base_from.quantize_base(layer)
-        impl.inject(layer, spec)
+        if quantizer is not None:
+            quantizer.quantize_base(layer)
+        if per_layer:
+            impl.inject(layer, spec)
 
     torch.manual_seed(seed)  # adapter init (kaiming A) is the same for the same seed on every backend
     built = build_model(cfg.model, cfg.weights, DTYPES[cfg.dtype], device, seed=seed,
-                        on_layer=on_layer if per_layer else None)
+                        on_layer=on_layer if per_layer or quantizer is not None else None)
     if not per_layer:
-        if shared_base:
-            base_from.quantize_base(built.model)
         impl.inject(built.model, spec)
     adapters = impl.adapter_parameters(built.model)
     if not adapters:

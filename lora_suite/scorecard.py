@@ -79,11 +79,12 @@ class Scorecard:
     losses: dict[str, tuple[list[float], list[float]]]  # implementation -> (steps, losses), convergence tier
     peaks_gib: dict[str, float]  # implementation -> peak allocated VRAM, memory tier
     speed_vs_peft_eager: dict[str, float]  # "<case> <run>" -> tokens/s ÷ PEFT eager's, from a bench run
+    peak_base: dict[str, str] = field(default_factory=dict)  # implementation -> "NF4" or "16-bit", memory tier
 
 
 def build(dirs: list[Path]) -> Scorecard:
     matrix: dict[str, dict[str, Cell]] = {}
-    losses, peaks, ratios = {}, {}, {}
+    losses, peaks, ratios, bases = {}, {}, {}, {}
     bench_cells: dict[str, Cell] = {}  # implementation -> its cell of the interleaved benchmark
     for path in _report_paths(dirs):
         report = json.loads(path.read_text())
@@ -116,9 +117,11 @@ def build(dirs: list[Path]) -> Scorecard:
         for c in report.get("checks", []):
             if tier == "memory" and c["name"] == PEAK_CHECK and isinstance(c.get("value"), (int, float)):
                 peaks[impl] = c["value"]
+                stored = any("stored as NF4" in n for n in report.get("notes", []))  # Prepared.describe's words
+                bases[impl] = "NF4" if stored else "16-bit"
     for impl, cell in bench_cells.items():  # measured, fail (a run that stopped) or n/a (every mode declared)
         matrix.setdefault(impl, {})["benchmark"] = cell
-    return Scorecard(matrix, losses, peaks, ratios)
+    return Scorecard(matrix, losses, peaks, ratios, bases)
 
 
 def _impl_of_run(run: str) -> str:
@@ -149,7 +152,7 @@ def plots(card: Scorecard) -> dict[str, bytes]:
     if card.peaks_gib:
         fig, ax = plt.subplots(figsize=(7, 3.5))
         names = sorted(card.peaks_gib)
-        ax.bar(names, [card.peaks_gib[n] for n in names])
+        ax.bar([f"{n}\n({card.peak_base.get(n, '?')} base)" for n in names], [card.peaks_gib[n] for n in names])
         ax.set(ylabel="GiB", title="memory tier: peak allocated VRAM")
         out["scorecard-peak.png"] = _png(fig)
         plt.close(fig)
@@ -165,6 +168,15 @@ def plots(card: Scorecard) -> dict[str, bytes]:
     return out
 
 
+def summarise(items: list[str]) -> list[str]:
+    """Each distinct item once, in first-seen order, with "(×n)" where it occurs n > 1 times (51 skipped tests
+    of one declared reason are one note)."""
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[item] = counts.get(item, 0) + 1
+    return [f"{item} (×{n})" if n > 1 else item for item, n in counts.items()]
+
+
 def _cell_text(cell: Cell | None, notes: list[str]) -> str:
     if cell is None:
         return "not run"
@@ -172,7 +184,7 @@ def _cell_text(cell: Cell | None, notes: list[str]) -> str:
     if cell.failed:
         text += f" ({len(cell.failed)}: {'; '.join(cell.failed)[:120]})"
     if cell.not_applicable:
-        notes.append("; ".join(cell.not_applicable))
+        notes.append("; ".join(summarise(cell.not_applicable)))
         text += f" [{len(cell.not_applicable)} n/a, note {len(notes)}]"
     return text
 
@@ -188,8 +200,8 @@ def render_md(card: Scorecard, images: dict[str, bytes]) -> str:
         lines += ["", "Not applicable, as each implementation declared it:", ""]
         lines += [f"{i}. {n}" for i, n in enumerate(notes, 1)]
     if card.peaks_gib:
-        lines += ["", "| implementation | peak allocated VRAM (GiB), memory tier |", "|---|---|"]
-        lines += [f"| {k} | {v} |" for k, v in sorted(card.peaks_gib.items())]
+        lines += ["", "| implementation | base | peak allocated VRAM (GiB), memory tier |", "|---|---|---|"]
+        lines += [f"| {k} | {card.peak_base.get(k, '?')} | {v} |" for k, v in sorted(card.peaks_gib.items())]
     if card.speed_vs_peft_eager:
         lines += ["", "| benchmark case and run | tokens/s ÷ PEFT eager (runs taking turns) |", "|---|---|"]
         lines += [f"| {k} | {v:.3f} |" for k, v in sorted(card.speed_vs_peft_eager.items())]
@@ -206,7 +218,7 @@ def render_html(card: Scorecard, images: dict[str, bytes]) -> str:
         for t in tiers:
             c = row.get(t)
             verdict = c.verdict if c else "not run"
-            title = "; ".join((c.failed + c.not_applicable) if c else [])
+            title = "; ".join(summarise(c.failed + c.not_applicable) if c else [])
             label = verdict + (f" ({len(c.not_applicable)} n/a)" if c and c.not_applicable else "")
             cells.append(f'<td style="background:{colour.get(verdict, "#fff3c4")}" title="{html.escape(title)}">'
                          f"{html.escape(label)}</td>")
@@ -230,7 +242,7 @@ def write(out_dir: Path, card: Scorecard) -> None:
         tmp.replace(out_dir / name)
     atomic_write_text(out_dir / "scorecard.json", json.dumps(
         {"matrix": {i: {t: asdict(c) for t, c in row.items()} for i, row in card.matrix.items()},
-         "losses": card.losses, "peaks_gib": card.peaks_gib, "speed_vs_peft_eager": card.speed_vs_peft_eager}, indent=1))
+         "losses": card.losses, "peaks_gib": card.peaks_gib, "peak_base": card.peak_base, "speed_vs_peft_eager": card.speed_vs_peft_eager}, indent=1))
     atomic_write_text(out_dir / "scorecard.md", render_md(card, images))
     atomic_write_text(out_dir / "scorecard.html", render_html(card, images))
 

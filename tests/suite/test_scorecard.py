@@ -31,6 +31,7 @@ def test_the_matrix_curves_peaks_and_speeds_from_real_reports(tmp_path, capsys):
     assert card.matrix["cupy"]["memory"].not_applicable == []
     assert set(card.losses) == {"cupy", "peft"} and len(card.losses["peft"][0]) == len(card.losses["peft"][1]) > 10
     assert card.peaks_gib["peft"] > card.peaks_gib["cupy"]  # PEFT on the bf16 base, cupy on NF4
+    assert card.peak_base == {"peft": "16-bit", "cupy": "NF4"}
     assert card.speed_vs_peft_eager["smollm2-qv-r8-8x256 peft-captured"] == 4.214
     assert main([str(tmp_path / "out"), str(root)]) == 0
     md = (tmp_path / "out" / "scorecard.md").read_text()
@@ -86,3 +87,8 @@ def test_a_peer_that_stopped_in_the_benchmark_is_a_finding_in_its_own_cell(tmp_p
         "c peft-bnb: bfloat16 base; the tier runs on an NF4 base: QLoRA"]
     assert card.matrix["torchtune"]["benchmark"].verdict == "n/a"
     assert "cupy" not in card.matrix  # the bench run's own --lora-impl is not a row of its own
+
+
+def test_repeated_reasons_are_one_note_with_their_count():
+    from lora_suite.scorecard import summarise
+    assert summarise(["a: x", "b: y", "a: x", "a: x"]) == ["a: x (×3)", "b: y"]
