@@ -80,11 +80,12 @@ class Scorecard:
     peaks_gib: dict[str, float]  # implementation -> peak allocated VRAM, memory tier
     speed_vs_peft_eager: dict[str, float]  # "<case> <run>" -> tokens/s ÷ PEFT eager's, from a bench run
     peak_base: dict[str, str] = field(default_factory=dict)  # implementation -> "NF4" or "16-bit", memory tier
+    speed_source: dict[str, str] = field(default_factory=dict)  # "<case> <run>" -> the bench run it is from
 
 
 def build(dirs: list[Path]) -> Scorecard:
     matrix: dict[str, dict[str, Cell]] = {}
-    losses, peaks, ratios, bases = {}, {}, {}, {}
+    losses, peaks, ratios, bases, sources = {}, {}, {}, {}, {}
     bench_cells: dict[str, Cell] = {}  # implementation -> its cell of the interleaved benchmark
     for path in _report_paths(dirs):
         report = json.loads(path.read_text())
@@ -99,7 +100,10 @@ def build(dirs: list[Path]) -> Scorecard:
                 losses[impl] = ([r[i] for r in s["rows"]], [r[j] for r in s["rows"]])
             if tier == "benchmark" and {"case", "run", "÷ PEFT eager"} <= set(cols):
                 k, run, v = cols.index("case"), cols.index("run"), cols.index("÷ PEFT eager")
-                ratios.update({f"{r[k]} {r[run]}": r[v] for r in s["rows"] if isinstance(r[v], (int, float))})
+                for r in s["rows"]:  # the first bench run that measured a (case, run) gives its ratio: one run's
+                    if isinstance(r[v], (int, float)) and f"{r[k]} {r[run]}" not in ratios:  # turns, never mixed
+                        ratios[f"{r[k]} {r[run]}"] = r[v]
+                        sources[f"{r[k]} {r[run]}"] = path.parent.name
                 for r in s["rows"]:
                     bench_cells.setdefault(_impl_of_run(r[run]), Cell("measured", path.parent.name))
             if tier == "benchmark" and {"case", "run", "what stopped it"} <= set(cols):
@@ -121,7 +125,7 @@ def build(dirs: list[Path]) -> Scorecard:
                 bases[impl] = "NF4" if stored else "16-bit"
     for impl, cell in bench_cells.items():  # measured, fail (a run that stopped) or n/a (every mode declared)
         matrix.setdefault(impl, {})["benchmark"] = cell
-    return Scorecard(matrix, losses, peaks, ratios, bases)
+    return Scorecard(matrix, losses, peaks, ratios, bases, sources)
 
 
 def _impl_of_run(run: str) -> str:
@@ -203,8 +207,8 @@ def render_md(card: Scorecard, images: dict[str, bytes]) -> str:
         lines += ["", "| implementation | base | peak allocated VRAM (GiB), memory tier |", "|---|---|---|"]
         lines += [f"| {k} | {card.peak_base.get(k, '?')} | {v} |" for k, v in sorted(card.peaks_gib.items())]
     if card.speed_vs_peft_eager:
-        lines += ["", "| benchmark case and run | tokens/s ÷ PEFT eager (runs taking turns) |", "|---|---|"]
-        lines += [f"| {k} | {v:.3f} |" for k, v in sorted(card.speed_vs_peft_eager.items())]
+        lines += ["", "| benchmark case and run | tokens/s ÷ PEFT eager (runs taking turns) | bench run |", "|---|---|---|"]
+        lines += [f"| {k} | {v:.3f} | {card.speed_source.get(k, '')} |" for k, v in sorted(card.speed_vs_peft_eager.items())]
     lines += [""] + [f"![{name}]({name})" for name in images]
     return "\n".join(lines) + "\n"
 
@@ -242,7 +246,8 @@ def write(out_dir: Path, card: Scorecard) -> None:
         tmp.replace(out_dir / name)
     atomic_write_text(out_dir / "scorecard.json", json.dumps(
         {"matrix": {i: {t: asdict(c) for t, c in row.items()} for i, row in card.matrix.items()},
-         "losses": card.losses, "peaks_gib": card.peaks_gib, "peak_base": card.peak_base, "speed_vs_peft_eager": card.speed_vs_peft_eager}, indent=1))
+         "losses": card.losses, "peaks_gib": card.peaks_gib, "peak_base": card.peak_base,
+         "speed_vs_peft_eager": card.speed_vs_peft_eager, "speed_source": card.speed_source}, indent=1))
     atomic_write_text(out_dir / "scorecard.md", render_md(card, images))
     atomic_write_text(out_dir / "scorecard.html", render_html(card, images))
 

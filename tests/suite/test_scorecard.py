@@ -92,3 +92,17 @@ def test_a_peer_that_stopped_in_the_benchmark_is_a_finding_in_its_own_cell(tmp_p
 def test_repeated_reasons_are_one_note_with_their_count():
     from lora_suite.scorecard import summarise
     assert summarise(["a: x", "b: y", "a: x", "a: x"]) == ["a: x (×3)", "b: y"]
+
+
+def test_two_bench_runs_are_never_mixed_the_first_that_measured_a_run_gives_its_ratio(tmp_path):
+    def bench(name, rows):
+        run = tmp_path / "r" / name
+        run.mkdir(parents=True)
+        table = {"name": "t", "columns": ["case", "run", "÷ PEFT eager"], "rows": rows}
+        (run / "report.json").write_text(json.dumps({"status": "complete", "selection": "benchmark", "checks": [],
+                                                     "implementation": {"name": "cupy"}, "series": [table]}))
+    bench("20261124T000000Z-bench", [["c", "peft-eager", None], ["c", "torch-eager", 1.2]])
+    bench("20261124T010000Z-bench", [["c", "peft-eager", None], ["c", "torch-eager", 0.9], ["c", "torchtune-eager", 1.1]])
+    card = build([tmp_path / "r"])
+    assert card.speed_vs_peft_eager == {"c torch-eager": 1.2, "c torchtune-eager": 1.1}
+    assert card.speed_source == {"c torch-eager": "20261124T000000Z-bench", "c torchtune-eager": "20261124T010000Z-bench"}
