@@ -314,7 +314,36 @@ def _check_tier_wall_time(session, run: RunReport) -> None:
         session.config.stash[_SUMMARY_KEY].append(f"FAILED: {tier} tier took {elapsed} s, over its {limit} s budget")
 
 
+def _drop_unfinished_benchmarks(config, run: RunReport) -> None:
+    """A benchmark stopped by a signal before its first round finished has no timings: pytest-benchmark would
+    fail computing their statistics while it saves (``min() iterable argument is empty``) and lose every other
+    benchmark's too. Drop it from the session, and name it in the report's notes."""
+    bench = getattr(config, "_benchmarksession", None)
+    if bench is None:
+        return
+    kept = []
+    for b in bench.benchmarks:  # pytest_benchmark.stats.Metadata: .stats is its Stats, .stats.data its timings
+        data = getattr(getattr(b, "stats", None), "data", None)
+        if data is not None and len(data) == 0:
+            run.notes.append(f"benchmark {b.fullname} stopped before its first round finished: no figures "
+                             "(left out of benchmark.json)")
+        else:
+            kept.append(b)
+    bench.benchmarks[:] = kept
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_sessionfinish(session, exitstatus):
+    """Before pytest-benchmark saves (its own wrapper runs inside this one): unfinished benchmarks out; after it,
+    whatever it did, the run report is written."""
+    _drop_unfinished_benchmarks(session.config, session.config.stash[_REPORT_KEY])
+    try:
+        return (yield)
+    finally:
+        _finish_report(session, session.exitstatus)
+
+
+def _finish_report(session, exitstatus):
     report_dir = session.config.getoption("report_dir")
     run = session.config.stash[_REPORT_KEY]
     if _RUN.get("terminated"):

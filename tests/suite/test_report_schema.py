@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import jsonschema
 import pytest
+
+jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed: pip install -e .[test] "
+                                                     "(the test extra) to validate the committed reports")
 
 from lora_suite.environment import collect_environment
 from lora_suite.report import SCHEMA_VERSION, RunReport

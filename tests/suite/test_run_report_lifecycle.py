@@ -77,6 +77,34 @@ def test_sigterm_writes_the_report_with_status_terminated(session):
     assert (out / "report.md").exists()
 
 
+@pytest.mark.parametrize("how, status", [("SIGTERM", "terminated"), ("SIGINT", "interrupted")])
+def test_a_bench_stopped_by_a_signal_keeps_the_rows_it_measured(session, how, status):
+    """Issue 20: a real signal while a pedantic benchmark runs (the training bench's rounds=1 runs) used to end
+    in pytest-benchmark's ``min() iterable argument is empty`` while it saved its JSON, losing every row. The
+    unfinished benchmark is dropped (and named in the notes); the finished one stays in benchmark.json and the
+    report keeps its rows."""
+    result, report, out = session(f"""
+        import os, signal, time
+        def test_measured(benchmark, run_report):
+            benchmark.pedantic(lambda: sum(range(1000)), rounds=3, iterations=1)
+            run_report.add_row("benchmarks", "rows", ("case", "ms"), ("measured", 1.5))
+        def test_stopped(benchmark, run_report):
+            def run():
+                os.kill(os.getpid(), signal.{how})
+                time.sleep(5)
+            benchmark.pedantic(run, rounds=1, iterations=1)
+            run_report.add_row("benchmarks", "rows", ("case", "ms"), ("stopped", 9.9))
+    """, "--benchmark-json=out/benchmark.json")
+    assert "min() iterable argument is empty" not in result.stdout.str() + result.stderr.str()
+    assert "Traceback" not in result.stderr.str()
+    assert report["status"] == status
+    assert [r for s in report["series"] for r in s["rows"]] == [["measured", 1.5]]
+    assert any("test_stopped" in n and "no figures" in n for n in report["notes"])
+    saved = json.loads((out / "benchmark.json").read_text())
+    assert [b["name"] for b in saved["benchmarks"]] == ["test_measured"]
+    assert "stopped before its first round finished" in (out / "report.md").read_text()
+
+
 def test_a_killed_process_leaves_report_json_of_what_ran(session):
     result, report, _ = session("""
         import os, signal
