@@ -36,7 +36,8 @@ from lora_suite.config import CONFIG_DIR, load_tier_config
 from lora_suite.environment import collect_environment
 from lora_suite.implementations import (DEFAULT, FEATURES, ImplementationError, LoRAImplementation,
                                         implementation_record, resolve_implementation)
-from lora_suite.report import Check, Outcome, RunReport
+from lora_suite import wall_time
+from lora_suite.report import Check, Outcome, RunReport, Series
 
 _REPORT_KEY = pytest.StashKey[RunReport]()
 _SUMMARY_KEY = pytest.StashKey[list]()  # lines for the terminal summary (report path, wall-time failure)
@@ -125,6 +126,7 @@ class _ProgressHandler(logging.Handler):
 
 
 def pytest_configure(config):
+    _RUN["configured"] = time.time()
     config.addinivalue_line("markers", "needs_feature(name): needs a feature of the LoRA implementation under test "
                                        "(lora_suite.implementations.FEATURES); not applicable where it declares it "
                                        "unavailable")
@@ -277,6 +279,13 @@ def failure_text(report) -> tuple[str, str]:
 
 
 def pytest_sessionstart(session):
+    _RUN["session_start"] = time.time()
+    _RUN["cuda_context_s"] = None
+    if torch.cuda.is_available():  # created here on its own, so the wall-time breakdown can name it
+        start = time.perf_counter()
+        torch.zeros(1, device="cuda")
+        torch.cuda.synchronize()
+        _RUN["cuda_context_s"] = time.perf_counter() - start
     _RUN["report"] = session.config.stash[_REPORT_KEY]
     _RUN["start"] = time.perf_counter()
     _RUN["terminated"] = False
@@ -343,9 +352,25 @@ def pytest_sessionfinish(session, exitstatus):
         _finish_report(session, session.exitstatus)
 
 
+def _add_wall_time_breakdown(run: RunReport) -> None:
+    """GPU runs: where the wall time went (lora_suite.wall_time), as a series of the report."""
+    if _RUN.get("cuda_context_s") is None or "session_start" not in _RUN:
+        return
+    interop = sys.modules.get("lora_core.ops.cupy_interop")
+    t0 = os.environ.get("GPU_TEST_T0")
+    rows = wall_time.breakdown(script_start=float(t0) if t0 else None, process_start=wall_time.process_start_epoch(),
+                               configured=_RUN["configured"], session_start=_RUN["session_start"],
+                               cuda_context_s=_RUN["cuda_context_s"],
+                               test_seconds=[(o.test, o.duration_s) for o in run.outcomes],
+                               kernel_loads=dict(getattr(interop, "KERNEL_LOAD_SECONDS", {})))
+    run.add_series(Series("session", "wall-time breakdown", ("phase", "seconds", "detail"),
+                          tuple((p, None if v is None else round(v, 2), d) for p, v, d in rows)))
+
+
 def _finish_report(session, exitstatus):
     report_dir = session.config.getoption("report_dir")
     run = session.config.stash[_REPORT_KEY]
+    _add_wall_time_breakdown(run)
     if _RUN.get("terminated"):
         run.status = "terminated"
     elif exitstatus == pytest.ExitCode.INTERRUPTED:

@@ -2,6 +2,7 @@
 # gpu-test.sh: run the LoRA GPU validation tiers (or the CPU self-tests) and summarise them.
 # Thin on purpose: parse flags, pick the tiers, set up Python if needed, call pytest, print a summary.
 set -uo pipefail
+export GPU_TEST_T0="${GPU_TEST_T0:-$(date +%s.%N)}"  # the run's start: the report's wall-time breakdown counts from it
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 TIERS_ALL=(quick convergence memory extended full)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import time
 from pathlib import Path
 
 import numpy as np
@@ -229,12 +230,18 @@ def kernel_module(source_name: str, name_expressions: tuple[str, ...], device_in
     return cupy.RawModule(code=code, options=("-std=c++17",), name_expressions=list(name_expressions))
 
 
+KERNEL_LOAD_SECONDS: dict[str, float] = {}  # "<source>:<kernel>" -> seconds its first load took (NVRTC or disk cache)
+
+
 @functools.lru_cache(maxsize=None)
 def _kernel(source_name: str, name_expressions: tuple[str, ...], kernel_name: str, device_index: int):
     """The launchable function, loaded into ``device_index``'s context (looked up once: saves host time)."""
     cupy, _ = require_cupy()
+    start = time.perf_counter()
     with cupy.cuda.Device(device_index):
-        return kernel_module(source_name, name_expressions, device_index).get_function(kernel_name)
+        fn = kernel_module(source_name, name_expressions, device_index).get_function(kernel_name)
+    KERNEL_LOAD_SECONDS[f"{source_name}:{kernel_name}"] = time.perf_counter() - start
+    return fn
 
 
 def _pack(arg):
