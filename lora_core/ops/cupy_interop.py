@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import sys
 import time
 from pathlib import Path
 
@@ -59,7 +60,17 @@ def _import_cupy():
     return cupy, cublas
 
 
-@torch.compiler.assume_constant_result
+def _constant_for_compile(fn):
+    """``torch.compiler.assume_constant_result(fn)`` without importing torch._dynamo (3.6 s of every import of
+    lora_core on an H200, reports/20261124T063239Z-quick): its whole effect is this attribute, which dynamo reads
+    when it traces a call (tests/core/test_backend.py checks that torch's own decorator sets just this)."""
+    if "torch._dynamo" in sys.modules:
+        return torch.compiler.assume_constant_result(fn)
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+@_constant_for_compile
 def cupy_available() -> bool:
     """True when CuPy and the cuBLAS binding import (says nothing about a GPU).
 

@@ -91,3 +91,23 @@ def test_calls_are_counted_per_backend():
     lora_core.lora_linear(torch.randn(2, 4), torch.randn(3, 4), torch.randn(2, 4), torch.randn(3, 2), 1.0)
     after = lora_core.backend_call_counts()
     assert after["torch"] == before["torch"] + 1 and after["cupy"] == before["cupy"]
+
+
+def test_cupy_available_is_marked_constant_for_compile_as_torchs_decorator_marks_it():
+    """lora_core marks it without importing torch._dynamo; the mark must stay the one torch's decorator sets."""
+    import torch
+    from lora_core.ops import cupy_interop
+
+    def probe():
+        return True
+    marked = torch.compiler.assume_constant_result(probe)
+    assert vars(marked) == {"_dynamo_marked_constant": True}
+    assert getattr(cupy_interop.cupy_available, "_dynamo_marked_constant", False) is True
+
+
+def test_importing_lora_core_does_not_import_torch_dynamo():
+    import subprocess
+    import sys
+    code = "import sys, lora_core, lora_core.ops.cupy_interop; print('torch._dynamo' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
