@@ -1,8 +1,9 @@
-"""The cupy op inside CUDA graphs and torch.library: replay equals eager, the registered op equals the autograd one.
+"""The cupy op inside CUDA graphs: replay equals eager, bitwise.
 
-(``torch.library.opcheck`` of the registered op and the check that ``torch.compile`` traces a whole Llama as one
-graph sit with the compiled training steps in the convergence tier: opcheck's AOT-autograd pass is the first
-use of torch's compiler stack, 3.2-3.5 s of the quick tier on an H200, reports/20261124T063239Z-quick.)
+(The registered op's checks, ``torch.library.opcheck`` and its bitwise equality with the autograd Function, and
+the check that ``torch.compile`` traces a whole Llama as one graph sit with the compiled training steps in the
+convergence tier: the first call of the registered op imports torch's compiler stack, 3.2-5.5 s of the quick
+tier on an H200, reports/20261124T063239Z-quick and …063714Z-quick.)
 
 Why these matter: a training step captured in a CUDA graph (``train.cuda_graph``) or compiled with
 ``mode="reduce-overhead"`` replays the kernels recorded at capture time; an op that could not be captured
@@ -16,27 +17,12 @@ import pytest
 import torch
 
 import lora_core
-from lora_core.ops.registered import lora_linear_op
 from lora_suite.parity import random_case
 
 pytestmark = [pytest.mark.gpu, pytest.mark.quick, pytest.mark.needs_feature("lora_core_ops")]
 
 DEV = "cuda"
 F32, BF16 = torch.float32, torch.bfloat16
-
-
-def test_registered_op_on_cuda_equals_the_autograd_function_bitwise():
-    x, w, a, b, dy = random_case((512,), 1024, 768, 16, BF16, F32, DEV)
-    a.requires_grad_(), b.requires_grad_()
-    results = []
-    for fn in (lambda: lora_core.lora_linear(x, w, a, b, 2.0, backend="cupy"), lambda: lora_linear_op(x, w, a, b, 2.0)):
-        for t in (x, a, b):
-            t.grad = None
-        y = fn()
-        y.backward(dy)
-        results.append((y.detach(), x.grad, a.grad, b.grad))
-    for name, u, v in zip(("y", "dx", "dA", "dB"), *results):
-        assert torch.equal(u, v), f"{name}: op and Function differ by {(u.float() - v.float()).abs().max()}"
 
 
 @pytest.mark.parametrize("quantize", [None, "nf4"])
