@@ -17,7 +17,6 @@ import pytest
 import torch
 
 import lora_core
-from lora_suite.parity import random_case
 
 pytestmark = [pytest.mark.gpu, pytest.mark.quick, pytest.mark.needs_feature("lora_core_ops")]
 
