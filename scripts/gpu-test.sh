@@ -27,6 +27,10 @@ TARGET
   scorecard [--lora-impl a,b,...] [--report-dir DIR] [--check-vram] [--jobs N] [--no-bench]
                 every selected (default: installed) LoRA implementation through quick, convergence and
                 memory, then the interleaved training benchmark; writes scorecard.md / .html (scripts/scorecard.sh)
+  history [DIR...] [--html OUT.html]
+                every report under DIR (default reports/) over time, per GPU, implementation and tier:
+                judged figures with their allowances, bench rows, regressions the compare gate finds;
+                writes OUT.html (self-contained) and history.md beside it (default reports/history/)
   compare BASELINE RUN
                 compare two run directories (report.json, benchmark.json): exit 1 on a regression
 
@@ -53,6 +57,22 @@ EOF
 }
 
 [[ "${1:-}" == scorecard ]] && { shift; exec "$ROOT/scripts/scorecard.sh" "$@"; }
+if [[ "${1:-}" == history ]]; then  # history [DIR...] [--html OUT]: every report under DIR (default reports/) over time
+  shift; HTML="$ROOT/reports/history/history.html"; DIRS=()
+  while [[ $# -gt 0 ]]; do
+    case "$1" in
+      --html) [[ $# -ge 2 && "$2" == *.html ]] || { echo "history: --html needs a path ending in .html, got '${2:-}'" >&2; exit 2; }
+              HTML="$2"; shift ;;
+      -*) echo "history: unknown option '$1' (expected report directories and --html OUT.html)" >&2; exit 2 ;;
+      *) [[ -d "$1" ]] || { echo "history: '$1' is not a directory of reports" >&2; exit 2; }
+         DIRS+=("$1") ;;
+    esac
+    shift
+  done
+  [[ ${#DIRS[@]} -gt 0 ]] || DIRS=("$ROOT/reports")
+  PY="${PYTHON:-$([[ -x "$ROOT/.venv/bin/python" ]] && echo "$ROOT/.venv/bin/python" || echo python3)}"
+  PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" exec "$PY" -m lora_suite.history "$HTML" "${DIRS[@]}"
+fi
 
 # ---------------------------------------------------------------- colours (only on a terminal)
 if [[ -t 1 && -z "${NO_COLOR:-}" ]]; then
