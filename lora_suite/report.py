@@ -7,6 +7,7 @@ The Markdown and the plots are rendered from these records, never written by han
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -173,9 +174,39 @@ def _umask() -> int:
     return mask
 
 
+COMPACT_ROWS = 40  # a longer series shows its first and last rows and every k-th between them in report.md
+
+
+def plottable(s: Series) -> Series | None:
+    """The series to draw: its own plot axes, or, for one with a ``step`` column and none set, its first three
+    numeric columns against the step (a per-step series read as a curve); None for one with nothing to draw."""
+    if not s.rows:
+        return None
+    if s.plot_x:
+        return s
+    if "step" not in s.columns or len(s.rows) < 3:
+        return None
+    ys = tuple(c for j, c in enumerate(s.columns) if c != "step" and all(
+        isinstance(r[j], (int, float)) and not isinstance(r[j], bool) for r in s.rows))[:3]
+    return dataclasses.replace(s, plot_x="step", plot_y=ys) if ys else None
+
+
+def compact_rows(rows: tuple, limit: int = COMPACT_ROWS) -> tuple[list, str]:
+    """At most about ``limit`` rows of a long series for report.md (first and last 10, every k-th between), and
+    the note that says so ("" when all are shown)."""
+    if len(rows) <= limit:
+        return list(rows), ""
+    head, tail = 10, 10
+    k = max(1, (len(rows) - head - tail) // (limit - head - tail))
+    middle = list(rows[head:len(rows) - tail:k])
+    shown = list(rows[:head]) + middle + list(rows[-tail:])
+    return shown, (f"{len(rows)} rows: the first and last {head} and every {k}th between ({len(shown)} shown); "
+                   "every row is in report.json")
+
+
 def render_plots(report: RunReport, directory: Path) -> dict[int, str]:
     """One PNG per plottable series; returns {series index: file name}."""
-    wanted = [(i, s) for i, s in enumerate(report.series) if s.plot_x and s.rows]
+    wanted = [(i, plottable(s)) for i, s in enumerate(report.series) if plottable(s) is not None]
     if not wanted:
         return {}
     import matplotlib
@@ -242,8 +273,11 @@ def render_markdown(report: RunReport, plots: dict[int, str] | None = None) -> s
         lines += ["", f"## {ser.name} (`{_short(ser.test)}`)", ""]
         if plots and i in plots:
             lines += [f"![{ser.name}]({plots[i]})", ""]
+        rows, note = compact_rows(ser.rows)
+        if note:
+            lines += [f"_{note}_", ""]
         lines += ["| " + " | ".join(ser.columns) + " |", "|" + "---|" * len(ser.columns)]
-        lines += ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in ser.rows]
+        lines += ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
 
 

@@ -63,3 +63,27 @@ def test_markdown_marks_failures():
     r = _report()
     r.check("t", "peak", 7.0, "<=", 6.0, unit=" GiB")
     assert "**FAIL**" in render_markdown(r)
+
+
+def test_a_long_series_is_compact_in_report_md_and_whole_in_json(tmp_path):
+    from lora_suite.report import RunReport, Series, compact_rows
+    rows = tuple((i, 10.0 - i / 100) for i in range(1000))
+    shown, note = compact_rows(rows)
+    assert shown[:10] == list(rows[:10]) and shown[-10:] == list(rows[-10:]) and 30 <= len(shown) <= 45
+    assert note.startswith("1000 rows: the first and last 10 and every")
+    assert compact_rows(rows[:40]) == (list(rows[:40]), "")
+    run = RunReport(run_id="r", selection="quick", environment=collect_environment())
+    run.add_series(Series("t::a", "loss per step", ("step", "loss"), rows))
+    run.write(tmp_path / "out")
+    out = tmp_path / "out"
+    md = (out / "report.md").read_text()
+    assert "_1000 rows: the first and last 10" in md and "| 999 | 0.01 |" in md
+    assert len(json.loads((out / "report.json").read_text())["series"][0]["rows"]) == 1000
+    assert any(p.name.startswith("plot_00_loss_per_step") for p in out.glob("*.png")), "a step axis is drawn"
+
+
+def test_a_series_without_a_step_axis_is_a_table_only():
+    from lora_suite.report import Series, plottable
+    assert plottable(Series("t", "ratios", ("shape", "ratio"), (("a", 1.0), ("b", 2.0), ("c", 3.0)))) is None
+    stepped = plottable(Series("t", "mem", ("step", "mib", "note"), ((1, 2.0, "x"), (2, 3.0, "y"), (3, 4.0, "z"))))
+    assert stepped.plot_x == "step" and stepped.plot_y == ("mib",)
