@@ -109,8 +109,13 @@ def verify_checkpoint(directory: str | Path) -> int:
     if not manifest_path.exists():
         raise CheckpointError(f"checkpoint {directory} has no {MANIFEST_FILE}: it is partial (a save did not "
                               "finish) or was written by hand; refusing to resume from it")
-    manifest = json.loads(manifest_path.read_text())
-    for name, want in manifest["files"].items():
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        files, step = dict(manifest["files"]), int(manifest["step"])
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {directory}: {MANIFEST_FILE} is not a manifest (expected JSON with "
+                              f"'files' and 'step'; {type(exc).__name__}: {exc})") from None
+    for name, want in files.items():
         path = directory / name
         if not path.exists():
             raise CheckpointError(f"checkpoint {directory}: {name} is listed in the manifest but missing")

@@ -69,7 +69,10 @@ def _load(path: Path, name: str) -> dict | None:
     target = path / name if path.is_dir() else (path if path.name == name else None)
     if target is None or not target.exists():
         return None
-    return json.loads(target.read_text())
+    try:
+        return json.loads(target.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{target} is not valid JSON ({exc}): not a run's {name}") from None
 
 
 def compare_reports(base: dict, run: dict) -> list[Change]:

@@ -418,6 +418,12 @@ def validate(cfg: TierConfig) -> None:
                  "scaling_efficiency_min", "rank_failure_seconds_max"):
         value = getattr(c, name)
         rules.append((f"criteria.{name}", value, value is None or (_finite(value) and value > 0), "null or finite, > 0"))
+    # A relative loss drop is at most 1 (the loss cannot fall below 0): a bar at or above it could never be met.
+    rules.append(("criteria.loss_drop_min", c.loss_drop_min, c.loss_drop_min is None or c.loss_drop_min < 1,
+                  "null or 0 < x < 1 (a fraction of the first window's loss)"))
+    # Likewise a share of steps: 1 or more is no bar (null switches it off).
+    rules.append(("criteria.stall_fraction_max", c.stall_fraction_max,
+                  c.stall_fraction_max is None or c.stall_fraction_max < 1, "null or 0 < x < 1 (a share of the steps)"))
     floor = c.loss_match_floor
     rules.append(("criteria.loss_match_floor", floor, floor is None or (_finite(floor) and floor >= 0), "null or finite, >= 0"))
     for key, value, ok, expected in rules:

@@ -259,7 +259,10 @@ def load_peft_tensors(who: str, adapters: dict[str, nn.Parameter], path: str | P
     path = Path(path)
     if not (path / CONFIG_FILE).is_file():
         raise ImplementationError(f"{who}: {path} has no {CONFIG_FILE}: not a PEFT folder")
-    json.loads((path / CONFIG_FILE).read_text())  # a broken config is an error here, not later
+    try:
+        json.loads((path / CONFIG_FILE).read_text())  # a broken config is an error here, not later
+    except json.JSONDecodeError as exc:
+        raise ImplementationError(f"{who}: {path / CONFIG_FILE} is not valid JSON ({exc})") from None
     tensors = load_file(str(path / WEIGHTS_FILE))
     by_key = {f"{PREFIX}{name}.weight": p for name, p in adapters.items()}
     unknown = sorted(set(tensors) - set(by_key))
@@ -340,12 +343,15 @@ def resolve_implementation(spec: str | None) -> LoRAImplementation:
     impl = _builtin(spec)
     if impl is None and ":" in spec:
         module_name, _, attr = spec.partition(":")
+        if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", module_name) or not re.fullmatch(r"[A-Za-z_]\w*", attr):
+            raise ImplementationError(f"LoRA implementation {spec!r}: expected 'package.module:factory' (a dotted "
+                                      "module path, a colon, a Python name)")
         try:
             factory = getattr(importlib.import_module(module_name), attr)
         except (ImportError, AttributeError) as exc:
             raise ImplementationError(f"LoRA implementation {spec!r}: cannot load {attr!r} from module "
                                       f"{module_name!r} ({type(exc).__name__}: {exc})") from None
-        impl = factory() if callable(factory) else factory
+        impl = _call_factory(factory, spec)
     elif impl is None:
         eps = {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
         if spec not in eps and spec in BUNDLED:
@@ -355,8 +361,21 @@ def resolve_implementation(spec: str | None) -> LoRAImplementation:
                 f"LoRA implementation {spec!r} is not known: built-ins {list(BUILTINS)}, entry points of "
                 f"{ENTRY_POINT_GROUP!r} {sorted(eps)}, or give 'package.module:factory'")
         factory = eps[spec].load()
-        impl = factory() if callable(factory) else factory
+        impl = _call_factory(factory, spec)
     return check_contract(impl, spec)
+
+
+def _call_factory(factory, spec: str):
+    """The factory's implementation; a factory that fails to build one is named with its error."""
+    if not callable(factory) or isinstance(factory, type) and not issubclass(factory, LoRAImplementation):
+        return factory  # check_contract names what it is instead
+    try:
+        return factory()
+    except ImplementationError:
+        raise
+    except Exception as exc:
+        raise ImplementationError(f"LoRA implementation {spec!r}: its factory {getattr(factory, '__name__', factory)!r} "
+                                  f"raised {type(exc).__name__}: {exc}") from exc
 
 
 def implementation_record(impl: LoRAImplementation, spec: str | None = None) -> dict:

@@ -110,7 +110,7 @@ while [[ $# -gt 0 ]]; do
   esac
   shift
 done
-[[ -n "$TARGET" ]] || die_usage "no target given (quick, convergence, memory, extended, full, multigpu, all, bench, selftest, selftest-gpu, scorecard or compare)"
+[[ -n "$TARGET" ]] || die_usage "no target given (quick, convergence, memory, extended, full, multigpu, all, bench, selftest, selftest-gpu, scorecard, history or compare)"
 [[ -z "$GPUS" || "$GPUS" =~ ^[1-9][0-9]*$ ]] || die_usage "--gpus must be a positive whole number, got '$GPUS'"
 [[ -z "$LORA_IMPL" || "$LORA_IMPL" =~ ^[A-Za-z_][A-Za-z0-9_.-]*(:[A-Za-z_][A-Za-z0-9_]*)?$ ]] \
   || die_usage "--lora-impl must be a name or package.module:factory, got '$LORA_IMPL'"
@@ -121,7 +121,7 @@ case "$TARGET" in
   all) TARGETS=("${TIERS_ALL[@]}") ;;
   compare) [[ ${#POSITIONAL[@]} -eq 2 ]] || die_usage "compare needs two run directories: compare BASELINE RUN"
            TARGETS=(compare) ;;
-  *) die_usage "unknown target '$TARGET' (expected quick, convergence, memory, extended, full, multigpu, all, bench, selftest, selftest-gpu, scorecard or compare)" ;;
+  *) die_usage "unknown target '$TARGET' (expected quick, convergence, memory, extended, full, multigpu, all, bench, selftest, selftest-gpu, scorecard, history or compare)" ;;
 esac
 [[ -z "$BASELINE" || "$BASELINE" == auto || -d "$BASELINE" ]] || die_usage "--baseline $BASELINE is not a directory"
 # The report directory must be writable before anything runs (not after a tier ran for minutes).
