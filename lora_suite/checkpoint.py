@@ -122,16 +122,16 @@ def verify_checkpoint(directory: str | Path) -> int:
         size = path.stat().st_size
         if size != want["bytes"] or _sha256(path) != want["sha256"]:
             raise CheckpointError(f"checkpoint {directory}: {name} differs from the manifest of step "
-                                  f"{manifest['step']} ({size} bytes, expected {want['bytes']}; or its SHA-256): "
+                                  f"{step} ({size} bytes, expected {want['bytes']}; or its SHA-256): "
                                   "a mixed or corrupted set")
     for name in (ADAPTER_FILE, CONFIG_FILE, STATE_FILE):
-        if name not in manifest["files"]:
+        if name not in files:
             raise CheckpointError(f"checkpoint {directory}: the manifest lists no {name}")
     state_step = int(json.loads((directory / STATE_FILE).read_text())["step"])
-    if state_step != manifest["step"]:
+    if state_step != step:
         raise CheckpointError(f"checkpoint {directory}: steps disagree (trainer state {state_step}, manifest "
-                              f"{manifest['step']})")
-    return manifest["step"]
+                              f"{step})")
+    return step
 
 
 def load_adapter_checkpoint(model: nn.Module, directory: str | Path, *,

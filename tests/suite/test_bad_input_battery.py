@@ -8,7 +8,6 @@ and stated in the README.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import re
