@@ -23,7 +23,6 @@ GPU quantise/dequantise are the RawKernels of ``kernels/nf4.cu``; ``quantize_nf4
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -191,9 +190,6 @@ def dequantize_nf4(q: NF4Tensor, dtype: torch.dtype | None = None, out: torch.Te
     elif tuple(out.shape) != q.shape or out.dtype != dtype or not out.is_contiguous() or out.device != q.device:
         raise ValueError(f"out has shape {tuple(out.shape)} {out.dtype} on {out.device}, expected contiguous "
                          f"{q.shape} {dtype} on {q.device}")
-    if q.absmax_code is not None:  # bitsandbytes' double quantisation: the kernel reads fp32 absmaxes
-        q = dataclasses.replace(q, absmax=q.block_absmax(), absmax_q=None, absmax_scale=None, absmax_mean=0.0,
-                                absmax_code=None)
     n8 = q.numel // 8  # work items of 8 elements
     block, items_per_thread = 256, 4  # items_per_thread is DEQ_ITEMS in kernels/nf4.cu
     null = 0  # a null pointer for the state the variant does not use
@@ -202,7 +198,7 @@ def dequantize_nf4(q: NF4Tensor, dtype: torch.dtype | None = None, out: torch.Te
                   (cx.ceil_div(n8, block * items_per_thread),),
                   (block,), (q.packed, q.absmax if q.absmax is not None else null,
                              q.absmax_q if q.double_quant else null, q.absmax_scale if q.double_quant else null,
-                             float(q.absmax_mean), out, n8))
+                             float(q.absmax_mean), q.absmax_code if q.absmax_code is not None else null, out, n8))
     return out
 
 

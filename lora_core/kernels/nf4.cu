@@ -10,7 +10,10 @@
 //                   per block of 256 centred values, scale = max |centred| (fp32);
 //                   q = rint(centred / scale * 127) as int8 (0 when scale == 0).
 //   nf4_dequantize: out[i] = code_value[nibble(i)] * absmax(i / BLOCK), with the absmax recovered as
-//                   q * (scale / 127) + mean when double-quantised; written in the output dtype.
+//                   q * (scale / 127) + mean when double-quantised, or, for a state read from bitsandbytes
+//                   (its nested absmax: uint8 indices into a 256-entry dynamic map dcode),
+//                   dcode[q] * scale + mean, the multiply and the add each rounded as bitsandbytes' own
+//                   kernels and torch add round them; written in the output dtype.
 // Assumptions: n is a multiple of BLOCK (64); tensors are contiguous; packed holds n / 2 bytes; the
 //   dequantize launch covers n / 8 work items (DEQ_ITEMS per thread), each reading 4 packed bytes (one
 //   32-bit load, so packed must be 4-byte aligned: torch allocations are) and writing 8 outputs with one
@@ -82,8 +85,10 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
 template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
 
 __device__ __forceinline__ float block_absmax(long long blk, const float* absmax, const signed char* q,
-                                              const float* scale, float mean) {
+                                              const float* scale, float mean, const float* dcode) {
     if (absmax != nullptr) return absmax[blk];
+    if (dcode != nullptr)  // bitsandbytes' nested absmax: q is an unsigned index into its dynamic map
+        return __fadd_rn(__fmul_rn(dcode[(unsigned char)q[blk]], scale[blk / 256]), mean);
     // explicit round-to-nearest mul and add: no FMA contraction, so the result matches the torch reference
     return __fadd_rn(__fmul_rn((float)q[blk], scale[blk / 256] / 127.0f), mean);
 }
@@ -97,7 +102,7 @@ __device__ __forceinline__ float block_absmax(long long blk, const float* absmax
 template <typename T>
 __global__ void nf4_dequantize(const unsigned int* __restrict__ packed4, const float* __restrict__ absmax,
                                const signed char* __restrict__ q, const float* __restrict__ scale, float mean,
-                               T* __restrict__ out, long long n8) {
+                               const float* __restrict__ dcode, T* __restrict__ out, long long n8) {
     __shared__ float code[16];
     if (threadIdx.x < 16) code[threadIdx.x] = NF4_CODE[threadIdx.x];
     __syncthreads();
@@ -109,7 +114,7 @@ __global__ void nf4_dequantize(const unsigned int* __restrict__ packed4, const f
         long long i = first + (long long)k * blockDim.x;
         if (i < n8) {
             words[k] = packed4[i];
-            am[k] = block_absmax((8 * i) / NF4_BLOCK, absmax, q, scale, mean);
+            am[k] = block_absmax((8 * i) / NF4_BLOCK, absmax, q, scale, mean, dcode);
         }
     }
 #pragma unroll
