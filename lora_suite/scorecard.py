@@ -10,7 +10,10 @@ report directories (``gpu-test.sh scorecard`` lays out one run directory per imp
   had checks declared not applicable says how many, with their reasons in a footnote (and on hover in HTML);
 - the convergence tier's loss curves, overlaid per implementation;
 - the memory tier's peak allocated VRAM per implementation, as bars;
-- the benchmark's tokens/s relative to PEFT eager (runs taking turns), where a bench run recorded them.
+- the benchmark column, per implementation that took turns in a bench run's interleaved training benchmark
+  (``--bench-impls``): measured, fail (a run that stopped: the row saying what stopped it) or n/a (every mode
+  declared not applicable); its tokens/s relative to PEFT eager, each taken from the first bench run that
+  measured it (one run's turns, never two runs mixed), as a table and a bar plot.
 A failing implementation is a finding, not an error: the scorecard is written whatever the verdicts (exit 0);
 exit 2 when no report is found or the arguments are wrong.
 """
