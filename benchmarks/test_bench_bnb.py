@@ -34,7 +34,6 @@ from lora_suite.memory import PeakWindow
 from lora_suite.prepare import fit_to_implementation, prepare
 from lora_suite.pytest_plugin import is_cuda_error
 from lora_suite.timing import PairedEstimate, interleaved_rounds
-from lora_suite.trainer import train
 
 pytestmark = [pytest.mark.gpu, pytest.mark.benchmark]
 bnb = pytest.importorskip("bitsandbytes", reason="bitsandbytes is not installed: pip install lora-gpu-suite[peft-bnb]")
@@ -158,12 +157,9 @@ def test_qlora_7b_training_step_vs_peft_bnb(benchmark, run_report, check):
             check(f"7B QLoRA step {impl}: base stored as NF4", prepared.quantize, "==", "nf4")
             for mode in modes:
                 tc = dataclasses.replace(cfg.train, steps=10**6, cuda_graph=mode == "captured", log_every=10**6)
-                runs[f"{impl}-{mode}"] = {"prepared": prepared, "train": tc, "mode": mode, "optimizer": None, "at": 0}
+                runs[f"{impl}-{mode}"] = TB.TurnRun(prepared, tc, mode)
             for mode in modes:  # one turn each inside the window: the peak of the run as the tier trains
-                r = runs[f"{impl}-{mode}"]
-                res = train(prepared.model, prepared.batches, r["train"], optimizer=r["optimizer"], start_step=r["at"],
-                            stop_step=r["at"] + turns[mode], adapters=prepared.adapters)
-                r["optimizer"], r["at"] = res.optimizer, r["at"] + turns[mode]
+                runs[f"{impl}-{mode}"].turn(turns[mode])
             torch.cuda.synchronize()
             peaks[impl] = window.peak() / 2**30
             check(f"7B QLoRA step {impl}: code path that served every LoRA layer",
@@ -176,12 +172,7 @@ def test_qlora_7b_training_step_vs_peft_bnb(benchmark, run_report, check):
                 runs.pop(f"{impl}-{mode}", None)
 
     def turn(name, rnd):
-        r = runs[name]
-        p = r["prepared"]
-        res = train(p.model, p.batches, r["train"], optimizer=r["optimizer"], start_step=r["at"],
-                    stop_step=r["at"] + turns[r["mode"]], adapters=p.adapters)
-        r["optimizer"], r["at"] = res.optimizer, r["at"] + turns[r["mode"]]
-        return statistics.median(TB.turn_step_times(res.records, r["mode"]))
+        return runs[name].turn(turns[runs[name].mode])
 
     result = {}
 

@@ -123,7 +123,7 @@ def test_speed_interleaved(benchmark, case, run_report, check, request):
     and SE (``TB.interleaved_speed``). Skipped, with the figures, where the GPU cannot hold the models at once."""
     pytest.importorskip("peft", reason="peft is not installed: the ratios are to PEFT")
     impls = interleaved_impls(request.config)
-    runs, models, failed = {}, {}, {}  # failed: implementation -> what stopped it (a finding, reported)
+    runs, models, failed, configs = {}, {}, {}, {}  # failed: implementation -> what stopped it (a finding)
     for impl in impls:
         implementation = resolve_implementation(impl)
         for mode in ("eager", "captured"):
@@ -153,15 +153,11 @@ def test_speed_interleaved(benchmark, case, run_report, check, request):
                     if free < need:
                         pytest.skip(f"not enough GPU memory to hold {len(impls)} models at once: {need / 2**30:.1f} "
                                     f"GiB more needed, {free / 2**30:.1f} GiB free")
-            runs[f"{impl}-{mode}"] = {"cfg": cfg, "mode": mode, "prepared": models[impl], "optimizer": None, "at": 0}
+            runs[f"{impl}-{mode}"] = TB.TurnRun(models[impl], cfg.train, mode)
+            configs[f"{impl}-{mode}"] = cfg
 
     def turn(name, rnd):
-        r = runs[name]
-        steps = TURN_STEPS[r["mode"]]
-        res = train(r["prepared"].model, r["prepared"].batches, r["cfg"].train, optimizer=r["optimizer"],
-                    start_step=r["at"], stop_step=r["at"] + steps, adapters=r["prepared"].adapters)
-        r["optimizer"], r["at"] = res.optimizer, r["at"] + steps
-        return statistics.median(TB.turn_step_times(res.records, r["mode"]))
+        return runs[name].turn(TURN_STEPS[runs[name].mode])
 
     def may_fail(name, exc):  # a bundled peer's failure is its finding; the suite's own runs and CUDA errors stop
         return name.rsplit("-", 1)[0] not in IMPLS and not is_cuda_error(exc)
@@ -175,7 +171,7 @@ def test_speed_interleaved(benchmark, case, run_report, check, request):
     benchmark.pedantic(run_rounds, rounds=1, iterations=1)
     times = result["times"]
     failed.update(result["stopped"])
-    cfg = runs["peft-eager"]["cfg"]
+    cfg = configs["peft-eager"]
     tokens = cfg.data.batch_size * cfg.data.seq_len * cfg.train.grad_accum
     info = {"case": case.name, "turn_steps": TURN_STEPS, "rounds": ROUNDS}
     vs = {ref: TB.interleaved_speed(times, ref) for ref in ("peft-eager", "peft-captured") if ref in times}

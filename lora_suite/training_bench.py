@@ -115,6 +115,25 @@ def rotation(names: list[str] | tuple[str, ...], round_index: int) -> list[str]:
     return list(names[k:]) + list(names[:k])
 
 
+@dataclass
+class TurnRun:
+    """One (implementation, mode) run that trains in turns on its prepared model (``lora_suite.prepare``)."""
+    prepared: object
+    train: TrainSettings
+    mode: str
+    optimizer: object = None
+    at: int = 0  # the next step
+
+    def turn(self, steps: int) -> float:
+        """Train ``steps`` more steps; the median host step time (s) of those that represent the mode."""
+        from lora_suite.trainer import train
+        p = self.prepared
+        res = train(p.model, p.batches, self.train, optimizer=self.optimizer, start_step=self.at,
+                    stop_step=self.at + steps, adapters=p.adapters)
+        self.optimizer, self.at = res.optimizer, self.at + steps
+        return statistics.median(turn_step_times(res.records, self.mode))
+
+
 def take_turns(names: list[str], rounds: int, turn, may_fail) -> tuple[dict[str, list[float]], dict[str, str]]:
     """Run ``rounds`` + 1 rounds (the first a warm-up, not kept) of one turn per run, in ``rotation`` order.
 

@@ -141,3 +141,14 @@ def test_take_turns_lets_the_suites_own_failure_and_a_cuda_error_through():
 
     with pytest.raises(RuntimeError, match="illegal memory access"):
         TB.take_turns(["peft-eager", "peer-eager"], 3, turn, lambda name, exc: False)
+
+
+def test_a_turn_run_trains_on_from_where_it_stopped_and_times_its_steps(tiny_cfg):
+    from lora_suite.prepare import prepare
+    p = prepare(tiny_cfg, "cpu", implementation="torch")
+    run = TB.TurnRun(p, tiny_cfg.train, "eager")
+    first = run.turn(3)
+    optimizer = run.optimizer
+    second = run.turn(2)
+    assert first > 0 and second > 0 and run.at == 5
+    assert run.optimizer is optimizer, "the same optimizer carries its state from turn to turn"
