@@ -96,6 +96,23 @@ class LoRAImplementation:
     def op_calls(self) -> int | None:
         return None
 
+    def served_by_adapted_layers(self, model: nn.Module, wrong_layer, inactive) -> str:
+        """A ``served_by`` for implementations whose layers are counted by a forward hook (``count_call``):
+        ``expected_path`` when every adapted layer is the right kind (``wrong_layer(m)`` is None), active
+        (``inactive(m)`` is None) and has run a forward; else what each offending layer is, joined."""
+        kinds = set()
+        for path in adapted_modules(self.adapter_parameters(model)):
+            m = model.get_submodule(path)
+            if (wrong := wrong_layer(m)) is not None:
+                kinds.add(wrong)
+            elif (why := inactive(m)) is not None:
+                kinds.add(f"{self.name}, {why}")
+            elif not getattr(m, "_lora_suite_calls", 0):
+                kinds.add(f"{self.name} layers that never ran")
+            else:
+                kinds.add(self.expected_path)
+        return ",".join(sorted(kinds))
+
     def quantize_base(self, model: nn.Module) -> bool:
         """Put this implementation's own 4-bit storage into ``model``'s linears (all but the LM head), as its
         ``inject`` does for ``quantize="nf4"``, and return True; False (nothing done) where its NF4 base, if any,
@@ -236,18 +253,9 @@ class PeftImplementation(LoRAImplementation):
         """``name`` when every adapted layer is the implementation's PEFT layer (``wrong_layer``), active (not
         merged, not disabled) and has run a forward (counted by a hook put there at injection); else what each
         offending layer is."""
-        kinds = set()
-        for path in adapted_modules(self.adapter_parameters(model)):
-            m = model.get_submodule(path)
-            if (wrong := self.wrong_layer(m)) is not None:
-                kinds.add(wrong)
-            elif m.merged or m.disable_adapters:
-                kinds.add(f"{self.name}, merged={m.merged} disabled={m.disable_adapters}")
-            elif not getattr(m, "_lora_suite_calls", 0):
-                kinds.add(f"{self.name} layers that never ran")
-            else:
-                kinds.add(self.name)
-        return ",".join(sorted(kinds))
+        def inactive(m):
+            return f"merged={m.merged} disabled={m.disable_adapters}" if m.merged or m.disable_adapters else None
+        return self.served_by_adapted_layers(model, self.wrong_layer, inactive)
 
 
 def load_peft_tensors(who: str, adapters: dict[str, nn.Parameter], path: str | Path) -> None:

@@ -78,15 +78,6 @@ class WrappedLinearPeer(LoRAImplementation):
 
     def served_by(self, model):
         """``expected_path`` when every adapted layer is a ``layer_type``, active, and has run a forward."""
-        kinds = set()
-        for path in adapted_modules(self.adapter_parameters(model)):
-            m = model.get_submodule(path)
-            if not isinstance(m, self.layer_type):
-                kinds.add(f"{type(m).__name__} (not a {self.layer_type.__name__})")
-            elif self.inactive(m):
-                kinds.add(f"{self.name}, {self.inactive(m)}")
-            elif not getattr(m, "_lora_suite_calls", 0):
-                kinds.add(f"{self.name} layers that never ran")
-            else:
-                kinds.add(self.expected_path)
-        return ",".join(sorted(kinds))
+        def wrong(m):
+            return None if isinstance(m, self.layer_type) else f"{type(m).__name__} (not a {self.layer_type.__name__})"
+        return self.served_by_adapted_layers(model, wrong, self.inactive)
