@@ -373,6 +373,16 @@ def resolve_implementation(spec: str | None) -> LoRAImplementation:
     return check_contract(impl, spec)
 
 
+def require_module(impl: str, module: str):
+    """``module`` imported for implementation ``impl``, or an ImplementationError naming the extra to install
+    (the bundled peers' libraries are optional extras named after them)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ImplementationError(f"--lora-impl {impl}: {module} does not import ({exc}); install "
+                                  f"lora-gpu-suite[{impl}]") from None
+
+
 def _call_factory(factory, spec: str):
     """The factory's implementation; a factory that fails to build one is named with its error."""
     if not callable(factory) or isinstance(factory, type) and not issubclass(factory, LoRAImplementation):

@@ -19,7 +19,7 @@ import math
 import torch
 from torch import nn
 
-from lora_suite.implementations import ImplementationError
+from lora_suite.implementations import require_module
 from lora_suite.peers.wrapped import WrappedLinearPeer
 
 
@@ -35,12 +35,7 @@ class LoralibImplementation(WrappedLinearPeer):
     }
 
     def __init__(self):
-        try:
-            import loralib
-        except ImportError as exc:
-            raise ImplementationError(f"--lora-impl loralib: loralib does not import ({exc}); install "
-                                      "lora-gpu-suite[loralib]") from None
-        self.layer_type = loralib.Linear
+        self.layer_type = require_module(self.name, "loralib").Linear
 
     def describe(self) -> str:
         import importlib.metadata

@@ -19,7 +19,7 @@ import dataclasses
 from torch import nn
 
 from lora_core.inject import replace_module, target_linears  # lora_core's meaning of a target
-from lora_suite.implementations import AdapterSpec, ImplementationError, PeftImplementation
+from lora_suite.implementations import AdapterSpec, ImplementationError, PeftImplementation, require_module
 
 
 class PeftBnbImplementation(PeftImplementation):
@@ -31,11 +31,8 @@ class PeftBnbImplementation(PeftImplementation):
     }
 
     def __init__(self):
-        try:
-            import bitsandbytes  # noqa: F401
-            import peft  # noqa: F401
-        except ImportError as exc:
-            raise ImplementationError(f"--lora-impl peft-bnb: {exc}; install lora-gpu-suite[peft-bnb]") from None
+        require_module(self.name, "bitsandbytes")
+        require_module(self.name, "peft")
 
     def describe(self) -> str:
         import bitsandbytes

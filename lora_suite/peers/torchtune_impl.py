@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from lora_suite.implementations import ImplementationError
+from lora_suite.implementations import require_module
 from lora_suite.peers.wrapped import WrappedLinearPeer
 
 
@@ -34,12 +34,7 @@ class TorchtuneImplementation(WrappedLinearPeer):
     }
 
     def __init__(self):
-        try:
-            from torchtune.modules.peft import LoRALinear
-        except ImportError as exc:
-            raise ImplementationError(f"--lora-impl torchtune: torchtune does not import ({exc}); install "
-                                      "lora-gpu-suite[torchtune]") from None
-        self.layer_type = LoRALinear
+        self.layer_type = require_module(self.name, "torchtune.modules.peft").LoRALinear
 
     def describe(self) -> str:
         import importlib.metadata

@@ -340,3 +340,9 @@ def test_an_implementations_own_4bit_base_goes_in_layer_by_layer_as_the_model_is
     import bitsandbytes as bnb
     plain = [n for n, m in p.model.named_modules() if type(m) is nn.Linear and ".lora_" not in n]
     assert plain == ["lm_head"] and any(isinstance(m, bnb.nn.Linear4bit) for m in p.model.modules())
+
+
+def test_a_peer_whose_library_does_not_import_names_the_extra_to_install():
+    with pytest.raises(I.ImplementationError, match=r"--lora-impl torchtune: no_such_module_xyz does not import "
+                                                    r"\(.*\); install lora-gpu-suite\[torchtune\]"):
+        I.require_module("torchtune", "no_such_module_xyz")
