@@ -23,8 +23,8 @@ import torch
 from lora_suite.config import load_tier_config
 from lora_suite.criteria import loss_drop
 from lora_suite.environment import collect_environment
-from lora_suite.prepare import prepare
 from lora_suite.implementations import implementation_record, resolve_implementation
+from lora_suite.prepare import prepare
 from lora_suite.report import RunReport, Series
 from lora_suite.trainer import train
 

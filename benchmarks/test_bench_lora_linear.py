@@ -22,8 +22,14 @@ from statistics import geometric_mean
 import pytest
 import torch
 
-from lora_suite.benchmarking import (NOISE_Z, implementation_step, kernel_profile, layer_step, paired_difference,
-                                     ratio_rounds)
+from lora_suite.benchmarking import (
+    NOISE_Z,
+    implementation_step,
+    kernel_profile,
+    layer_step,
+    paired_difference,
+    ratio_rounds,
+)
 from lora_suite.timing import PairedEstimate, cuda_time, measure_until_pass
 
 pytestmark = [pytest.mark.gpu, pytest.mark.benchmark]

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lora_suite.benchmarking import NOISE_Z, dequant_vs_copy
 from lora_core.nf4 import dequantize_nf4, quantize_nf4
+from lora_suite.benchmarking import NOISE_Z, dequant_vs_copy
 from lora_suite.timing import measure_until_pass
 
 pytestmark = [pytest.mark.gpu, pytest.mark.benchmark, pytest.mark.needs_feature("lora_core_ops")]  # lora_core's NF4 kernels

@@ -108,7 +108,7 @@ class LoRALinear(_NF4Storage, nn.Module):
     @classmethod
     def from_linear(cls, linear: nn.Linear, r: int = 8, alpha: float = 16, backend: str | None = None, *,
                     use_rslora: bool = False, adapter_dtype: torch.dtype | None = torch.float32,
-                    quantize: str | None = None) -> "LoRALinear":
+                    quantize: str | None = None) -> LoRALinear:
         """Wrap an existing ``nn.Linear``: its weight and bias are shared (not copied) and frozen.
 
         ``quantize="nf4"`` stores the weight as NF4 instead (the 16-bit one is then no longer referenced); a

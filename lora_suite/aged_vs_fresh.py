@@ -21,8 +21,8 @@ device-time drift does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from lora_suite.trainer import TrainingRun, frozen_heap
 

@@ -17,8 +17,8 @@ measured again (``timing.measure_until_pass``) before it fails.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

@@ -28,8 +28,8 @@ from __future__ import annotations
 import contextlib
 import statistics
 from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator
 
 Launch = tuple[str, float]  # (kernel or memcpy/memset name, duration in µs)
 
@@ -111,7 +111,7 @@ class DeviceTimer:
         self.launches: dict[int, list[Launch]] = {}
 
     @classmethod
-    def for_windows(cls, fit_after: int, steps: int, width: int) -> "DeviceTimer":
+    def for_windows(cls, fit_after: int, steps: int, width: int) -> DeviceTimer:
         """A timer of the steps of ``profile_windows(fit_after, steps, width)``, which it keeps as ``plan``."""
         plan = profile_windows(fit_after, steps, width)
         return cls((step for window_steps in plan.values() for step in window_steps), plan)

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from lora_suite import trainer
 from lora_core.inject import adapter_parameters, lora_modules
+from lora_suite import trainer
 
 
 @dataclass(frozen=True)

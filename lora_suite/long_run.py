@@ -28,8 +28,16 @@ from dataclasses import dataclass, field
 
 from lora_suite.aged_vs_fresh import Pair
 from lora_suite.config import TierConfig
-from lora_suite.criteria import (Verdict, aged_vs_fresh_verdict, device_time_verdict, host_time_drift, is_non_increasing,
-                                 median_se, stall_verdict, windowed_means)
+from lora_suite.criteria import (
+    Verdict,
+    aged_vs_fresh_verdict,
+    device_time_verdict,
+    host_time_drift,
+    is_non_increasing,
+    median_se,
+    stall_verdict,
+    windowed_means,
+)
 from lora_suite.device_time import DeviceWindow
 from lora_suite.memory import fit_slope
 from lora_suite.trainer import StepRecord

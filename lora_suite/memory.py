@@ -154,7 +154,7 @@ class PeakWindow:
     device: torch.device | None = None
 
     @classmethod
-    def open(cls, device: torch.device | str | None = None) -> "PeakWindow":
+    def open(cls, device: torch.device | str | None = None) -> PeakWindow:
         """Collect garbage, release torch's cached cuBLAS workspaces and the allocator's cache, reset the peak.
 
         Call it between runs only: a CUDA graph that is still to be replayed may use a workspace it releases.

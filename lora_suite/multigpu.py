@@ -162,7 +162,6 @@ def adapter_gaps(multi: dict, single: dict, control: dict, factor: float, floor:
     within max(factor · d(control), floor), the convergence tier's band applied to the trained adapters instead
     of the losses. Returns (rows (name, d_multi, d_control, tolerance), names beyond the band).
     """
-    import torch
     if set(multi) != set(single) or set(control) != set(single):
         raise ValueError(f"the runs saved different adapters: {sorted(set(multi) ^ set(single))[:5]} / "
                          f"{sorted(set(control) ^ set(single))[:5]}")

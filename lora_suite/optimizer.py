@@ -20,6 +20,7 @@ from lora_core.adapters import full_tensor
 from lora_core.inject import adapter_parameters
 from lora_suite.config import TrainSettings
 
+
 def lr_at(step: int, s: TrainSettings) -> float:
     if step < s.warmup_steps:
         return s.lr * (step + 1) / s.warmup_steps

@@ -16,8 +16,13 @@ from torch import nn
 
 from lora_suite.config import TierConfig
 from lora_suite.data import Batches, tokenizer_for
-from lora_suite.implementations import (AdapterSpec, ImplementationError, LoRAImplementation, adapted_modules,
-                                        resolve_implementation)
+from lora_suite.implementations import (
+    AdapterSpec,
+    ImplementationError,
+    LoRAImplementation,
+    adapted_modules,
+    resolve_implementation,
+)
 from lora_suite.models import BuiltModel, build_model
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}

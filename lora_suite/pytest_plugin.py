@@ -32,11 +32,17 @@ from pathlib import Path
 import pytest
 import torch
 
+from lora_suite import wall_time
 from lora_suite.config import CONFIG_DIR, load_tier_config
 from lora_suite.environment import collect_environment
-from lora_suite.implementations import (DEFAULT, FEATURES, ImplementationError, LoRAImplementation,
-                                        implementation_record, resolve_implementation)
-from lora_suite import wall_time
+from lora_suite.implementations import (
+    DEFAULT,
+    FEATURES,
+    ImplementationError,
+    LoRAImplementation,
+    implementation_record,
+    resolve_implementation,
+)
 from lora_suite.report import Check, Outcome, RunReport, Series
 
 _REPORT_KEY = pytest.StashKey[RunReport]()

@@ -7,8 +7,8 @@ work on the stream. Compilation and handle creation stay out of the numbers (war
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -24,7 +24,7 @@ class TimingStats:
     reps: int
 
     @classmethod
-    def from_samples(cls, samples_ms: list[float]) -> "TimingStats":
+    def from_samples(cls, samples_ms: list[float]) -> TimingStats:
         if not samples_ms:
             raise ValueError("no timing samples")
         ordered = sorted(samples_ms)
@@ -83,7 +83,7 @@ class PairedEstimate:
     values: tuple[float, ...]
 
     @classmethod
-    def of(cls, values: list[float]) -> "PairedEstimate":
+    def of(cls, values: list[float]) -> PairedEstimate:
         med, se = median_se(values)
         return cls(med, se, tuple(values))
 

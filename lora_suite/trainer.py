@@ -37,8 +37,8 @@ import gc
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn
@@ -87,7 +87,7 @@ class StepRecord:
 class TrainResult:
     records: list[StepRecord]
     optimizer: torch.optim.Optimizer
-    run: "TrainingRun | None" = None  # the run's state, to drive it further (aged-vs-fresh comparison)
+    run: TrainingRun | None = None  # the run's state, to drive it further (aged-vs-fresh comparison)
 
     @property
     def losses(self) -> list[float]:
@@ -251,7 +251,7 @@ class TrainingRun:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpointing_kwargs(model, s))
         self.nvml: NvmlReader | None = None
 
-    def __enter__(self) -> "TrainingRun":
+    def __enter__(self) -> TrainingRun:
         self.model.train()
         if self.cuda and self.nvml is None:
             self.nvml = NvmlReader()

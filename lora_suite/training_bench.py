@@ -24,8 +24,15 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from lora_suite.config import (CONFIG_DIR, DataSettings, LoRASettings, TierConfig, TrainSettings,
-                               load_model_config, validate)
+from lora_suite.config import (
+    CONFIG_DIR,
+    DataSettings,
+    LoRASettings,
+    TierConfig,
+    TrainSettings,
+    load_model_config,
+    validate,
+)
 from lora_suite.timing import PairedEstimate
 
 MODES = ("eager", "captured", "compiled")

@@ -16,11 +16,12 @@ import torch
 
 from lora_suite.aged_vs_fresh import Pair, run_pairs
 from lora_suite.config import CONFIG_DIR, TierConfig, load_tier_config
-from lora_suite.device_time import DeviceTimer, DeviceWindow, window as device_window
+from lora_suite.device_time import DeviceTimer, DeviceWindow
+from lora_suite.device_time import window as device_window
 from lora_suite.long_run import LongRunVerdicts, aged_vs_fresh_resolved, time_budget_rows
 from lora_suite.memory import GIB, PeakWindow, estimate_training_memory, measured_split, vram_verdict
-from lora_suite.nvml import nvml_memory
 from lora_suite.models import CheckpointNotFound
+from lora_suite.nvml import nvml_memory
 from lora_suite.prepare import Prepared, fit_to_implementation, prepare
 from lora_suite.report import Series
 from lora_suite.trainer import StepRecord, TrainingRun, TrainResult, train

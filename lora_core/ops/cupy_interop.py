@@ -158,7 +158,7 @@ class on_torch_stream:
         self.index = current if device.index is None else device.index
         self._guard = None if self.index == current else torch.cuda.device(self.index)
 
-    def __enter__(self) -> "on_torch_stream":
+    def __enter__(self) -> on_torch_stream:
         if self._guard is not None:
             self._guard.__enter__()
         self.handle = torch.cuda.current_blas_handle()
@@ -233,7 +233,7 @@ def _host_scalar(value: float) -> int:
 
 # ---------------------------------------------------------------------------------------------
 # RawKernels
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def kernel_module(source_name: str, name_expressions: tuple[str, ...], device_index: int = 0):
     """Compile ``kernels/<source_name>`` once per process and device (CuPy also caches the binary on disk)."""
     cupy, _ = require_cupy()
@@ -244,7 +244,7 @@ def kernel_module(source_name: str, name_expressions: tuple[str, ...], device_in
 KERNEL_LOAD_SECONDS: dict[str, float] = {}  # "<source>:<kernel>" -> seconds its first load took (NVRTC or disk cache)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _kernel(source_name: str, name_expressions: tuple[str, ...], kernel_name: str, device_index: int):
     """The launchable function, loaded into ``device_index``'s context (looked up once: saves host time)."""
     cupy, _ = require_cupy()

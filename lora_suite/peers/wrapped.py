@@ -11,8 +11,15 @@ from __future__ import annotations
 from torch import nn
 
 from lora_core.inject import replace_module, target_linears
-from lora_suite.implementations import (AdapterSpec, ImplementationError, LoRAImplementation, adapted_modules,
-                                        count_call, load_peft_tensors, save_peft_tensors)
+from lora_suite.implementations import (
+    AdapterSpec,
+    ImplementationError,
+    LoRAImplementation,
+    adapted_modules,
+    count_call,
+    load_peft_tensors,
+    save_peft_tensors,
+)
 
 
 class WrappedLinearPeer(LoRAImplementation):

@@ -96,6 +96,7 @@ def test_calls_are_counted_per_backend():
 def test_cupy_available_is_marked_constant_for_compile_as_torchs_decorator_marks_it():
     """lora_core marks it without importing torch._dynamo; the mark must stay the one torch's decorator sets."""
     import torch
+
     from lora_core.ops import cupy_interop
 
     def probe():

@@ -9,8 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lora_core.bnb_format import (BnbFormatError, QS_KEY, from_bnb, from_bnb_state_dict, nf4_weights,
-                                 to_bnb_state_dict)
+from lora_core.bnb_format import QS_KEY, BnbFormatError, from_bnb, from_bnb_state_dict, nf4_weights, to_bnb_state_dict
 from lora_core.nf4 import dequantize_nf4, quantize_nf4_reference, roundtrip_error_bound
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "bnb_nf4" / "bnb_nf4_100x512.safetensors"

@@ -6,8 +6,15 @@ import pytest
 import torch
 
 from lora_core import LoRALinear
-from lora_core.nf4 import (DQ_BLOCKSIZE, MAX_CODE_GAP, NF4_CODE, dequantize_nf4, quantize_nf4,
-                           quantize_nf4_reference, roundtrip_error_bound)
+from lora_core.nf4 import (
+    DQ_BLOCKSIZE,
+    MAX_CODE_GAP,
+    NF4_CODE,
+    dequantize_nf4,
+    quantize_nf4,
+    quantize_nf4_reference,
+    roundtrip_error_bound,
+)
 
 CODE = torch.tensor(NF4_CODE)
 

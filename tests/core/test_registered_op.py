@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-GradcheckError = sys.modules["torch.autograd.gradcheck"].GradcheckError  # the module is shadowed by the function
-
 from lora_core.ops.lora_linear import lora_linear_torch
 from lora_core.ops.registered import lora_linear_op
+
+GradcheckError = sys.modules["torch.autograd.gradcheck"].GradcheckError  # the module is shadowed by the function
 
 
 def _case(lead=(2, 3), k=16, o=12, r=4, dtype=torch.float32, adapter_dtype=None, seed=0):

@@ -8,8 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lora_suite.checkpoint import ADAPTER_FILE, STATE_FILE, load_adapter_checkpoint, save_adapter_checkpoint
 from lora_core.inject import adapter_parameters, inject_lora
+from lora_suite.checkpoint import ADAPTER_FILE, STATE_FILE, load_adapter_checkpoint, save_adapter_checkpoint
 from lora_suite.models import build_random
 from tests.conftest import TINY_ARCH
 

@@ -6,13 +6,12 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import torch
 import torch.nn.functional as F
 
-from lora_suite.criteria import loss_match
-from lora_suite.gradients import copy_adapters, perturb_lora_a
 from lora_core.inject import adapter_parameters
 from lora_core.ops import lora_linear as op
+from lora_suite.criteria import loss_match
+from lora_suite.gradients import copy_adapters, perturb_lora_a
 from lora_suite.prepare import prepare
 from lora_suite.trainer import train
 

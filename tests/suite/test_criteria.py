@@ -6,8 +6,7 @@ import math
 
 import pytest
 
-from lora_suite.criteria import (coefficient_of_variation, is_non_increasing, loss_drop, loss_match,
-                                windowed_means)
+from lora_suite.criteria import coefficient_of_variation, is_non_increasing, loss_drop, loss_match, windowed_means
 
 
 def test_loss_drop_uses_window_means():

@@ -10,7 +10,7 @@ from lora_suite.device_time import DeviceTimer, clipped_step_times, launch_keys,
 def _step(scale: float = 1.0, extra: list | None = None) -> list[tuple[str, float]]:
     """A deterministic step of launches: two GEMMs of different sizes sharing one kernel name, and elementwise."""
     launches = []
-    for layer in range(4):
+    for _layer in range(4):
         launches += [("gemm", 100.0 * scale), ("gemm", 40.0 * scale), ("add", 5.0 * scale)]
     return launches + (extra or [])
 

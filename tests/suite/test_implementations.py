@@ -244,6 +244,7 @@ def test_peft_on_a_bitsandbytes_nf4_base_trains_and_reloads_as_qlora(name, tiny_
     the LM head is a quantised Linear4bit, PEFT wraps the targets with its bitsandbytes layer, the loss falls,
     the PEFT folder reloads with identical logits; a 16-bit base is refused naming lora.quantize."""
     import dataclasses
+
     import bitsandbytes as bnb
     cfg = dataclasses.replace(tiny_cfg, dtype="bfloat16")
     with pytest.raises(I.ImplementationError, match="lora.quantize: null .* implementation 'peft-bnb' cannot: QLoRA"):
@@ -280,6 +281,7 @@ def test_a_tier_config_fits_what_the_implementation_declares_and_says_so(name, e
     """The tiers' shared mechanism (tiers/conftest.py Tier.config): each change is a not-applicable record with
     the implementation's own reason, and the changed config then prepares without an error."""
     import dataclasses
+
     from lora_suite.prepare import fit_to_implementation
     impl = I.resolve_implementation(name)
     cfg = dataclasses.replace(tiny_cfg, dtype="bfloat16")
@@ -299,8 +301,10 @@ def test_a_comparison_run_shares_the_quantised_base_of_the_implementation_under_
     bitsandbytes' own weights bit for bit, where quantising the same bf16 weights itself does not (bitsandbytes
     stores the absmaxes with its dynamic 8-bit map): without sharing, a tier would compare two quantisers."""
     import dataclasses
+
     import bitsandbytes as bnb
     from bitsandbytes.functional import dequantize_4bit
+
     from lora_core.layer import LoRALinear, NF4Linear
     from lora_core.nf4 import dequantize_nf4
     cfg = dataclasses.replace(tiny_cfg, dtype="bfloat16", lora=dataclasses.replace(tiny_cfg.lora, quantize="nf4"))

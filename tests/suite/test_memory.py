@@ -8,8 +8,16 @@ import pytest
 import torch
 
 from lora_suite.config import LoRASettings
-from lora_suite.memory import (CONTEXT_BYTES, GIB, MIB, MemoryEstimate, estimate_training_memory, fit_slope,
-                              measured_split, vram_verdict)
+from lora_suite.memory import (
+    CONTEXT_BYTES,
+    GIB,
+    MIB,
+    MemoryEstimate,
+    estimate_training_memory,
+    fit_slope,
+    measured_split,
+    vram_verdict,
+)
 from lora_suite.prepare import prepare
 from lora_suite.trainer import train
 from tests.conftest import TINY_ARCH

@@ -10,8 +10,8 @@ import pytest
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed: pip install -e .[test] "
                                                      "(the test extra) to validate the committed reports")
 
-from lora_suite.environment import collect_environment
-from lora_suite.report import SCHEMA_VERSION, RunReport
+from lora_suite.environment import collect_environment  # noqa: E402  (after the importorskip above)
+from lora_suite.report import SCHEMA_VERSION, RunReport  # noqa: E402
 
 REPORTS = Path(__file__).resolve().parents[2] / "reports"
 COMMITTED = sorted(p for p in REPORTS.rglob("report.json") if "_local" not in p.parts)

@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
+from lora_core.inject import adapter_parameters
 from lora_suite.checkpoint import load_adapter_checkpoint, save_adapter_checkpoint
 from lora_suite.config import TrainSettings
 from lora_suite.criteria import loss_drop
-from lora_core.inject import adapter_parameters
 from lora_suite.prepare import prepare
 from lora_suite.trainer import NonFiniteError, lr_at, make_optimizer, train
 

@@ -5,8 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lora_core.nf4 import (BLOCKSIZE, dequantize_nf4, dequantize_nf4_reference, quantize_nf4,
-                           quantize_nf4_reference, roundtrip_error_bound)
+from lora_core.nf4 import (
+    BLOCKSIZE,
+    dequantize_nf4,
+    dequantize_nf4_reference,
+    quantize_nf4,
+    quantize_nf4_reference,
+    roundtrip_error_bound,
+)
 from lora_suite.parity import compare, random_case, reference_f64, run_candidate, tolerance
 
 # lora_core's NF4 kernels itself, below the model level: not applicable to an implementation that does not use them

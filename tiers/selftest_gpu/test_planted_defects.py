@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from lora_core.ops import lora_linear as op
 from lora_suite import gradients as G
 from lora_suite import trainer
 from lora_suite.benchmarking import NOISE_Z
-from lora_core.ops import lora_linear as op
 from lora_suite.config import target_shapes
 from lora_suite.device_time import DeviceTimer
 from lora_suite.long_run import extended_verdicts
