@@ -48,34 +48,64 @@ def main() -> None:
         [int(x) for x in args.pool.split(",")] if args.pool else [cfg.data.pool],
     )
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    report = RunReport(f"{stamp}-calibrate-{args.tier}", f"calibration of the {args.tier} tier setup",
-                       collect_environment())
+    report = RunReport(
+        f"{stamp}-calibrate-{args.tier}", f"calibration of the {args.tier} tier setup", collect_environment()
+    )
     report.implementation = implementation_record(resolve_implementation("cupy"))
     rows = []
     for targets, r, lr, pool in grid:
         c = dataclasses.replace(
-            cfg, implementation="cupy",
+            cfg,
+            implementation="cupy",
             lora=dataclasses.replace(cfg.lora, targets=targets, r=r, alpha=2 * r),
             data=dataclasses.replace(cfg.data, pool=pool),
-            train=dataclasses.replace(cfg.train, lr=lr, steps=steps, warmup_steps=min(cfg.train.warmup_steps, steps // 10)))
+            train=dataclasses.replace(
+                cfg.train, lr=lr, steps=steps, warmup_steps=min(cfg.train.warmup_steps, steps // 10)
+            ),
+        )
         p = prepare(c, "cuda")
         res = train(p.model, p.batches, c.train)
         w = cfg.criteria.loss_window
         losses = res.losses
-        row = ("+".join(targets), r, lr, pool, steps, statistics.fmean(losses[:w]), statistics.fmean(losses[-w:]),
-               loss_drop(losses, w), 1e3 * statistics.median(x.step_time_s for x in res.records[1:]))
+        row = (
+            "+".join(targets),
+            r,
+            lr,
+            pool,
+            steps,
+            statistics.fmean(losses[:w]),
+            statistics.fmean(losses[-w:]),
+            loss_drop(losses, w),
+            1e3 * statistics.median(x.step_time_s for x in res.records[1:]),
+        )
         rows.append(row)
         print(" ".join(str(round(v, 4)) if isinstance(v, float) else str(v) for v in row), flush=True)
-        report.add_series(Series(f"{args.tier}", f"loss, {row[0]} r{r} lr{lr} pool{pool}", ("step", "loss"),
-                                 tuple((x.step, x.loss) for x in res.records), plot_x="step", plot_y=("loss",)))
+        report.add_series(
+            Series(
+                f"{args.tier}",
+                f"loss, {row[0]} r{r} lr{lr} pool{pool}",
+                ("step", "loss"),
+                tuple((x.step, x.loss) for x in res.records),
+                plot_x="step",
+                plot_y=("loss",),
+            )
+        )
         del p, res
         gc.collect()
         torch.cuda.empty_cache()
-    report.notes.append(f"base config {cfg.source}; weights {cfg.weights}; loss drop = (mean of first {cfg.criteria.loss_window}"
-                        f" steps - mean of last {cfg.criteria.loss_window}) / first")
-    report.series.insert(0, Series(args.tier, "calibration grid",
-                                   ("targets", "r", "lr", "pool", "steps", "first window", "last window", "drop", "ms/step"),
-                                   tuple(rows)))
+    report.notes.append(
+        f"base config {cfg.source}; weights {cfg.weights}; loss drop = (mean of first {cfg.criteria.loss_window}"
+        f" steps - mean of last {cfg.criteria.loss_window}) / first"
+    )
+    report.series.insert(
+        0,
+        Series(
+            args.tier,
+            "calibration grid",
+            ("targets", "r", "lr", "pool", "steps", "first window", "last window", "drop", "ms/step"),
+            tuple(rows),
+        ),
+    )
     print(report.write(args.out))
 
 

@@ -22,8 +22,12 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=500)
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args()
-    layer = lora_core.LoRALinear.from_linear(torch.nn.Linear(64, 64, bias=False, device="cuda", dtype=torch.bfloat16),
-                                             r=8, backend=args.backend, adapter_dtype=torch.bfloat16)
+    layer = lora_core.LoRALinear.from_linear(
+        torch.nn.Linear(64, 64, bias=False, device="cuda", dtype=torch.bfloat16),
+        r=8,
+        backend=args.backend,
+        adapter_dtype=torch.bfloat16,
+    )
     x = torch.randn(1, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(1, 64, device="cuda", dtype=torch.bfloat16)
     params = (x, layer.lora_A, layer.lora_B)

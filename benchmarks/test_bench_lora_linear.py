@@ -45,8 +45,12 @@ SHAPES = {  # id: (batch, seq, in, out, r)
     "llama7b-8192tok-11008to4096-r16": (1, 8192, 11008, 4096, 16),
 }
 IMPLS = ("base", "torch", "peft", "cupy", "cupy-nf4")  # cupy-nf4: the same layer over an NF4 base (QLoRA)
-CASES = [(shape, impl) for shape in SHAPES for impl in IMPLS  # base first within each shape
-         if impl != "cupy-nf4" or shape.startswith("llama7b")]
+CASES = [
+    (shape, impl)
+    for shape in SHAPES
+    for impl in IMPLS  # base first within each shape
+    if impl != "cupy-nf4" or shape.startswith("llama7b")
+]
 _base_ms: dict[str, float] = {}
 
 
@@ -86,16 +90,29 @@ def test_forward_backward(benchmark, shape, impl, run_report, lora_impl):
     stats = cuda_time(step, warmup=10, reps=50)
     benchmark.group = shape  # before pedantic(): pytest-benchmark reads the group when the row is made
     benchmark.pedantic(synced_step, rounds=30, iterations=1, warmup_rounds=3)
-    info = {"shape": shape, "impl": impl, "tokens": batch * seq, "in": k, "out": o, "r": r, "dtype": "bf16",
-            "cuda_median_ms": stats.median_ms, "cuda_p20_ms": stats.p20_ms, "cuda_p80_ms": stats.p80_ms}
+    info = {
+        "shape": shape,
+        "impl": impl,
+        "tokens": batch * seq,
+        "in": k,
+        "out": o,
+        "r": r,
+        "dtype": "bf16",
+        "cuda_median_ms": stats.median_ms,
+        "cuda_p20_ms": stats.p20_ms,
+        "cuda_p80_ms": stats.p80_ms,
+    }
     if impl == "base":
         _base_ms[shape] = stats.median_ms
     if shape in _base_ms:
         info["ratio_to_base"] = stats.median_ms / _base_ms[shape]
     benchmark.extra_info.update(info)
-    run_report.add_row("benchmarks", "forward+backward, bf16 (CUDA events, 50 reps)",
-                       ("shape", "impl", "median ms", "p20 ms", "p80 ms", "ratio to base"),
-                       (shape, impl, stats.median_ms, stats.p20_ms, stats.p80_ms, info.get("ratio_to_base")))
+    run_report.add_row(
+        "benchmarks",
+        "forward+backward, bf16 (CUDA events, 50 reps)",
+        ("shape", "impl", "median ms", "p20 ms", "p80 ms", "ratio to base"),
+        (shape, impl, stats.median_ms, stats.p20_ms, stats.p80_ms, info.get("ratio_to_base")),
+    )
 
 
 def cupy_vs_peft_attempts(shape: str, cupy_impl="cupy"):
@@ -103,12 +120,16 @@ def cupy_vs_peft_attempts(shape: str, cupy_impl="cupy"):
     candidate is a built-in row name ("cupy", "torch") or a LoRAImplementation (``implementation_step``)."""
     batch, seq, k, o, r = SHAPES[shape]
     steps = {impl: layer_step(impl, batch, seq, k, o, r) for impl in ("base", "peft")}
-    steps["cupy"] = (layer_step(cupy_impl, batch, seq, k, o, r) if isinstance(cupy_impl, str)
-                     else implementation_step(cupy_impl, batch, seq, k, o, r))
+    steps["cupy"] = (
+        layer_step(cupy_impl, batch, seq, k, o, r)
+        if isinstance(cupy_impl, str)
+        else implementation_step(cupy_impl, batch, seq, k, o, r)
+    )
 
     def measure():
         ratios = ratio_rounds(steps)
         return paired_difference(ratios["cupy"], ratios["peft"])
+
     return measure_until_pass(measure, lambda e: e.median - NOISE_Z * e.se <= 0.0)
 
 
@@ -123,16 +144,23 @@ def test_cupy_ratio_not_above_peft(shape, check, run_report, lora_impl):
         pytest.skip("peft is not installed: the cupy-vs-PEFT bar needs it")
     attempts = cupy_vs_peft_attempts(shape, name if name in ("cupy", "torch") else lora_impl)
     for i, a in enumerate(attempts):
-        run_report.add_row("benchmarks", f"{name} ratio - PEFT ratio to the base layer (7 interleaved rounds)",
-                           ("shape", "attempt", "median difference", "SE", "verdict"),
-                           (shape, i + 1, a.estimate.median, a.estimate.se, "pass" if a.passed else "FAIL"))
+        run_report.add_row(
+            "benchmarks",
+            f"{name} ratio - PEFT ratio to the base layer (7 interleaved rounds)",
+            ("shape", "attempt", "median difference", "SE", "verdict"),
+            (shape, i + 1, a.estimate.median, a.estimate.se, "pass" if a.passed else "FAIL"),
+        )
     # The name stays the same from run to run (the regression gate matches checks by name); attempts go in detail.
-    check(f"{shape}: {name} ratio - PEFT ratio to base, - {NOISE_Z} SE (best attempt)",
-          round(min(a.estimate.median - NOISE_Z * a.estimate.se for a in attempts), 4), "<=", 0.0,
-          source="issue bar: no worse than PEFT, same run, interleaved; allowance lora_suite/benchmarking.py; noise "
-                 "model: the three layers timed in turns (7 rounds, CUDA events on device-bound 8192-token layers), so "
-                 "the machine's drift lands on all alike; 3 SE of the per-round differences; up to 3 attempts",
-          detail=f"{len(attempts)} attempt(s), medians {[round(a.estimate.median, 4) for a in attempts]}")
+    check(
+        f"{shape}: {name} ratio - PEFT ratio to base, - {NOISE_Z} SE (best attempt)",
+        round(min(a.estimate.median - NOISE_Z * a.estimate.se for a in attempts), 4),
+        "<=",
+        0.0,
+        source="issue bar: no worse than PEFT, same run, interleaved; allowance lora_suite/benchmarking.py; noise "
+        "model: the three layers timed in turns (7 rounds, CUDA events on device-bound 8192-token layers), so "
+        "the machine's drift lands on all alike; 3 SE of the per-round differences; up to 3 attempts",
+        detail=f"{len(attempts)} attempt(s), medians {[round(a.estimate.median, 4) for a in attempts]}",
+    )
 
 
 HOST_SHAPES = [s for s in SHAPES if not s.startswith("llama7b")]  # the 7B shapes are GPU-bound
@@ -168,9 +196,12 @@ def test_host_time_per_call(shape, run_report):
     ratio = row["cupy"] / row["torch"]
     if shape == HOST_SHAPES[0]:
         _host_profile("cupy", SHAPES[shape], run_report)
-    run_report.add_row("benchmarks", "host time of one forward+backward, bf16 adapters (µs, issued without sync, "
-                       "median of 7 rounds of 30)", ("shape", *HOST_IMPLS, "cupy / torch"),
-                       (shape, *(None if row[i] is None else round(row[i], 1) for i in HOST_IMPLS), round(ratio, 3)))
+    run_report.add_row(
+        "benchmarks",
+        "host time of one forward+backward, bf16 adapters (µs, issued without sync, median of 7 rounds of 30)",
+        ("shape", *HOST_IMPLS, "cupy / torch"),
+        (shape, *(None if row[i] is None else round(row[i], 1) for i in HOST_IMPLS), round(ratio, 3)),
+    )
 
 
 def _host_profile(impl: str, dims, run_report, calls: int = 300) -> None:
@@ -193,10 +224,12 @@ def _host_profile(impl: str, dims, run_report, calls: int = 300) -> None:
     top = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:12]
     for (file, line, name), (_, ncalls, tottime, _, _) in top:
         where = f"{file.rsplit('/', 2)[-1]}:{line}" if line else "(built-in)"
-        run_report.add_row("benchmarks", f"host profile of {impl}, {dims[2]}x{dims[3]} r{dims[4]}: own time per call "
-                           "(cProfile)", ("function", "where", "calls per fwd+bwd", "µs per fwd+bwd", "share"),
-                           (name[:60], where, round(ncalls / calls, 2), round(tottime / calls * 1e6, 2),
-                            round(tottime / total, 3)))
+        run_report.add_row(
+            "benchmarks",
+            f"host profile of {impl}, {dims[2]}x{dims[3]} r{dims[4]}: own time per call (cProfile)",
+            ("function", "where", "calls per fwd+bwd", "µs per fwd+bwd", "share"),
+            (name[:60], where, round(ncalls / calls, 2), round(tottime / calls * 1e6, 2), round(tottime / total, 3)),
+        )
 
 
 LLAMA7B_SHAPES = [s for s in SHAPES if s.startswith("llama7b")]
@@ -218,10 +251,12 @@ def test_ratio_to_base_interleaved(shape, run_report):
     for impl, values in ratios.items():
         est = PairedEstimate.of(values)
         _interleaved.setdefault(shape, {})[impl] = est.median
-        run_report.add_row("benchmarks", "forward+backward ÷ base layer, interleaved (7 rounds of 15 reps)",
-                           ("shape", "impl", "median ratio", "SE", "min", "max"),
-                           (shape, impl, round(est.median, 4), round(est.se, 4), round(min(values), 4),
-                            round(max(values), 4)))
+        run_report.add_row(
+            "benchmarks",
+            "forward+backward ÷ base layer, interleaved (7 rounds of 15 reps)",
+            ("shape", "impl", "median ratio", "SE", "min", "max"),
+            (shape, impl, round(est.median, 4), round(est.se, 4), round(min(values), 4), round(max(values), 4)),
+        )
 
 
 @pytest.mark.parametrize("impl", PROFILE_IMPLS)
@@ -248,21 +283,28 @@ def test_profile_llama7b_layer(shape, impl, run_report):
     total, kernels = kernel_profile(prof, calls)
     _kernel_ms.setdefault(shape, {})[impl] = total
     for kern in kernels[:8]:
-        run_report.add_row("benchmarks", "profile: kernels of one forward+backward, 8192 tok, r16, bf16",
-                           ("shape", "impl", "kernel", "launches per call", "ms per call", "share"),
-                           (shape, impl, kern.name[:90], kern.launches, round(kern.ms, 4), round(kern.ms / total, 3)))
+        run_report.add_row(
+            "benchmarks",
+            "profile: kernels of one forward+backward, 8192 tok, r16, bf16",
+            ("shape", "impl", "kernel", "launches per call", "ms per call", "share"),
+            (shape, impl, kern.name[:90], kern.launches, round(kern.ms, 4), round(kern.ms / total, 3)),
+        )
     base = _kernel_ms[shape].get("base")
-    run_report.add_row("benchmarks", "profile: device time of one forward+backward, 8192 tok, r16, bf16",
-                       ("shape", "impl", "ms per call (sum of kernels)", "kernels", "ratio to base"),
-                       (shape, impl, round(total, 4), len(kernels), None if base is None else round(total / base, 4)))
+    run_report.add_row(
+        "benchmarks",
+        "profile: device time of one forward+backward, 8192 tok, r16, bf16",
+        ("shape", "impl", "ms per call (sum of kernels)", "kernels", "ratio to base"),
+        (shape, impl, round(total, 4), len(kernels), None if base is None else round(total / base, 4)),
+    )
 
 
 def test_layer_ratio_geomean(run_report):
     """Issue 10's layer target (≤ 1.15): per implementation, the geometric mean over the three Llama-7B shapes of
     the interleaved ratio to base and of the kernel-sum ratio to base. A figure, not a timed assertion; needs the
     tests above to have run in this session."""
-    kernel_ratio = {s: {i: ms / t["base"] for i, ms in t.items() if i != "base"}
-                    for s, t in _kernel_ms.items() if "base" in t}
+    kernel_ratio = {
+        s: {i: ms / t["base"] for i, ms in t.items() if i != "base"} for s, t in _kernel_ms.items() if "base" in t
+    }
     rows = 0
     for label, table in (("interleaved ratio", _interleaved), ("kernel-sum ratio", kernel_ratio)):
         for impl in IMPLS[1:]:
@@ -270,8 +312,11 @@ def test_layer_ratio_geomean(run_report):
             if None in values:
                 continue
             rows += 1
-            run_report.add_row("benchmarks", "forward+backward ÷ base, geometric mean of the three Llama-7B shapes",
-                               ("measure", "impl", "geometric mean", *LLAMA7B_SHAPES),
-                               (label, impl, round(geometric_mean(values), 4), *(round(v, 4) for v in values)))
+            run_report.add_row(
+                "benchmarks",
+                "forward+backward ÷ base, geometric mean of the three Llama-7B shapes",
+                ("measure", "impl", "geometric mean", *LLAMA7B_SHAPES),
+                (label, impl, round(geometric_mean(values), 4), *(round(v, 4) for v in values)),
+            )
     if not rows:
         pytest.skip("no implementation was measured at all three Llama-7B shapes in this session (deselected)")

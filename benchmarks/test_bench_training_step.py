@@ -35,9 +35,20 @@ pytestmark = [pytest.mark.gpu, pytest.mark.benchmark]
 WARMUP, MEASURED = 10, 30
 IMPLS = ("peft", "torch", "cupy")  # PEFT first: the others' ratios need its figures
 TABLE = "training step, bf16 base, fp32 adapters (median of the measured steps)"
-COLUMNS = ("case", "implementation", "mode", "step ms", "tokens/s", "peak GiB", "tokens/s / PEFT eager",
-           "tokens/s / PEFT captured", "peak / PEFT eager peak", "peak / PEFT peak, same mode",
-           "MiB left by earlier runs (excluded)", "MiB of cached cuBLAS workspaces released before the run")
+COLUMNS = (
+    "case",
+    "implementation",
+    "mode",
+    "step ms",
+    "tokens/s",
+    "peak GiB",
+    "tokens/s / PEFT eager",
+    "tokens/s / PEFT captured",
+    "peak / PEFT eager peak",
+    "peak / PEFT peak, same mode",
+    "MiB left by earlier runs (excluded)",
+    "MiB of cached cuBLAS workspaces released before the run",
+)
 _peft: dict[str, dict[str, TB.RunFigures]] = {}
 
 
@@ -77,31 +88,63 @@ def test_training_step(benchmark, case, impl, mode, run_report, check):
     tokens = cfg.data.batch_size * cfg.data.seq_len * cfg.train.grad_accum
     fig = TB.figures(result["records"], tokens, WARMUP, window.peak())
     replayed = sum(r.captured for r in result["records"])
-    check(f"{case.name} {impl} {mode}: steps replayed from the graph", replayed, "==",
-          MEASURED + WARMUP - cfg.train.graph_warmup_steps if mode == "captured" else 0,
-          source="the mode under test ran (no silent fallback to eager)")
-    check(f"{case.name} {impl} {mode}: code path that served every LoRA layer",
-          prepared.implementation.served_by(prepared.model), "==", prepared.implementation.expected_path)
+    check(
+        f"{case.name} {impl} {mode}: steps replayed from the graph",
+        replayed,
+        "==",
+        MEASURED + WARMUP - cfg.train.graph_warmup_steps if mode == "captured" else 0,
+        source="the mode under test ran (no silent fallback to eager)",
+    )
+    check(
+        f"{case.name} {impl} {mode}: code path that served every LoRA layer",
+        prepared.implementation.served_by(prepared.model),
+        "==",
+        prepared.implementation.expected_path,
+    )
     if impl == "peft":
         _peft.setdefault(case.name, {})[mode] = fig
     rat = TB.ratios(fig, _peft.get(case.name, {}), mode)
     # An eager step is host-clocked (device busy 15-30% of it): the gate lists its moves, the interleaved ratios judge.
     clock = {"clock": "host"} if mode == "eager" else {}
-    benchmark.extra_info.update({"case": case.name, "impl": impl, "mode": mode, **clock, **dataclasses.asdict(fig), **rat,
-                                 "carried_gib": window.carried / 2**30, "released_workspaces_gib": window.released / 2**30})
-    run_report.add_row("benchmarks", TABLE, COLUMNS,
-                       (case.name, impl, mode, round(fig.step_ms, 2), round(fig.tokens_per_s), round(fig.peak_gib, 3),
-                        *(None if v is None else round(v, 3) for v in rat.values()),
-                        round(window.carried / 2**20, 1), round(window.released / 2**20, 1)))
+    benchmark.extra_info.update(
+        {
+            "case": case.name,
+            "impl": impl,
+            "mode": mode,
+            **clock,
+            **dataclasses.asdict(fig),
+            **rat,
+            "carried_gib": window.carried / 2**30,
+            "released_workspaces_gib": window.released / 2**30,
+        }
+    )
+    run_report.add_row(
+        "benchmarks",
+        TABLE,
+        COLUMNS,
+        (
+            case.name,
+            impl,
+            mode,
+            round(fig.step_ms, 2),
+            round(fig.tokens_per_s),
+            round(fig.peak_gib, 3),
+            *(None if v is None else round(v, 3) for v in rat.values()),
+            round(window.carried / 2**20, 1),
+            round(window.released / 2**20, 1),
+        ),
+    )
     del prepared, result, model
     torch._dynamo.reset()
 
 
 TURN_STEPS = {"eager": 5, "captured": 8}  # steps per turn: captured = 3 warm-up, 1 capture, 4 timed replays
 ROUNDS = 6  # measured rounds (one more round first, as warm-up, left out)
-INTERLEAVED_TABLE = (f"tokens/s ÷ PEFT's, runs taking turns ({ROUNDS} rounds after a warm-up round; a turn is "
-                     f"{TURN_STEPS['eager']} eager steps, or {TURN_STEPS['captured']} captured ones of which the "
-                     "replays after the capture are timed)")
+INTERLEAVED_TABLE = (
+    f"tokens/s ÷ PEFT's, runs taking turns ({ROUNDS} rounds after a warm-up round; a turn is "
+    f"{TURN_STEPS['eager']} eager steps, or {TURN_STEPS['captured']} captured ones of which the "
+    "replays after the capture are timed)"
+)
 HEADROOM = 6 * 2**30  # bytes beyond the models: one step's activations, a graph's pool, the allocator's slack
 
 
@@ -133,8 +176,11 @@ def test_speed_interleaved(benchmark, case, run_report, check, request):
         modes = [m for m in ("eager", "captured") if not TB.not_applicable(case, m, implementation)]
         for mode in modes:
             steps = TURN_STEPS[mode]
-            cfg, changes = fit_to_implementation(TB.run_config(case, impl, mode, warmup=steps, measured=ROUNDS * steps),
-                                                 implementation, f"bench case {case.name}")
+            cfg, changes = fit_to_implementation(
+                TB.run_config(case, impl, mode, warmup=steps, measured=ROUNDS * steps),
+                implementation,
+                f"bench case {case.name}",
+            )
             for what, reason in changes if mode == modes[0] else ():
                 check.not_applicable(f"{case.name} {impl}: {what}", reason)
             if impl not in models:
@@ -151,8 +197,10 @@ def test_speed_interleaved(benchmark, case, run_report, check, request):
                     free = torch.cuda.mem_get_info()[0]
                     need = per_model * (len(impls) - 1) + HEADROOM
                     if free < need:
-                        pytest.skip(f"not enough GPU memory to hold {len(impls)} models at once: {need / 2**30:.1f} "
-                                    f"GiB more needed, {free / 2**30:.1f} GiB free")
+                        pytest.skip(
+                            f"not enough GPU memory to hold {len(impls)} models at once: {need / 2**30:.1f} "
+                            f"GiB more needed, {free / 2**30:.1f} GiB free"
+                        )
             runs[f"{impl}-{mode}"] = TB.TurnRun(models[impl], cfg.train, mode)
             configs[f"{impl}-{mode}"] = cfg
 
@@ -183,15 +231,24 @@ def test_speed_interleaved(benchmark, case, run_report, check, request):
             e = est.get(name)
             if e is not None:
                 info[f"{name}_speed_vs_{ref}"], info[f"{name}_speed_vs_{ref}_se"] = e.median, e.se
-            cells += [None, None, None] if e is None else [round(e.median, 3), round(e.se, 3),
-                                                            f"{min(e.values):.2f}-{max(e.values):.2f}"]
-        run_report.add_row("benchmarks", INTERLEAVED_TABLE,
-                           ("case", "run", "median step ms (host)", "÷ PEFT eager", "SE", "range",
-                            "÷ PEFT captured", "SE", "range"),
-                           (case.name, name, round(step_ms, 2), *cells))
+            cells += (
+                [None, None, None]
+                if e is None
+                else [round(e.median, 3), round(e.se, 3), f"{min(e.values):.2f}-{max(e.values):.2f}"]
+            )
+        run_report.add_row(
+            "benchmarks",
+            INTERLEAVED_TABLE,
+            ("case", "run", "median step ms (host)", "÷ PEFT eager", "SE", "range", "÷ PEFT captured", "SE", "range"),
+            (case.name, name, round(step_ms, 2), *cells),
+        )
     for name, why in failed.items():  # a peer that could not be measured: its finding, after the others' rows
-        run_report.add_row("benchmarks", "interleaved runs that stopped (findings about the implementation)",
-                           ("case", "run", "what stopped it"), (case.name, name, why))
+        run_report.add_row(
+            "benchmarks",
+            "interleaved runs that stopped (findings about the implementation)",
+            ("case", "run", "what stopped it"),
+            (case.name, name, why),
+        )
         check(f"{case.name} {name}: every turn ran", why, "==", None, source="a peer's failure is its finding")
     info["stopped"] = failed
     benchmark.extra_info.update(info)
@@ -218,14 +275,27 @@ def test_profile_training_step(case, impl, run_report):
     prepared = prepare(cfg, "cuda", implementation=resolve_implementation(impl))
     res = train(prepared.model, prepared.batches, cfg.train, stop_step=3, adapters=prepared.adapters)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        train(prepared.model, prepared.batches, cfg.train, optimizer=res.optimizer, start_step=3,
-              stop_step=3 + PROFILE_STEPS, adapters=prepared.adapters)
+        train(
+            prepared.model,
+            prepared.batches,
+            cfg.train,
+            optimizer=res.optimizer,
+            start_step=3,
+            stop_step=3 + PROFILE_STEPS,
+            adapters=prepared.adapters,
+        )
     total_ms, kernels = kernel_profile(prof, PROFILE_STEPS)
-    run_report.add_row("benchmarks", "profile: device time of one eager training step (sum of kernels)",
-                       ("case", "implementation", "kernel ms per step", "kernel launches per step"),
-                       (case.name, impl, round(total_ms, 3), round(sum(k.launches for k in kernels))))
+    run_report.add_row(
+        "benchmarks",
+        "profile: device time of one eager training step (sum of kernels)",
+        ("case", "implementation", "kernel ms per step", "kernel launches per step"),
+        (case.name, impl, round(total_ms, 3), round(sum(k.launches for k in kernels))),
+    )
     for k in kernels[:10]:
-        run_report.add_row("benchmarks", "profile: kernels of one eager training step, most time first",
-                           ("case", "implementation", "kernel", "launches per step", "ms per step", "share"),
-                           (case.name, impl, k.name[:80], k.launches, round(k.ms, 3), round(k.ms / total_ms, 3)))
+        run_report.add_row(
+            "benchmarks",
+            "profile: kernels of one eager training step, most time first",
+            ("case", "implementation", "kernel", "launches per step", "ms per step", "share"),
+            (case.name, impl, k.name[:80], k.launches, round(k.ms, 3), round(k.ms / total_ms, 3)),
+        )
     del prepared, res

@@ -12,7 +12,21 @@ from lora_core.nf4 import NF4Tensor, dequantize_nf4, quantize_nf4
 from lora_core.ops.lora_linear import lora_linear, lora_linear_torch, nf4_linear
 
 __all__ = [
-    "BACKENDS", "CupyUnavailableError", "load_peft_adapter", "merge_lora", "save_peft_adapter", "LoRALinear", "NF4Linear", "NF4Tensor", "backend_call_counts",
-    "dequantize_nf4", "inject_lora", "lora_linear", "lora_linear_torch", "lora_scale", "nf4_linear",
-    "quantize_nf4", "resolve_backend",
+    "BACKENDS",
+    "CupyUnavailableError",
+    "load_peft_adapter",
+    "merge_lora",
+    "save_peft_adapter",
+    "LoRALinear",
+    "NF4Linear",
+    "NF4Tensor",
+    "backend_call_counts",
+    "dequantize_nf4",
+    "inject_lora",
+    "lora_linear",
+    "lora_linear_torch",
+    "lora_scale",
+    "nf4_linear",
+    "quantize_nf4",
+    "resolve_backend",
 ]

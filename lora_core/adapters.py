@@ -41,11 +41,13 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
     Gathering is a collective: on a sharded model every rank must make the same calls in the same order.
     """
     from torch.distributed.tensor import DTensor
+
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def save_peft_adapter(model: nn.Module, path: str | Path, *, base_model_name_or_path: str | None = None,
-                      write: bool = True) -> Path:
+def save_peft_adapter(
+    model: nn.Module, path: str | Path, *, base_model_name_or_path: str | None = None, write: bool = True
+) -> Path:
     """Write ``model``'s LoRA adapters as a PEFT folder (``peft.PeftModel.from_pretrained`` loads it).
 
     A model sharded with FSDP2 (``fully_shard``: DTensor adapters) is saved whole: each adapter is gathered
@@ -61,9 +63,18 @@ def save_peft_adapter(model: nn.Module, path: str | Path, *, base_model_name_or_
     r = Counter(m.r for m in layers.values()).most_common(1)[0][0]
     alpha = Counter(m.alpha for m in layers.values()).most_common(1)[0][0]
     config = {
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model_name_or_path,
-        "r": r, "lora_alpha": alpha, "use_rslora": rslora.pop(), "lora_dropout": 0.0, "bias": "none",
-        "fan_in_fan_out": False, "inference_mode": True, "init_lora_weights": True, "modules_to_save": None,
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model_name_or_path,
+        "r": r,
+        "lora_alpha": alpha,
+        "use_rslora": rslora.pop(),
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+        "init_lora_weights": True,
+        "modules_to_save": None,
         "target_modules": sorted({name.rsplit(".", 1)[-1] for name in layers}),
         "rank_pattern": {name: m.r for name, m in layers.items() if m.r != r},
         "alpha_pattern": {name: m.alpha for name, m in layers.items() if m.alpha != alpha},
@@ -98,23 +109,31 @@ def load_peft_adapter(model: nn.Module, path: str | Path) -> list[str]:
     layers = lora_modules(model)
     wanted = {_peft_key(n, w): (n, w) for n in layers for w in ("lora_A", "lora_B")}
     # PEFT writes keys without the adapter name; tolerate ".default" from files saved with it.
-    saved = {k.replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.", ".lora_B."): v for k, v in saved.items()}
+    saved = {
+        k.replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.", ".lora_B."): v for k, v in saved.items()
+    }
     unexpected = sorted(set(saved) - set(wanted))
     missing = sorted(set(wanted) - set(saved))
     if unexpected or missing:
-        raise ValueError(f"{path / WEIGHTS_FILE} does not fit the model: keys that fit no layer {unexpected[:5]}, "
-                         f"layers without weights {missing[:5]} ({len(unexpected)} / {len(missing)} in all)")
+        raise ValueError(
+            f"{path / WEIGHTS_FILE} does not fit the model: keys that fit no layer {unexpected[:5]}, "
+            f"layers without weights {missing[:5]} ({len(unexpected)} / {len(missing)} in all)"
+        )
     for name, m in layers.items():
         r = config.get("rank_pattern", {}).get(name, config["r"])
         alpha = config.get("alpha_pattern", {}).get(name, config["lora_alpha"])
         if (r, float(alpha), bool(config.get("use_rslora", False))) != (m.r, float(m.alpha), m.use_rslora):
-            raise ValueError(f"{path}: layer {name} has r={r}, alpha={alpha}, rslora={config.get('use_rslora')} in the "
-                             f"folder but r={m.r}, alpha={m.alpha}, rslora={m.use_rslora} in the model")
+            raise ValueError(
+                f"{path}: layer {name} has r={r}, alpha={alpha}, rslora={config.get('use_rslora')} in the "
+                f"folder but r={m.r}, alpha={m.alpha}, rslora={m.use_rslora} in the model"
+            )
     with torch.no_grad():
         for key, (name, which) in wanted.items():
             param = getattr(layers[name], which)
             if saved[key].shape != param.shape:
-                raise ValueError(f"{path}: {key} has shape {tuple(saved[key].shape)}, the layer's is {tuple(param.shape)}")
+                raise ValueError(
+                    f"{path}: {key} has shape {tuple(saved[key].shape)}, the layer's is {tuple(param.shape)}"
+                )
             param.copy_(saved[key])
     return list(layers)
 
@@ -131,8 +150,7 @@ def merge_lora(model: nn.Module, *, nf4: str = "16bit") -> nn.Module:
         base = dequantize_nf4(m.nf4, m.nf4.dtype) if m.quantize == "nf4" else m.weight.detach()  # (O, K)
         delta = m.scale * (m.lora_B.detach().float() @ m.lora_A.detach().float())  # (O, K) fp32
         merged = (base.float() + delta.to(base.device)).to(base.dtype)
-        linear = nn.Linear(m.in_features, m.out_features, bias=m.bias is not None, device=base.device,
-                           dtype=base.dtype)
+        linear = nn.Linear(m.in_features, m.out_features, bias=m.bias is not None, device=base.device, dtype=base.dtype)
         with torch.no_grad():
             linear.weight.copy_(merged)
             if m.bias is not None:

@@ -46,7 +46,8 @@ def default_backend(device: torch.device) -> str:
         warnings.warn(
             "lora_core: CUDA tensors but CuPy does not import, so backend=None runs the torch reference "
             "backend, not the CuPy kernels under test; install lora-gpu-suite[cuda12] or [cuda13]",
-            RuntimeWarning, stacklevel=3,
+            RuntimeWarning,
+            stacklevel=3,
         )
         _warned_default = True
     return "torch"
@@ -76,6 +77,11 @@ def backend_call_counts() -> dict[str, int]:
 
 
 __all__ = [
-    "BACKENDS", "CupyUnavailableError", "backend_call_counts", "count_call", "default_backend",
-    "resolve_backend", "validate_backend_name",
+    "BACKENDS",
+    "CupyUnavailableError",
+    "backend_call_counts",
+    "count_call",
+    "default_backend",
+    "resolve_backend",
+    "validate_backend_name",
 ]

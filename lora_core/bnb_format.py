@@ -75,22 +75,46 @@ def _fields(quant_state: Any) -> dict:
         missing = [k for k in ("absmax", "quant_map", "blocksize", "dtype", "shape", "quant_type") if k not in by_leaf]
         if missing:
             raise BnbFormatError(f"bitsandbytes quant state lacks {missing}; got keys {sorted(quant_state)}")
-        f = {"quant_type": by_leaf["quant_type"], "absmax": by_leaf["absmax"], "code": by_leaf["quant_map"],
-             "blocksize": by_leaf["blocksize"], "dtype": by_leaf["dtype"], "shape": by_leaf["shape"], "nested": False}
+        f = {
+            "quant_type": by_leaf["quant_type"],
+            "absmax": by_leaf["absmax"],
+            "code": by_leaf["quant_map"],
+            "blocksize": by_leaf["blocksize"],
+            "dtype": by_leaf["dtype"],
+            "shape": by_leaf["shape"],
+            "nested": False,
+        }
         if "nested_absmax" in by_leaf:
-            f.update(nested=True, absmax2=by_leaf["nested_absmax"], code2=by_leaf["nested_quant_map"],
-                     blocksize2=by_leaf.get("nested_blocksize"), offset=by_leaf.get("nested_offset"))
+            f.update(
+                nested=True,
+                absmax2=by_leaf["nested_absmax"],
+                code2=by_leaf["nested_quant_map"],
+                blocksize2=by_leaf.get("nested_blocksize"),
+                offset=by_leaf.get("nested_offset"),
+            )
         return f
     try:
-        f = {"quant_type": quant_state.quant_type, "absmax": quant_state.absmax, "code": quant_state.code,
-             "blocksize": quant_state.blocksize, "dtype": quant_state.dtype, "shape": quant_state.shape,
-             "nested": bool(quant_state.nested)}
+        f = {
+            "quant_type": quant_state.quant_type,
+            "absmax": quant_state.absmax,
+            "code": quant_state.code,
+            "blocksize": quant_state.blocksize,
+            "dtype": quant_state.dtype,
+            "shape": quant_state.shape,
+            "nested": bool(quant_state.nested),
+        }
         if f["nested"]:
-            f.update(absmax2=quant_state.state2.absmax, code2=quant_state.state2.code,
-                     blocksize2=quant_state.state2.blocksize, offset=quant_state.offset)
+            f.update(
+                absmax2=quant_state.state2.absmax,
+                code2=quant_state.state2.code,
+                blocksize2=quant_state.state2.blocksize,
+                offset=quant_state.offset,
+            )
     except AttributeError as exc:
-        raise BnbFormatError(f"quant_state of type {type(quant_state).__name__} is neither a bitsandbytes "
-                             f"QuantState nor its state dict ({exc})") from None
+        raise BnbFormatError(
+            f"quant_state of type {type(quant_state).__name__} is neither a bitsandbytes "
+            f"QuantState nor its state dict ({exc})"
+        ) from None
     return f
 
 
@@ -111,9 +135,11 @@ def from_bnb(packed: torch.Tensor, quant_state: Any) -> NF4Tensor:
         raise BnbFormatError(f"shape {shape}: expected a 2-D weight (out_features, in_features)")
     n = shape[0] * shape[1]
     if not isinstance(packed, torch.Tensor) or packed.dtype != torch.uint8 or packed.numel() * 2 != n:
-        raise BnbFormatError(f"packed codes {getattr(packed, 'dtype', type(packed).__name__)} with "
-                             f"{getattr(packed, 'numel', lambda: '?')()} bytes: expected uint8 with {n // 2} bytes "
-                             f"for shape {shape}")
+        raise BnbFormatError(
+            f"packed codes {getattr(packed, 'dtype', type(packed).__name__)} with "
+            f"{getattr(packed, 'numel', lambda: '?')()} bytes: expected uint8 with {n // 2} bytes "
+            f"for shape {shape}"
+        )
     code = torch.as_tensor(f["code"]).to("cpu", torch.float32)
     if not torch.equal(code, torch.tensor(NF4_CODE, dtype=torch.float32)):
         raise BnbFormatError(f"quant_map {code.tolist()[:4]}…: not the NF4 code lora_core dequantises with")
@@ -133,8 +159,10 @@ def from_bnb(packed: torch.Tensor, quant_state: Any) -> NF4Tensor:
     absmax2 = torch.as_tensor(f["absmax2"]).to(device, torch.float32).contiguous()
     code2 = torch.as_tensor(f["code2"]).to(device, torch.float32).contiguous()
     if code2.numel() != 256 or absmax2.numel() != -(-absmax.numel() // DQ_BLOCKSIZE):
-        raise BnbFormatError(f"nested state: quant map of {code2.numel()} values (expected 256), {absmax2.numel()} "
-                             f"scales (expected {-(-absmax.numel() // DQ_BLOCKSIZE)})")
+        raise BnbFormatError(
+            f"nested state: quant map of {code2.numel()} values (expected 256), {absmax2.numel()} "
+            f"scales (expected {-(-absmax.numel() // DQ_BLOCKSIZE)})"
+        )
     offset = float(torch.as_tensor(f["offset"], dtype=torch.float32))  # fp32 value, exact in a Python float
     return NF4Tensor(packed, shape, dtype, BLOCKSIZE, None, absmax.contiguous(), absmax2, offset, code2)
 
@@ -144,10 +172,16 @@ def to_bnb_state_dict(q: NF4Tensor, prefix: str = "weight") -> dict[str, torch.T
 
     A state read from bitsandbytes goes back nested, byte for byte; lora_core's own linear double quantisation
     has no bitsandbytes form and goes out with fp32 absmaxes (exact, 4 bytes per 64 weights instead of ~1)."""
-    meta = {"quant_type": "nf4", "blocksize": q.blocksize, "dtype": str(q.dtype).removeprefix("torch."),
-            "shape": list(q.shape)}
-    out = {prefix: q.packed.reshape(-1, 1),
-           f"{prefix}.quant_map": torch.tensor(NF4_CODE, dtype=torch.float32, device=q.device)}
+    meta = {
+        "quant_type": "nf4",
+        "blocksize": q.blocksize,
+        "dtype": str(q.dtype).removeprefix("torch."),
+        "shape": list(q.shape),
+    }
+    out = {
+        prefix: q.packed.reshape(-1, 1),
+        f"{prefix}.quant_map": torch.tensor(NF4_CODE, dtype=torch.float32, device=q.device),
+    }
     if q.absmax_code is not None:
         out[f"{prefix}.absmax"] = q.absmax_q
         out[f"{prefix}.nested_absmax"] = q.absmax_scale
@@ -173,6 +207,8 @@ def nf4_weights(state: Mapping[str, torch.Tensor]) -> dict[str, NF4Tensor]:
     paths = [k[: -len(marker)] for k in state if k.endswith(marker)]
     if not paths:
         fp4 = [k for k in state if k.endswith(".quant_state.bitsandbytes__fp4")]
-        raise BnbFormatError(f"no bitsandbytes NF4 weight in the state dict ({len(state)} keys"
-                             f"{'; FP4 weights, which are not supported: ' + str(fp4[:2]) if fp4 else ''})")
+        raise BnbFormatError(
+            f"no bitsandbytes NF4 weight in the state dict ({len(state)} keys"
+            f"{'; FP4 weights, which are not supported: ' + str(fp4[:2]) if fp4 else ''})"
+        )
     return {path: from_bnb_state_dict(state, prefix=f"{path}.weight") for path in paths}

@@ -28,9 +28,17 @@ def _matches(name: str, module: nn.Module, targets: tuple[str, ...]) -> str | No
     return leaf if leaf in targets else None
 
 
-def inject_lora(model: nn.Module, targets: tuple[str, ...] | list[str] | str = ("q_proj", "v_proj"), r: int = 8,
-                alpha: float = 16, *, backend: str | None = None, use_rslora: bool = False,
-                adapter_dtype: torch.dtype | None = torch.float32, quantize: str | None = None) -> list[str]:
+def inject_lora(
+    model: nn.Module,
+    targets: tuple[str, ...] | list[str] | str = ("q_proj", "v_proj"),
+    r: int = 8,
+    alpha: float = 16,
+    *,
+    backend: str | None = None,
+    use_rslora: bool = False,
+    adapter_dtype: torch.dtype | None = torch.float32,
+    quantize: str | None = None,
+) -> list[str]:
     """Replace the target linears in place, freeze everything else; return the replaced module names."""
     targets = (targets,) if isinstance(targets, str) else tuple(targets)
     unknown = [t for t in targets if t not in TARGET_NAMES + (ALL_LINEAR,)]
@@ -38,20 +46,37 @@ def inject_lora(model: nn.Module, targets: tuple[str, ...] | list[str] | str = (
         raise ValueError(f"targets {unknown or list(targets)} are not among {TARGET_NAMES} or {ALL_LINEAR!r}")
     for p in model.parameters():
         p.requires_grad_(False)
-    chosen = [(name, module, hit) for name, module in model.named_modules()
-              if (hit := _matches(name, module, targets)) is not None]
+    chosen = [
+        (name, module, hit)
+        for name, module in model.named_modules()
+        if (hit := _matches(name, module, targets)) is not None
+    ]
     matched = {hit for _, _, hit in chosen}
     missing = [t for t in targets if t not in matched]
     if missing:
         linears = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
-        raise ValueError(f"LoRA target(s) {missing} match no nn.Linear in {type(model).__name__}; "
-                         f"its linear layers are named {linears}")
+        raise ValueError(
+            f"LoRA target(s) {missing} match no nn.Linear in {type(model).__name__}; "
+            f"its linear layers are named {linears}"
+        )
     for name, module, _ in chosen:
-        replace_module(model, name, LoRALinear.from_linear(module, r=r, alpha=alpha, backend=backend, use_rslora=use_rslora,
-                                                     adapter_dtype=adapter_dtype, quantize=quantize))
+        replace_module(
+            model,
+            name,
+            LoRALinear.from_linear(
+                module,
+                r=r,
+                alpha=alpha,
+                backend=backend,
+                use_rslora=use_rslora,
+                adapter_dtype=adapter_dtype,
+                quantize=quantize,
+            ),
+        )
     if quantize == "nf4":
-        others = [(n, m) for n, m in model.named_modules()
-                  if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] != "lm_head"]
+        others = [
+            (n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] != "lm_head"
+        ]
         for name, module in others:
             replace_module(model, name, NF4Linear(module, backend=backend))
     elif quantize is not None:

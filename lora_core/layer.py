@@ -39,6 +39,7 @@ def _nf4_of(linear: nn.Linear) -> NF4Tensor:
     state = getattr(linear.weight, "quant_state", None)
     if state is not None:
         from lora_core.bnb_format import from_bnb
+
         return from_bnb(linear.weight.data, state)
     return quantize_nf4(linear.weight.detach())
 
@@ -59,8 +60,17 @@ class _NF4Storage:
         if getattr(self, "_nf4_meta", None) is None:
             return None
         shape, dtype, blocksize, mean = self._nf4_meta
-        return NF4Tensor(self.weight_packed, shape, dtype, blocksize, self.weight_absmax, self.weight_absmax_q,
-                         self.weight_absmax_scale, mean, self.weight_absmax_code)
+        return NF4Tensor(
+            self.weight_packed,
+            shape,
+            dtype,
+            blocksize,
+            self.weight_absmax,
+            self.weight_absmax_q,
+            self.weight_absmax_scale,
+            mean,
+            self.weight_absmax_code,
+        )
 
 
 class LoRALinear(_NF4Storage, nn.Module):
@@ -71,9 +81,18 @@ class LoRALinear(_NF4Storage, nn.Module):
     base dtype (an fp64 base always keeps fp64 adapters, for reference runs).
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, r: int = 8, alpha: float = 16,
-                 *, use_rslora: bool = False, backend: str | None = None,
-                 adapter_dtype: torch.dtype | None = torch.float32, quantize: str | None = None):
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        r: int = 8,
+        alpha: float = 16,
+        *,
+        use_rslora: bool = False,
+        backend: str | None = None,
+        adapter_dtype: torch.dtype | None = torch.float32,
+        quantize: str | None = None,
+    ):
         super().__init__()
         if quantize not in QUANTIZE_MODES:
             raise ValueError(f"quantize={quantize!r} is not one of {QUANTIZE_MODES}")
@@ -84,8 +103,10 @@ class LoRALinear(_NF4Storage, nn.Module):
             if len(stored.shape) != 2:
                 raise ValueError(f"NF4 weight has shape {stored.shape}, expected (out_features, in_features)")
         elif not isinstance(weight, torch.Tensor) or weight.dim() != 2:
-            raise ValueError(f"weight must be a 2-D tensor (out_features, in_features) or an NF4Tensor, got "
-                             f"{tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
+            raise ValueError(
+                f"weight must be a 2-D tensor (out_features, in_features) or an NF4Tensor, got "
+                f"{tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__}"
+            )
         self.out_features, self.in_features = stored.shape if stored is not None else weight.shape
         self.r, self.alpha, self.use_rslora = r, alpha, use_rslora
         self.scale = lora_scale(r, alpha, use_rslora)
@@ -106,9 +127,17 @@ class LoRALinear(_NF4Storage, nn.Module):
         self.reset_lora_parameters()
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, r: int = 8, alpha: float = 16, backend: str | None = None, *,
-                    use_rslora: bool = False, adapter_dtype: torch.dtype | None = torch.float32,
-                    quantize: str | None = None) -> LoRALinear:
+    def from_linear(
+        cls,
+        linear: nn.Linear,
+        r: int = 8,
+        alpha: float = 16,
+        backend: str | None = None,
+        *,
+        use_rslora: bool = False,
+        adapter_dtype: torch.dtype | None = torch.float32,
+        quantize: str | None = None,
+    ) -> LoRALinear:
         """Wrap an existing ``nn.Linear``: its weight and bias are shared (not copied) and frozen.
 
         ``quantize="nf4"`` stores the weight as NF4 instead (the 16-bit one is then no longer referenced); a
@@ -118,12 +147,30 @@ class LoRALinear(_NF4Storage, nn.Module):
             raise ValueError(f"from_linear expects an nn.Linear, got {type(linear).__name__}")
         if getattr(linear.weight, "quant_state", None) is not None:  # a bitsandbytes 4-bit layer
             if quantize != "nf4":
-                raise ValueError(f"{type(linear).__name__} holds a bitsandbytes 4-bit weight, but quantize="
-                                 f"{quantize!r}: pass quantize='nf4' to keep it as it is")
-            return cls(_nf4_of(linear), linear.bias, r, alpha, use_rslora=use_rslora, backend=backend,
-                       adapter_dtype=adapter_dtype, quantize=quantize)
-        return cls(linear.weight, linear.bias, r, alpha, use_rslora=use_rslora, backend=backend,
-                   adapter_dtype=adapter_dtype, quantize=quantize)
+                raise ValueError(
+                    f"{type(linear).__name__} holds a bitsandbytes 4-bit weight, but quantize="
+                    f"{quantize!r}: pass quantize='nf4' to keep it as it is"
+                )
+            return cls(
+                _nf4_of(linear),
+                linear.bias,
+                r,
+                alpha,
+                use_rslora=use_rslora,
+                backend=backend,
+                adapter_dtype=adapter_dtype,
+                quantize=quantize,
+            )
+        return cls(
+            linear.weight,
+            linear.bias,
+            r,
+            alpha,
+            use_rslora=use_rslora,
+            backend=backend,
+            adapter_dtype=adapter_dtype,
+            quantize=quantize,
+        )
 
     @torch.no_grad()
     def reset_lora_parameters(self) -> None:
@@ -139,10 +186,12 @@ class LoRALinear(_NF4Storage, nn.Module):
         return y
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, r={self.r}, "
-                f"alpha={self.alpha}, scale={self.scale:g}, rslora={self.use_rslora}, "
-                f"bias={self.bias is not None}, backend={self.backend or 'auto'}"
-                f"{', quantize=' + self.quantize if self.quantize else ''}")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, r={self.r}, "
+            f"alpha={self.alpha}, scale={self.scale:g}, rslora={self.use_rslora}, "
+            f"bias={self.bias is not None}, backend={self.backend or 'auto'}"
+            f"{', quantize=' + self.quantize if self.quantize else ''}"
+        )
 
 
 class NF4Linear(_NF4Storage, nn.Module):
@@ -164,4 +213,6 @@ class NF4Linear(_NF4Storage, nn.Module):
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, nf4, backend={self.backend or 'auto'}"
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, nf4, backend={self.backend or 'auto'}"
+        )

@@ -31,15 +31,31 @@ import torch
 from lora_core.ops import cupy_interop as cx
 
 NF4_CODE = (
-    -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
-    -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
-    0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0,
+    -1.0,
+    -0.6961928009986877,
+    -0.5250730514526367,
+    -0.39491748809814453,
+    -0.28444138169288635,
+    -0.18477343022823334,
+    -0.09105003625154495,
+    0.0,
+    0.07958029955625534,
+    0.16093020141124725,
+    0.24611230194568634,
+    0.33791524171829224,
+    0.44070982933044434,
+    0.5626170039176941,
+    0.7229568362236023,
+    1.0,
 )
 MAX_CODE_GAP = max(b - a for a, b in zip(NF4_CODE, NF4_CODE[1:]))  # 0.3038 (between -1.0 and -0.6962)
 BLOCKSIZE = 64
 DQ_BLOCKSIZE = 256
-_KERNEL_NAMES = tuple(f"nf4_quantize<{t}>" for t in ("float", "__nv_bfloat16", "__half")) + tuple(
-    f"nf4_dequantize<{t}>" for t in ("float", "__nv_bfloat16", "__half")) + ("absmax_quantize",)
+_KERNEL_NAMES = (
+    tuple(f"nf4_quantize<{t}>" for t in ("float", "__nv_bfloat16", "__half"))
+    + tuple(f"nf4_dequantize<{t}>" for t in ("float", "__nv_bfloat16", "__half"))
+    + ("absmax_quantize",)
+)
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -73,8 +89,11 @@ class NF4Tensor:
 
     def state_nbytes(self) -> int:
         """Bytes of the quantisation state (absmaxes, their codes and scales), not counting the codes."""
-        return sum(t.numel() * t.element_size()
-                   for t in (self.absmax, self.absmax_q, self.absmax_scale, self.absmax_code) if t is not None)
+        return sum(
+            t.numel() * t.element_size()
+            for t in (self.absmax, self.absmax_q, self.absmax_scale, self.absmax_code)
+            if t is not None
+        )
 
     def nbytes(self) -> int:
         return self.packed.numel() + self.state_nbytes()
@@ -96,14 +115,18 @@ def _check_weight(weight: torch.Tensor, blocksize: int) -> None:
     if not isinstance(weight, torch.Tensor):
         raise ValueError(f"quantize_nf4 expects a torch.Tensor, got {type(weight).__name__}")
     if weight.dim() != 2:
-        raise ValueError(f"quantize_nf4 expects a 2-D weight (out_features, in_features), got shape {tuple(weight.shape)}")
+        raise ValueError(
+            f"quantize_nf4 expects a 2-D weight (out_features, in_features), got shape {tuple(weight.shape)}"
+        )
     if weight.dtype not in _DTYPES:
         raise ValueError(f"weight has dtype {weight.dtype}, expected one of {_DTYPES}")
     if blocksize != BLOCKSIZE:
         raise ValueError(f"blocksize={blocksize}: only {BLOCKSIZE} is implemented (the kernels use one warp per block)")
     if weight.numel() % blocksize:
-        raise ValueError(f"weight of shape {tuple(weight.shape)} has {weight.numel()} elements, not a multiple of "
-                         f"the block size {blocksize}; NF4 here does not pad")
+        raise ValueError(
+            f"weight of shape {tuple(weight.shape)} has {weight.numel()} elements, not a multiple of "
+            f"the block size {blocksize}; NF4 here does not pad"
+        )
     if not torch.isfinite(weight).all():
         bad = int((~torch.isfinite(weight)).sum())
         raise ValueError(f"weight of shape {tuple(weight.shape)} has {bad} non-finite value(s); NF4 cannot store them")
@@ -162,8 +185,14 @@ def quantize_nf4(weight: torch.Tensor, blocksize: int = BLOCKSIZE, double_quant:
     absmax = torch.empty(n_blocks, dtype=torch.float32, device=w.device)
     warps_per_block = 8
     with cx.on_torch_stream(w.device) as cu:
-        cu.launch("nf4.cu", _KERNEL_NAMES, f"nf4_quantize<{cx.CUDA_TYPE_NAME[w.dtype]}>",
-                  (cx.ceil_div(n_blocks, warps_per_block),), (32 * warps_per_block,), (w, packed, absmax, n_blocks))
+        cu.launch(
+            "nf4.cu",
+            _KERNEL_NAMES,
+            f"nf4_quantize<{cx.CUDA_TYPE_NAME[w.dtype]}>",
+            (cx.ceil_div(n_blocks, warps_per_block),),
+            (32 * warps_per_block,),
+            (w, packed, absmax, n_blocks),
+        )
     return _finish(packed, absmax, weight, blocksize, double_quant, _double_quant_gpu)
 
 
@@ -173,8 +202,9 @@ def _double_quant_gpu(absmax: torch.Tensor):
     q = torch.empty(n, dtype=torch.int8, device=absmax.device)
     scale = torch.empty(cx.ceil_div(n, DQ_BLOCKSIZE), dtype=torch.float32, device=absmax.device)
     with cx.on_torch_stream(absmax.device) as cu:
-        cu.launch("nf4.cu", _KERNEL_NAMES, "absmax_quantize", (scale.numel(),), (DQ_BLOCKSIZE,),
-                  (absmax, mean, q, scale, n))
+        cu.launch(
+            "nf4.cu", _KERNEL_NAMES, "absmax_quantize", (scale.numel(),), (DQ_BLOCKSIZE,), (absmax, mean, q, scale, n)
+        )
     return q, scale, mean
 
 
@@ -188,25 +218,41 @@ def dequantize_nf4(q: NF4Tensor, dtype: torch.dtype | None = None, out: torch.Te
     if out is None:
         out = torch.empty(q.shape, dtype=dtype, device=q.device)
     elif tuple(out.shape) != q.shape or out.dtype != dtype or not out.is_contiguous() or out.device != q.device:
-        raise ValueError(f"out has shape {tuple(out.shape)} {out.dtype} on {out.device}, expected contiguous "
-                         f"{q.shape} {dtype} on {q.device}")
+        raise ValueError(
+            f"out has shape {tuple(out.shape)} {out.dtype} on {out.device}, expected contiguous "
+            f"{q.shape} {dtype} on {q.device}"
+        )
     n8 = q.numel // 8  # work items of 8 elements
     block, items_per_thread = 256, 4  # items_per_thread is DEQ_ITEMS in kernels/nf4.cu
     null = 0  # a null pointer for the state the variant does not use
     with cx.on_torch_stream(q.device) as cu:
-        cu.launch("nf4.cu", _KERNEL_NAMES, f"nf4_dequantize<{cx.CUDA_TYPE_NAME[dtype]}>",
-                  (cx.ceil_div(n8, block * items_per_thread),),
-                  (block,), (q.packed, q.absmax if q.absmax is not None else null,
-                             q.absmax_q if q.double_quant else null, q.absmax_scale if q.double_quant else null,
-                             float(q.absmax_mean), q.absmax_code if q.absmax_code is not None else null, out, n8))
+        cu.launch(
+            "nf4.cu",
+            _KERNEL_NAMES,
+            f"nf4_dequantize<{cx.CUDA_TYPE_NAME[dtype]}>",
+            (cx.ceil_div(n8, block * items_per_thread),),
+            (block,),
+            (
+                q.packed,
+                q.absmax if q.absmax is not None else null,
+                q.absmax_q if q.double_quant else null,
+                q.absmax_scale if q.double_quant else null,
+                float(q.absmax_mean),
+                q.absmax_code if q.absmax_code is not None else null,
+                out,
+                n8,
+            ),
+        )
     return out
 
 
 def roundtrip_error_bound(q: NF4Tensor) -> torch.Tensor:
     """Per-block bound on |w − ŵ|: absmax·MAX_CODE_GAP/2 plus the absmax's own double-quantisation error."""
     if q.absmax_code is not None:
-        raise ValueError("roundtrip_error_bound: this NF4Tensor holds bitsandbytes' double quantisation (absmax_code "
-                         "set); the bound is derived for lora_core's own int8 form only")
+        raise ValueError(
+            "roundtrip_error_bound: this NF4Tensor holds bitsandbytes' double quantisation (absmax_code "
+            "set); the bound is derived for lora_core's own int8 form only"
+        )
     absmax = q.block_absmax()
     if not q.double_quant:
         return absmax * (MAX_CODE_GAP / 2) * (1 + 1e-6)

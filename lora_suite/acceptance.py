@@ -24,12 +24,22 @@ def collect(root: Path) -> list[dict]:
     for path in sorted(root.glob("*/*/report.json")):
         report = json.loads(path.read_text())
         checks = report.get("checks", [])
-        runs.append({"condition": path.parent.parent.name, "run": path.parent.name, "target": report.get("selection"),
-                     "status": report.get("status"), "summary": report.get("summary", {}),
-                     "passed": report.get("status") == "complete" and not report.get("summary", {}).get("failed")
-                     and all(c["passed"] for c in checks),
-                     "environment": report.get("environment", {}),
-                     "checks": [{k: c.get(k) for k in ("test", "name", "value", "op", "threshold", "passed")} for c in checks]})
+        runs.append(
+            {
+                "condition": path.parent.parent.name,
+                "run": path.parent.name,
+                "target": report.get("selection"),
+                "status": report.get("status"),
+                "summary": report.get("summary", {}),
+                "passed": report.get("status") == "complete"
+                and not report.get("summary", {}).get("failed")
+                and all(c["passed"] for c in checks),
+                "environment": report.get("environment", {}),
+                "checks": [
+                    {k: c.get(k) for k in ("test", "name", "value", "op", "threshold", "passed")} for c in checks
+                ],
+            }
+        )
     return runs
 
 
@@ -46,8 +56,19 @@ def figure_ranges(runs: list[dict]) -> list[tuple]:
     for (target, name, op), vals in sorted(acc.items()):
         values = [v for v, _, _ in vals]
         limits = [t for _, t, _ in vals if isinstance(t, (int, float))]
-        rows.append((target, name, len(vals), sum(not p for _, _, p in vals), min(values), max(values), op,
-                     min(limits) if limits else None, max(limits) if limits else None))
+        rows.append(
+            (
+                target,
+                name,
+                len(vals),
+                sum(not p for _, _, p in vals),
+                min(values),
+                max(values),
+                op,
+                min(limits) if limits else None,
+                max(limits) if limits else None,
+            )
+        )
     return rows
 
 
@@ -90,40 +111,73 @@ def render(runs: list[dict]) -> str:
     conditions = sorted({r["condition"] for r in runs})
     envs = [r["environment"] for r in runs]
     facts = {k: sorted({str(e.get(k)) for e in envs}) for k in ("gpu_name", "driver", "torch", "git_commit")}
-    lines = [f"# Load acceptance: {len(runs)} runs, {sum(not r['passed'] for r in runs)} failed", "",
-             f"GPU {', '.join(facts['gpu_name'])}; driver {', '.join(facts['driver'])}; torch "
-             f"{', '.join(facts['torch'])}; commits {', '.join(facts['git_commit'])}; conditions: "
-             f"{', '.join(conditions)}.", "",
-             "## Runs per target and condition (failed in brackets)", "",
-             f"| target | {' | '.join(conditions)} | all |", "|---|" + "---|" * (len(conditions) + 1)]
+    lines = [
+        f"# Load acceptance: {len(runs)} runs, {sum(not r['passed'] for r in runs)} failed",
+        "",
+        f"GPU {', '.join(facts['gpu_name'])}; driver {', '.join(facts['driver'])}; torch "
+        f"{', '.join(facts['torch'])}; commits {', '.join(facts['git_commit'])}; conditions: "
+        f"{', '.join(conditions)}.",
+        "",
+        "## Runs per target and condition (failed in brackets)",
+        "",
+        f"| target | {' | '.join(conditions)} | all |",
+        "|---|" + "---|" * (len(conditions) + 1),
+    ]
     for target, by in sorted(run_counts(runs).items()):
-        lines.append(f"| {target} | {_cells(by, conditions, lambda n, f: f'{n} ({f})')} | "
-                     f"{sum(n for n, _ in by.values())} ({sum(f for _, f in by.values())}) |")
+        lines.append(
+            f"| {target} | {_cells(by, conditions, lambda n, f: f'{n} ({f})')} | "
+            f"{sum(n for n, _ in by.values())} ({sum(f for _, f in by.values())}) |"
+        )
     tallies = plant_tallies(runs)
     if tallies:
-        lines += ["", "## Planted defects: rounds that caught the plant / rounds, per commit", "",
-                  f"| plant | {' | '.join(conditions)} | all |", "|---|" + "---|" * (len(conditions) + 1)]
+        lines += [
+            "",
+            "## Planted defects: rounds that caught the plant / rounds, per commit",
+            "",
+            f"| plant | {' | '.join(conditions)} | all |",
+            "|---|" + "---|" * (len(conditions) + 1),
+        ]
         for plant, by in sorted(tallies.items()):
-            lines.append(f"| {plant} | {_cells(by, conditions, lambda k, n: f'{k}/{n}')} | "
-                         f"{sum(k for k, _ in by.values())}/{sum(n for _, n in by.values())} |")
-    lines += ["", "## Runs", "", "| condition | run | target | verdict | checks passed / failed | GPU | host GPUs | commit |",
-              "|---|---|---|---|---|---|---|---|"]
+            lines.append(
+                f"| {plant} | {_cells(by, conditions, lambda k, n: f'{k}/{n}')} | "
+                f"{sum(k for k, _ in by.values())}/{sum(n for _, n in by.values())} |"
+            )
+    lines += [
+        "",
+        "## Runs",
+        "",
+        "| condition | run | target | verdict | checks passed / failed | GPU | host GPUs | commit |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in runs:
         s, e = r["summary"], r["environment"]
-        lines.append(f"| {r['condition']} | {r['run']} | {r['target']} | {'PASS' if r['passed'] else 'FAIL'} | "
-                     f"{s.get('checks_passed', 0)} / {s.get('checks_failed', 0)} | {e.get('gpu_name')} | "
-                     f"{e.get('host_gpus', 'not recorded')} | {_commit(r)} |")
-    lines += ["", "## Judged figures over the runs (value range against the allowance range)", "",
-              "| target | check | runs | failed | min value | max value | op | allowance (min) | allowance (max) |",
-              "|---|---|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {r['condition']} | {r['run']} | {r['target']} | {'PASS' if r['passed'] else 'FAIL'} | "
+            f"{s.get('checks_passed', 0)} / {s.get('checks_failed', 0)} | {e.get('gpu_name')} | "
+            f"{e.get('host_gpus', 'not recorded')} | {_commit(r)} |"
+        )
+    lines += [
+        "",
+        "## Judged figures over the runs (value range against the allowance range)",
+        "",
+        "| target | check | runs | failed | min value | max value | op | allowance (min) | allowance (max) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for target, name, n, failed, lo, hi, op, tlo, thi in figure_ranges(runs):
         lines.append(f"| {target} | {name} | {n} | {failed} | {lo:.4g} | {hi:.4g} | {op} | {tlo} | {thi} |")
     lines += ["", "## Every run's checks", ""]
     for r in runs:
-        lines += [f"### {r['condition']} / {r['run']} ({'PASS' if r['passed'] else 'FAIL'})", "",
-                  "| check | value | op | allowance | passed |", "|---|---|---|---|---|"]
-        lines += [f"| {c['test'].split('::')[-1] if c['test'] else ''}: {c['name']} | {c['value']} | {c['op']} | "
-                  f"{c['threshold']} | {c['passed']} |" for c in r["checks"]]
+        lines += [
+            f"### {r['condition']} / {r['run']} ({'PASS' if r['passed'] else 'FAIL'})",
+            "",
+            "| check | value | op | allowance | passed |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {c['test'].split('::')[-1] if c['test'] else ''}: {c['name']} | {c['value']} | {c['op']} | "
+            f"{c['threshold']} | {c['passed']} |"
+            for c in r["checks"]
+        ]
         lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -137,13 +191,18 @@ def main(argv: list[str]) -> int:
     if not runs:
         print(f"{root}: no <condition>/<run>/report.json under it", file=sys.stderr)
         return 2
-    atomic_write_text(root / "acceptance.json", json.dumps({"runs": runs, "figures": figure_ranges(runs),
-                                                            "counts": run_counts(runs), "plants": plant_tallies(runs)},
-                                                           indent=1))
+    atomic_write_text(
+        root / "acceptance.json",
+        json.dumps(
+            {"runs": runs, "figures": figure_ranges(runs), "counts": run_counts(runs), "plants": plant_tallies(runs)},
+            indent=1,
+        ),
+    )
     atomic_write_text(root / "acceptance.md", render(runs))
     failed = [f"{r['condition']}/{r['run']}" for r in runs if not r["passed"]]
-    print(f"{len(runs)} runs, {len(failed)} failed{': ' + ', '.join(failed) if failed else ''}; "
-          f"{root / 'acceptance.md'}")
+    print(
+        f"{len(runs)} runs, {len(failed)} failed{': ' + ', '.join(failed) if failed else ''}; {root / 'acceptance.md'}"
+    )
     return 1 if failed else 0
 
 

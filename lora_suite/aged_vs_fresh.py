@@ -43,9 +43,17 @@ class Pair:
         return self.aged_cpu_s / self.fresh_cpu_s
 
 
-def run_pairs(aged: TrainingRun, fresh: TrainingRun, *, aged_start: int, pairs: int, warmup: int,
-              max_pairs: int | None = None, resolved: Callable[[list[Pair]], bool] | None = None,
-              block: int = 20) -> list[Pair]:
+def run_pairs(
+    aged: TrainingRun,
+    fresh: TrainingRun,
+    *,
+    aged_start: int,
+    pairs: int,
+    warmup: int,
+    max_pairs: int | None = None,
+    resolved: Callable[[list[Pair]], bool] | None = None,
+    block: int = 20,
+) -> list[Pair]:
     """Alternate steps of the two runs (module docstring); the aged run goes on from step ``aged_start``.
 
     ``pairs`` are always run; then, while ``resolved(pairs)`` is false and fewer than ``max_pairs`` ran, ``block``
@@ -55,8 +63,10 @@ def run_pairs(aged: TrainingRun, fresh: TrainingRun, *, aged_start: int, pairs: 
     """
     max_pairs = pairs if max_pairs is None else max_pairs
     if pairs < 2 or warmup < 0 or max_pairs < pairs or block < 2:
-        raise ValueError(f"aged vs fresh needs pairs >= 2, warmup >= 0, max_pairs >= pairs and block >= 2, got "
-                         f"pairs={pairs}, warmup={warmup}, max_pairs={max_pairs}, block={block}")
+        raise ValueError(
+            f"aged vs fresh needs pairs >= 2, warmup >= 0, max_pairs >= pairs and block >= 2, got "
+            f"pairs={pairs}, warmup={warmup}, max_pairs={max_pairs}, block={block}"
+        )
     out: list[Pair] = []
 
     def one(i: int) -> Pair:

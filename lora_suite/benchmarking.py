@@ -39,16 +39,20 @@ def layer_step(impl: str, batch: int, seq: int, k: int, o: int, r: int, device="
         return lambda: torch.autograd.grad(linear(x), (x,), dy)
     if impl == "peft":
         import peft
-        model = peft.get_peft_model(torch.nn.Sequential(linear),
-                                    peft.LoraConfig(r=r, lora_alpha=2 * r, target_modules=["0"], lora_dropout=0.0),
-                                    autocast_adapter_dtype=False)
+
+        model = peft.get_peft_model(
+            torch.nn.Sequential(linear),
+            peft.LoraConfig(r=r, lora_alpha=2 * r, target_modules=["0"], lora_dropout=0.0),
+            autocast_adapter_dtype=False,
+        )
         layer = model.base_model.model[0]
         params = (x, layer.lora_A["default"].weight, layer.lora_B["default"].weight)
         torch.nn.init.normal_(params[2], std=0.02)
     else:
         quantize = "nf4" if impl == "cupy-nf4" else None
-        layer = lora_core.LoRALinear.from_linear(linear, r=r, alpha=2 * r, backend=impl.split("-")[0],
-                                                 adapter_dtype=DT, quantize=quantize)
+        layer = lora_core.LoRALinear.from_linear(
+            linear, r=r, alpha=2 * r, backend=impl.split("-")[0], adapter_dtype=DT, quantize=quantize
+        )
         torch.nn.init.normal_(layer.lora_B, std=0.02)
         params = (x, layer.lora_A, layer.lora_B)
     if not all(p.dtype == DT for p in params[1:]):
@@ -93,20 +97,25 @@ class KernelTime:
 def kernel_profile(prof, calls: int) -> tuple[float, list[KernelTime]]:
     """(summed kernel ms per call, each kernel per call, most time first) from a finished
     ``torch.profiler.profile(activities=[ProfilerActivity.CUDA])`` session that ran the work ``calls`` times."""
-    kernels = [KernelTime(e.key, e.count / calls, e.self_device_time_total / calls / 1e3)
-               for e in prof.key_averages() if e.device_type.name == "CUDA" and e.self_device_time_total > 0]
+    kernels = [
+        KernelTime(e.key, e.count / calls, e.self_device_time_total / calls / 1e3)
+        for e in prof.key_averages()
+        if e.device_type.name == "CUDA" and e.self_device_time_total > 0
+    ]
     kernels.sort(key=lambda k: k.ms, reverse=True)
     return sum(k.ms for k in kernels), kernels
 
 
-def dequant_vs_copy(shape: tuple[int, int], *, dequant=dequantize_nf4, rounds: int = 7,
-                    reps: int = 20) -> tuple[PairedEstimate, int]:
+def dequant_vs_copy(
+    shape: tuple[int, int], *, dequant=dequantize_nf4, rounds: int = 7, reps: int = 20
+) -> tuple[PairedEstimate, int]:
     """Per-round bandwidth(dequant) / bandwidth(copy of the same bytes), and the bytes moved."""
     q = quantize_nf4((torch.randn(*shape, device="cuda") * 0.02).to(DT))
     out = torch.empty(shape, dtype=DT, device="cuda")
     moved = q.nbytes() + out.numel() * out.element_size()
     src = torch.empty(moved // 2, dtype=torch.uint8, device="cuda").random_()
     dst = torch.empty_like(src)
-    ms = interleaved_rounds({"dequant": lambda: dequant(q, out=out), "copy": lambda: dst.copy_(src)},
-                            rounds=rounds, reps=reps)
+    ms = interleaved_rounds(
+        {"dequant": lambda: dequant(q, out=out), "copy": lambda: dst.copy_(src)}, rounds=rounds, reps=reps
+    )
     return PairedEstimate.of([c / d for d, c in zip(ms["dequant"], ms["copy"])]), moved

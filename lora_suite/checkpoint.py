@@ -56,9 +56,15 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def save_adapter_checkpoint(model: nn.Module, directory: str | Path, *, step: int,
-                            optimizer: torch.optim.Optimizer | None = None, extra: dict | None = None,
-                            implementation=None) -> Path:
+def save_adapter_checkpoint(
+    model: nn.Module,
+    directory: str | Path,
+    *,
+    step: int,
+    optimizer: torch.optim.Optimizer | None = None,
+    extra: dict | None = None,
+    implementation=None,
+) -> Path:
     """Write the checkpoint as a unit. ``implementation`` (lora_suite.implementations) writes the PEFT-format
     adapters; default: lora_core's layers (``save_peft_adapter``)."""
     directory = Path(directory)
@@ -103,39 +109,51 @@ def verify_checkpoint(directory: str | Path) -> int:
     manifest_path = directory / MANIFEST_FILE
     if not (directory / ADAPTER_FILE).exists() and not manifest_path.exists():
         aside = sorted(directory.parent.glob(f".{directory.name}.old-*"))
-        hint = (f"; a save was interrupted between its two renames and the previous checkpoint is whole at "
-                f"{aside[-1]} (rename it to {directory.name} to resume from it)") if aside else ""
+        hint = (
+            (
+                f"; a save was interrupted between its two renames and the previous checkpoint is whole at "
+                f"{aside[-1]} (rename it to {directory.name} to resume from it)"
+            )
+            if aside
+            else ""
+        )
         raise FileNotFoundError(f"no adapter checkpoint at {directory / ADAPTER_FILE}{hint}")
     if not manifest_path.exists():
-        raise CheckpointError(f"checkpoint {directory} has no {MANIFEST_FILE}: it is partial (a save did not "
-                              "finish) or was written by hand; refusing to resume from it")
+        raise CheckpointError(
+            f"checkpoint {directory} has no {MANIFEST_FILE}: it is partial (a save did not "
+            "finish) or was written by hand; refusing to resume from it"
+        )
     try:
         manifest = json.loads(manifest_path.read_text())
         files, step = dict(manifest["files"]), int(manifest["step"])
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"checkpoint {directory}: {MANIFEST_FILE} is not a manifest (expected JSON with "
-                              f"'files' and 'step'; {type(exc).__name__}: {exc})") from None
+        raise CheckpointError(
+            f"checkpoint {directory}: {MANIFEST_FILE} is not a manifest (expected JSON with "
+            f"'files' and 'step'; {type(exc).__name__}: {exc})"
+        ) from None
     for name, want in files.items():
         path = directory / name
         if not path.exists():
             raise CheckpointError(f"checkpoint {directory}: {name} is listed in the manifest but missing")
         size = path.stat().st_size
         if size != want["bytes"] or _sha256(path) != want["sha256"]:
-            raise CheckpointError(f"checkpoint {directory}: {name} differs from the manifest of step "
-                                  f"{step} ({size} bytes, expected {want['bytes']}; or its SHA-256): "
-                                  "a mixed or corrupted set")
+            raise CheckpointError(
+                f"checkpoint {directory}: {name} differs from the manifest of step "
+                f"{step} ({size} bytes, expected {want['bytes']}; or its SHA-256): "
+                "a mixed or corrupted set"
+            )
     for name in (ADAPTER_FILE, CONFIG_FILE, STATE_FILE):
         if name not in files:
             raise CheckpointError(f"checkpoint {directory}: the manifest lists no {name}")
     state_step = int(json.loads((directory / STATE_FILE).read_text())["step"])
     if state_step != step:
-        raise CheckpointError(f"checkpoint {directory}: steps disagree (trainer state {state_step}, manifest "
-                              f"{step})")
+        raise CheckpointError(f"checkpoint {directory}: steps disagree (trainer state {state_step}, manifest {step})")
     return step
 
 
-def load_adapter_checkpoint(model: nn.Module, directory: str | Path, *,
-                            optimizer: torch.optim.Optimizer | None = None, implementation=None) -> int:
+def load_adapter_checkpoint(
+    model: nn.Module, directory: str | Path, *, optimizer: torch.optim.Optimizer | None = None, implementation=None
+) -> int:
     """Load adapters (and optimizer state) into ``model`` after ``verify_checkpoint``; return the step."""
     directory = Path(directory)
     step = verify_checkpoint(directory)

@@ -94,8 +94,16 @@ def compare_reports(base: dict, run: dict) -> list[Change]:
                 out.append(Change("check", f"{key[0]}: {key[1]}", str(c["value"]), "(missing)", "present", True))
             continue
         if c["passed"] and not r["passed"]:
-            out.append(Change("check", f"{key[0]}: {key[1]}", str(c["value"]), str(r["value"]),
-                              f"{r['op']} {r['threshold']}", True))
+            out.append(
+                Change(
+                    "check",
+                    f"{key[0]}: {key[1]}",
+                    str(c["value"]),
+                    str(r["value"]),
+                    f"{r['op']} {r['threshold']}",
+                    True,
+                )
+            )
     return out
 
 
@@ -124,9 +132,17 @@ def compare_benchmarks(base: dict, run: dict) -> list[Change]:
         rise = t1 / t0 - 1 if t0 > 0 else math.inf
         host = (row.get("extra_info") or {}).get("clock") == "host"
         if abs(rise) > threshold:
-            out.append(Change("benchmark", row["fullname"], f"{t0:.4g}", f"{t1:.4g} ({rise:+.1%})",
-                              f"±{threshold:.1%}", rise > threshold and not host,
-                              "host-clocked: judged by the interleaved ratios" if host and rise > threshold else ""))
+            out.append(
+                Change(
+                    "benchmark",
+                    row["fullname"],
+                    f"{t0:.4g}",
+                    f"{t1:.4g} ({rise:+.1%})",
+                    f"±{threshold:.1%}",
+                    rise > threshold and not host,
+                    "host-clocked: judged by the interleaved ratios" if host and rise > threshold else "",
+                )
+            )
         out += compare_speed_ratios(row["fullname"], b.get("extra_info") or {}, row.get("extra_info") or {})
     return out
 
@@ -145,10 +161,17 @@ def compare_speed_ratios(fullname: str, base: dict, run: dict) -> list[Change]:
         name, ref = key.split(SPEED_KEY, 1)
         mixed = name.rsplit("-", 1)[-1] != ref.rsplit("-", 1)[-1]  # eager vs captured: the host's speed stays in
         if abs(fall) > threshold:
-            out.append(Change("ratio", f"{fullname} {key}", f"{r0:.4g}", f"{r1:.4g} ({-fall:+.1%})",
-                              f"±{threshold:.1%}", fall > threshold and not mixed,
-                              "eager vs captured: a host-clocked over a device-clocked run" if mixed and fall > threshold
-                              else ""))
+            out.append(
+                Change(
+                    "ratio",
+                    f"{fullname} {key}",
+                    f"{r0:.4g}",
+                    f"{r1:.4g} ({-fall:+.1%})",
+                    f"±{threshold:.1%}",
+                    fall > threshold and not mixed,
+                    "eager vs captured: a host-clocked over a device-clocked run" if mixed and fall > threshold else "",
+                )
+            )
     return out
 
 
@@ -164,12 +187,15 @@ def compare_runs(baseline: Path, run: Path) -> list[Change]:
         if b is not None and r is not None:
             found = True
             if name == "report.json" and _implementation(b) != _implementation(r):
-                raise ValueError(f"{baseline} judged the LoRA implementation {_implementation(b)!r} and {run} "
-                                 f"{_implementation(r)!r}: a baseline only compares with runs of the same one")
+                raise ValueError(
+                    f"{baseline} judged the LoRA implementation {_implementation(b)!r} and {run} "
+                    f"{_implementation(r)!r}: a baseline only compares with runs of the same one"
+                )
             changes += fn(b, r)
     if not found:
-        raise FileNotFoundError(f"nothing to compare: {baseline} and {run} share neither report.json nor "
-                                "benchmark.json")
+        raise FileNotFoundError(
+            f"nothing to compare: {baseline} and {run} share neither report.json nor benchmark.json"
+        )
     return changes
 
 
@@ -179,8 +205,10 @@ def render(changes: list[Change]) -> str:
     lines = [f"{'kind':<10} {'verdict':<11} {'before':>12} {'after':>22} {'threshold':>12}  name"]
     for c in sorted(changes, key=lambda c: (not c.regression, c.kind, c.name)):
         verdict = "REGRESSION" if c.regression else ("not judged" if c.note else "improved")
-        lines.append(f"{c.kind:<10} {verdict:<11} {c.before:>12} {c.after:>22} {c.threshold:>12}  {c.name}"
-                     + (f"  ({c.note})" if c.note else ""))
+        lines.append(
+            f"{c.kind:<10} {verdict:<11} {c.before:>12} {c.after:>22} {c.threshold:>12}  {c.name}"
+            + (f"  ({c.note})" if c.note else "")
+        )
     return "\n".join(lines)
 
 
@@ -196,8 +224,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(render(changes))
     regressions = sum(c.regression for c in changes)
-    print(f"{regressions} regression(s) of {argv[1]} against {argv[0]}" if regressions else
-          f"no regression of {argv[1]} against {argv[0]}")
+    print(
+        f"{regressions} regression(s) of {argv[1]} against {argv[0]}"
+        if regressions
+        else f"no regression of {argv[1]} against {argv[0]}"
+    )
     return 1 if regressions else 0
 
 

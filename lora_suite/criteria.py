@@ -34,7 +34,7 @@ def _check_window(values, window: int) -> None:
 
 def windowed_means(values, window: int) -> list[float]:
     _check_window(values, window)
-    return [statistics.fmean(values[i:i + window]) for i in range(0, len(values) - window + 1, window)]
+    return [statistics.fmean(values[i : i + window]) for i in range(0, len(values) - window + 1, window)]
 
 
 def loss_drop(losses, window: int) -> float:
@@ -144,6 +144,7 @@ def host_normalised_drift(cpu_times_s, probe_times_s, tokens_per_step: float, wi
 @dataclass(frozen=True)
 class Verdict:
     """A criterion evaluated on measurements; tiers record it as a check, self-tests assert it fails."""
+
     name: str
     value: float
     op: str
@@ -166,17 +167,24 @@ def median_se(values) -> tuple[float, float]:
     """The median of ``values`` and its standard error, 1.2533·1.4826·MAD/√n (Gaussian efficiency of a median)."""
     if len(values) < 2:
         raise ValueError(f"need two or more values, got {len(values)}")
-    return statistics.median(values), MEDIAN_SE_FACTOR * MAD_TO_SIGMA * median_abs_deviation(values) / math.sqrt(len(values))
+    return statistics.median(values), MEDIAN_SE_FACTOR * MAD_TO_SIGMA * median_abs_deviation(values) / math.sqrt(
+        len(values)
+    )
 
 
 def stall_verdict(step_times_s, *, factor: float, stall_max: float, source: str) -> Verdict:
     """Share of steps slower than ``factor`` × the median step (CUDA-event spans): a stall multiplies a step, where
     host preemption and jitter move it by tens of percent."""
     ordered = sorted(step_times_s)
-    return Verdict(f"share of steps slower than {factor} x the median step (stalls) after warm-up",
-                   round(stall_fraction(step_times_s, factor), 4), "<=", stall_max, f"{source} stall_factor, stall_fraction_max",
-                   f"median {statistics.median(ordered) * 1e3:.1f} ms, min {ordered[0] * 1e3:.1f}, max "
-                   f"{ordered[-1] * 1e3:.1f}, robust spread {robust_spread(step_times_s):.3f}")
+    return Verdict(
+        f"share of steps slower than {factor} x the median step (stalls) after warm-up",
+        round(stall_fraction(step_times_s, factor), 4),
+        "<=",
+        stall_max,
+        f"{source} stall_factor, stall_fraction_max",
+        f"median {statistics.median(ordered) * 1e3:.1f} ms, min {ordered[0] * 1e3:.1f}, max "
+        f"{ordered[-1] * 1e3:.1f}, robust spread {robust_spread(step_times_s):.3f}",
+    )
 
 
 def device_time_verdict(early_s, late_s, *, drift_max: float, z: float, source: str) -> Verdict:
@@ -186,20 +194,29 @@ def device_time_verdict(early_s, late_s, *, drift_max: float, z: float, source: 
     of window_drift; passes when drift ≤ drift_max + z·SE. The host's speed does not enter T_j.
     """
     d = window_drift([1 / t for t in early_s], [1 / t for t in late_s])
-    return Verdict("device time per step drift (clipped kernel durations), early vs late window", round(d.drift, 4),
-                   "<=", round(d.allowed(drift_max, z), 4), f"{source} device_time_drift_max {drift_max} + drift_noise_z "
-                   f"{z} x SE {d.noise_se:.4f}", f"median {1e3 / d.first_median:.2f} ms early, {1e3 / d.last_median:.2f} ms "
-                   f"late ({len(early_s)} and {len(late_s)} profiled steps)")
+    return Verdict(
+        "device time per step drift (clipped kernel durations), early vs late window",
+        round(d.drift, 4),
+        "<=",
+        round(d.allowed(drift_max, z), 4),
+        f"{source} device_time_drift_max {drift_max} + drift_noise_z {z} x SE {d.noise_se:.4f}",
+        f"median {1e3 / d.first_median:.2f} ms early, {1e3 / d.last_median:.2f} ms "
+        f"late ({len(early_s)} and {len(late_s)} profiled steps)",
+    )
 
 
 def aged_vs_fresh_verdict(ratios, *, slowdown_max: float, z: float, source: str) -> Verdict:
     """Per-pair ratio ρ_i = CPU time of the aged run's step / the fresh run's (lora_suite/aged_vs_fresh.py); passes when
     median(ρ) − 1 ≤ slowdown_max + z·SE(median)."""
     med, se = median_se(ratios)
-    return Verdict("aged run's step / fresh run's step, process CPU time, median over alternating pairs, minus 1",
-                   round(med - 1, 4), "<=", round(slowdown_max + z * se, 4),
-                   f"{source} aged_vs_fresh_slowdown_max {slowdown_max} + drift_noise_z {z} x SE {se:.4f}",
-                   f"{len(ratios)} pairs: median ratio {med:.4f}, min {min(ratios):.3f}, max {max(ratios):.3f}")
+    return Verdict(
+        "aged run's step / fresh run's step, process CPU time, median over alternating pairs, minus 1",
+        round(med - 1, 4),
+        "<=",
+        round(slowdown_max + z * se, 4),
+        f"{source} aged_vs_fresh_slowdown_max {slowdown_max} + drift_noise_z {z} x SE {se:.4f}",
+        f"{len(ratios)} pairs: median ratio {med:.4f}, min {min(ratios):.3f}, max {max(ratios):.3f}",
+    )
 
 
 def host_time_drift(cpu_times_s, tokens_per_step: float, window: int) -> Drift:

@@ -127,8 +127,9 @@ class Batches:
 
     def __init__(self, settings: DataSettings, tokenizer: Tokenizer, model_vocab_size: int, device="cpu"):
         if tokenizer.vocab_size > model_vocab_size:
-            raise ValueError(f"tokenizer has {tokenizer.vocab_size} ids but the model's vocabulary has "
-                             f"{model_vocab_size}")
+            raise ValueError(
+                f"tokenizer has {tokenizer.vocab_size} ids but the model's vocabulary has {model_vocab_size}"
+            )
         self.settings, self.tokenizer, self.device = settings, tokenizer, torch.device(device)
         if settings.source == "embedded":
             ids = tokenizer.encode(EMBEDDED_CORPUS) + [tokenizer.eos_id]
@@ -144,12 +145,13 @@ class Batches:
         gen = torch.Generator().manual_seed(s.seed * 1_000_003 + step)
         if self.stream is not None:
             if s.pool:
-                pool = torch.randint(0, len(self.stream) - s.seq_len + 1, (s.pool,),
-                                     generator=torch.Generator().manual_seed(s.seed)).tolist()
+                pool = torch.randint(
+                    0, len(self.stream) - s.seq_len + 1, (s.pool,), generator=torch.Generator().manual_seed(s.seed)
+                ).tolist()
                 starts = [pool[(step * s.batch_size + j) % s.pool] for j in range(s.batch_size)]
             else:
                 starts = torch.randint(0, len(self.stream) - s.seq_len + 1, (s.batch_size,), generator=gen).tolist()
-            ids = torch.stack([self.stream[i:i + s.seq_len] for i in starts])
+            ids = torch.stack([self.stream[i : i + s.seq_len] for i in starts])
             labels = ids.clone()
         else:
             pick = torch.randint(0, len(self.examples), (s.batch_size,), generator=gen).tolist()
@@ -178,11 +180,14 @@ def load_alpaca_jsonl(path: str | Path, tokenizer: Tokenizer, seq_len: int) -> l
             raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
         missing = [k for k in ("instruction", "output") if not isinstance(row.get(k), str)]
         if missing:
-            raise ValueError(f"{path}:{lineno}: missing or non-string key(s) {missing}; an Alpaca row has "
-                             "'instruction', optional 'input', and 'output'")
+            raise ValueError(
+                f"{path}:{lineno}: missing or non-string key(s) {missing}; an Alpaca row has "
+                "'instruction', optional 'input', and 'output'"
+            )
         extra = row.get("input") or ""
-        prompt = ALPACA_PROMPT.format(instruction=row["instruction"],
-                                      input_block=f"### Input:\n{extra}\n\n" if extra else "")
+        prompt = ALPACA_PROMPT.format(
+            instruction=row["instruction"], input_block=f"### Input:\n{extra}\n\n" if extra else ""
+        )
         p_ids, r_ids = tokenizer.encode(prompt), tokenizer.encode(row["output"]) + [tokenizer.eos_id]
         ids = (p_ids + r_ids)[:seq_len]
         labels = ([IGNORE_INDEX] * len(p_ids) + r_ids)[:seq_len]

@@ -64,8 +64,10 @@ def clipped_step_times(steps: list[list[Launch]], clip: float) -> list[float]:
     for key in set().union(*keyed):
         if key[0] in aligned:
             medians[key] = statistics.median([k[key] for k in keyed if key in k])
-    return [sum(d if key not in medians or d <= clip * medians[key] else medians[key] for key, d in k.items()) / 1e6
-            for k in keyed]
+    return [
+        sum(d if key not in medians or d <= clip * medians[key] else medians[key] for key, d in k.items()) / 1e6
+        for k in keyed
+    ]
 
 
 @dataclass(frozen=True)
@@ -84,19 +86,29 @@ def window(name: str, steps: list[int], launches: dict[int, list[Launch]], clip:
     if not present:
         raise ValueError(f"device window {name!r}: none of steps {steps} was profiled")
     per_step = [launches[s] for s in present]
-    return DeviceWindow(name, tuple(present), tuple(sum(d for _, d in ls) / 1e6 for ls in per_step),
-                        tuple(clipped_step_times(per_step, clip)), tuple(len(ls) for ls in per_step))
+    return DeviceWindow(
+        name,
+        tuple(present),
+        tuple(sum(d for _, d in ls) / 1e6 for ls in per_step),
+        tuple(clipped_step_times(per_step, clip)),
+        tuple(len(ls) for ls in per_step),
+    )
 
 
 def profile_windows(fit_after: int, steps: int, width: int) -> dict[str, list[int]]:
     """Where to profile: one warm-up step before ``fit_after`` (CUPTI's first-use set-up, not judged), the first
     ``width`` steps after the warm-up (early), the middle (diagnostic) and the last ``width`` steps (late)."""
     if width < 2 or 2 * width > steps - fit_after:
-        raise ValueError(f"device window width {width}: need 2 <= width and two windows in the "
-                         f"{steps - fit_after} steps after step {fit_after}")
+        raise ValueError(
+            f"device window width {width}: need 2 <= width and two windows in the "
+            f"{steps - fit_after} steps after step {fit_after}"
+        )
     mid = fit_after + (steps - fit_after - width) // 2
-    out = {"warm-up": [max(0, fit_after - 5)], "early": list(range(fit_after, fit_after + width)),
-           "late": list(range(steps - width, steps))}
+    out = {
+        "warm-up": [max(0, fit_after - 5)],
+        "early": list(range(fit_after, fit_after + width)),
+        "late": list(range(steps - width, steps)),
+    }
     if mid >= fit_after + width and mid + width <= steps - width:
         out["middle"] = list(range(mid, mid + width))
     return out
@@ -123,6 +135,7 @@ class DeviceTimer:
             yield
             return
         from torch.profiler import ProfilerActivity, profile
+
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             yield
         self.launches[step] = device_launches(prof)

@@ -34,7 +34,9 @@ class Environment:
     git_dirty: bool
     hostname: str
     timestamp_utc: str
-    host_gpus: int | None = None  # GPUs on the host as NVML counts them (CUDA_VISIBLE_DEVICES hides none); None: no NVML
+    host_gpus: int | None = (
+        None  # GPUs on the host as NVML counts them (CUDA_VISIBLE_DEVICES hides none); None: no NVML
+    )
 
 
 def _dist_version(name: str) -> str | None:
@@ -60,10 +62,19 @@ def git_state(root: Path = PROJECT_ROOT) -> tuple[str, bool]:
         return f"{env} (from ${COMMIT_ENV})", False
     git = ["git", "-c", "safe.directory=*"]
     try:
-        commit = subprocess.run([*git, "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                                check=True, timeout=10).stdout.strip()
-        dirty = bool(subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                                    capture_output=True, text=True, check=True, timeout=10).stdout.strip())
+        commit = subprocess.run(
+            [*git, "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
+        dirty = bool(
+            subprocess.run(
+                [*git, "status", "--porcelain", "--untracked-files=no"],
+                cwd=root,
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=10,
+            ).stdout.strip()
+        )
         return commit, dirty
     except (OSError, subprocess.SubprocessError):
         return "unknown", False
@@ -98,9 +109,20 @@ def collect_environment() -> Environment:
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         gpu, cc, mem = props.name, f"{props.major}.{props.minor}", round(props.total_memory / 2**30, 2)
     return Environment(
-        gpu_name=gpu, compute_capability=cc, gpu_memory_gib=mem, driver=driver,
-        cuda=torch.version.cuda, torch=torch.__version__, cupy=cupy_version(), nvmath=cublas_binding_version(),
-        transformers=_dist_version("transformers"), peft=_dist_version("peft"),
-        python=platform.python_version(), git_commit=commit, git_dirty=dirty, hostname=platform.node(),
-        timestamp_utc=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), host_gpus=host_gpus,
+        gpu_name=gpu,
+        compute_capability=cc,
+        gpu_memory_gib=mem,
+        driver=driver,
+        cuda=torch.version.cuda,
+        torch=torch.__version__,
+        cupy=cupy_version(),
+        nvmath=cublas_binding_version(),
+        transformers=_dist_version("transformers"),
+        peft=_dist_version("peft"),
+        python=platform.python_version(),
+        git_commit=commit,
+        git_dirty=dirty,
+        hostname=platform.node(),
+        timestamp_utc=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        host_gpus=host_gpus,
     )

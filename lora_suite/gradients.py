@@ -58,11 +58,12 @@ def split_batch(batch: dict[str, torch.Tensor], k: int) -> list[dict[str, torch.
     n = batch["input_ids"].shape[0]
     if k < 1 or n % k:
         raise ValueError(f"cannot split a batch of {n} into k={k} equal micro-batches")
-    return [{key: v[i * (n // k):(i + 1) * (n // k)] for key, v in batch.items()} for i in range(k)]
+    return [{key: v[i * (n // k) : (i + 1) * (n // k)] for key, v in batch.items()} for i in range(k)]
 
 
-def adapter_gradients(model: nn.Module, micro_batches: list[dict[str, torch.Tensor]],
-                      adapters: dict[str, nn.Parameter] | None = None) -> GradientRun:
+def adapter_gradients(
+    model: nn.Module, micro_batches: list[dict[str, torch.Tensor]], adapters: dict[str, nn.Parameter] | None = None
+) -> GradientRun:
     """Gradients of every adapter after the trainer's own accumulation over ``micro_batches``."""
     adapters = adapter_parameters(model) if adapters is None else adapters
     for p in adapters.values():
@@ -90,8 +91,9 @@ def reference_model(model: nn.Module, dtype: torch.dtype = torch.float32) -> nn.
 
 
 @torch.no_grad()
-def randomize_lora_b(model: nn.Module, std: float = 0.02, seed: int = 0,
-                     adapters: dict[str, nn.Parameter] | None = None) -> None:
+def randomize_lora_b(
+    model: nn.Module, std: float = 0.02, seed: int = 0, adapters: dict[str, nn.Parameter] | None = None
+) -> None:
     """Non-zero B (it starts at 0): with B = 0, dA = s·(dY B)ᵀ x is exactly 0 and nothing about dA is tested."""
     gen = torch.Generator().manual_seed(seed)
     adapters = adapter_parameters(model) if adapters is None else adapters
@@ -120,8 +122,9 @@ def agreement(cand_err: dict[str, float], base_err: dict[str, float], factor: fl
 
 def describe_failures(rows: list[GradientAgreement], limit: int = 5) -> str:
     bad = sorted((r for r in rows if not r.ok), key=lambda r: -r.err if r.err == r.err else float("-inf"))
-    text = "; ".join(f"{r.name}: err {r.err:.3e} > tol {r.tol:.3e} (16-bit reference err {r.err_base:.3e})"
-                     for r in bad[:limit])
+    text = "; ".join(
+        f"{r.name}: err {r.err:.3e} > tol {r.tol:.3e} (16-bit reference err {r.err_base:.3e})" for r in bad[:limit]
+    )
     return f"{len(bad)} of {len(rows)} adapters beyond tolerance: {text}" if bad else ""
 
 
@@ -166,9 +169,18 @@ def perturb_lora_a(adapters: dict[str, nn.Parameter], relative: float, seed: int
                 p.mul_(1 + relative * sign)
 
 
-def whole_model_checks(model: nn.Module, batch: dict[str, torch.Tensor], *, label: str, reference: nn.Module,
-                       adapters: dict[str, nn.Parameter] | None = None, reference_adapters=None, k: int | None,
-                       factor: float, reference_dtype: torch.dtype = torch.float32) -> list[WholeModelResult]:
+def whole_model_checks(
+    model: nn.Module,
+    batch: dict[str, torch.Tensor],
+    *,
+    label: str,
+    reference: nn.Module,
+    adapters: dict[str, nn.Parameter] | None = None,
+    reference_adapters=None,
+    k: int | None,
+    factor: float,
+    reference_dtype: torch.dtype = torch.float32,
+) -> list[WholeModelResult]:
     """Step-0 gradients of ``model`` (the implementation under test, named ``label``) vs an fp32 reference.
 
     ``reference`` is the same 16-bit model (same base weights, same adapter values) on the torch reference

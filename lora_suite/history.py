@@ -72,8 +72,9 @@ def run_time(report: dict, run_dir: Path) -> dt.datetime:
     stamp = (report.get("environment") or {}).get("timestamp_utc")
     if stamp:
         return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-    raise ValueError(f"{run_dir}: no run time (its run_id, its directory name and environment.timestamp_utc "
-                     "carry none)")
+    raise ValueError(
+        f"{run_dir}: no run time (its run_id, its directory name and environment.timestamp_utc carry none)"
+    )
 
 
 def _number(v) -> float | None:
@@ -121,8 +122,11 @@ def collect(dirs: list[Path]) -> list[Group]:
         except (OSError, json.JSONDecodeError) as exc:
             raise ValueError(f"{path}: not a readable report.json ({exc})") from None
         env = report.get("environment") or {}
-        key = (env.get("gpu_name") or "no GPU", (report.get("implementation") or {}).get("name", "cupy"),
-               str(report.get("selection") or "all"))
+        key = (
+            env.get("gpu_name") or "no GPU",
+            (report.get("implementation") or {}).get("name", "cupy"),
+            str(report.get("selection") or "all"),
+        )
         group = groups.setdefault(key, Group(*key))
         when = run_time(report, path.parent)
         group.runs.append((when, path.parent))
@@ -140,6 +144,7 @@ def collect(dirs: list[Path]) -> list[Group]:
 def _flag_regressions(group: Group) -> None:
     """Each run against the group's previous run, by the compare gate (the night-to-night verdict)."""
     from lora_suite.compare import compare_runs
+
     for (_, before), (_, after) in zip(group.runs, group.runs[1:]):
         try:
             changes = compare_runs(before, after)
@@ -173,6 +178,7 @@ def plotted(group: Group) -> list[str]:
 
 def plot_group(group: Group) -> bytes:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -202,14 +208,19 @@ def plot_group(group: Group) -> bytes:
         ax.set_title(name[:70], fontsize=7)
         ax.tick_params(axis="x", labelsize=6)
         ax.tick_params(axis="y", labelsize=6)
-    for ax in list(axes.flat)[len(names):]:
+    for ax in list(axes.flat)[len(names) :]:
         ax.axis("off")
     first, last = group.runs[0], group.runs[-1]  # one time axis for the group: its first and latest run
     commits = {p.run: p.commit for pts in group.figures.values() for p in pts}
     for ax in axes.flat:
         ax.set_xticks([first[0], last[0]] if first[0] != last[0] else [first[0]])
-        ax.set_xticklabels([f"{w:%m-%d %H:%M}\n{commits.get(d.name, '')}" for w, d in
-                            ([first, last] if first[0] != last[0] else [first])], fontsize=6)
+        ax.set_xticklabels(
+            [
+                f"{w:%m-%d %H:%M}\n{commits.get(d.name, '')}"
+                for w, d in ([first, last] if first[0] != last[0] else [first])
+            ],
+            fontsize=6,
+        )
     fig.suptitle(group.title, fontsize=9)
     fig.tight_layout()
     buf = io.BytesIO()
@@ -228,10 +239,14 @@ def _fmt(v: float | None) -> str:
 
 def render_md(groups: list[Group], images: dict[str, str]) -> str:
     runs = sum(len(g.runs) for g in groups)
-    lines = ["# LoRA GPU suite history", "",
-             f"{runs} runs in {len(groups)} groups (GPU · implementation · tier). Each plot draws the figures "
-             "closest to their thresholds, the allowance shaded; red points failed, red lines are runs the "
-             "compare gate found regressed against the group's previous run.", ""]
+    lines = [
+        "# LoRA GPU suite history",
+        "",
+        f"{runs} runs in {len(groups)} groups (GPU · implementation · tier). Each plot draws the figures "
+        "closest to their thresholds, the allowance shaded; red points failed, red lines are runs the "
+        "compare gate found regressed against the group's previous run.",
+        "",
+    ]
     for g in groups:
         lines += [f"## {g.title}", "", f"{len(g.runs)} runs, {g.runs[0][0]:%Y-%m-%d} to {g.runs[-1][0]:%Y-%m-%d}.", ""]
         for run, found in sorted(g.regressions.items()):
@@ -241,42 +256,57 @@ def render_md(groups: list[Group], images: dict[str, str]) -> str:
         if _slug(g.title) in images:
             lines += [f"![{g.title}]({images[_slug(g.title)]})", ""]
         if g.figures:
-            lines += ["| figure | latest | threshold | range over the runs | runs | latest commit |",
-                      "|---|---|---|---|---|---|"]
+            lines += [
+                "| figure | latest | threshold | range over the runs | runs | latest commit |",
+                "|---|---|---|---|---|---|",
+            ]
             for name in sorted(g.figures, key=lambda n: (margin(g.figures[n]), n)):
                 pts = g.figures[name]
                 last = pts[-1]
                 values = [p.value for p in pts]
                 verdict = "" if last.passed else " **FAIL**"
-                lines.append(f"| {name.replace('|', '/')} | {_fmt(last.value)}{verdict} | "
-                             f"{last.op} {_fmt(last.threshold)} | {_fmt(min(values))} – {_fmt(max(values))} | "
-                             f"{len(pts)} | {last.commit} |")
+                lines.append(
+                    f"| {name.replace('|', '/')} | {_fmt(last.value)}{verdict} | "
+                    f"{last.op} {_fmt(last.threshold)} | {_fmt(min(values))} – {_fmt(max(values))} | "
+                    f"{len(pts)} | {last.commit} |"
+                )
             lines.append("")
     return "\n".join(lines) + "\n"
 
 
 def render_html(groups: list[Group], pngs: dict[str, bytes], md: str) -> str:
-    parts = ["<!doctype html><meta charset=utf-8><title>LoRA GPU suite history</title>",
-             "<style>body{font-family:sans-serif;max-width:1400px}td,th{border:1px solid #bbb;padding:2px 6px;"
-             "font-size:12px}table{border-collapse:collapse}</style><h1>LoRA GPU suite history</h1>"]
+    parts = [
+        "<!doctype html><meta charset=utf-8><title>LoRA GPU suite history</title>",
+        "<style>body{font-family:sans-serif;max-width:1400px}td,th{border:1px solid #bbb;padding:2px 6px;"
+        "font-size:12px}table{border-collapse:collapse}</style><h1>LoRA GPU suite history</h1>",
+    ]
     for g in groups:
         parts.append(f"<h2>{html.escape(g.title)}</h2><p>{len(g.runs)} runs</p>")
         for run, found in sorted(g.regressions.items()):
-            parts.append(f"<p style='color:#b00'><b>regression</b> in {html.escape(run)}: "
-                         f"{html.escape('; '.join(found)[:400])}</p>")
+            parts.append(
+                f"<p style='color:#b00'><b>regression</b> in {html.escape(run)}: "
+                f"{html.escape('; '.join(found)[:400])}</p>"
+            )
         png = pngs.get(_slug(g.title))
         if png:
-            parts.append(f'<img alt="{html.escape(g.title)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">')
+            parts.append(
+                f'<img alt="{html.escape(g.title)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+            )
         rows = []
         for name in sorted(g.figures, key=lambda n: (margin(g.figures[n]), n)):
             pts = g.figures[name]
             last = pts[-1]
             style = "" if last.passed else " style='background:#f8d0d0'"
-            rows.append(f"<tr{style}><td>{html.escape(name)}</td><td>{_fmt(last.value)}</td><td>"
-                        f"{html.escape(last.op)} {_fmt(last.threshold)}</td><td>{len(pts)}</td><td>{last.commit}</td></tr>")
+            rows.append(
+                f"<tr{style}><td>{html.escape(name)}</td><td>{_fmt(last.value)}</td><td>"
+                f"{html.escape(last.op)} {_fmt(last.threshold)}</td><td>{len(pts)}</td><td>{last.commit}</td></tr>"
+            )
         if rows:
-            parts.append("<table><tr><th>figure</th><th>latest</th><th>threshold</th><th>runs</th><th>commit</th></tr>"
-                         + "".join(rows) + "</table>")
+            parts.append(
+                "<table><tr><th>figure</th><th>latest</th><th>threshold</th><th>runs</th><th>commit</th></tr>"
+                + "".join(rows)
+                + "</table>"
+            )
     return "".join(parts) + "\n"
 
 

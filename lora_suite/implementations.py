@@ -141,27 +141,41 @@ class LoraCoreImplementation(LoRAImplementation):
 
     def inject(self, model, spec):
         from lora_core.inject import inject_lora
-        return inject_lora(model, spec.targets, spec.r, spec.alpha, backend=self.name, use_rslora=spec.use_rslora,
-                           adapter_dtype=spec.adapter_dtype, quantize=spec.quantize)
+
+        return inject_lora(
+            model,
+            spec.targets,
+            spec.r,
+            spec.alpha,
+            backend=self.name,
+            use_rslora=spec.use_rslora,
+            adapter_dtype=spec.adapter_dtype,
+            quantize=spec.quantize,
+        )
 
     def adapter_parameters(self, model):
         from lora_core.inject import adapter_parameters
+
         return adapter_parameters(model)
 
     def save_adapter(self, model, path):
         from lora_core.adapters import save_peft_adapter
+
         return save_peft_adapter(model, path)
 
     def load_adapter(self, model, path):
         from lora_core.adapters import load_peft_adapter
+
         load_peft_adapter(model, path)
 
     def served_by(self, model):
         from lora_core.inject import lora_modules
+
         return ",".join(sorted({str(m.last_backend) for m in lora_modules(model).values()}))
 
     def op_calls(self):
         import lora_core
+
         return lora_core.backend_call_counts()[self.name]
 
 
@@ -183,23 +197,32 @@ class PeftImplementation(LoRAImplementation):
     name = expected_path = "peft"
     not_applicable = {
         "nf4_base": "PEFT builds a 4-bit base only through bitsandbytes (not on the lent GPU machine, and not "
-                    "wired here); lora_core's NF4 storage is not a layer PEFT can wrap",
+        "wired here); lora_core's NF4 storage is not a layer PEFT can wrap",
         "op_call_count": "PEFT's layers keep no call counter; served_by() checks the layer types instead",
         "lora_core_ops": "these tests call lora_core's cupy op and kernels directly, which PEFT does not use",
     }
 
     def describe(self) -> str:
         import peft
+
         return f"peft: PEFT {peft.__version__} LoRA layers (peft.tuners.lora), eager torch ops"
 
     def inject(self, model, spec):
         import peft
+
         if spec.quantize is not None:
-            raise ImplementationError(f"peft: quantize={spec.quantize!r} is not supported: "
-                                      f"{self.not_applicable['nf4_base']}")
+            raise ImplementationError(
+                f"peft: quantize={spec.quantize!r} is not supported: {self.not_applicable['nf4_base']}"
+            )
         targets = "all-linear" if tuple(spec.targets) == ("all-linear",) else list(spec.targets)
-        config = peft.LoraConfig(r=spec.r, lora_alpha=spec.alpha, target_modules=targets, lora_dropout=0.0,
-                                 use_rslora=spec.use_rslora, bias="none")
+        config = peft.LoraConfig(
+            r=spec.r,
+            lora_alpha=spec.alpha,
+            target_modules=targets,
+            lora_dropout=0.0,
+            use_rslora=spec.use_rslora,
+            bias="none",
+        )
         for p in model.parameters():
             p.requires_grad_(False)
         peft.inject_adapter_in_model(config, model)
@@ -230,14 +253,17 @@ class PeftImplementation(LoRAImplementation):
         from safetensors.torch import save_file
 
         from lora_core.adapters import PREFIX, WEIGHTS_FILE
+
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         config = getattr(model, "_lora_suite_peft_config", None)
         if config is None:
             raise ImplementationError("peft: the model was not injected by this implementation (no LoRA config)")
         config.save_pretrained(str(path))
-        tensors = {f"{PREFIX}{name}.weight": p.detach().to("cpu").contiguous()
-                   for name, p in self.adapter_parameters(model).items()}
+        tensors = {
+            f"{PREFIX}{name}.weight": p.detach().to("cpu").contiguous()
+            for name, p in self.adapter_parameters(model).items()
+        }
         save_file(tensors, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
         return path
 
@@ -247,14 +273,17 @@ class PeftImplementation(LoRAImplementation):
     def wrong_layer(self, m: nn.Module) -> str | None:
         """Why ``m`` is not the layer this implementation puts in, or None."""
         from peft.tuners.lora import LoraLayer
+
         return None if isinstance(m, LoraLayer) else f"{type(m).__name__} (not a PEFT LoRA layer)"
 
     def served_by(self, model):
         """``name`` when every adapted layer is the implementation's PEFT layer (``wrong_layer``), active (not
         merged, not disabled) and has run a forward (counted by a hook put there at injection); else what each
         offending layer is."""
+
         def inactive(m):
             return f"merged={m.merged} disabled={m.disable_adapters}" if m.merged or m.disable_adapters else None
+
         return self.served_by_adapted_layers(model, self.wrong_layer, inactive)
 
 
@@ -264,6 +293,7 @@ def load_peft_tensors(who: str, adapters: dict[str, nn.Parameter], path: str | P
     from safetensors.torch import load_file
 
     from lora_core.adapters import CONFIG_FILE, PREFIX, WEIGHTS_FILE
+
     path = Path(path)
     if not (path / CONFIG_FILE).is_file():
         raise ImplementationError(f"{who}: {path} has no {CONFIG_FILE}: not a PEFT folder")
@@ -276,13 +306,15 @@ def load_peft_tensors(who: str, adapters: dict[str, nn.Parameter], path: str | P
     unknown = sorted(set(tensors) - set(by_key))
     missing = sorted(set(by_key) - set(tensors))
     if unknown or missing:
-        raise ImplementationError(f"{who}: {path}: keys that fit no adapter {unknown[:5]}, adapters without a "
-                                  f"key {missing[:5]}")
+        raise ImplementationError(
+            f"{who}: {path}: keys that fit no adapter {unknown[:5]}, adapters without a key {missing[:5]}"
+        )
     with torch.no_grad():
         for key, p in by_key.items():
             if tensors[key].shape != p.shape:
-                raise ImplementationError(f"{who}: {key} has shape {tuple(tensors[key].shape)}, the model's "
-                                          f"adapter {tuple(p.shape)}")
+                raise ImplementationError(
+                    f"{who}: {key} has shape {tuple(tensors[key].shape)}, the model's adapter {tuple(p.shape)}"
+                )
             p.copy_(tensors[key])
 
 
@@ -291,11 +323,15 @@ def save_peft_tensors(adapters: dict[str, nn.Parameter], config: dict, path: str
     from safetensors.torch import save_file
 
     from lora_core.adapters import CONFIG_FILE, PREFIX, WEIGHTS_FILE
+
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     (path / CONFIG_FILE).write_text(json.dumps(config, indent=2))
-    save_file({f"{PREFIX}{name}.weight": p.detach().to("cpu").contiguous() for name, p in adapters.items()},
-              str(path / WEIGHTS_FILE), metadata={"format": "pt"})
+    save_file(
+        {f"{PREFIX}{name}.weight": p.detach().to("cpu").contiguous() for name, p in adapters.items()},
+        str(path / WEIGHTS_FILE),
+        metadata={"format": "pt"},
+    )
     return path
 
 
@@ -310,8 +346,9 @@ def _builtin(name: str) -> LoRAImplementation | None:
         try:
             import peft  # noqa: F401
         except ImportError as exc:
-            raise ImplementationError(f"--lora-impl peft: peft does not import ({exc}); install lora-gpu-suite[peft]") \
-                from None
+            raise ImplementationError(
+                f"--lora-impl peft: peft does not import ({exc}); install lora-gpu-suite[peft]"
+            ) from None
         return PeftImplementation()
     return None
 
@@ -319,9 +356,11 @@ def _builtin(name: str) -> LoRAImplementation | None:
 BUILTINS = ("cupy", "torch", "peft")
 # Peers bundled with the suite (lora_suite/peers): the same specs as pyproject's entry points, so that a source
 # checkout on PYTHONPATH (a lent GPU machine runs the suite uninstalled) finds them by name too.
-BUNDLED = {"loralib": "lora_suite.peers.loralib_impl:LoralibImplementation",
-           "torchtune": "lora_suite.peers.torchtune_impl:TorchtuneImplementation",
-           "peft-bnb": "lora_suite.peers.peft_bnb_impl:PeftBnbImplementation"}
+BUNDLED = {
+    "loralib": "lora_suite.peers.loralib_impl:LoralibImplementation",
+    "torchtune": "lora_suite.peers.torchtune_impl:TorchtuneImplementation",
+    "peft-bnb": "lora_suite.peers.peft_bnb_impl:PeftBnbImplementation",
+}
 
 
 def entry_point_names() -> list[str]:
@@ -346,19 +385,25 @@ def resolve_implementation(spec: str | None) -> LoRAImplementation:
     """The implementation ``spec`` names: a built-in, an entry point of ``ENTRY_POINT_GROUP``, or ``module:factory``."""
     spec = DEFAULT if spec is None else spec
     if not isinstance(spec, str) or not spec.strip():
-        raise ImplementationError(f"LoRA implementation {spec!r}: expected a name ({', '.join(BUILTINS)}, an entry "
-                                  f"point of {ENTRY_POINT_GROUP!r}) or 'package.module:factory'")
+        raise ImplementationError(
+            f"LoRA implementation {spec!r}: expected a name ({', '.join(BUILTINS)}, an entry "
+            f"point of {ENTRY_POINT_GROUP!r}) or 'package.module:factory'"
+        )
     impl = _builtin(spec)
     if impl is None and ":" in spec:
         module_name, _, attr = spec.partition(":")
         if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", module_name) or not re.fullmatch(r"[A-Za-z_]\w*", attr):
-            raise ImplementationError(f"LoRA implementation {spec!r}: expected 'package.module:factory' (a dotted "
-                                      "module path, a colon, a Python name)")
+            raise ImplementationError(
+                f"LoRA implementation {spec!r}: expected 'package.module:factory' (a dotted "
+                "module path, a colon, a Python name)"
+            )
         try:
             factory = getattr(importlib.import_module(module_name), attr)
         except (ImportError, AttributeError) as exc:
-            raise ImplementationError(f"LoRA implementation {spec!r}: cannot load {attr!r} from module "
-                                      f"{module_name!r} ({type(exc).__name__}: {exc})") from None
+            raise ImplementationError(
+                f"LoRA implementation {spec!r}: cannot load {attr!r} from module "
+                f"{module_name!r} ({type(exc).__name__}: {exc})"
+            ) from None
         impl = _call_factory(factory, spec)
     elif impl is None:
         eps = {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
@@ -367,7 +412,8 @@ def resolve_implementation(spec: str | None) -> LoRAImplementation:
         if spec not in eps:
             raise ImplementationError(
                 f"LoRA implementation {spec!r} is not known: built-ins {list(BUILTINS)}, entry points of "
-                f"{ENTRY_POINT_GROUP!r} {sorted(eps)}, or give 'package.module:factory'")
+                f"{ENTRY_POINT_GROUP!r} {sorted(eps)}, or give 'package.module:factory'"
+            )
         factory = eps[spec].load()
         impl = _call_factory(factory, spec)
     return check_contract(impl, spec)
@@ -379,8 +425,9 @@ def require_module(impl: str, module: str):
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        raise ImplementationError(f"--lora-impl {impl}: {module} does not import ({exc}); install "
-                                  f"lora-gpu-suite[{impl}]") from None
+        raise ImplementationError(
+            f"--lora-impl {impl}: {module} does not import ({exc}); install lora-gpu-suite[{impl}]"
+        ) from None
 
 
 def _call_factory(factory, spec: str):
@@ -392,29 +439,43 @@ def _call_factory(factory, spec: str):
     except ImplementationError:
         raise
     except Exception as exc:
-        raise ImplementationError(f"LoRA implementation {spec!r}: its factory {getattr(factory, '__name__', factory)!r} "
-                                  f"raised {type(exc).__name__}: {exc}") from exc
+        raise ImplementationError(
+            f"LoRA implementation {spec!r}: its factory {getattr(factory, '__name__', factory)!r} "
+            f"raised {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def implementation_record(impl: LoRAImplementation, spec: str | None = None) -> dict:
     """What a report says about the implementation under test (``RunReport.implementation``)."""
-    return {"name": impl.name, "spec": spec or impl.name, "description": impl.describe(),
-            "not_applicable": dict(impl.not_applicable)}
+    return {
+        "name": impl.name,
+        "spec": spec or impl.name,
+        "description": impl.describe(),
+        "not_applicable": dict(impl.not_applicable),
+    }
 
 
 def check_contract(impl, spec: str) -> LoRAImplementation:
     """Refuse, at selection time, an object that does not meet the contract (naming what is missing)."""
     if not isinstance(impl, LoRAImplementation):
-        raise ImplementationError(f"LoRA implementation {spec!r} gave a {type(impl).__name__}, not a "
-                                  "lora_suite.implementations.LoRAImplementation")
-    missing = [m for m in ("inject", "adapter_parameters", "save_adapter", "load_adapter", "served_by")
-               if getattr(type(impl), m) is getattr(LoRAImplementation, m)]
+        raise ImplementationError(
+            f"LoRA implementation {spec!r} gave a {type(impl).__name__}, not a "
+            "lora_suite.implementations.LoRAImplementation"
+        )
+    missing = [
+        m
+        for m in ("inject", "adapter_parameters", "save_adapter", "load_adapter", "served_by")
+        if getattr(type(impl), m) is getattr(LoRAImplementation, m)
+    ]
     if missing or not impl.name or not impl.expected_path:
-        raise ImplementationError(f"LoRA implementation {spec!r} ({type(impl).__name__}) does not meet the contract: "
-                                  f"methods not implemented {missing}, name={impl.name!r}, "
-                                  f"expected_path={impl.expected_path!r}")
+        raise ImplementationError(
+            f"LoRA implementation {spec!r} ({type(impl).__name__}) does not meet the contract: "
+            f"methods not implemented {missing}, name={impl.name!r}, "
+            f"expected_path={impl.expected_path!r}"
+        )
     unknown = sorted(set(impl.not_applicable) - set(FEATURES))
     if unknown:
-        raise ImplementationError(f"LoRA implementation {spec!r} declares unknown features {unknown}; "
-                                  f"known: {sorted(FEATURES)}")
+        raise ImplementationError(
+            f"LoRA implementation {spec!r} declares unknown features {unknown}; known: {sorted(FEATURES)}"
+        )
     return impl

@@ -43,17 +43,33 @@ from lora_suite.memory import fit_slope
 from lora_suite.trainer import StepRecord
 
 NOISE_MODELS = (  # (criterion, measured on, noise it absorbs, what moves it): the report's table of the timed verdicts
-    ("stalls", "CUDA-event span of each unprofiled step after warm-up",
-     "host preemption and jitter (tens of percent; worst seen 2.05x the median)", "a step taking 2.5x the median or more"),
-    ("device time drift", "summed GPU launch durations (CUPTI) of 5 profiled steps early and late, outlying launches at "
-     "their window median", "the host's speed (it does not enter launch durations); a GPU neighbour's time slices "
-     "(clipped); kernel jitter (3 SE of the window medians); clock changes (5%)", "more GPU work per step as the run goes on"),
-    ("aged vs fresh", "process CPU time of alternating steps of this run and a fresh one, per-pair ratio",
-     "the host's speed, which moves both steps of a pair alike; step jitter (3 SE of the median ratio, pairs added "
-     "until that resolves 9%); what two models in one process may differ in (3%)",
-     "host work that grows with the run's own state (model, optimizer, trainer)"),
-    ("leak slopes", "torch allocated and reserved, NVML used, C heap in use, per step after warm-up",
-     "allocator caching; one-off allocations (a 75 MiB jump moves a 450-step slope < 0.25)", "memory kept per step"),
+    (
+        "stalls",
+        "CUDA-event span of each unprofiled step after warm-up",
+        "host preemption and jitter (tens of percent; worst seen 2.05x the median)",
+        "a step taking 2.5x the median or more",
+    ),
+    (
+        "device time drift",
+        "summed GPU launch durations (CUPTI) of 5 profiled steps early and late, outlying launches at "
+        "their window median",
+        "the host's speed (it does not enter launch durations); a GPU neighbour's time slices "
+        "(clipped); kernel jitter (3 SE of the window medians); clock changes (5%)",
+        "more GPU work per step as the run goes on",
+    ),
+    (
+        "aged vs fresh",
+        "process CPU time of alternating steps of this run and a fresh one, per-pair ratio",
+        "the host's speed, which moves both steps of a pair alike; step jitter (3 SE of the median ratio, pairs added "
+        "until that resolves 9%); what two models in one process may differ in (3%)",
+        "host work that grows with the run's own state (model, optimizer, trainer)",
+    ),
+    (
+        "leak slopes",
+        "torch allocated and reserved, NVML used, C heap in use, per step after warm-up",
+        "allocator caching; one-off allocations (a 75 MiB jump moves a 450-step slope < 0.25)",
+        "memory kept per step",
+    ),
 )
 LEAK_SERIES = ("allocated_mib", "reserved_mib", "nvml_used_mib", "host_heap_mib")
 DIAGNOSTIC_SLOPES = ("host_rss_mib",)  # fitted and shown, not judged (memory.host_heap_bytes says why)
@@ -71,25 +87,42 @@ class LongRunVerdicts:
         return {v.name.split(" after")[0].split(" slope")[0].split(",")[0]: v for v in self.verdicts}
 
 
-def extended_verdicts(cfg: TierConfig, records: list[StepRecord], windows: dict[str, DeviceWindow] | None = None,
-                      pairs: list[Pair] | None = None) -> LongRunVerdicts:
+def extended_verdicts(
+    cfg: TierConfig,
+    records: list[StepRecord],
+    windows: dict[str, DeviceWindow] | None = None,
+    pairs: list[Pair] | None = None,
+) -> LongRunVerdicts:
     crit, source = cfg.criteria, f"configs/{cfg.tier}.yaml"
     out = LongRunVerdicts()
     after = [r for r in records if r.step >= crit.fit_after_step]
     steps = [r.step for r in after]
     for name in LEAK_SERIES:
-        bar, key = ((crit.host_leak_slope_max_mib_per_step, "host_leak_slope_max_mib_per_step") if name == "host_heap_mib"
-                    else (crit.leak_slope_max_mib_per_step, "leak_slope_max_mib_per_step"))
+        bar, key = (
+            (crit.host_leak_slope_max_mib_per_step, "host_leak_slope_max_mib_per_step")
+            if name == "host_heap_mib"
+            else (crit.leak_slope_max_mib_per_step, "leak_slope_max_mib_per_step")
+        )
         if bar is None:
             continue
         values = [getattr(r, name) for r in after]
         if any(v is None for v in values):
-            out.missing.append(f"{name} slope: no readings ({'no NVML' if name == 'nvml_used_mib' else 'no glibc mallinfo2'})")
+            out.missing.append(
+                f"{name} slope: no readings ({'no NVML' if name == 'nvml_used_mib' else 'no glibc mallinfo2'})"
+            )
             continue
         fit = fit_slope(steps, values)
         out.fits.append((name, fit.slope, fit.intercept, fit.r2, min(values), max(values)))
-        out.verdicts.append(Verdict(f"{name} slope after step {crit.fit_after_step}", round(fit.slope, 5), "<=", bar,
-                                    f"{source} {key}", f"from {values[0]:.1f} to {values[-1]:.1f} MiB, r2 {fit.r2:.3f}"))
+        out.verdicts.append(
+            Verdict(
+                f"{name} slope after step {crit.fit_after_step}",
+                round(fit.slope, 5),
+                "<=",
+                bar,
+                f"{source} {key}",
+                f"from {values[0]:.1f} to {values[-1]:.1f} MiB, r2 {fit.r2:.3f}",
+            )
+        )
     for name in DIAGNOSTIC_SLOPES:
         values = [getattr(r, name) for r in after]
         if len(values) >= 2 and all(v is not None for v in values):
@@ -97,35 +130,63 @@ def extended_verdicts(cfg: TierConfig, records: list[StepRecord], windows: dict[
             out.fits.append((f"{name} (diagnostic)", fit.slope, fit.intercept, fit.r2, min(values), max(values)))
     if crit.smooth_slack is not None:
         means = windowed_means([r.loss for r in records], crit.smooth_window)
-        out.verdicts.append(Verdict(f"smoothed loss keeps falling (each window <= previous x (1 + {crit.smooth_slack}))",
-                                    float(is_non_increasing(means, crit.smooth_slack)), ">=", 1.0,
-                                    f"{source} smooth_slack", f"window means {[round(m, 4) for m in means]}"))
-        out.verdicts.append(Verdict("last window mean loss < first window mean", round(means[-1], 4), "<",
-                                    round(means[0], 4)))
+        out.verdicts.append(
+            Verdict(
+                f"smoothed loss keeps falling (each window <= previous x (1 + {crit.smooth_slack}))",
+                float(is_non_increasing(means, crit.smooth_slack)),
+                ">=",
+                1.0,
+                f"{source} smooth_slack",
+                f"window means {[round(m, 4) for m in means]}",
+            )
+        )
+        out.verdicts.append(
+            Verdict("last window mean loss < first window mean", round(means[-1], 4), "<", round(means[0], 4))
+        )
     unprofiled = [r for r in after if not r.profiled]
     if crit.stall_fraction_max is not None and unprofiled and unprofiled[0].gpu_time_s is not None:
-        out.verdicts.append(stall_verdict([r.gpu_time_s for r in unprofiled], factor=crit.stall_factor,
-                                          stall_max=crit.stall_fraction_max, source=source))
+        out.verdicts.append(
+            stall_verdict(
+                [r.gpu_time_s for r in unprofiled],
+                factor=crit.stall_factor,
+                stall_max=crit.stall_fraction_max,
+                source=source,
+            )
+        )
     if crit.device_time_drift_max is not None:
         if not windows or "early" not in windows or "late" not in windows:
             out.missing.append("device time drift: no early and late profiled windows (CUPTI through torch.profiler)")
         else:
-            out.verdicts.append(device_time_verdict(windows["early"].clipped_s, windows["late"].clipped_s,
-                                                    drift_max=crit.device_time_drift_max, z=crit.drift_noise_z,
-                                                    source=source))
+            out.verdicts.append(
+                device_time_verdict(
+                    windows["early"].clipped_s,
+                    windows["late"].clipped_s,
+                    drift_max=crit.device_time_drift_max,
+                    z=crit.drift_noise_z,
+                    source=source,
+                )
+            )
     if crit.aged_vs_fresh_slowdown_max is not None:
         if not pairs:
             out.missing.append("aged vs fresh: no alternating pairs were run")
         else:
-            out.verdicts.append(aged_vs_fresh_verdict([p.ratio for p in pairs], slowdown_max=crit.aged_vs_fresh_slowdown_max,
-                                                      z=crit.drift_noise_z, source=source))
+            out.verdicts.append(
+                aged_vs_fresh_verdict(
+                    [p.ratio for p in pairs],
+                    slowdown_max=crit.aged_vs_fresh_slowdown_max,
+                    z=crit.drift_noise_z,
+                    source=source,
+                )
+            )
     tokens = cfg.data.batch_size * cfg.data.seq_len * cfg.train.grad_accum
     cpu = [r.cpu_time_s for r in unprofiled]
     if cpu and cpu[0] is not None and len(cpu) >= 2 * crit.smooth_window:
         d = host_time_drift(cpu, tokens, crit.smooth_window)
-        out.diagnostics.append(f"tokens per process CPU-second drift (diagnostic, not judged: it follows the host's "
-                               f"speed): {d.drift:.4f} (SE {d.noise_se:.4f}), first {d.first_median:.0f}, last "
-                               f"{d.last_median:.0f}")
+        out.diagnostics.append(
+            f"tokens per process CPU-second drift (diagnostic, not judged: it follows the host's "
+            f"speed): {d.drift:.4f} (SE {d.noise_se:.4f}), first {d.first_median:.0f}, last "
+            f"{d.last_median:.0f}"
+        )
     return out
 
 
@@ -146,8 +207,17 @@ def time_budget_rows(records: list[StepRecord], windows: dict[str, DeviceWindow]
     for name, w in windows.items():
         span = statistics.median(spans[s] for s in w.steps if spans.get(s) is not None)
         clipped = statistics.median(w.clipped_s)
-        rows.append((name, f"{w.steps[0]}-{w.steps[-1]}", round(span * 1e3, 2), round(statistics.median(w.summed_s) * 1e3, 2),
-                     round(clipped * 1e3, 2), round(statistics.median(w.launches)), round(clipped / span, 3)))
+        rows.append(
+            (
+                name,
+                f"{w.steps[0]}-{w.steps[-1]}",
+                round(span * 1e3, 2),
+                round(statistics.median(w.summed_s) * 1e3, 2),
+                round(clipped * 1e3, 2),
+                round(statistics.median(w.launches)),
+                round(clipped / span, 3),
+            )
+        )
     return rows
 
 
@@ -167,11 +237,30 @@ def replay_report(report: dict) -> tuple[list[StepRecord], dict[str, DeviceWindo
         by_name: dict[str, list] = {}
         for name, step, summed, clipped, n, _span in dev["rows"]:
             by_name.setdefault(name, []).append((step, summed / 1e3, clipped / 1e3, n))
-        windows = {name: DeviceWindow(name, tuple(r[0] for r in rows), tuple(r[1] for r in rows),
-                                      tuple(r[2] for r in rows), tuple(r[3] for r in rows)) for name, rows in by_name.items()}
+        windows = {
+            name: DeviceWindow(
+                name,
+                tuple(r[0] for r in rows),
+                tuple(r[1] for r in rows),
+                tuple(r[2] for r in rows),
+                tuple(r[3] for r in rows),
+            )
+            for name, rows in by_name.items()
+        }
     pairs = None
     ab = series.get("aged vs fresh: alternating pairs (process CPU ms, event span ms)")
     if ab is not None:
-        pairs = [Pair(i, a, f, first, ac / 1e3, fc / 1e3, None if asp is None else asp / 1e3,
-                      None if fsp is None else fsp / 1e3) for i, a, f, first, ac, fc, _ratio, asp, fsp in ab["rows"]]
+        pairs = [
+            Pair(
+                i,
+                a,
+                f,
+                first,
+                ac / 1e3,
+                fc / 1e3,
+                None if asp is None else asp / 1e3,
+                None if fsp is None else fsp / 1e3,
+            )
+            for i, a, f, first, ac, fc, _ratio, asp, fsp in ab["rows"]
+        ]
     return records, windows, pairs

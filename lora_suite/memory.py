@@ -81,12 +81,26 @@ class MemoryEstimate:
 def linear_shapes(arch: LlamaArchitecture) -> dict[str, tuple[int, int]]:
     """(in, out) of each projection of one Llama block."""
     h, i, kv = arch.hidden_size, arch.intermediate_size, arch.num_key_value_heads * arch.head_dim
-    return {"q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h),
-            "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+    return {
+        "q_proj": (h, h),
+        "k_proj": (h, kv),
+        "v_proj": (h, kv),
+        "o_proj": (h, h),
+        "gate_proj": (h, i),
+        "up_proj": (h, i),
+        "down_proj": (i, h),
+    }
 
 
-def estimate_training_memory(arch: LlamaArchitecture, lora: LoRASettings, *, batch_size: int, seq_len: int,
-                             gradient_checkpointing: bool, dtype: str = "bfloat16") -> MemoryEstimate:
+def estimate_training_memory(
+    arch: LlamaArchitecture,
+    lora: LoRASettings,
+    *,
+    batch_size: int,
+    seq_len: int,
+    gradient_checkpointing: bool,
+    dtype: str = "bfloat16",
+) -> MemoryEstimate:
     wbytes = _DTYPE_BYTES[dtype]
     abytes = _DTYPE_BYTES[lora.adapter_dtype]
     shapes = linear_shapes(arch)
@@ -108,9 +122,14 @@ def estimate_training_memory(arch: LlamaArchitecture, lora: LoRASettings, *, bat
     else:
         activations = tokens * layers * per_layer_token
     return MemoryEstimate(
-        weights=weights, quant_state=quant_state, adapters=adapter_params * abytes,
-        gradients=adapter_params * abytes, optimizer=adapter_params * 8, activations=activations,
-        logits=tokens * v * 14, dequant_scratch=dequant,
+        weights=weights,
+        quant_state=quant_state,
+        adapters=adapter_params * abytes,
+        gradients=adapter_params * abytes,
+        optimizer=adapter_params * 8,
+        activations=activations,
+        logits=tokens * v * 14,
+        dequant_scratch=dequant,
     )
 
 
@@ -120,6 +139,7 @@ def measured_split(model, optimizer, peak_allocated: int, adapters: dict | None 
     ``adapters``: the implementation's adapter parameters (default: lora_core's layers in ``model``)."""
     if adapters is None:
         from lora_core.inject import adapter_parameters
+
         adapters = adapter_parameters(model)
     adapter_ids = {id(p) for p in adapters.values()}
     nbytes = lambda t: t.numel() * t.element_size()  # noqa: E731
@@ -180,9 +200,11 @@ def vram_verdict(estimate: MemoryEstimate, free_bytes: int) -> tuple[bool, str]:
     need = estimate.device_need
     ok = need <= free_bytes
     parts = ", ".join(f"{k} {v:.2f}" for k, v in estimate.gib().items() if v)
-    msg = (f"VRAM pre-check: need ~{need / GIB:.2f} GiB (estimated peak {estimate.allocated_peak / GIB:.2f} GiB "
-           f"+10% allocator slack + {estimate.context / GIB:.1f} GiB CUDA context; {parts}), NVML free "
-           f"{free_bytes / GIB:.2f} GiB: {'enough' if ok else 'NOT enough'}")
+    msg = (
+        f"VRAM pre-check: need ~{need / GIB:.2f} GiB (estimated peak {estimate.allocated_peak / GIB:.2f} GiB "
+        f"+10% allocator slack + {estimate.context / GIB:.1f} GiB CUDA context; {parts}), NVML free "
+        f"{free_bytes / GIB:.2f} GiB: {'enough' if ok else 'NOT enough'}"
+    )
     return ok, msg
 
 
@@ -204,8 +226,21 @@ def host_rss_bytes(statm: str = "/proc/self/statm") -> int | None:
 
 
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                      "fsmblks", "uordblks", "fordblks", "keepcost")]
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def _mallinfo2():

@@ -45,12 +45,18 @@ def hf_config(arch: LlamaArchitecture):
     from transformers import LlamaConfig
 
     return LlamaConfig(
-        hidden_size=arch.hidden_size, intermediate_size=arch.intermediate_size,
-        num_hidden_layers=arch.num_hidden_layers, num_attention_heads=arch.num_attention_heads,
-        num_key_value_heads=arch.num_key_value_heads, vocab_size=arch.vocab_size,
-        tie_word_embeddings=arch.tie_word_embeddings, rope_theta=arch.rope_theta,
-        max_position_embeddings=arch.max_position_embeddings, rms_norm_eps=arch.rms_norm_eps,
-        initializer_range=INIT_STD, attn_implementation="sdpa",
+        hidden_size=arch.hidden_size,
+        intermediate_size=arch.intermediate_size,
+        num_hidden_layers=arch.num_hidden_layers,
+        num_attention_heads=arch.num_attention_heads,
+        num_key_value_heads=arch.num_key_value_heads,
+        vocab_size=arch.vocab_size,
+        tie_word_embeddings=arch.tie_word_embeddings,
+        rope_theta=arch.rope_theta,
+        max_position_embeddings=arch.max_position_embeddings,
+        rms_norm_eps=arch.rms_norm_eps,
+        initializer_range=INIT_STD,
+        attn_implementation="sdpa",
     )
 
 
@@ -85,8 +91,15 @@ def download_command(cfg: ModelConfig) -> str:
     return f"hf download {cfg.checkpoint}   # or: huggingface-cli download {cfg.checkpoint}"
 
 
-def build_model(cfg: ModelConfig, weights: str, dtype: torch.dtype, device: torch.device | str, *,
-                seed: int = 0, on_layer: Callable[[nn.Module], None] | None = None) -> BuiltModel:
+def build_model(
+    cfg: ModelConfig,
+    weights: str,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    *,
+    seed: int = 0,
+    on_layer: Callable[[nn.Module], None] | None = None,
+) -> BuiltModel:
     """Build per ``weights`` (auto | pretrained | random); see the module docstring."""
     if weights not in ("auto", "pretrained", "random"):
         raise ValueError(f"weights={weights!r} is not one of auto, pretrained, random")
@@ -98,16 +111,29 @@ def build_model(cfg: ModelConfig, weights: str, dtype: torch.dtype, device: torc
             return BuiltModel(model, tokenizer, "pretrained", f"checkpoint {path}", time.perf_counter() - start)
         if weights == "pretrained":
             where = f"local_path {cfg.local_path}" if cfg.local_path else f"the local HF cache ({cfg.checkpoint})"
-            raise CheckpointNotFound(f"weights: pretrained, but no checkpoint of {cfg.name} in {where}; "
-                                     f"fetch it with: {download_command(cfg)}")
+            raise CheckpointNotFound(
+                f"weights: pretrained, but no checkpoint of {cfg.name} in {where}; "
+                f"fetch it with: {download_command(cfg)}"
+            )
     model = build_random(cfg.architecture, dtype, device, seed=seed, on_layer=on_layer)
     note = "" if weights == "random" else " (auto: no local checkpoint found)"
-    return BuiltModel(model, None, "random",
-                      f"random init (seed {seed}) of the {cfg.name} architecture{note}", time.perf_counter() - start)
+    return BuiltModel(
+        model,
+        None,
+        "random",
+        f"random init (seed {seed}) of the {cfg.name} architecture{note}",
+        time.perf_counter() - start,
+    )
 
 
-def build_random(arch: LlamaArchitecture, dtype: torch.dtype, device, *, seed: int = 0,
-                 on_layer: Callable[[nn.Module], None] | None = None) -> nn.Module:
+def build_random(
+    arch: LlamaArchitecture,
+    dtype: torch.dtype,
+    device,
+    *,
+    seed: int = 0,
+    on_layer: Callable[[nn.Module], None] | None = None,
+) -> nn.Module:
     from transformers import LlamaForCausalLM
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
@@ -150,14 +176,23 @@ def _load_pretrained(cfg: ModelConfig, path: Path, dtype, device, on_layer):
     # With a per-layer hook, load into host memory and move one decoder layer at a time, so that the hook
     # (NF4 quantisation) runs before the next 16-bit layer reaches the GPU.
     target = torch.device(device)
-    model = LlamaForCausalLM.from_pretrained(path, dtype=dtype, device_map="cpu" if on_layer else str(target),
-                                             local_files_only=True)
+    model = LlamaForCausalLM.from_pretrained(
+        path, dtype=dtype, device_map="cpu" if on_layer else str(target), local_files_only=True
+    )
     got, want = model.config, cfg.architecture
-    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "vocab_size"):
+    for key in (
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "vocab_size",
+    ):
         if getattr(got, key) != getattr(want, key):
-            raise ValueError(f"checkpoint {path} has {key}={getattr(got, key)}, but configs/models/{cfg.name}.yaml "
-                             f"says {getattr(want, key)}")
+            raise ValueError(
+                f"checkpoint {path} has {key}={getattr(got, key)}, but configs/models/{cfg.name}.yaml "
+                f"says {getattr(want, key)}"
+            )
     if on_layer is not None:
         for piece in (model.model.embed_tokens, model.model.norm, model.model.rotary_emb, model.lm_head):
             piece.to(target)

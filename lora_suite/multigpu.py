@@ -66,19 +66,50 @@ class LaunchResult:
         return self.returncode is None
 
 
-def launch_command(config: str | Path, out: str | Path, nproc: int, *, mode: str = "ddp",
-                   implementation: str | None = None, device: str = "cuda", steps: int | None = None,
-                   perturb: float = 0.0, fail_rank: int = 1, fail_at: int = 3,
-                   batch_size: int | None = None, plant_no_reshard: bool = False,
-                   plant_no_sync: bool = False) -> list[str]:
+def launch_command(
+    config: str | Path,
+    out: str | Path,
+    nproc: int,
+    *,
+    mode: str = "ddp",
+    implementation: str | None = None,
+    device: str = "cuda",
+    steps: int | None = None,
+    perturb: float = 0.0,
+    fail_rank: int = 1,
+    fail_at: int = 3,
+    batch_size: int | None = None,
+    plant_no_reshard: bool = False,
+    plant_no_sync: bool = False,
+) -> list[str]:
     """The torchrun command line of one run (``--standalone``: a local rendezvous on a free port)."""
     if mode not in MODES:
         raise ValueError(f"mode {mode!r} is not one of {MODES}")
     if nproc < 1:
         raise ValueError(f"nproc={nproc} must be >= 1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "lora_suite.multigpu", "--config", str(config), "--out", str(out), "--mode", mode,
-           "--device", device, "--perturb", repr(perturb), "--fail-rank", str(fail_rank), "--fail-at", str(fail_at)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "lora_suite.multigpu",
+        "--config",
+        str(config),
+        "--out",
+        str(out),
+        "--mode",
+        mode,
+        "--device",
+        device,
+        "--perturb",
+        repr(perturb),
+        "--fail-rank",
+        str(fail_rank),
+        "--fail-at",
+        str(fail_at),
+    ]
     if implementation:
         cmd += ["--implementation", implementation]
     if steps is not None:
@@ -106,8 +137,9 @@ def launch(config: str | Path, out: str | Path, nproc: int, *, timeout_s: float,
     out.mkdir(parents=True, exist_ok=True)
     cmd = launch_command(config, out, nproc, **kw)
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=launch_env(),
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=launch_env(), start_new_session=True
+    )
     try:
         stdout, stderr = proc.communicate(timeout=timeout_s)
         rc: int | None = proc.returncode
@@ -123,6 +155,7 @@ def failure_summary(result: LaunchResult) -> str | None:
     """What the job's output says failed: torchrun's root-cause rank and each rank's first error line
     (``[rankN]: SomeError: message``); None when there is neither."""
     import re
+
     text = result.stderr + "\n" + result.stdout
     first: dict[str, str] = {}
     for ln in text.splitlines():
@@ -143,6 +176,7 @@ def adapter_mismatches(adapters: dict, group=None) -> list[str]:
     """Names of the adapter tensors that differ bitwise from rank 0's (every rank gets the same list)."""
     import torch
     import torch.distributed as dist
+
     world = dist.get_world_size(group)
     differ = []
     for name in sorted(adapters):
@@ -163,8 +197,10 @@ def adapter_gaps(multi: dict, single: dict, control: dict, factor: float, floor:
     of the losses. Returns (rows (name, d_multi, d_control, tolerance), names beyond the band).
     """
     if set(multi) != set(single) or set(control) != set(single):
-        raise ValueError(f"the runs saved different adapters: {sorted(set(multi) ^ set(single))[:5]} / "
-                         f"{sorted(set(control) ^ set(single))[:5]}")
+        raise ValueError(
+            f"the runs saved different adapters: {sorted(set(multi) ^ set(single))[:5]} / "
+            f"{sorted(set(control) ^ set(single))[:5]}"
+        )
     rows, beyond = [], []
     for name in sorted(single):
         ref = single[name].double()
@@ -182,10 +218,12 @@ def rank_rows(batch: dict, rank: int, world: int) -> dict:
     """Rank ``rank``'s share of a global batch: its contiguous block of B/N rows (B must divide by N)."""
     rows = batch["input_ids"].shape[0]
     if rows % world:
-        raise ValueError(f"the global batch has {rows} rows, not divisible by {world} ranks: set data.batch_size "
-                         f"to a multiple of the number of GPUs")
+        raise ValueError(
+            f"the global batch has {rows} rows, not divisible by {world} ranks: set data.batch_size "
+            f"to a multiple of the number of GPUs"
+        )
     per = rows // world
-    return {k: v[rank * per:(rank + 1) * per] for k, v in batch.items()}
+    return {k: v[rank * per : (rank + 1) * per] for k, v in batch.items()}
 
 
 # ------------------------------------------------------------------------------------------- FSDP2
@@ -193,8 +231,10 @@ def decoder_layers(model) -> list:
     """The repeated blocks of a causal LM (``model.model.layers`` in transformers' Llama family): FSDP units."""
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None or len(layers) == 0:
-        raise ValueError(f"{type(model).__name__} has no model.layers: the fsdp mode shards a transformers causal LM "
-                         "of the Llama family, one FSDP unit per decoder layer")
+        raise ValueError(
+            f"{type(model).__name__} has no model.layers: the fsdp mode shards a transformers causal LM "
+            "of the Llama family, one FSDP unit per decoder layer"
+        )
     return list(layers)
 
 
@@ -205,6 +245,7 @@ def shard_model(model, mesh=None, *, reshard_after_forward: bool = True) -> None
     ``reshard_after_forward=False`` keeps every layer gathered from its forward to its backward: the planted
     defect (``--plant-no-reshard``) that the per-rank peak bound must catch."""
     from torch.distributed.fsdp import fully_shard
+
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
@@ -231,8 +272,14 @@ def memory_terms(model, adapters: dict) -> dict[str, int]:
     adapter = _nbytes(adapters.values())
     root_own = _nbytes(p for n, p in model.named_parameters() if ".layers." not in f".{n}")
     largest_layer = max(_nbytes(layer.parameters()) for layer in decoder_layers(model))
-    return {"sharded": params + 3 * adapter, "transient": root_own + 3 * largest_layer, "params": params,
-            "adapters": adapter, "root_own_params": root_own, "largest_layer_params": largest_layer}
+    return {
+        "sharded": params + 3 * adapter,
+        "transient": root_own + 3 * largest_layer,
+        "params": params,
+        "adapters": adapter,
+        "root_own_params": root_own,
+        "largest_layer_params": largest_layer,
+    }
 
 
 def fsdp_peak_bound(peak_one_gpu: float, terms: dict[str, int], factor: int) -> float:
@@ -256,12 +303,19 @@ def base_checksums(model) -> dict[str, tuple[float, float]]:
     import torch
 
     from lora_core.adapters import full_tensor
+
     sums = {}
     for name, p in model.named_parameters():
         if p.requires_grad:
             continue
         bits = full_tensor(p.detach()).contiguous().view(-1)
-        bits = bits.view(torch.int16) if bits.element_size() == 2 else bits.view(torch.int32) if bits.element_size() == 4 else bits
+        bits = (
+            bits.view(torch.int16)
+            if bits.element_size() == 2
+            else bits.view(torch.int32)
+            if bits.element_size() == 4
+            else bits
+        )
         v = bits.to(torch.float64)
         pos = torch.arange(1, v.numel() + 1, device=v.device, dtype=torch.float64) % 65521
         sums[name] = (float(v.sum()), float((v * pos).sum()))
@@ -285,8 +339,9 @@ def _worker(args: argparse.Namespace) -> None:
     if cuda:
         torch.cuda.set_device(local)
     device = torch.device("cuda", local) if cuda else torch.device("cpu")
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=60),
-                            **({"device_id": device} if cuda else {}))
+    dist.init_process_group(
+        "nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=60), **({"device_id": device} if cuda else {})
+    )
     try:
         cfg = load_tier_config(args.config)
         if args.implementation:
@@ -294,8 +349,12 @@ def _worker(args: argparse.Namespace) -> None:
         if args.steps:
             cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=args.steps))
         if args.batch_size:
-            cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, batch_size=args.batch_size,
-                                                                    pool=max(cfg.data.pool, args.batch_size)))
+            cfg = dataclasses.replace(
+                cfg,
+                data=dataclasses.replace(
+                    cfg.data, batch_size=args.batch_size, pool=max(cfg.data.pool, args.batch_size)
+                ),
+            )
         prepared = prepare(cfg, device)
         if args.perturb:  # the control run, as in the convergence tier
             perturb_lora_a(prepared.adapters, args.perturb)
@@ -308,6 +367,7 @@ def _worker(args: argparse.Namespace) -> None:
             base = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
         if fsdp and world > 1:
             from lora_core.inject import adapter_parameters
+
             shard_model(model, reshard_after_forward=not args.plant_no_reshard)
             adapters = adapter_parameters(model)  # the DTensor parameters fully_shard put in the modules' place
         elif world > 1 and not args.plant_no_sync:  # planted: no DDP, so each rank keeps its own gradients
@@ -329,17 +389,24 @@ def _worker(args: argparse.Namespace) -> None:
         dist.all_reduce(local_losses)
         warm = min(len(records) // 4, 5)
         result = {
-            "rank": rank, "world": world, "mode": args.mode, "device": str(device),
-            "implementation": cfg.implementation, "served_by": prepared.implementation.served_by(prepared.model),
-            "losses": (local_losses / world).tolist(), "batch_size": cfg.data.batch_size,
+            "rank": rank,
+            "world": world,
+            "mode": args.mode,
+            "device": str(device),
+            "implementation": cfg.implementation,
+            "served_by": prepared.implementation.served_by(prepared.model),
+            "losses": (local_losses / world).tolist(),
+            "batch_size": cfg.data.batch_size,
             "local_tokens_per_s": statistics.median(r.tokens_per_s for r in records[warm:]),
             "peak_allocated_gib": peak / 2**30 if peak is not None else None,
-            "peak_allocated_bytes": peak, "n_adapters": len(adapters),
+            "peak_allocated_bytes": peak,
+            "n_adapters": len(adapters),
         }
         if fsdp:
             from safetensors.torch import save_file
 
             from lora_core.adapters import save_peft_adapter
+
             result["memory_terms"] = terms
             result["sharded"] = world > 1
             result["base_untouched"] = base_checksums(model) == base_before
@@ -349,16 +416,22 @@ def _worker(args: argparse.Namespace) -> None:
             with torch.no_grad():
                 logits = model(input_ids=probe).logits.float()
             if rank == 0:
-                save_file({"input_ids": probe.cpu().contiguous(), "logits": logits.cpu().contiguous()},
-                          str(Path(args.out) / "probe.safetensors"))
+                save_file(
+                    {"input_ids": probe.cpu().contiguous(), "logits": logits.cpu().contiguous()},
+                    str(Path(args.out) / "probe.safetensors"),
+                )
         else:
             result["adapters_differing_from_rank0"] = adapter_mismatches(adapters) if world > 1 else []
-            result["base_untouched"] = all(torch.equal(p, base[n]) for n, p in prepared.model.named_parameters()
-                                           if n in base)  # the unwrapped model: DDP's names carry "module."
+            result["base_untouched"] = all(
+                torch.equal(p, base[n]) for n, p in prepared.model.named_parameters() if n in base
+            )  # the unwrapped model: DDP's names carry "module."
             if rank == 0:
                 from safetensors.torch import save_file
-                save_file({n: p.detach().cpu().contiguous() for n, p in adapters.items()},
-                          str(Path(args.out) / "adapters.safetensors"))
+
+                save_file(
+                    {n: p.detach().cpu().contiguous() for n, p in adapters.items()},
+                    str(Path(args.out) / "adapters.safetensors"),
+                )
         path = Path(args.out) / f"rank{rank}.json"
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(result))
@@ -389,10 +462,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--implementation", default=None)
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--batch-size", type=int, default=None, help="override data.batch_size (the global batch)")
-    ap.add_argument("--plant-no-sync", action="store_true",
-                    help="ddp: train without DDP, gradients never averaged (the planted defect of the rank check)")
-    ap.add_argument("--plant-no-reshard", action="store_true",
-                    help="fsdp: keep layers gathered after forward (the planted defect of the memory check)")
+    ap.add_argument(
+        "--plant-no-sync",
+        action="store_true",
+        help="ddp: train without DDP, gradients never averaged (the planted defect of the rank check)",
+    )
+    ap.add_argument(
+        "--plant-no-reshard",
+        action="store_true",
+        help="fsdp: keep layers gathered after forward (the planted defect of the memory check)",
+    )
     ap.add_argument("--perturb", type=float, default=0.0)
     ap.add_argument("--fail-rank", type=int, default=1)
     ap.add_argument("--fail-at", type=int, default=3)

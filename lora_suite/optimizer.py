@@ -32,8 +32,9 @@ def lr_at(step: int, s: TrainSettings) -> float:
     return s.lr * (1 - (1 - s.min_lr_ratio) * p)
 
 
-def make_optimizer(model: nn.Module, s: TrainSettings,
-                   adapters: dict[str, nn.Parameter] | None = None) -> torch.optim.AdamW:
+def make_optimizer(
+    model: nn.Module, s: TrainSettings, adapters: dict[str, nn.Parameter] | None = None
+) -> torch.optim.AdamW:
     """AdamW over exactly the adapter parameters; any other trainable parameter is an error.
 
     ``adapters`` defaults to the model's LoRALinear adapters; pass another model's (PEFT's) explicitly.
@@ -44,22 +45,33 @@ def make_optimizer(model: nn.Module, s: TrainSettings,
     adapter_ids = {id(p) for p in adapters.values()}
     stray = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in adapter_ids]
     if stray:
-        raise ValueError(f"parameters outside the adapters require grad: {stray[:5]} ({len(stray)} in all); "
-                         "the base model must be frozen")
+        raise ValueError(
+            f"parameters outside the adapters require grad: {stray[:5]} ({len(stray)} in all); "
+            "the base model must be frozen"
+        )
     params = list(adapters.values())
     # The fused kernel for plain CUDA tensors; a sharded model's DTensor adapters take torch's default
     # (foreach) implementation, which DTensor supports.
     fused = all(p.is_cuda and not _is_dtensor(p) for p in params)
     if s.cuda_graph:  # capturable: the step count and the lr live on the device, so a replay can update them
         check_capturable(params)
-        return torch.optim.AdamW(params, lr=torch.tensor(s.lr, device=params[0].device), betas=(0.9, 0.999),
-                                 eps=1e-8, weight_decay=s.weight_decay, fused=True, capturable=True)
-    return torch.optim.AdamW(params, lr=s.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=s.weight_decay,
-                             fused=fused or None)
+        return torch.optim.AdamW(
+            params,
+            lr=torch.tensor(s.lr, device=params[0].device),
+            betas=(0.9, 0.999),
+            eps=1e-8,
+            weight_decay=s.weight_decay,
+            fused=True,
+            capturable=True,
+        )
+    return torch.optim.AdamW(
+        params, lr=s.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=s.weight_decay, fused=fused or None
+    )
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
     from torch.distributed.tensor import DTensor
+
     return isinstance(t, DTensor)
 
 

@@ -46,8 +46,10 @@ class TensorError:
         return self.scaled_err <= self.tol  # NaN compares False: never passes
 
     def describe(self) -> str:
-        return (f"{self.name}: max err {self.max_abs_err:.3e} at {self.worst_index} (ref max {self.max_abs_ref:.3e}, "
-                f"scaled {self.scaled_err:.3e} > tol {self.tol:.3e}, {self.n_bad} elements beyond)")
+        return (
+            f"{self.name}: max err {self.max_abs_err:.3e} at {self.worst_index} (ref max {self.max_abs_ref:.3e}, "
+            f"scaled {self.scaled_err:.3e} > tol {self.tol:.3e}, {self.n_bad} elements beyond)"
+        )
 
 
 def compare(name: str, out: torch.Tensor | None, ref: torch.Tensor, tol: float) -> TensorError:
@@ -112,9 +114,20 @@ def parity(x, weight, lora_a, lora_b, scale, dy, backend: str = "cupy") -> list[
     return [compare(n, g, r, tol) for n, g, r in zip(names, got, ref) if r is not None]
 
 
-def random_case(n_shape: tuple[int, ...], in_features: int, out_features: int, r: int, dtype: torch.dtype,
-                adapter_dtype: torch.dtype, device, *, layout: str = "2d", generator=None):
+def random_case(
+    n_shape: tuple[int, ...],
+    in_features: int,
+    out_features: int,
+    r: int,
+    dtype: torch.dtype,
+    adapter_dtype: torch.dtype,
+    device,
+    *,
+    layout: str = "2d",
+    generator=None,
+):
     """Random inputs with every term of comparable size (so that dA and dB matter): B is non-zero."""
+
     def randn(*shape, dt=dtype, std=1.0):
         return (torch.randn(*shape, device=device, dtype=torch.float32, generator=generator) * std).to(dt)
 

@@ -51,29 +51,61 @@ _IMPL_KEY = pytest.StashKey[LoRAImplementation]()
 _FAILED_KEY = pytest.StashKey[list]()  # a test's failed checks: (check, "file:line")
 _CUDA_ERROR = re.compile(
     r"CUDA error|illegal memory access|device-side assert|CUBLAS_STATUS|CUDARuntimeError|CUDADriverError|"
-    r"unspecified launch failure|misaligned address", re.IGNORECASE)
+    r"unspecified launch failure|misaligned address",
+    re.IGNORECASE,
+)
 
 
 def pytest_addoption(parser):
     group = parser.getgroup("lora-gpu-suite")
-    group.addoption("--check-vram", action="store_true",
-                    help="before each tier, compare the LoRA-aware VRAM estimate with NVML free memory; skip if short")
-    group.addoption("--strict-vram", action="store_true",
-                    help="with --check-vram: fail instead of skip when the estimate exceeds free memory")
-    group.addoption("--report-dir", default=None,
-                    help="write report.json / report.md (+ plots) of this run into this directory")
-    group.addoption("--lora-impl", default=None, metavar="NAME|MODULE:FACTORY",
-                    help="the LoRA implementation under test: cupy (default), torch, peft, an entry point of the "
-                         "group lora_suite.implementations, or package.module:factory")
-    group.addoption("--bench-impls", default=None, type=_impl_list, metavar="A,B,...",
-                    help="the interleaved training benchmark: the implementations that take turns (PEFT always "
-                         "joins first: the ratios are to it); default peft,torch,cupy")
-    group.addoption("--weights", default=None, choices=("auto", "pretrained", "random"),
-                    help="override every tier's model weights mode")
-    group.addoption("--gpus", default=None, type=int, metavar="N",
-                    help="multigpu tier: GPUs (torchrun processes) per job; default every visible GPU")
-    group.addoption("--plant-repeats", default=1, type=_positive_int, metavar="N",
-                    help="selftest-gpu: run each repeatable planted defect N times (each must be caught every time)")
+    group.addoption(
+        "--check-vram",
+        action="store_true",
+        help="before each tier, compare the LoRA-aware VRAM estimate with NVML free memory; skip if short",
+    )
+    group.addoption(
+        "--strict-vram",
+        action="store_true",
+        help="with --check-vram: fail instead of skip when the estimate exceeds free memory",
+    )
+    group.addoption(
+        "--report-dir", default=None, help="write report.json / report.md (+ plots) of this run into this directory"
+    )
+    group.addoption(
+        "--lora-impl",
+        default=None,
+        metavar="NAME|MODULE:FACTORY",
+        help="the LoRA implementation under test: cupy (default), torch, peft, an entry point of the "
+        "group lora_suite.implementations, or package.module:factory",
+    )
+    group.addoption(
+        "--bench-impls",
+        default=None,
+        type=_impl_list,
+        metavar="A,B,...",
+        help="the interleaved training benchmark: the implementations that take turns (PEFT always "
+        "joins first: the ratios are to it); default peft,torch,cupy",
+    )
+    group.addoption(
+        "--weights",
+        default=None,
+        choices=("auto", "pretrained", "random"),
+        help="override every tier's model weights mode",
+    )
+    group.addoption(
+        "--gpus",
+        default=None,
+        type=int,
+        metavar="N",
+        help="multigpu tier: GPUs (torchrun processes) per job; default every visible GPU",
+    )
+    group.addoption(
+        "--plant-repeats",
+        default=1,
+        type=_positive_int,
+        metavar="N",
+        help="selftest-gpu: run each repeatable planted defect N times (each must be caught every time)",
+    )
 
 
 def _impl_list(text: str) -> tuple[str, ...]:
@@ -133,14 +165,18 @@ class _ProgressHandler(logging.Handler):
 
 def pytest_configure(config):
     _RUN["configured"] = time.time()
-    config.addinivalue_line("markers", "needs_feature(name): needs a feature of the LoRA implementation under test "
-                                       "(lora_suite.implementations.FEATURES); not applicable where it declares it "
-                                       "unavailable")
+    config.addinivalue_line(
+        "markers",
+        "needs_feature(name): needs a feature of the LoRA implementation under test "
+        "(lora_suite.implementations.FEATURES); not applicable where it declares it "
+        "unavailable",
+    )
     selection = config.getoption("markexpr") or "all"
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     run_id = f"{now}-{re.sub(r'[^A-Za-z0-9]+', '_', selection)}"
-    config.stash[_REPORT_KEY] = report = RunReport(run_id=run_id, selection=selection,
-                                                   environment=collect_environment())
+    config.stash[_REPORT_KEY] = report = RunReport(
+        run_id=run_id, selection=selection, environment=collect_environment()
+    )
     spec = config.getoption("lora_impl") or DEFAULT
     try:
         impl = resolve_implementation(spec)
@@ -167,9 +203,12 @@ def pytest_report_header(config):
     else:
         gpu = f"GPU {env.gpu_name} (sm {env.compute_capability}, {env.gpu_memory_gib} GiB, driver {env.driver})"
     impl = config.stash[_IMPL_KEY]
-    return [f"lora-gpu-suite: {gpu}", f"lora-gpu-suite: LoRA implementation under test: {impl.describe()}",
-            f"lora-gpu-suite: torch {env.torch} (CUDA {env.cuda}), cupy {env.cupy}, nvmath {env.nvmath}, transformers "
-            f"{env.transformers}, peft {env.peft}, commit {env.git_commit[:12]}{' (dirty)' if env.git_dirty else ''}"]
+    return [
+        f"lora-gpu-suite: {gpu}",
+        f"lora-gpu-suite: LoRA implementation under test: {impl.describe()}",
+        f"lora-gpu-suite: torch {env.torch} (CUDA {env.cuda}), cupy {env.cupy}, nvmath {env.nvmath}, transformers "
+        f"{env.transformers}, peft {env.peft}, commit {env.git_commit[:12]}{' (dirty)' if env.git_dirty else ''}",
+    ]
 
 
 def pytest_collection_modifyitems(config, items):
@@ -190,8 +229,9 @@ def pytest_runtest_setup(item):
             raise pytest.UsageError(f"{item.nodeid}: needs_feature({feature!r}) is not one of {sorted(FEATURES)}")
         reason = impl.reason_not_applicable(feature)
         if reason:
-            item.config.stash[_REPORT_KEY].mark_not_applicable(item.nodeid, f"every check of this test "
-                                                                            f"({FEATURES[feature]})", reason)
+            item.config.stash[_REPORT_KEY].mark_not_applicable(
+                item.nodeid, f"every check of this test ({FEATURES[feature]})", reason
+            )
             pytest.skip(f"not applicable to --lora-impl {impl.name}: {reason}")
 
 
@@ -202,8 +242,11 @@ def pytest_runtest_call(item):
     result = yield
     failed = item.stash.get(_FAILED_KEY, [])
     if failed:
-        lines = [f"{where}: {c.name}: {c.value}{c.unit} is not {c.op} {c.threshold}{c.unit}"
-                 + (f" ({c.detail})" if c.detail else "") for c, where in failed]
+        lines = [
+            f"{where}: {c.name}: {c.value}{c.unit} is not {c.op} {c.threshold}{c.unit}"
+            + (f" ({c.detail})" if c.detail else "")
+            for c, where in failed
+        ]
         raise CheckFailed(f"{len(failed)} check(s) failed:\n" + "\n".join(lines), failed[0][1])
     return result
 
@@ -247,7 +290,8 @@ def pytest_runtest_makereport(item, call):
     if call.excinfo is not None and _CUDA_ERROR.search(f"{call.excinfo.typename}: {call.excinfo.value}"):
         item.session.shouldstop = (
             f"CUDA error in {item.nodeid}: {call.excinfo.typename}: {str(call.excinfo.value)[:300]} -- the CUDA "
-            "context is no longer trustworthy, so the session stops here instead of cascading")
+            "context is no longer trustworthy, so the session stops here instead of cascading"
+        )
     return report
 
 
@@ -322,8 +366,15 @@ def _check_tier_wall_time(session, run: RunReport) -> None:
     if limit is None:
         return
     elapsed = round(time.perf_counter() - _RUN["start"], 1)
-    c = run.check(f"session:{tier}", f"whole {tier} tier wall time", elapsed, "<=", limit, unit=" s",
-                  source=f"{path.name} criteria.tier_seconds_max")
+    c = run.check(
+        f"session:{tier}",
+        f"whole {tier} tier wall time",
+        elapsed,
+        "<=",
+        limit,
+        unit=" s",
+        source=f"{path.name} criteria.tier_seconds_max",
+    )
     if not c.passed:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
         session.config.stash[_SUMMARY_KEY].append(f"FAILED: {tier} tier took {elapsed} s, over its {limit} s budget")
@@ -340,8 +391,10 @@ def _drop_unfinished_benchmarks(config, run: RunReport) -> None:
     for b in bench.benchmarks:  # pytest_benchmark.stats.Metadata: .stats is its Stats, .stats.data its timings
         data = getattr(getattr(b, "stats", None), "data", None)
         if data is not None and len(data) == 0:
-            run.notes.append(f"benchmark {b.fullname} stopped before its first round finished: no figures "
-                             "(left out of benchmark.json)")
+            run.notes.append(
+                f"benchmark {b.fullname} stopped before its first round finished: no figures "
+                "(left out of benchmark.json)"
+            )
         else:
             kept.append(b)
     bench.benchmarks[:] = kept
@@ -364,13 +417,23 @@ def _add_wall_time_breakdown(run: RunReport) -> None:
         return
     interop = sys.modules.get("lora_core.ops.cupy_interop")
     t0 = os.environ.get("GPU_TEST_T0")
-    rows = wall_time.breakdown(script_start=float(t0) if t0 else None, process_start=wall_time.process_start_epoch(),
-                               configured=_RUN["configured"], session_start=_RUN["session_start"],
-                               cuda_context_s=_RUN["cuda_context_s"],
-                               test_seconds=[(o.test, o.duration_s) for o in run.outcomes],
-                               kernel_loads=dict(getattr(interop, "KERNEL_LOAD_SECONDS", {})))
-    run.add_series(Series("session", "wall-time breakdown", ("phase", "seconds", "detail"),
-                          tuple((p, None if v is None else round(v, 2), d) for p, v, d in rows)))
+    rows = wall_time.breakdown(
+        script_start=float(t0) if t0 else None,
+        process_start=wall_time.process_start_epoch(),
+        configured=_RUN["configured"],
+        session_start=_RUN["session_start"],
+        cuda_context_s=_RUN["cuda_context_s"],
+        test_seconds=[(o.test, o.duration_s) for o in run.outcomes],
+        kernel_loads=dict(getattr(interop, "KERNEL_LOAD_SECONDS", {})),
+    )
+    run.add_series(
+        Series(
+            "session",
+            "wall-time breakdown",
+            ("phase", "seconds", "detail"),
+            tuple((p, None if v is None else round(v, 2), d) for p, v, d in rows),
+        )
+    )
 
 
 def _finish_report(session, exitstatus):
@@ -396,8 +459,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     tr.section("lora-gpu-suite")
     if run.environment.gpu_name is None:
         skipped_gpu = sum(1 for o in run.outcomes if o.outcome == "skipped" and "CUDA GPU" in o.reason)
-        tr.write_line(f"No CUDA GPU was found: {skipped_gpu} GPU test(s) skipped; "
-                      f"{s.get('passed', 0)} passed and {s.get('failed', 0)} failed on the CPU.")
+        tr.write_line(
+            f"No CUDA GPU was found: {skipped_gpu} GPU test(s) skipped; "
+            f"{s.get('passed', 0)} passed and {s.get('failed', 0)} failed on the CPU."
+        )
     tr.write_line(f"checks: {s['checks_passed']} passed, {s['checks_failed']} failed")
     for line in config.stash.get(_SUMMARY_KEY, []):
         tr.write_line(line, red=line.startswith("FAILED"))

@@ -36,6 +36,7 @@ class Check:
 @dataclass(frozen=True)
 class NotApplicable:
     """A check the implementation under test cannot take by design, with its reason: shown, never dropped."""
+
     test: str
     name: str  # the check that was not run
     reason: str  # the implementation's own words (LoRAImplementation.not_applicable) or the config's
@@ -81,8 +82,9 @@ class RunReport:
     outcomes: list[Outcome] = field(default_factory=list)
     not_applicable: list[NotApplicable] = field(default_factory=list)
 
-    def check(self, test: str, name: str, value, op: str, threshold, *, unit: str = "", source: str = "",
-              detail: str = "") -> Check:
+    def check(
+        self, test: str, name: str, value, op: str, threshold, *, unit: str = "", source: str = "", detail: str = ""
+    ) -> Check:
         """Record ``value op threshold`` and return the record (its ``passed`` says the verdict).
 
         NaN never passes. The caller asserts on ``passed`` so that pytest fails with the same message.
@@ -90,8 +92,7 @@ class RunReport:
         if op not in _OPS:
             raise ValueError(f"op={op!r} is not one of {sorted(_OPS)}")
         passed = not _is_nan(value) and bool(_OPS[op](value, threshold))
-        record = Check(test, name, _plain(value), op, _plain(threshold), passed, unit, source,
-                       "" if passed else detail)
+        record = Check(test, name, _plain(value), op, _plain(threshold), passed, unit, source, "" if passed else detail)
         self.checks.append(record)
         return record
 
@@ -117,9 +118,14 @@ class RunReport:
 
     def to_dict(self) -> dict:
         return {
-            "schema_version": SCHEMA_VERSION, "run_id": self.run_id, "selection": self.selection,
-            "status": self.status, "environment": asdict(self.environment), "implementation": self.implementation,
-            "notes": self.notes, "summary": self.summary(),
+            "schema_version": SCHEMA_VERSION,
+            "run_id": self.run_id,
+            "selection": self.selection,
+            "status": self.status,
+            "environment": asdict(self.environment),
+            "implementation": self.implementation,
+            "notes": self.notes,
+            "summary": self.summary(),
             "outcomes": [asdict(o) for o in self.outcomes],
             "checks": [asdict(c) for c in self.checks],
             "not_applicable": [asdict(n) for n in self.not_applicable],
@@ -186,8 +192,11 @@ def plottable(s: Series) -> Series | None:
         return s
     if "step" not in s.columns or len(s.rows) < 3:
         return None
-    ys = tuple(c for j, c in enumerate(s.columns) if c != "step" and all(
-        isinstance(r[j], (int, float)) and not isinstance(r[j], bool) for r in s.rows))[:3]
+    ys = tuple(
+        c
+        for j, c in enumerate(s.columns)
+        if c != "step" and all(isinstance(r[j], (int, float)) and not isinstance(r[j], bool) for r in s.rows)
+    )[:3]
     return dataclasses.replace(s, plot_x="step", plot_y=ys) if ys else None
 
 
@@ -198,10 +207,12 @@ def compact_rows(rows: tuple, limit: int = COMPACT_ROWS) -> tuple[list, str]:
         return list(rows), ""
     head, tail = 10, 10
     k = max(1, (len(rows) - head - tail) // (limit - head - tail))
-    middle = list(rows[head:len(rows) - tail:k])
+    middle = list(rows[head : len(rows) - tail : k])
     shown = list(rows[:head]) + middle + list(rows[-tail:])
-    return shown, (f"{len(rows)} rows: the first and last {head} and every {k}th between ({len(shown)} shown); "
-                   "every row is in report.json")
+    return shown, (
+        f"{len(rows)} rows: the first and last {head} and every {k}th between ({len(shown)} shown); "
+        "every row is in report.json"
+    )
 
 
 def render_plots(report: RunReport, directory: Path) -> dict[int, str]:
@@ -210,6 +221,7 @@ def render_plots(report: RunReport, directory: Path) -> dict[int, str]:
     if not wanted:
         return {}
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -236,8 +248,12 @@ def render_plots(report: RunReport, directory: Path) -> dict[int, str]:
 def render_markdown(report: RunReport, plots: dict[int, str] | None = None) -> str:
     env = report.environment
     s = report.summary()
-    lines = [f"# LoRA GPU suite report: {report.selection}", "",
-             f"Run `{report.run_id}` ({report.status}): " + ", ".join(f"{k} {v}" for k, v in s.items()), ""]
+    lines = [
+        f"# LoRA GPU suite report: {report.selection}",
+        "",
+        f"Run `{report.run_id}` ({report.status}): " + ", ".join(f"{k} {v}" for k, v in s.items()),
+        "",
+    ]
     if report.status != "complete":
         lines += [f"**This run did not finish: status `{report.status}`.** What it did before it stopped is below.", ""]
     impl = report.implementation
@@ -248,7 +264,9 @@ def render_markdown(report: RunReport, plots: dict[int, str] | None = None) -> s
     if report.notes:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in report.notes]
     lines += ["", "## Tests", "", "| test | outcome | seconds | reason |", "|---|---|---|---|"]
-    lines += [f"| `{_short(o.test)}` | {o.outcome} | {o.duration_s:.2f} | {_cell(o.reason, 300)} |" for o in report.outcomes]
+    lines += [
+        f"| `{_short(o.test)}` | {o.outcome} | {o.duration_s:.2f} | {_cell(o.reason, 300)} |" for o in report.outcomes
+    ]
     failures = [o for o in report.outcomes if o.outcome in ("failed", "error")]
     if failures:
         lines += ["", "## Failures", ""]
@@ -260,10 +278,17 @@ def render_markdown(report: RunReport, plots: dict[int, str] | None = None) -> s
     if by_test:
         lines += ["", "## Checks", ""]
     for test, checks in by_test.items():
-        lines += [f"### `{_short(test)}`", "", "| check | value | criterion | verdict | threshold source |",
-                  "|---|---|---|---|---|"]
-        lines += [f"| {c.name} | {_fmt(c.value)}{(' ' + c.unit) if c.unit else ''} | {c.op} {_fmt(c.threshold)} | "
-                  f"{'PASS' if c.passed else '**FAIL**: ' + _cell(c.detail, 2000)} | {_cell(c.source)} |" for c in checks]
+        lines += [
+            f"### `{_short(test)}`",
+            "",
+            "| check | value | criterion | verdict | threshold source |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {c.name} | {_fmt(c.value)}{(' ' + c.unit) if c.unit else ''} | {c.op} {_fmt(c.threshold)} | "
+            f"{'PASS' if c.passed else '**FAIL**: ' + _cell(c.detail, 2000)} | {_cell(c.source)} |"
+            for c in checks
+        ]
         lines.append("")
     if report.not_applicable:
         lines += ["", "## Not applicable to this implementation", "", "| test | check | reason |", "|---|---|---|"]

@@ -145,8 +145,10 @@ def _png(fig) -> bytes:
 def plots(card: Scorecard) -> dict[str, bytes]:
     """PNG bytes of the loss overlay and the peak bars (only those with data)."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     out = {}
     if card.losses:
         fig, ax = plt.subplots(figsize=(7, 4))
@@ -199,8 +201,12 @@ def _cell_text(cell: Cell | None, notes: list[str]) -> str:
 def render_md(card: Scorecard, images: dict[str, bytes]) -> str:
     tiers = [t for t in TIERS if any(t in row for row in card.matrix.values())] or list(TIERS)
     notes: list[str] = []
-    lines = ["# LoRA implementations scorecard", "",
-             f"| implementation | {' | '.join(tiers)} |", "|---|" + "---|" * len(tiers)]
+    lines = [
+        "# LoRA implementations scorecard",
+        "",
+        f"| implementation | {' | '.join(tiers)} |",
+        "|---|" + "---|" * len(tiers),
+    ]
     for impl, row in sorted(card.matrix.items()):
         lines.append(f"| {impl} | {' | '.join(_cell_text(row.get(t), notes) for t in tiers)} |")
     if notes:
@@ -210,8 +216,14 @@ def render_md(card: Scorecard, images: dict[str, bytes]) -> str:
         lines += ["", "| implementation | base | peak allocated VRAM (GiB), memory tier |", "|---|---|---|"]
         lines += [f"| {k} | {card.peak_base.get(k, '?')} | {v} |" for k, v in sorted(card.peaks_gib.items())]
     if card.speed_vs_peft_eager:
-        lines += ["", "| benchmark case and run | tokens/s ÷ PEFT eager (runs taking turns) | bench run |", "|---|---|---|"]
-        lines += [f"| {k} | {v:.3f} | {card.speed_source.get(k, '')} |" for k, v in sorted(card.speed_vs_peft_eager.items())]
+        lines += [
+            "",
+            "| benchmark case and run | tokens/s ÷ PEFT eager (runs taking turns) | bench run |",
+            "|---|---|---|",
+        ]
+        lines += [
+            f"| {k} | {v:.3f} | {card.speed_source.get(k, '')} |" for k, v in sorted(card.speed_vs_peft_eager.items())
+        ]
     lines += [""] + [f"![{name}]({name})" for name in images]
     return "\n".join(lines) + "\n"
 
@@ -227,17 +239,22 @@ def render_html(card: Scorecard, images: dict[str, bytes]) -> str:
             verdict = c.verdict if c else "not run"
             title = "; ".join(summarise(c.failed + c.not_applicable) if c else [])
             label = verdict + (f" ({len(c.not_applicable)} n/a)" if c and c.not_applicable else "")
-            cells.append(f'<td style="background:{colour.get(verdict, "#fff3c4")}" title="{html.escape(title)}">'
-                         f"{html.escape(label)}</td>")
+            cells.append(
+                f'<td style="background:{colour.get(verdict, "#fff3c4")}" title="{html.escape(title)}">'
+                f"{html.escape(label)}</td>"
+            )
         rows.append(f"<tr><th>{html.escape(impl)}</th>{''.join(cells)}</tr>")
-    imgs = "".join(f'<p><img alt="{n}" src="data:image/png;base64,{base64.b64encode(b).decode()}"></p>'
-                   for n, b in images.items())
-    return ("<!doctype html><meta charset=utf-8><title>LoRA implementations scorecard</title>"
-            "<style>td,th{border:1px solid #999;padding:4px 8px}table{border-collapse:collapse}</style>"
-            "<h1>LoRA implementations scorecard</h1><p>Hover a cell for the failed checks and the reasons of what "
-            "was not applicable.</p>"
-            f"<table><tr><th>implementation</th>{''.join(f'<th>{t}</th>' for t in tiers)}</tr>{''.join(rows)}"
-            f"</table>{imgs}\n")
+    imgs = "".join(
+        f'<p><img alt="{n}" src="data:image/png;base64,{base64.b64encode(b).decode()}"></p>' for n, b in images.items()
+    )
+    return (
+        "<!doctype html><meta charset=utf-8><title>LoRA implementations scorecard</title>"
+        "<style>td,th{border:1px solid #999;padding:4px 8px}table{border-collapse:collapse}</style>"
+        "<h1>LoRA implementations scorecard</h1><p>Hover a cell for the failed checks and the reasons of what "
+        "was not applicable.</p>"
+        f"<table><tr><th>implementation</th>{''.join(f'<th>{t}</th>' for t in tiers)}</tr>{''.join(rows)}"
+        f"</table>{imgs}\n"
+    )
 
 
 def write(out_dir: Path, card: Scorecard) -> None:
@@ -247,10 +264,20 @@ def write(out_dir: Path, card: Scorecard) -> None:
         tmp = out_dir / f".{name}.tmp"
         tmp.write_bytes(data)
         tmp.replace(out_dir / name)
-    atomic_write_text(out_dir / "scorecard.json", json.dumps(
-        {"matrix": {i: {t: asdict(c) for t, c in row.items()} for i, row in card.matrix.items()},
-         "losses": card.losses, "peaks_gib": card.peaks_gib, "peak_base": card.peak_base,
-         "speed_vs_peft_eager": card.speed_vs_peft_eager, "speed_source": card.speed_source}, indent=1))
+    atomic_write_text(
+        out_dir / "scorecard.json",
+        json.dumps(
+            {
+                "matrix": {i: {t: asdict(c) for t, c in row.items()} for i, row in card.matrix.items()},
+                "losses": card.losses,
+                "peaks_gib": card.peaks_gib,
+                "peak_base": card.peak_base,
+                "speed_vs_peft_eager": card.speed_vs_peft_eager,
+                "speed_source": card.speed_source,
+            },
+            indent=1,
+        ),
+    )
     atomic_write_text(out_dir / "scorecard.md", render_md(card, images))
     atomic_write_text(out_dir / "scorecard.html", render_html(card, images))
 

@@ -28,8 +28,13 @@ class TimingStats:
         if not samples_ms:
             raise ValueError("no timing samples")
         ordered = sorted(samples_ms)
-        return cls(median_ms=statistics.median(ordered), p20_ms=_quantile(ordered, 0.2),
-                   p80_ms=_quantile(ordered, 0.8), mean_ms=statistics.fmean(ordered), reps=len(ordered))
+        return cls(
+            median_ms=statistics.median(ordered),
+            p20_ms=_quantile(ordered, 0.2),
+            p80_ms=_quantile(ordered, 0.8),
+            mean_ms=statistics.fmean(ordered),
+            reps=len(ordered),
+        )
 
 
 def _quantile(ordered: list[float], q: float) -> float:
@@ -40,8 +45,9 @@ def _quantile(ordered: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
-def cuda_time(fn: Callable[[], object], *, warmup: int = 10, reps: int = 50,
-              device: torch.device | None = None) -> TimingStats:
+def cuda_time(
+    fn: Callable[[], object], *, warmup: int = 10, reps: int = 50, device: torch.device | None = None
+) -> TimingStats:
     """Time ``fn`` on the current CUDA stream: ``warmup`` untimed calls, then ``reps`` timed ones."""
     if not torch.cuda.is_available():
         raise RuntimeError("cuda_time needs a CUDA GPU, but torch.cuda.is_available() is False")
@@ -58,8 +64,9 @@ def cuda_time(fn: Callable[[], object], *, warmup: int = 10, reps: int = 50,
     return TimingStats.from_samples([s.elapsed_time(e) for s, e in zip(starts, ends)])
 
 
-def interleaved_rounds(fns: dict[str, Callable[[], object]], *, rounds: int = 7, reps: int = 15,
-                       warmup: int = 5) -> dict[str, list[float]]:
+def interleaved_rounds(
+    fns: dict[str, Callable[[], object]], *, rounds: int = 7, reps: int = 15, warmup: int = 5
+) -> dict[str, list[float]]:
     """Median CUDA-event ms of each callable per round, the callables taking turns within every round.
 
     Interleaving puts slow drifts of the machine (clocks, a second job, thermals) on every candidate alike;
@@ -78,6 +85,7 @@ def interleaved_rounds(fns: dict[str, Callable[[], object]], *, rounds: int = 7,
 @dataclass(frozen=True)
 class PairedEstimate:
     """Median of per-round values and its standard error (1.2533·1.4826·MAD/√n, see criteria.py)."""
+
     median: float
     se: float
     values: tuple[float, ...]
@@ -94,8 +102,9 @@ class BarAttempt:
     passed: bool
 
 
-def measure_until_pass(measure: Callable[[], PairedEstimate], passes: Callable[[PairedEstimate], bool], *,
-                       attempts: int = 3) -> list[BarAttempt]:
+def measure_until_pass(
+    measure: Callable[[], PairedEstimate], passes: Callable[[PairedEstimate], bool], *, attempts: int = 3
+) -> list[BarAttempt]:
     """Measure; on a failure measure again, up to ``attempts`` times. The bar fails only if every attempt does.
 
     A real regression fails every attempt; a transient (another job's burst) rarely does three times in a row.

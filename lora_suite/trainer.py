@@ -120,18 +120,23 @@ def checkpointing_kwargs(model: nn.Module, s: TrainSettings) -> dict[str, bool]:
     if s.cuda_graph:
         random_ops = random_in_training(model)
         if random_ops:
-            raise ValueError("train.cuda_graph: true with train.gradient_checkpointing: true needs a model without "
-                             f"dropout in training mode (the checkpoint's RNG stash cannot be captured); found "
-                             f"{random_ops[:5]}{' ...' if len(random_ops) > 5 else ''}: set their p to 0 or turn "
-                             "one of the two settings off")
+            raise ValueError(
+                "train.cuda_graph: true with train.gradient_checkpointing: true needs a model without "
+                f"dropout in training mode (the checkpoint's RNG stash cannot be captured); found "
+                f"{random_ops[:5]}{' ...' if len(random_ops) > 5 else ''}: set their p to 0 or turn "
+                "one of the two settings off"
+            )
         kwargs["preserve_rng_state"] = False
     return kwargs
 
 
 def random_in_training(model: nn.Module) -> list[str]:
     """What draws random numbers in training mode: dropout modules with p > 0 and the config's dropout rates."""
-    found = [f"{n or type(model).__name__} (p={m.p})" for n, m in model.named_modules()
-             if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0]
+    found = [
+        f"{n or type(model).__name__} (p={m.p})"
+        for n, m in model.named_modules()
+        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0
+    ]
     config = getattr(model, "config", None)
     for key in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop"):
         value = getattr(config, key, None) if config is not None else None
@@ -154,9 +159,11 @@ class StaticBatches:
                 raise ValueError(f"step {step}, micro-batch {i}: keys {sorted(b)}, captured {sorted(buf)}")
             for k, v in b.items():
                 if v.shape != buf[k].shape or v.dtype != buf[k].dtype:
-                    raise ValueError(f"step {step}, micro-batch {i}: {k} is {tuple(v.shape)} {v.dtype}, the captured "
-                                     f"step takes {tuple(buf[k].shape)} {buf[k].dtype} (cuda_graph needs static "
-                                     "shapes: a fixed batch size and seq_len)")
+                    raise ValueError(
+                        f"step {step}, micro-batch {i}: {k} is {tuple(v.shape)} {v.dtype}, the captured "
+                        f"step takes {tuple(buf[k].shape)} {buf[k].dtype} (cuda_graph needs static "
+                        "shapes: a fixed batch size and seq_len)"
+                    )
                 buf[k].copy_(v, non_blocking=True)
         return self.buffers
 
@@ -164,8 +171,14 @@ class StaticBatches:
 class CapturedStep:
     """One optimizer step (accumulation, clipping, AdamW) captured in a CUDA graph; ``run`` replays it."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, params: list[nn.Parameter],
-                 micro: list[dict[str, torch.Tensor]], max_norm: float):
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        params: list[nn.Parameter],
+        micro: list[dict[str, torch.Tensor]],
+        max_norm: float,
+    ):
         self.static = StaticBatches(micro)
         self.graph = torch.cuda.CUDAGraph()
         optimizer.zero_grad(set_to_none=True)  # the captured backward then assigns (not adds to) the gradients
@@ -226,10 +239,19 @@ class TrainingRun:
     used inside ``with run:`` (training mode, an NVML reader), which may be entered again later.
     """
 
-    def __init__(self, model: nn.Module, batches: Callable[[int], dict[str, torch.Tensor]], s: TrainSettings, *,
-                 optimizer: torch.optim.Optimizer | None = None, start_step: int = 0,
-                 adapters: dict[str, nn.Parameter] | None = None, records: list[StepRecord] | None = None,
-                 step_hook: Callable[[int], None] | None = None, device_timer: DeviceTimer | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        batches: Callable[[int], dict[str, torch.Tensor]],
+        s: TrainSettings,
+        *,
+        optimizer: torch.optim.Optimizer | None = None,
+        start_step: int = 0,
+        adapters: dict[str, nn.Parameter] | None = None,
+        records: list[StepRecord] | None = None,
+        step_hook: Callable[[int], None] | None = None,
+        device_timer: DeviceTimer | None = None,
+    ):
         self.model, self.batches, self.s = model, batches, s
         self.named = adapter_parameters(model) if adapters is None else adapters
         self.optimizer = optimizer or make_optimizer(model, s, self.named)
@@ -240,8 +262,10 @@ class TrainingRun:
         if s.cuda_graph:
             check_capturable(self.params)
             if not any(torch.is_tensor(g["lr"]) for g in self.optimizer.param_groups):
-                raise ValueError("train.cuda_graph: true needs a capturable optimizer with a tensor lr "
-                                 "(make_optimizer builds one from the same settings)")
+                raise ValueError(
+                    "train.cuda_graph: true needs a capturable optimizer with a tensor lr "
+                    "(make_optimizer builds one from the same settings)"
+                )
         self.capture_at = start_step + s.graph_warmup_steps if s.cuda_graph else None
         self.side = torch.cuda.Stream() if s.cuda_graph else None  # the warm-up steps run here, as capture requires
         if self.side is not None:
@@ -288,8 +312,10 @@ class TrainingRun:
                 loss_t, norm_t = self.captured.run(micro, step)
                 grad_norm, loss = float(norm_t), float(loss_t)  # sync after the replay
                 if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-                    raise NonFiniteError(_non_finite_message(step, loss, grad_norm, self.named)
-                                         + " (captured step: its update is already applied)")
+                    raise NonFiniteError(
+                        _non_finite_message(step, loss, grad_norm, self.named)
+                        + " (captured step: its update is already applied)"
+                    )
             else:
                 self.optimizer.zero_grad(set_to_none=True)
                 loss_t = accumulate_gradients(self.model, micro)
@@ -309,7 +335,11 @@ class TrainingRun:
         rss, heap = host_rss_bytes(), host_heap_bytes()
         launches = self.device_timer.launches.get(step) if self.device_timer else None
         rec = StepRecord(
-            step=step, loss=loss, grad_norm=grad_norm, lr=lr, tokens_per_s=n_tokens / dt,
+            step=step,
+            loss=loss,
+            grad_norm=grad_norm,
+            lr=lr,
+            tokens_per_s=n_tokens / dt,
             step_time_s=dt,
             allocated_mib=torch.cuda.memory_allocated() / MIB if cuda else 0.0,
             reserved_mib=torch.cuda.memory_reserved() / MIB if cuda else 0.0,
@@ -328,10 +358,19 @@ class TrainingRun:
         return rec
 
 
-def train(model: nn.Module, batches: Callable[[int], dict[str, torch.Tensor]], s: TrainSettings, *,
-          optimizer: torch.optim.Optimizer | None = None, start_step: int = 0, stop_step: int | None = None,
-          adapters: dict[str, nn.Parameter] | None = None, records: list[StepRecord] | None = None,
-          step_hook: Callable[[int], None] | None = None, device_timer: DeviceTimer | None = None) -> TrainResult:
+def train(
+    model: nn.Module,
+    batches: Callable[[int], dict[str, torch.Tensor]],
+    s: TrainSettings,
+    *,
+    optimizer: torch.optim.Optimizer | None = None,
+    start_step: int = 0,
+    stop_step: int | None = None,
+    adapters: dict[str, nn.Parameter] | None = None,
+    records: list[StepRecord] | None = None,
+    step_hook: Callable[[int], None] | None = None,
+    device_timer: DeviceTimer | None = None,
+) -> TrainResult:
     """Run optimizer steps ``start_step .. stop_step`` (default: to ``s.steps``); batches(i) gives micro-batch i.
 
     ``records``: a list the step records are appended to as they are made (it survives an exception).
@@ -341,8 +380,17 @@ def train(model: nn.Module, batches: Callable[[int], dict[str, torch.Tensor]], s
     ``device_time_s`` and ``profiled``.
     """
     stop_step = s.steps if stop_step is None else stop_step
-    run = TrainingRun(model, batches, s, optimizer=optimizer, start_step=start_step, adapters=adapters,
-                      records=records, step_hook=step_hook, device_timer=device_timer)
+    run = TrainingRun(
+        model,
+        batches,
+        s,
+        optimizer=optimizer,
+        start_step=start_step,
+        adapters=adapters,
+        records=records,
+        step_hook=step_hook,
+        device_timer=device_timer,
+    )
     began = time.perf_counter()
     with run, frozen_heap():
         for step in range(start_step, stop_step):
@@ -350,11 +398,19 @@ def train(model: nn.Module, batches: Callable[[int], dict[str, torch.Tensor]], s
             if (step + 1) % s.log_every == 0 or step == stop_step - 1 or step == start_step:
                 done = step + 1 - start_step
                 eta = (time.perf_counter() - began) / done * (stop_step - step - 1)
-                log.info("step %d/%d loss %.4f grad_norm %.3g lr %.2e %.0f tok/s %.0f ms alloc %.2f GiB nvml %s eta %s",
-                         step + 1, s.steps, rec.loss, rec.grad_norm, rec.lr, rec.tokens_per_s, rec.step_time_s * 1e3,
-                         rec.allocated_mib / 1024,
-                         "-" if rec.nvml_used_mib is None else f"{rec.nvml_used_mib / 1024:.2f} GiB",
-                         f"{eta // 60:.0f}m{eta % 60:02.0f}s")
+                log.info(
+                    "step %d/%d loss %.4f grad_norm %.3g lr %.2e %.0f tok/s %.0f ms alloc %.2f GiB nvml %s eta %s",
+                    step + 1,
+                    s.steps,
+                    rec.loss,
+                    rec.grad_norm,
+                    rec.lr,
+                    rec.tokens_per_s,
+                    rec.step_time_s * 1e3,
+                    rec.allocated_mib / 1024,
+                    "-" if rec.nvml_used_mib is None else f"{rec.nvml_used_mib / 1024:.2f} GiB",
+                    f"{eta // 60:.0f}m{eta % 60:02.0f}s",
+                )
     return TrainResult(run.records, run.optimizer, run)
 
 
@@ -362,6 +418,8 @@ def _non_finite_message(step: int, loss: float, grad_norm: float, named: dict[st
     """Name the adapters whose values are non-finite (the usual root cause) and those whose gradients are."""
     values = [n for n, p in named.items() if not torch.isfinite(p).all()]
     grads = [n for n, p in named.items() if p.grad is not None and not torch.isfinite(p.grad).all()]
-    return (f"non-finite values at step {step}: loss {loss}, grad norm {grad_norm}; adapters with NaN/Inf values: "
-            f"{values[:10]}{' ...' if len(values) > 10 else ''}; adapters with NaN/Inf gradients: {grads[:10]}"
-            f"{' ...' if len(grads) > 10 else ''} ({len(grads)} of {len(named)})")
+    return (
+        f"non-finite values at step {step}: loss {loss}, grad norm {grad_norm}; adapters with NaN/Inf values: "
+        f"{values[:10]}{' ...' if len(values) > 10 else ''}; adapters with NaN/Inf gradients: {grads[:10]}"
+        f"{' ...' if len(grads) > 10 else ''} ({len(grads)} of {len(named)})"
+    )

@@ -64,14 +64,26 @@ def run_config(case: Case, implementation: str, mode: str, *, warmup: int, measu
         raise ValueError(f"mode {mode!r} is not one of {MODES}")
     if warmup < 1 or measured < 2:
         raise ValueError(f"warmup={warmup} (>= 1) and measured={measured} (>= 2) steps")
-    train = TrainSettings(steps=warmup + measured, lr=1e-4, warmup_steps=0, schedule="constant",
-                          gradient_checkpointing=case.gradient_checkpointing, log_every=warmup + measured,
-                          cuda_graph=mode == "captured", graph_warmup_steps=min(3, warmup))  # compiled: eager steps
-    cfg = TierConfig(tier=f"bench-training-{case.name}", model=load_model_config(case.model, CONFIG_DIR),
-                     weights="random", dtype="bfloat16", implementation=implementation,
-                     lora=LoRASettings(targets=case.targets, r=case.r, alpha=2 * case.r),
-                     data=DataSettings(batch_size=case.batch_size, seq_len=case.seq_len, pool=case.batch_size),
-                     train=train)
+    train = TrainSettings(
+        steps=warmup + measured,
+        lr=1e-4,
+        warmup_steps=0,
+        schedule="constant",
+        gradient_checkpointing=case.gradient_checkpointing,
+        log_every=warmup + measured,
+        cuda_graph=mode == "captured",
+        graph_warmup_steps=min(3, warmup),
+    )  # compiled: eager steps
+    cfg = TierConfig(
+        tier=f"bench-training-{case.name}",
+        model=load_model_config(case.model, CONFIG_DIR),
+        weights="random",
+        dtype="bfloat16",
+        implementation=implementation,
+        lora=LoRASettings(targets=case.targets, r=case.r, alpha=2 * case.r),
+        data=DataSettings(batch_size=case.batch_size, seq_len=case.seq_len, pool=case.batch_size),
+        train=train,
+    )
     validate(cfg)
     return cfg
 
@@ -83,8 +95,10 @@ def not_applicable(case: Case, mode: str, implementation=None) -> str | None:
     if mode == "compiled" and case.gradient_checkpointing:
         return "compiled runs with activation checkpointing are not measured (the eager run is the 7B figure)"
     if mode == "compiled" and implementation is not None and implementation.name not in COMPILED_IMPLEMENTATIONS:
-        return (f"compiled runs are measured for {', '.join(COMPILED_IMPLEMENTATIONS)} only (lora_core's registered "
-                "op); the issue compares the others eager and captured")
+        return (
+            f"compiled runs are measured for {', '.join(COMPILED_IMPLEMENTATIONS)} only (lora_core's registered "
+            "op); the issue compares the others eager and captured"
+        )
     return None
 
 
@@ -100,9 +114,11 @@ def figures(records, tokens_per_step: int, warmup: int, peak_bytes: int) -> RunF
     measured = records[warmup:]
     if len(measured) < 2:
         raise ValueError(f"{len(records)} records leave {len(measured)} measured steps after {warmup} warm-up steps")
-    return RunFigures(step_ms=statistics.median(r.gpu_time_s for r in measured) * 1e3,
-                      tokens_per_s=tokens_per_step / statistics.median(r.step_time_s for r in measured),
-                      peak_gib=peak_bytes / 2**30)
+    return RunFigures(
+        step_ms=statistics.median(r.gpu_time_s for r in measured) * 1e3,
+        tokens_per_s=tokens_per_step / statistics.median(r.step_time_s for r in measured),
+        peak_gib=peak_bytes / 2**30,
+    )
 
 
 def ratios(run: RunFigures, peft: dict[str, RunFigures], mode: str = "eager") -> dict[str, float | None]:
@@ -110,10 +126,12 @@ def ratios(run: RunFigures, peft: dict[str, RunFigures], mode: str = "eager") ->
     (``captured`` for a captured run, else ``eager``); None where PEFT's run is absent."""
     eager, captured = peft.get("eager"), peft.get("captured")
     same = captured if mode == "captured" else eager
-    return {"speed_vs_peft_eager": run.tokens_per_s / eager.tokens_per_s if eager else None,
-            "speed_vs_peft_captured": run.tokens_per_s / captured.tokens_per_s if captured else None,
-            "peak_vs_peft_eager": run.peak_gib / eager.peak_gib if eager else None,
-            "peak_vs_peft_same_mode": run.peak_gib / same.peak_gib if same else None}
+    return {
+        "speed_vs_peft_eager": run.tokens_per_s / eager.tokens_per_s if eager else None,
+        "speed_vs_peft_captured": run.tokens_per_s / captured.tokens_per_s if captured else None,
+        "peak_vs_peft_eager": run.peak_gib / eager.peak_gib if eager else None,
+        "peak_vs_peft_same_mode": run.peak_gib / same.peak_gib if same else None,
+    }
 
 
 def rotation(names: list[str] | tuple[str, ...], round_index: int) -> list[str]:
@@ -125,6 +143,7 @@ def rotation(names: list[str] | tuple[str, ...], round_index: int) -> list[str]:
 @dataclass
 class TurnRun:
     """One (implementation, mode) run that trains in turns on its prepared model (``lora_suite.prepare``)."""
+
     prepared: object
     train: TrainSettings
     mode: str
@@ -134,9 +153,17 @@ class TurnRun:
     def turn(self, steps: int) -> float:
         """Train ``steps`` more steps; the median host step time (s) of those that represent the mode."""
         from lora_suite.trainer import train
+
         p = self.prepared
-        res = train(p.model, p.batches, self.train, optimizer=self.optimizer, start_step=self.at,
-                    stop_step=self.at + steps, adapters=p.adapters)
+        res = train(
+            p.model,
+            p.batches,
+            self.train,
+            optimizer=self.optimizer,
+            start_step=self.at,
+            stop_step=self.at + steps,
+            adapters=p.adapters,
+        )
         self.optimizer, self.at = res.optimizer, self.at + steps
         return statistics.median(turn_step_times(res.records, self.mode))
 
@@ -184,8 +211,11 @@ def interleaved_speed(round_step_s: dict[str, list[float]], reference: str) -> d
     bad = {name: v for name, v in round_step_s.items() if not all(t > 0 for t in v)}
     if bad:
         raise ValueError(f"step times must be positive seconds, got {bad}")
-    return {name: PairedEstimate.of([r / t for r, t in zip(ref, times)])
-            for name, times in round_step_s.items() if name != reference}
+    return {
+        name: PairedEstimate.of([r / t for r, t in zip(ref, times)])
+        for name, times in round_step_s.items()
+        if name != reference
+    }
 
 
 def turn_step_times(records, mode: str) -> list[float]:
@@ -202,8 +232,10 @@ def turn_step_times(records, mode: str) -> list[float]:
     elif mode == "captured":
         times = [r.step_time_s for r in records if r.captured][1:]
         if len(times) < 2:
-            raise ValueError(f"a captured turn of {len(records)} steps left {len(times)} replays after the capture "
-                             "(need >= 2): lengthen the turn")
+            raise ValueError(
+                f"a captured turn of {len(records)} steps left {len(times)} replays after the capture "
+                "(need >= 2): lengthen the turn"
+            )
     else:
         raise ValueError(f"mode {mode!r} is not 'eager' or 'captured'")
     return times

@@ -8,8 +8,15 @@ import pytest
 
 from lora_suite.config import LlamaArchitecture, load_tier_config
 
-TINY_ARCH = LlamaArchitecture(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                              num_key_value_heads=2, vocab_size=300, tie_word_embeddings=False)
+TINY_ARCH = LlamaArchitecture(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=300,
+    tie_word_embeddings=False,
+)
 
 TINY_MODEL_YAML = """\
 name: tiny-llama

@@ -47,8 +47,10 @@ class Tier:
         cfg = load_tier_config(CONFIG_DIR / f"{tier}.yaml")
         weights = self.request.config.getoption("weights")
         if self.request.config.getoption("lora_impl") is None and cfg.implementation != self.impl.name:
-            pytest.fail(f"configs/{tier}.yaml implementation: {cfg.implementation!r}, but this run judges "
-                        f"{self.impl.name!r}: give --lora-impl {cfg.implementation} to run that tier")
+            pytest.fail(
+                f"configs/{tier}.yaml implementation: {cfg.implementation!r}, but this run judges "
+                f"{self.impl.name!r}: give --lora-impl {cfg.implementation} to run that tier"
+            )
         cfg = dataclasses.replace(cfg, weights=weights or cfg.weights, implementation=self.impl.name)
         self.configured_quantize = cfg.lora.quantize
         cfg, changes = fit_to_implementation(cfg, self.impl, f"configs/{tier}.yaml")
@@ -58,9 +60,14 @@ class Tier:
         return cfg
 
     def _vram_precheck(self, cfg: TierConfig) -> None:
-        est = estimate_training_memory(cfg.model.architecture, cfg.lora, batch_size=cfg.data.batch_size,
-                                       seq_len=cfg.data.seq_len,
-                                       gradient_checkpointing=cfg.train.gradient_checkpointing, dtype=cfg.dtype)
+        est = estimate_training_memory(
+            cfg.model.architecture,
+            cfg.lora,
+            batch_size=cfg.data.batch_size,
+            seq_len=cfg.data.seq_len,
+            gradient_checkpointing=cfg.train.gradient_checkpointing,
+            dtype=cfg.dtype,
+        )
         self.estimate = est
         if not self.request.config.getoption("check_vram"):
             return
@@ -83,37 +90,53 @@ class Tier:
             prepared = prepare(cfg, "cuda", implementation=implementation or self.impl, **kw)
         except CheckpointNotFound as exc:
             pytest.skip(str(exc))
-        self.report.notes.append(f"{self.nodeid}: {prepared.describe(cfg)} (built in {prepared.built.build_seconds:.1f} s)")
+        self.report.notes.append(
+            f"{self.nodeid}: {prepared.describe(cfg)} (built in {prepared.built.build_seconds:.1f} s)"
+        )
         return prepared
 
     def check_served(self, prepared: Prepared) -> None:
         """The code path that served every adapted layer is the one under test (no silent fallback)."""
         impl = prepared.implementation
-        self.check(f"code path that served every LoRA layer ({impl.name})", impl.served_by(prepared.model), "==",
-                   impl.expected_path, source="--lora-impl (default cupy): the implementation says which path ran")
+        self.check(
+            f"code path that served every LoRA layer ({impl.name})",
+            impl.served_by(prepared.model),
+            "==",
+            impl.expected_path,
+            source="--lora-impl (default cupy): the implementation says which path ran",
+        )
 
     def record_steps(self, name: str, records: list[StepRecord], plots: bool = True) -> None:
         if not records:
             return
         cols = tuple(f.name for f in dataclasses.fields(StepRecord))
         rows = tuple(tuple(getattr(r, c) for c in cols) for r in records)
-        self.report.add_series(Series(self.nodeid, f"{name}: loss", cols, rows,
-                                      plot_x="step" if plots else None, plot_y=("loss",)))
+        self.report.add_series(
+            Series(self.nodeid, f"{name}: loss", cols, rows, plot_x="step" if plots else None, plot_y=("loss",))
+        )
         if plots:
             mem_cols = ("step", "allocated_mib", "reserved_mib", "nvml_used_mib")
             mem_rows = tuple((r.step, r.allocated_mib, r.reserved_mib, r.nvml_used_mib or 0.0) for r in records)
-            self.report.add_series(Series(self.nodeid, f"{name}: memory (MiB)", mem_cols, mem_rows,
-                                          plot_x="step", plot_y=mem_cols[1:]))
+            self.report.add_series(
+                Series(self.nodeid, f"{name}: memory (MiB)", mem_cols, mem_rows, plot_x="step", plot_y=mem_cols[1:])
+            )
 
     def train(self, name: str, prepared: Prepared, cfg: TierConfig, *, plots: bool = True, **kw) -> TrainResult:
         """Train and record the per-step series, also when training stops early (NaN, an error, Ctrl-C)."""
         records: list[StepRecord] = []
         try:
-            return train(prepared.model, prepared.batches, cfg.train, records=records,
-                         adapters=kw.pop("adapters", prepared.adapters), **kw)
+            return train(
+                prepared.model,
+                prepared.batches,
+                cfg.train,
+                records=records,
+                adapters=kw.pop("adapters", prepared.adapters),
+                **kw,
+            )
         except BaseException as exc:
-            self.report.notes.append(f"{self.nodeid}: {name} stopped after {len(records)} recorded steps: "
-                                     f"{type(exc).__name__}: {exc}")
+            self.report.notes.append(
+                f"{self.nodeid}: {name} stopped after {len(records)} recorded steps: {type(exc).__name__}: {exc}"
+            )
             raise
         finally:
             self.record_steps(name, records, plots=plots)
@@ -124,46 +147,112 @@ class Tier:
         crit = cfg.criteria
         fresh = self.prepare(cfg)
         fresh_run = TrainingRun(fresh.model, fresh.batches, cfg.train, adapters=fresh.adapters, **kw)
-        pairs = run_pairs(aged.run, fresh_run, aged_start=cfg.train.steps, pairs=crit.aged_vs_fresh_pairs,
-                          warmup=crit.aged_vs_fresh_warmup, max_pairs=crit.aged_vs_fresh_pairs_max,
-                          resolved=lambda done: aged_vs_fresh_resolved(done, crit))
-        self.report.add_series(Series(self.nodeid, "aged vs fresh: alternating pairs (process CPU ms, event span ms)",
-                                      ("pair", "aged step", "fresh step", "aged first", "aged CPU ms", "fresh CPU ms",
-                                       "ratio", "aged span ms", "fresh span ms"),
-                                      tuple((p.index, p.aged_step, p.fresh_step, p.aged_first, round(p.aged_cpu_s * 1e3, 3),
-                                             round(p.fresh_cpu_s * 1e3, 3), round(p.ratio, 4),
-                                             None if p.aged_span_s is None else round(p.aged_span_s * 1e3, 3),
-                                             None if p.fresh_span_s is None else round(p.fresh_span_s * 1e3, 3))
-                                            for p in pairs), plot_x="pair", plot_y=("ratio",)))
+        pairs = run_pairs(
+            aged.run,
+            fresh_run,
+            aged_start=cfg.train.steps,
+            pairs=crit.aged_vs_fresh_pairs,
+            warmup=crit.aged_vs_fresh_warmup,
+            max_pairs=crit.aged_vs_fresh_pairs_max,
+            resolved=lambda done: aged_vs_fresh_resolved(done, crit),
+        )
+        self.report.add_series(
+            Series(
+                self.nodeid,
+                "aged vs fresh: alternating pairs (process CPU ms, event span ms)",
+                (
+                    "pair",
+                    "aged step",
+                    "fresh step",
+                    "aged first",
+                    "aged CPU ms",
+                    "fresh CPU ms",
+                    "ratio",
+                    "aged span ms",
+                    "fresh span ms",
+                ),
+                tuple(
+                    (
+                        p.index,
+                        p.aged_step,
+                        p.fresh_step,
+                        p.aged_first,
+                        round(p.aged_cpu_s * 1e3, 3),
+                        round(p.fresh_cpu_s * 1e3, 3),
+                        round(p.ratio, 4),
+                        None if p.aged_span_s is None else round(p.aged_span_s * 1e3, 3),
+                        None if p.fresh_span_s is None else round(p.fresh_span_s * 1e3, 3),
+                    )
+                    for p in pairs
+                ),
+                plot_x="pair",
+                plot_y=("ratio",),
+            )
+        )
         del fresh, fresh_run
         return pairs
 
-    def device_windows(self, cfg: TierConfig, timer: DeviceTimer,
-                       records: list[StepRecord]) -> dict[str, DeviceWindow] | None:
+    def device_windows(
+        self, cfg: TierConfig, timer: DeviceTimer, records: list[StepRecord]
+    ) -> dict[str, DeviceWindow] | None:
         """The device times of the timer's windows, recorded per step (None, and a note, when nothing was profiled)."""
         try:
-            windows = {name: device_window(name, steps, timer.launches, cfg.criteria.device_clip)
-                       for name, steps in timer.plan.items()}
+            windows = {
+                name: device_window(name, steps, timer.launches, cfg.criteria.device_clip)
+                for name, steps in timer.plan.items()
+            }
         except ValueError as exc:
             self.report.notes.append(f"{self.nodeid}: device time not measured: {exc}")
             return None
         spans = {r.step: r.gpu_time_s for r in records}
-        rows = tuple((w.name, step, round(summed * 1e3, 3), round(clipped * 1e3, 3), n,
-                      None if spans.get(step) is None else round(spans[step] * 1e3, 3))
-                     for w in windows.values() for step, summed, clipped, n in zip(w.steps, w.summed_s, w.clipped_s, w.launches))
-        self.report.add_series(Series(self.nodeid, "device time of the profiled steps (lora_suite/device_time.py)",
-                                      ("window", "step", "summed launch ms", "clipped launch ms", "launches", "event span ms"),
-                                      rows))
-        self.report.add_series(Series(self.nodeid, "where a step's time goes: device busy share of the event span",
-                                      ("window", "steps", "event span ms", "summed launch ms", "clipped launch ms",
-                                       "launches", "device busy share"), tuple(time_budget_rows(records, windows))))
+        rows = tuple(
+            (
+                w.name,
+                step,
+                round(summed * 1e3, 3),
+                round(clipped * 1e3, 3),
+                n,
+                None if spans.get(step) is None else round(spans[step] * 1e3, 3),
+            )
+            for w in windows.values()
+            for step, summed, clipped, n in zip(w.steps, w.summed_s, w.clipped_s, w.launches)
+        )
+        self.report.add_series(
+            Series(
+                self.nodeid,
+                "device time of the profiled steps (lora_suite/device_time.py)",
+                ("window", "step", "summed launch ms", "clipped launch ms", "launches", "event span ms"),
+                rows,
+            )
+        )
+        self.report.add_series(
+            Series(
+                self.nodeid,
+                "where a step's time goes: device busy share of the event span",
+                (
+                    "window",
+                    "steps",
+                    "event span ms",
+                    "summed launch ms",
+                    "clipped launch ms",
+                    "launches",
+                    "device busy share",
+                ),
+                tuple(time_budget_rows(records, windows)),
+            )
+        )
         return windows
 
     def record_verdicts(self, judged: LongRunVerdicts) -> None:
         """A long run's verdicts as checks; a criterion without data fails (it is not silently passed)."""
-        self.report.add_series(Series(self.nodeid, "leak fit: y = slope*step + intercept",
-                                      ("series", "slope MiB/step", "intercept MiB", "r2", "min MiB", "max MiB"),
-                                      tuple(judged.fits)))
+        self.report.add_series(
+            Series(
+                self.nodeid,
+                "leak fit: y = slope*step + intercept",
+                ("series", "slope MiB/step", "intercept MiB", "r2", "min MiB", "max MiB"),
+                tuple(judged.fits),
+            )
+        )
         self.report.notes.extend(f"{self.nodeid}: {d}" for d in judged.diagnostics)
         for m in judged.missing:
             self.check(f"measured: {m}", False, "==", True, source="the tier's config judges it; the run gave no data")
@@ -173,9 +262,11 @@ class Tier:
     def peak_window(self, name: str) -> PeakWindow:
         """Open a measurement of one run's own peak (``lora_suite.memory.PeakWindow``) and note what it excludes."""
         window = PeakWindow.open()
-        self.report.notes.append(f"{self.nodeid}: {name}: peak measured net of {window.carried / 2**20:.1f} MiB left "
-                                 f"allocated by earlier work ({window.released / 2**20:.1f} MiB of cached cuBLAS "
-                                 "workspaces released first)")
+        self.report.notes.append(
+            f"{self.nodeid}: {name}: peak measured net of {window.carried / 2**20:.1f} MiB left "
+            f"allocated by earlier work ({window.released / 2**20:.1f} MiB of cached cuBLAS "
+            "workspaces released first)"
+        )
         return window
 
     def run_and_measure(self, cfg, quantize, steps=None):
@@ -198,10 +289,17 @@ class Tier:
         rows = []
         for part, value in split.items():
             rows.append((part, round(value / GIB, 4), est[part], round(bf16[1][part] / GIB, 4) if bf16 else None))
-        rows.append(("peak allocated", round(peak / GIB, 4), est["allocated_peak"], round(bf16[0] / GIB, 4) if bf16 else None))
-        self.report.add_series(Series(self.nodeid, f"{name}: memory split (GiB)",
-                                      ("part", f"measured ({cfg.lora.quantize or cfg.dtype} base)", "estimated",
-                                       "measured, 16-bit base"), tuple(rows)))
+        rows.append(
+            ("peak allocated", round(peak / GIB, 4), est["allocated_peak"], round(bf16[0] / GIB, 4) if bf16 else None)
+        )
+        self.report.add_series(
+            Series(
+                self.nodeid,
+                f"{name}: memory split (GiB)",
+                ("part", f"measured ({cfg.lora.quantize or cfg.dtype} base)", "estimated", "measured, 16-bit base"),
+                tuple(rows),
+            )
+        )
 
     def bf16_baseline(self, cfg: TierConfig):
         """For an NF4 tier: (peak, split) of the same configuration on a 16-bit base; None otherwise."""
@@ -218,11 +316,16 @@ class Tier:
         """Peak within the budget of the base actually used, and (NF4) below the 16-bit-base peak."""
         crit, yaml = cfg.criteria, f"configs/{cfg.tier}.yaml"
         nf4_skipped = self.configured_quantize and not cfg.lora.quantize
-        budget, key = ((crit.vram_budget_16bit_base_gib, "vram_budget_16bit_base_gib") if nf4_skipped
-                       else (crit.vram_budget_gib, "vram_budget_gib"))
+        budget, key = (
+            (crit.vram_budget_16bit_base_gib, "vram_budget_16bit_base_gib")
+            if nf4_skipped
+            else (crit.vram_budget_gib, "vram_budget_gib")
+        )
         if budget is None:
-            self.check.not_applicable("peak allocated VRAM within budget", f"{yaml} sets no {key} for the "
-                                      f"{'16-bit' if nf4_skipped else cfg.dtype} base this run used")
+            self.check.not_applicable(
+                "peak allocated VRAM within budget",
+                f"{yaml} sets no {key} for the {'16-bit' if nf4_skipped else cfg.dtype} base this run used",
+            )
         else:
             self.check("peak allocated VRAM", round(peak / GIB, 3), "<=", budget, unit=" GiB", source=f"{yaml} {key}")
         name = "QLoRA peak < 16-bit-base peak (same configuration)"
@@ -240,10 +343,17 @@ class Tier:
         est = self.estimate.allocated_peak
         err = (est - peak_bytes) / peak_bytes
         self.report.notes.append(f"{self.nodeid}: memory estimate {self.estimate.gib()} GiB")
-        source = f"configs/{cfg.tier}.yaml memory_estimate_error_max (the estimator must be this close for --check-vram)"
+        source = (
+            f"configs/{cfg.tier}.yaml memory_estimate_error_max (the estimator must be this close for --check-vram)"
+        )
         self.check("estimated vs measured peak allocated, relative error", round(err, 3), "<=", bar, source=source)
-        self.check("estimated vs measured peak allocated, relative error (underestimate side)", round(err, 3), ">=",
-                   -bar, source=source)
+        self.check(
+            "estimated vs measured peak allocated, relative error (underestimate side)",
+            round(err, 3),
+            ">=",
+            -bar,
+            source=source,
+        )
 
     def op_calls(self) -> int | None:
         """LoRA op calls counted by the implementation, or None (recorded as not applicable by the caller)."""
@@ -270,23 +380,31 @@ def tier(request, run_report, check, lora_impl) -> Tier:
     run_report.notes.append(f"{request.node.nodeid}: wall time {time.perf_counter() - start:.1f} s")
 
 
-
 @pytest.fixture
 def tiny_cupy_llama():
     """A factory: a small random Llama (2 layers, hidden 256, vocab 512) in bf16 on the GPU with cupy LoRA r8 on
     every linear and B random (so that adapters matter): for the op-in-a-model checks that do not need a tier's
     model (capture, torch.compile)."""
+
     def build(seed: int = 0):
         from transformers import LlamaConfig, LlamaForCausalLM
 
         from lora_core.inject import inject_lora
+
         torch.manual_seed(seed)
-        cfg = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2)
+        cfg = LlamaConfig(
+            vocab_size=512,
+            hidden_size=256,
+            intermediate_size=512,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
         model = LlamaForCausalLM(cfg).to("cuda", torch.bfloat16)
         inject_lora(model, ["all-linear"], 8, 16, backend="cupy")
         for n, p in model.named_parameters():
             if n.endswith("lora_B"):
                 torch.nn.init.normal_(p, std=0.02)
         return model
+
     return build

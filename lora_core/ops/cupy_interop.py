@@ -50,13 +50,16 @@ def _import_cupy():
     try:
         cupy = importlib.import_module("cupy")
     except ImportError as exc:
-        raise CupyUnavailableError(f"the cupy backend needs CuPy, which does not import ({exc}); {INSTALL_HINT}") from exc
+        raise CupyUnavailableError(
+            f"the cupy backend needs CuPy, which does not import ({exc}); {INSTALL_HINT}"
+        ) from exc
     try:
         cublas = importlib.import_module("nvmath.bindings.cublas")
     except ImportError as exc:
         raise CupyUnavailableError(
             f"the cupy backend calls cuBLAS through nvmath-python's binding, which does not import ({exc}); "
-            f"{INSTALL_HINT}") from exc
+            f"{INSTALL_HINT}"
+        ) from exc
     return cupy, cublas
 
 
@@ -171,8 +174,17 @@ class on_torch_stream:
         if self._guard is not None:
             self._guard.__exit__(*exc)
 
-    def gemm(self, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, trans_a: bool = False,
-             trans_b: bool = False, alpha: float = 1.0, beta: float = 0.0) -> torch.Tensor:
+    def gemm(
+        self,
+        out: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        *,
+        trans_a: bool = False,
+        trans_b: bool = False,
+        alpha: float = 1.0,
+        beta: float = 0.0,
+    ) -> torch.Tensor:
         """``out = alpha * op(a) @ op(b) + beta * out`` on row-major contiguous 2-D tensors (cublasGemmEx).
 
         op(t) is t or tᵀ. ``a`` and ``b`` share one dtype (fp32, fp16 or bf16); ``out`` has that dtype or
@@ -194,17 +206,37 @@ class on_torch_stream:
             return out.zero_() if beta == 0 else out.mul_(beta)
         in_type, out_type = _CUDA_DATA_TYPE[a.dtype], _CUDA_DATA_TYPE[out.dtype]
         self.cublas.gemm_ex(
-            self.handle, _OP_T if trans_b else _OP_N, _OP_T if trans_a else _OP_N,
-            n_cols, m_rows, k,
-            _host_scalar(alpha), b.data_ptr(), in_type, b.shape[1],
-            a.data_ptr(), in_type, a.shape[1],
-            _host_scalar(beta), out.data_ptr(), out_type, n_cols,
-            _CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT,
+            self.handle,
+            _OP_T if trans_b else _OP_N,
+            _OP_T if trans_a else _OP_N,
+            n_cols,
+            m_rows,
+            k,
+            _host_scalar(alpha),
+            b.data_ptr(),
+            in_type,
+            b.shape[1],
+            a.data_ptr(),
+            in_type,
+            a.shape[1],
+            _host_scalar(beta),
+            out.data_ptr(),
+            out_type,
+            n_cols,
+            _CUBLAS_COMPUTE_32F,
+            _CUBLAS_GEMM_DEFAULT,
         )
         return out
 
-    def launch(self, source_name: str, name_expressions: tuple[str, ...], kernel_name: str,
-               grid: tuple[int, ...], block: tuple[int, ...], args: tuple) -> None:
+    def launch(
+        self,
+        source_name: str,
+        name_expressions: tuple[str, ...],
+        kernel_name: str,
+        grid: tuple[int, ...],
+        block: tuple[int, ...],
+        args: tuple,
+    ) -> None:
         """Launch ``kernel_name`` from ``kernels/<source_name>`` (compiled once per device) on torch's stream.
 
         Tensors in ``args`` are passed as raw device pointers; Python ints as 64-bit integers and floats

@@ -40,8 +40,9 @@ _CAST_BLOCK = 256
 _CAST_MAX_GRID = 4096  # the kernel is grid-stride; more blocks than this buys nothing for r×K adapters
 
 
-def adapters_in(cu: cx.on_torch_stream, lora_a: torch.Tensor, lora_b: torch.Tensor,
-                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def adapters_in(
+    cu: cx.on_torch_stream, lora_a: torch.Tensor, lora_b: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A and B in ``dtype``, contiguous: themselves when they already are, else one cast.cu launch for both.
 
     The casts land in one buffer (A's r·K values, then B's O·r), so the pair costs one launch.
@@ -53,13 +54,20 @@ def adapters_in(cu: cx.on_torch_stream, lora_a: torch.Tensor, lora_b: torch.Tens
     n_a, n_b = a.numel(), b.numel()
     out = torch.empty(n_a + n_b, dtype=dtype, device=a.device)
     grid = (min(cx.ceil_div(n_a + n_b, _CAST_BLOCK), _CAST_MAX_GRID),)
-    cu.launch("cast.cu", _CAST_KERNELS, f"cast_pair_from_f32<{cx.CUDA_TYPE_NAME[dtype]}>", grid, (_CAST_BLOCK,),
-              (a, b, out, n_a, n_b))
+    cu.launch(
+        "cast.cu",
+        _CAST_KERNELS,
+        f"cast_pair_from_f32<{cx.CUDA_TYPE_NAME[dtype]}>",
+        grid,
+        (_CAST_BLOCK,),
+        (a, b, out, n_a, n_b),
+    )
     return out[:n_a].view(a.shape), out[n_a:].view(b.shape)
 
 
-def forward(cu: cx.on_torch_stream, x2: torch.Tensor, w: torch.Tensor, a_c: torch.Tensor, b_c: torch.Tensor,
-            scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def forward(
+    cu: cx.on_torch_stream, x2: torch.Tensor, w: torch.Tensor, a_c: torch.Tensor, b_c: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, h): y = x Wᵀ + s·h Bᵀ (N, O) and h = x Aᵀ (N, r); all inputs 2-D, contiguous, in x's dtype."""
     n, r, out_features = x2.shape[0], a_c.shape[0], w.shape[0]
     h = torch.empty((n, r), dtype=x2.dtype, device=x2.device)
@@ -70,9 +78,21 @@ def forward(cu: cx.on_torch_stream, x2: torch.Tensor, w: torch.Tensor, a_c: torc
     return y, h
 
 
-def backward(cu: cx.on_torch_stream, dy2: torch.Tensor, x2: torch.Tensor, w, a_c: torch.Tensor,
-             b_c: torch.Tensor, h: torch.Tensor, scale: float, *, need_x: bool, need_a: bool, need_b: bool,
-             adapter_dtype: torch.dtype):
+def backward(
+    cu: cx.on_torch_stream,
+    dy2: torch.Tensor,
+    x2: torch.Tensor,
+    w,
+    a_c: torch.Tensor,
+    b_c: torch.Tensor,
+    h: torch.Tensor,
+    scale: float,
+    *,
+    need_x: bool,
+    need_a: bool,
+    need_b: bool,
+    adapter_dtype: torch.dtype,
+):
     """(dx, dA, dB) for the forward above, each None when not needed; dA, dB in ``adapter_dtype``.
 
     ``w`` is the (O, K) weight in dy's dtype, or a callable returning it (an NF4 base dequantises into

@@ -27,8 +27,15 @@ ACTIVATION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 REFERENCE_ONLY_DTYPES = (torch.float64,)  # accepted by the torch backend only (gradcheck)
 
 
-def lora_linear(x: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
-                scale: float, *, backend: str | None = None) -> torch.Tensor:
+def lora_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    scale: float,
+    *,
+    backend: str | None = None,
+) -> torch.Tensor:
     """``y = x Wᵀ + scale·(x Aᵀ) Bᵀ`` with gradients for x (if it requires grad), lora_a and lora_b.
 
     ``weight`` is the frozen base weight and never receives a gradient: passing one that requires grad
@@ -49,9 +56,11 @@ def lora_linear(x: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tensor, lor
     if name == "cupy":
         if compiling:  # one traceable node: the registered op, whose CUDA implementation is the same cupy path
             if isinstance(weight, NF4Tensor):
-                raise ValueError("an NF4 base weight under torch.compile is not supported by the registered "
-                                 "lora_core::lora_linear op (it takes a dense weight); run the NF4 model eagerly "
-                                 "or captured with train.cuda_graph")
+                raise ValueError(
+                    "an NF4 base weight under torch.compile is not supported by the registered "
+                    "lora_core::lora_linear op (it takes a dense weight); run the NF4 model eagerly "
+                    "or captured with train.cuda_graph"
+                )
             return lora_linear_op(x, weight, lora_a, lora_b, float(scale))
         return CupyLoRALinear.apply(x, weight, lora_a, lora_b, float(scale))
     if isinstance(weight, NF4Tensor):  # the reference keeps its dequantised copy for autograd: reference only
@@ -64,7 +73,9 @@ def nf4_linear(x: torch.Tensor, weight: NF4Tensor, *, backend: str | None = None
     if not isinstance(weight, NF4Tensor):
         raise ValueError(f"nf4_linear expects an NF4Tensor weight, got {type(weight).__name__}")
     if x.dim() < 1 or x.shape[-1] != weight.shape[1]:
-        raise ValueError(f"x has shape {tuple(x.shape)}, expected (..., {weight.shape[1]}) to match weight {weight.shape}")
+        raise ValueError(
+            f"x has shape {tuple(x.shape)}, expected (..., {weight.shape[1]}) to match weight {weight.shape}"
+        )
     if x.dtype not in ACTIVATION_DTYPES or x.device != weight.device:
         raise ValueError(f"x is {x.dtype} on {x.device}; expected one of {ACTIVATION_DTYPES} on {weight.device}")
     name = resolve_backend(backend, x.device)
@@ -74,8 +85,9 @@ def nf4_linear(x: torch.Tensor, weight: NF4Tensor, *, backend: str | None = None
     return F.linear(x, dequantize_nf4(weight, x.dtype))
 
 
-def lora_linear_torch(x: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
-                      scale: float) -> torch.Tensor:
+def lora_linear_torch(
+    x: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scale: float
+) -> torch.Tensor:
     """The reference: plain torch ops, gradients by autograd. Same math and casts as the cupy path."""
     h = F.linear(x, lora_a.to(x.dtype))  # (..., r)
     return F.linear(x, weight) + scale * F.linear(h, lora_b.to(x.dtype))  # (..., O)
@@ -113,8 +125,20 @@ class CupyLoRALinear(torch.autograd.Function):
             nf4 = ctx.nf4
             w = lambda: dequantize_nf4(nf4, dy2.dtype)  # noqa: E731  (O, K) act scratch, freed on return
         with cx.on_torch_stream(dy2.device) as cu:
-            dx, da, db = cupy_lora.backward(cu, dy2, x2, w, a_c, b_c, h, ctx.scale, need_x=need_x, need_a=need_a,
-                                            need_b=need_b, adapter_dtype=ctx.adapter_dtype)
+            dx, da, db = cupy_lora.backward(
+                cu,
+                dy2,
+                x2,
+                w,
+                a_c,
+                b_c,
+                h,
+                ctx.scale,
+                need_x=need_x,
+                need_a=need_a,
+                need_b=need_b,
+                adapter_dtype=ctx.adapter_dtype,
+            )
         return (None if dx is None else dx.view(ctx.x_shape)), None, da, db, None
 
 
@@ -170,8 +194,9 @@ def check_inputs(x, weight, lora_a, lora_b, scale, *, backend: str) -> None:
         raise ValueError(f"weight has shape {tuple(weight.shape)}, expected 2-D (out_features, in_features)")
     out_features, in_features = weight.shape
     if x.dim() < 1 or x.shape[-1] != in_features:
-        raise ValueError(f"x has shape {tuple(x.shape)}, expected (..., {in_features}) to match weight "
-                         f"{tuple(weight.shape)}")
+        raise ValueError(
+            f"x has shape {tuple(x.shape)}, expected (..., {in_features}) to match weight {tuple(weight.shape)}"
+        )
     if lora_a.dim() != 2 or lora_a.shape[1] != in_features or lora_a.shape[0] < 1:
         raise ValueError(f"lora_a has shape {tuple(lora_a.shape)}, expected (r, {in_features}) with r >= 1")
     r = lora_a.shape[0]
@@ -179,21 +204,27 @@ def check_inputs(x, weight, lora_a, lora_b, scale, *, backend: str) -> None:
         raise ValueError(f"lora_b has shape {tuple(lora_b.shape)}, expected ({out_features}, {r})")
     devices = {name: t.device for name, t in (("x", x), ("weight", weight), ("lora_a", lora_a), ("lora_b", lora_b))}
     if len(set(devices.values())) != 1:
-        raise ValueError(f"all tensors must be on one device, got {', '.join(f'{k} on {v}' for k, v in devices.items())}")
+        raise ValueError(
+            f"all tensors must be on one device, got {', '.join(f'{k} on {v}' for k, v in devices.items())}"
+        )
     allowed = ACTIVATION_DTYPES + (REFERENCE_ONLY_DTYPES if backend == "torch" else ())
     if x.dtype not in allowed:
         raise ValueError(f"x has dtype {x.dtype}, expected one of {allowed} for backend={backend!r}")
     if not nf4 and weight.dtype != x.dtype:
-        raise ValueError(f"weight has dtype {weight.dtype} but x has {x.dtype}; they must match "
-                         "(or run under torch.autocast)")
+        raise ValueError(
+            f"weight has dtype {weight.dtype} but x has {x.dtype}; they must match (or run under torch.autocast)"
+        )
     if lora_a.dtype != lora_b.dtype:
         raise ValueError(f"lora_a has dtype {lora_a.dtype} but lora_b has {lora_b.dtype}; they must match")
     adapter_ok = (x.dtype,) + ((torch.float32,) if x.dtype in (torch.float16, torch.bfloat16) else ())
     if lora_a.dtype not in adapter_ok:
-        raise ValueError(f"adapters have dtype {lora_a.dtype}, expected {' or '.join(map(str, adapter_ok))} "
-                         f"for x of dtype {x.dtype}")
+        raise ValueError(
+            f"adapters have dtype {lora_a.dtype}, expected {' or '.join(map(str, adapter_ok))} for x of dtype {x.dtype}"
+        )
     if not nf4 and weight.requires_grad:
-        raise ValueError("weight requires grad, but the LoRA base weight is frozen and never gets a gradient; "
-                         "call weight.requires_grad_(False) (or pass weight.detach())")
+        raise ValueError(
+            "weight requires grad, but the LoRA base weight is frozen and never gets a gradient; "
+            "call weight.requires_grad_(False) (or pass weight.detach())"
+        )
     if isinstance(scale, torch.Tensor) or not isinstance(scale, Real) or not math.isfinite(float(scale)):
         raise ValueError(f"scale={scale!r} must be a finite Python number (alpha / r)")

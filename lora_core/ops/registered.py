@@ -42,7 +42,9 @@ def _flat(t: Tensor) -> Tensor:
 
 
 @torch.library.custom_op(f"{NAMESPACE}::lora_linear", mutates_args=())
-def lora_linear_forward(x: Tensor, weight: Tensor, lora_a: Tensor, lora_b: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+def lora_linear_forward(
+    x: Tensor, weight: Tensor, lora_a: Tensor, lora_b: Tensor, scale: float
+) -> tuple[Tensor, Tensor]:
     """(y, h) with y = x Wᵀ + s·(x Aᵀ) Bᵀ and h = x Aᵀ, in x's dtype."""
     h = torch.nn.functional.linear(x, lora_a.to(x.dtype))
     y = torch.nn.functional.linear(x, weight)
@@ -67,8 +69,9 @@ def _(x, weight, lora_a, lora_b, scale):
 
 
 @torch.library.custom_op(f"{NAMESPACE}::lora_linear_backward", mutates_args=())
-def lora_linear_backward(dy: Tensor, x: Tensor, weight: Tensor, lora_a: Tensor, lora_b: Tensor, h: Tensor,
-                         scale: float, needs_dx: bool) -> tuple[Tensor, Tensor, Tensor]:
+def lora_linear_backward(
+    dy: Tensor, x: Tensor, weight: Tensor, lora_a: Tensor, lora_b: Tensor, h: Tensor, scale: float, needs_dx: bool
+) -> tuple[Tensor, Tensor, Tensor]:
     """(dx, dA, dB) of the forward above; dx is an empty tensor when ``needs_dx`` is False."""
     dy2, x2, h2 = _flat(dy), _flat(x), _flat(h)
     b = lora_b.to(dy.dtype)
@@ -87,9 +90,20 @@ def lora_linear_backward(dy: Tensor, x: Tensor, weight: Tensor, lora_a: Tensor, 
 def _lora_linear_backward_cuda(dy, x, weight, lora_a, lora_b, h, scale, needs_dx):
     with cx.on_torch_stream(dy.device) as cu:
         a_c, b_c = cupy_lora.adapters_in(cu, lora_a, lora_b, dy.dtype)
-        dx, da, db = cupy_lora.backward(cu, _flat(dy).contiguous(), _flat(x).contiguous(), weight.contiguous(), a_c,
-                                        b_c, _flat(h).contiguous(), scale, need_x=needs_dx, need_a=True,
-                                        need_b=True, adapter_dtype=lora_a.dtype)
+        dx, da, db = cupy_lora.backward(
+            cu,
+            _flat(dy).contiguous(),
+            _flat(x).contiguous(),
+            weight.contiguous(),
+            a_c,
+            b_c,
+            _flat(h).contiguous(),
+            scale,
+            need_x=needs_dx,
+            need_a=True,
+            need_b=True,
+            adapter_dtype=lora_a.dtype,
+        )
     return (dx.view(x.shape) if needs_dx else x.new_empty(0)), da, db
 
 
@@ -110,8 +124,9 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, dy, _dh):
     # _dh: the gradient reaching h, which is an internal output (lora_linear_op never returns it): none.
     x, weight, lora_a, lora_b, h = ctx.saved_tensors
-    dx, da, db = torch.ops.lora_core.lora_linear_backward(dy.contiguous(), x, weight, lora_a, lora_b, h,
-                                                          ctx.scale, ctx.needs_dx)
+    dx, da, db = torch.ops.lora_core.lora_linear_backward(
+        dy.contiguous(), x, weight, lora_a, lora_b, h, ctx.scale, ctx.needs_dx
+    )
     return (dx if ctx.needs_dx else None), None, da, db, None
 
 
@@ -122,10 +137,15 @@ def lora_linear_op(x: Tensor, weight: Tensor, lora_a: Tensor, lora_b: Tensor, sc
     """``y = x Wᵀ + scale·(x Aᵀ) Bᵀ`` through the registered op (traceable by torch.compile as one node)."""
     if weight.requires_grad:
         raise ValueError("weight is the frozen base weight and must not require grad")
-    if x.shape[-1] != weight.shape[1] or lora_a.shape != (lora_a.shape[0], weight.shape[1]) \
-            or lora_b.shape != (weight.shape[0], lora_a.shape[0]):
-        raise ValueError(f"shapes do not fit y = x Wᵀ + s·(x Aᵀ) Bᵀ: x {tuple(x.shape)}, weight "
-                         f"{tuple(weight.shape)}, lora_a {tuple(lora_a.shape)} (expected (r, {weight.shape[1]})), "
-                         f"lora_b {tuple(lora_b.shape)} (expected ({weight.shape[0]}, r))")
+    if (
+        x.shape[-1] != weight.shape[1]
+        or lora_a.shape != (lora_a.shape[0], weight.shape[1])
+        or lora_b.shape != (weight.shape[0], lora_a.shape[0])
+    ):
+        raise ValueError(
+            f"shapes do not fit y = x Wᵀ + s·(x Aᵀ) Bᵀ: x {tuple(x.shape)}, weight "
+            f"{tuple(weight.shape)}, lora_a {tuple(lora_a.shape)} (expected (r, {weight.shape[1]})), "
+            f"lora_b {tuple(lora_b.shape)} (expected ({weight.shape[0]}, r))"
+        )
     y, _ = torch.ops.lora_core.lora_linear(x, weight, lora_a, lora_b, float(scale))
     return y

@@ -27,7 +27,7 @@ class LoralibImplementation(WrappedLinearPeer):
     name = expected_path = "loralib"
     not_applicable = {
         "fp32_adapters_on_16bit_base": "loralib's forward computes x @ lora_A.T in the activations' dtype; "
-                                       "adapters must share the base's dtype (set lora.adapter_dtype to it)",
+        "adapters must share the base's dtype (set lora.adapter_dtype to it)",
         "rslora": "loralib's scaling is alpha / r",
         "nf4_base": "loralib has no quantised base",
         "op_call_count": "loralib's layers keep no call counter; served_by() checks the layer types instead",
@@ -39,13 +39,24 @@ class LoralibImplementation(WrappedLinearPeer):
 
     def describe(self) -> str:
         import importlib.metadata
-        return (f"loralib: Microsoft loralib {importlib.metadata.version('loralib')} loralib.Linear "
-                f"(merge_weights=False), eager torch ops")
+
+        return (
+            f"loralib: Microsoft loralib {importlib.metadata.version('loralib')} loralib.Linear "
+            f"(merge_weights=False), eager torch ops"
+        )
 
     def wrap(self, linear, spec):
         base = linear.weight
-        layer = self.layer_type(linear.in_features, linear.out_features, r=spec.r, lora_alpha=spec.alpha,
-                                lora_dropout=0.0, merge_weights=False, bias=linear.bias is not None, device="meta")
+        layer = self.layer_type(
+            linear.in_features,
+            linear.out_features,
+            r=spec.r,
+            lora_alpha=spec.alpha,
+            lora_dropout=0.0,
+            merge_weights=False,
+            bias=linear.bias is not None,
+            device="meta",
+        )
         layer.weight, layer.bias = base, linear.bias
         layer.lora_A = nn.Parameter(torch.empty(spec.r, linear.in_features, device=base.device, dtype=base.dtype))
         layer.lora_B = nn.Parameter(torch.zeros(linear.out_features, spec.r, device=base.device, dtype=base.dtype))

@@ -37,8 +37,11 @@ class PeftBnbImplementation(PeftImplementation):
     def describe(self) -> str:
         import bitsandbytes
         import peft
-        return (f"peft-bnb: PEFT {peft.__version__} LoRA on bitsandbytes {bitsandbytes.__version__} Linear4bit "
-                f"(nf4, block 64, double quant)")
+
+        return (
+            f"peft-bnb: PEFT {peft.__version__} LoRA on bitsandbytes {bitsandbytes.__version__} Linear4bit "
+            f"(nf4, block 64, double quant)"
+        )
 
     def inject(self, model, spec: AdapterSpec):
         if spec.quantize != "nf4":
@@ -52,15 +55,23 @@ class PeftBnbImplementation(PeftImplementation):
         linear that already is one is kept with its codes). lora_core reads these layers without re-quantising
         (``lora_core.bnb_format.from_bnb``), so a reference built over them has the same dequantised weights."""
         import bitsandbytes as bnb
+
         for path, linear in target_linears(model, ("all-linear",)):
             if isinstance(linear, bnb.nn.Linear4bit):
                 continue
             base = linear.weight
-            layer = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                                      compute_dtype=base.dtype, compress_statistics=True, quant_type="nf4",
-                                      device="meta")
-            layer.weight = bnb.nn.Params4bit(base.data, requires_grad=False, compress_statistics=True,
-                                             quant_type="nf4", blocksize=64).to(base.device)  # quantises here
+            layer = bnb.nn.Linear4bit(
+                linear.in_features,
+                linear.out_features,
+                bias=linear.bias is not None,
+                compute_dtype=base.dtype,
+                compress_statistics=True,
+                quant_type="nf4",
+                device="meta",
+            )
+            layer.weight = bnb.nn.Params4bit(
+                base.data, requires_grad=False, compress_statistics=True, quant_type="nf4", blocksize=64
+            ).to(base.device)  # quantises here
             if linear.bias is not None:
                 layer.bias = nn.Parameter(linear.bias.data, requires_grad=False)
             replace_module(model, path, layer)
@@ -70,6 +81,7 @@ class PeftBnbImplementation(PeftImplementation):
         """Not PEFT's bitsandbytes layer, or over a base that is not a quantised ``Linear4bit``."""
         import bitsandbytes as bnb
         from peft.tuners.lora.bnb import Linear4bit as PeftLinear4bit
+
         if not isinstance(m, PeftLinear4bit):
             return f"{type(m).__module__}.{type(m).__name__} (not PEFT's bitsandbytes layer)"
         if not isinstance(m.base_layer, bnb.nn.Linear4bit) or not m.base_layer.weight.bnb_quantized:

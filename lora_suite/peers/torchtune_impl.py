@@ -25,10 +25,10 @@ class TorchtuneImplementation(WrappedLinearPeer):
     name = expected_path = "torchtune"
     not_applicable = {
         "fp32_adapters_on_16bit_base": "torchtune's lora_a is an nn.Linear applied to the activations; adapters "
-                                       "must share the base's dtype (set lora.adapter_dtype to it)",
+        "must share the base's dtype (set lora.adapter_dtype to it)",
         "rslora": "torchtune's LoRALinear scales by alpha / rank",
         "nf4_base": "torchtune's QLoRA quantises the base with torchao's to_nf4 inside LoRALinear's constructor; "
-                    "this adapter does not build that path yet",
+        "this adapter does not build that path yet",
         "op_call_count": "torchtune's layers keep no call counter; served_by() checks the layer types instead",
         "lora_core_ops": "these tests call lora_core's cupy op and kernels directly, which torchtune does not use",
     }
@@ -38,12 +38,21 @@ class TorchtuneImplementation(WrappedLinearPeer):
 
     def describe(self) -> str:
         import importlib.metadata
-        return f"torchtune: torchtune {importlib.metadata.version('torchtune')} modules.peft.LoRALinear, eager torch ops"
+
+        return (
+            f"torchtune: torchtune {importlib.metadata.version('torchtune')} modules.peft.LoRALinear, eager torch ops"
+        )
 
     def wrap(self, linear, spec):
         with torch.device("meta"):
-            layer = self.layer_type(linear.in_features, linear.out_features, rank=spec.r, alpha=spec.alpha,
-                                    dropout=0.0, use_bias=linear.bias is not None)
+            layer = self.layer_type(
+                linear.in_features,
+                linear.out_features,
+                rank=spec.r,
+                alpha=spec.alpha,
+                dropout=0.0,
+                use_bias=linear.bias is not None,
+            )
         layer.weight, layer.bias = linear.weight, linear.bias
         layer.to_empty(device=linear.weight.device)  # torchtune's own: materialises lora_a and lora_b only
         layer.lora_a.to(linear.weight.dtype)  # nn.Module.to casts in place

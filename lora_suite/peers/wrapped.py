@@ -47,15 +47,18 @@ class WrappedLinearPeer(LoRAImplementation):
             raise ImplementationError(f"{self.name}: use_rslora=True: {self.not_applicable['rslora']}")
         chosen = target_linears(model, tuple(spec.targets))
         if not chosen:
-            raise ImplementationError(f"{self.name}: targets {list(spec.targets)} adapted no layer of "
-                                      f"{type(model).__name__}")
+            raise ImplementationError(
+                f"{self.name}: targets {list(spec.targets)} adapted no layer of {type(model).__name__}"
+            )
         for p in model.parameters():
             p.requires_grad_(False)
         for path, linear in chosen:
             dtype = spec.adapter_dtype or linear.weight.dtype
             if dtype != linear.weight.dtype:
-                raise ImplementationError(f"{self.name}: adapter dtype {dtype} on a {linear.weight.dtype} base at "
-                                          f"{path}: {self.not_applicable['fp32_adapters_on_16bit_base']}")
+                raise ImplementationError(
+                    f"{self.name}: adapter dtype {dtype} on a {linear.weight.dtype} base at "
+                    f"{path}: {self.not_applicable['fp32_adapters_on_16bit_base']}"
+                )
             layer = self.wrap(linear, spec)
             layer._lora_suite_calls = 0
             layer.register_forward_hook(count_call)
@@ -75,9 +78,17 @@ class WrappedLinearPeer(LoRAImplementation):
             raise ImplementationError(f"{self.name}: the model has no {self.layer_type.__name__} layers to save")
         adapters = self.adapter_parameters(model)
         r, alpha = self.rank_alpha(layers[0])
-        config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": alpha, "use_rslora": False,
-                  "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
-                  "target_modules": sorted({p.rsplit(".", 1)[-1] for p in adapted_modules(adapters)})}
+        config = {
+            "peft_type": "LORA",
+            "task_type": "CAUSAL_LM",
+            "r": r,
+            "lora_alpha": alpha,
+            "use_rslora": False,
+            "lora_dropout": 0.0,
+            "bias": "none",
+            "fan_in_fan_out": False,
+            "target_modules": sorted({p.rsplit(".", 1)[-1] for p in adapted_modules(adapters)}),
+        }
         return save_peft_tensors(adapters, config, path)
 
     def load_adapter(self, model, path):
@@ -85,6 +96,8 @@ class WrappedLinearPeer(LoRAImplementation):
 
     def served_by(self, model):
         """``expected_path`` when every adapted layer is a ``layer_type``, active, and has run a forward."""
+
         def wrong(m):
             return None if isinstance(m, self.layer_type) else f"{type(m).__name__} (not a {self.layer_type.__name__})"
+
         return self.served_by_adapted_layers(model, wrong, self.inactive)

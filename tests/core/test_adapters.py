@@ -39,15 +39,20 @@ def test_our_folder_loads_in_peft_with_equal_logits(tmp_path):
     ours = _ours()
     lora_core.save_peft_adapter(ours, tmp_path / "a")
     config = json.loads((tmp_path / "a" / "adapter_config.json").read_text())
-    assert (config["peft_type"], config["r"], config["lora_alpha"], config["target_modules"]) == \
-        ("LORA", 4, 8, ["q_proj", "v_proj"])
+    assert (config["peft_type"], config["r"], config["lora_alpha"], config["target_modules"]) == (
+        "LORA",
+        4,
+        8,
+        ["q_proj", "v_proj"],
+    )
     theirs = peft.PeftModel.from_pretrained(_base(), str(tmp_path / "a"))
     torch.testing.assert_close(_logits(theirs), _logits(ours), rtol=1e-5, atol=1e-5)
 
 
 def test_a_peft_folder_loads_into_our_layers_with_equal_logits(tmp_path):
-    theirs = peft.get_peft_model(_base(), peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                                                          lora_dropout=0.0))
+    theirs = peft.get_peft_model(
+        _base(), peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    )
     gen = torch.Generator().manual_seed(2)
     with torch.no_grad():
         for n, p in theirs.named_parameters():
@@ -63,7 +68,10 @@ def test_a_peft_folder_loads_into_our_layers_with_equal_logits(tmp_path):
 def test_keys_that_fit_no_layer_are_refused_by_name(tmp_path):
     ours = _ours()
     lora_core.save_peft_adapter(ours, tmp_path / "a")
-    with pytest.raises(ValueError, match=r"keys that fit no layer \[\].*layers without weights \['base_model.model.model.layers.0.self_attn.k_proj"):
+    with pytest.raises(
+        ValueError,
+        match=r"keys that fit no layer \[\].*layers without weights \['base_model.model.model.layers.0.self_attn.k_proj",
+    ):
         lora_core.load_peft_adapter(_ours(("q_proj", "k_proj", "v_proj")), tmp_path / "a")
     with pytest.raises(ValueError, match=r"has r=4, alpha=8.* but r=2, alpha=8"):
         lora_core.load_peft_adapter(_ours(r=2), tmp_path / "a")
@@ -88,10 +96,12 @@ def test_merging_an_nf4_base_returns_16_bit_or_requantises():
     assert isinstance(q, lora_core.NF4Linear)
     # re-quantised = NF4 of the merged 16-bit weight, bit for bit (its own rounding is NF4's, not the merge's)
     w16 = merged16.model.layers[0].self_attn.q_proj.weight
-    assert torch.equal(lora_core.dequantize_nf4(q.nf4, w16.dtype),
-                       lora_core.dequantize_nf4(lora_core.quantize_nf4(w16), w16.dtype))
+    assert torch.equal(
+        lora_core.dequantize_nf4(q.nf4, w16.dtype), lora_core.dequantize_nf4(lora_core.quantize_nf4(w16), w16.dtype)
+    )
 
 
 def _copy(model):
     import copy
+
     return copy.deepcopy(model)

@@ -101,6 +101,7 @@ def test_cupy_available_is_marked_constant_for_compile_as_torchs_decorator_marks
 
     def probe():
         return True
+
     marked = torch.compiler.assume_constant_result(probe)
     assert vars(marked) == {"_dynamo_marked_constant": True}
     assert getattr(cupy_interop.cupy_available, "_dynamo_marked_constant", False) is True
@@ -109,6 +110,7 @@ def test_cupy_available_is_marked_constant_for_compile_as_torchs_decorator_marks
 def test_importing_lora_core_does_not_import_torch_dynamo():
     import subprocess
     import sys
+
     code = "import sys, lora_core, lora_core.ops.cupy_interop; print('torch._dynamo' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

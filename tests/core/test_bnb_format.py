@@ -89,18 +89,21 @@ def _broken(recorded, **change):
     return state
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"quant_type": "fp4"}, "quant_type 'fp4': only 'nf4' is supported"),
-    ({"blocksize": 128}, "blocksize 128: lora_core's NF4 kernels use 64"),
-    ({"nested_blocksize": 512}, "nested blocksize 512: expected 256"),
-    ({"dtype": "int8"}, "dtype 'int8' is not one of"),
-    ({"shape": [100, 256]}, r"25600 bytes: expected uint8 with 12800 bytes for shape \(100, 256\)"),
-    ({"shape": [51200]}, r"shape \(51200,\): expected a 2-D weight"),
-    ({"quant_map": torch.linspace(-1, 1, 16)}, "not the NF4 code"),
-    ({"absmax": torch.zeros(799, dtype=torch.uint8)}, "absmax has 799 values, expected 800"),
-    ({"absmax": torch.zeros(800)}, "nested absmax codes of dtype torch.float32: expected uint8"),
-    ({"nested_quant_map": torch.zeros(16)}, r"quant map of 16 values \(expected 256\)"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"quant_type": "fp4"}, "quant_type 'fp4': only 'nf4' is supported"),
+        ({"blocksize": 128}, "blocksize 128: lora_core's NF4 kernels use 64"),
+        ({"nested_blocksize": 512}, "nested blocksize 512: expected 256"),
+        ({"dtype": "int8"}, "dtype 'int8' is not one of"),
+        ({"shape": [100, 256]}, r"25600 bytes: expected uint8 with 12800 bytes for shape \(100, 256\)"),
+        ({"shape": [51200]}, r"shape \(51200,\): expected a 2-D weight"),
+        ({"quant_map": torch.linspace(-1, 1, 16)}, "not the NF4 code"),
+        ({"absmax": torch.zeros(799, dtype=torch.uint8)}, "absmax has 799 values, expected 800"),
+        ({"absmax": torch.zeros(800)}, "nested absmax codes of dtype torch.float32: expected uint8"),
+        ({"nested_quant_map": torch.zeros(16)}, r"quant map of 16 values \(expected 256\)"),
+    ],
+)
 def test_a_state_lora_core_cannot_hold_is_refused_naming_the_value(recorded, change, message):
     with pytest.raises(BnbFormatError, match=message):
         from_bnb_state_dict(_broken(recorded, **change), prefix="w")
@@ -131,8 +134,10 @@ def test_a_lora_layer_runs_on_the_checkpoints_own_codes(recorded):
     """What a QLoRA user holding a bitsandbytes checkpoint gets: lora_core layers built on its NF4 codes, whose
     base output is bitsandbytes' dequantised weight applied to x (B starts at 0)."""
     from lora_core.layer import LoRALinear
+
     def under(path, variant):  # the fixture's prefix "w" as transformers names it: "<module path>.weight"
         return {f"{path}.weight{k[1:]}": v for k, v in _state(recorded, variant).items()}
+
     prefixed = under("model.layers.0.self_attn.q_proj", "nested") | under("model.layers.0.mlp.up_proj", "plain")
     prefixed["model.embed_tokens.weight"] = torch.zeros(4, 4)
     weights = nf4_weights(prefixed)
@@ -152,22 +157,33 @@ def test_a_model_quantised_by_bitsandbytes_converts_to_lora_core_layers_on_its_o
     """transformers' BitsAndBytesConfig(load_in_4bit, nf4, double quant) puts bitsandbytes Linear4bit layers in
     the model; inject_lora(quantize="nf4") turns them into lora_core's LoRALinear / NF4Linear on the same codes
     and state (bitsandbytes 0.50 quantises on the CPU, so this runs without a GPU)."""
-    bnb = pytest.importorskip("bitsandbytes", reason="bitsandbytes is not installed: pip install lora-gpu-suite[peft-bnb]")
+    bnb = pytest.importorskip(
+        "bitsandbytes", reason="bitsandbytes is not installed: pip install lora-gpu-suite[peft-bnb]"
+    )
     import bitsandbytes.functional as F
     from torch import nn
 
     from lora_core.inject import inject_lora, replace_module
     from lora_core.layer import LoRALinear, NF4Linear
+
     torch.manual_seed(0)
     model = nn.Sequential()
     model.add_module("q_proj", nn.Linear(128, 64, bias=False, dtype=torch.bfloat16))
     model.add_module("up_proj", nn.Linear(64, 128, bias=True, dtype=torch.bfloat16))
     expected = {}
     for name, linear in list(model.named_children()):
-        q = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                              compute_dtype=torch.bfloat16, compress_statistics=True, quant_type="nf4", device="meta")
-        q.weight = bnb.nn.Params4bit(linear.weight.data, requires_grad=False, compress_statistics=True,
-                                     quant_type="nf4", blocksize=64).to("cpu")
+        q = bnb.nn.Linear4bit(
+            linear.in_features,
+            linear.out_features,
+            bias=linear.bias is not None,
+            compute_dtype=torch.bfloat16,
+            compress_statistics=True,
+            quant_type="nf4",
+            device="meta",
+        )
+        q.weight = bnb.nn.Params4bit(
+            linear.weight.data, requires_grad=False, compress_statistics=True, quant_type="nf4", blocksize=64
+        ).to("cpu")
         q.bias = linear.bias
         expected[name] = F.dequantize_4bit(q.weight.data, q.weight.quant_state)
         replace_module(model, name, q)

@@ -19,8 +19,12 @@ def model():
 
 def test_q_v_targets(model):
     names = inject_lora(model, ("q_proj", "v_proj"), r=4)
-    assert names == ["model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.v_proj",
-                     "model.layers.1.self_attn.q_proj", "model.layers.1.self_attn.v_proj"]
+    assert names == [
+        "model.layers.0.self_attn.q_proj",
+        "model.layers.0.self_attn.v_proj",
+        "model.layers.1.self_attn.q_proj",
+        "model.layers.1.self_attn.v_proj",
+    ]
     assert isinstance(model.model.layers[1].self_attn.v_proj, LoRALinear)
 
 

@@ -8,7 +8,12 @@ import torch
 from lora_core import lora_linear, lora_linear_torch
 
 SHAPES = [  # (leading dims, in, out, r)
-    ((1,), 1, 1, 1), ((3,), 7, 5, 2), ((2, 3), 11, 4, 3), ((5,), 4, 9, 4), ((2, 1, 3), 6, 6, 1), ((), 5, 3, 2),
+    ((1,), 1, 1, 1),
+    ((3,), 7, 5, 2),
+    ((2, 3), 11, 4, 3),
+    ((5,), 4, 9, 4),
+    ((2, 1, 3), 6, 6, 1),
+    ((), 5, 3, 2),
 ]
 
 
@@ -96,8 +101,10 @@ BAD_INPUTS = [
     (lambda x, w, a, b: (x.int(), w, a, b), r"x has dtype torch.int32"),
     (lambda x, w, a, b: (x.float(), w, a, b), r"weight has dtype torch.float64 but x has torch.float32"),
     (lambda x, w, a, b: (x, w, a.float(), b), r"lora_a has dtype torch.float32 but lora_b has torch.float64"),
-    (lambda x, w, a, b: (x.half(), w.half(), a.bfloat16(), b.bfloat16()),
-     r"adapters have dtype torch.bfloat16, expected torch.float16 or torch.float32"),
+    (
+        lambda x, w, a, b: (x.half(), w.half(), a.bfloat16(), b.bfloat16()),
+        r"adapters have dtype torch.bfloat16, expected torch.float16 or torch.float32",
+    ),
     (lambda x, w, a, b: (x, w.to("meta"), a, b), r"all tensors must be on one device.*weight on meta"),
     (lambda x, w, a, b: ("x", w, a, b), r"x must be a torch.Tensor, got str"),
 ]
@@ -129,6 +136,7 @@ def _route_as_cupy(monkeypatch):
     routing and the absence of graph breaks are testable here (the CUDA implementation runs in tiers/quick)."""
     import lora_core.layer as layer_mod
     import lora_core.ops.lora_linear as op_mod
+
     monkeypatch.setattr(op_mod, "resolve_backend", lambda backend, device: "cupy")
     monkeypatch.setattr(layer_mod, "resolve_backend", lambda backend, device: "cupy")
 
@@ -142,10 +150,19 @@ def test_a_llama_with_injected_cupy_layers_compiles_to_one_graph_of_registered_o
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from lora_core.inject import inject_lora
+
     _route_as_cupy(monkeypatch)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    )
     inject_lora(model, ["q_proj", "v_proj"], 4, 8, backend="cupy")
     graphs = []
 
@@ -162,6 +179,7 @@ def test_a_llama_with_injected_cupy_layers_compiles_to_one_graph_of_registered_o
 
 def test_an_nf4_base_under_torch_compile_is_refused_with_the_reason(monkeypatch):
     from lora_core.nf4 import quantize_nf4
+
     _route_as_cupy(monkeypatch)
     x, w, a, b = _inputs((2,), 64, 8, 2, dtype=torch.float32)
     q = quantize_nf4(w)

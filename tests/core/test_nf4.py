@@ -66,12 +66,15 @@ def test_round_trip_within_nf4_bound(double_quant):
     assert MAX_CODE_GAP == pytest.approx(1.0 - 0.6961928009986877)  # between -1 and the next code
 
 
-@pytest.mark.parametrize("make,message", [
-    (lambda: torch.randn(64), r"expects a 2-D weight .*got shape \(64,\)"),
-    (lambda: torch.randn(3, 7), r"has 21 elements, not a multiple of the block size 64"),
-    (lambda: torch.full((64, 64), float("nan")), r"has 4096 non-finite value\(s\)"),
-    (lambda: torch.randn(64, 64).double(), r"dtype torch.float64, expected one of"),
-])
+@pytest.mark.parametrize(
+    "make,message",
+    [
+        (lambda: torch.randn(64), r"expects a 2-D weight .*got shape \(64,\)"),
+        (lambda: torch.randn(3, 7), r"has 21 elements, not a multiple of the block size 64"),
+        (lambda: torch.full((64, 64), float("nan")), r"has 4096 non-finite value\(s\)"),
+        (lambda: torch.randn(64, 64).double(), r"dtype torch.float64, expected one of"),
+    ],
+)
 def test_bad_weights_are_named(make, message):
     with pytest.raises(ValueError, match=message):
         quantize_nf4(make())

@@ -24,8 +24,9 @@ def _case(lead=(2, 3), k=16, o=12, r=4, dtype=torch.float32, adapter_dtype=None,
     return x, w, a, b
 
 
-@pytest.mark.parametrize("dtype,adapter_dtype", [(torch.float32, None), (torch.float64, None),
-                                                 (torch.bfloat16, torch.float32)])
+@pytest.mark.parametrize(
+    "dtype,adapter_dtype", [(torch.float32, None), (torch.float64, None), (torch.bfloat16, torch.float32)]
+)
 def test_opcheck_passes(dtype, adapter_dtype):
     x, w, a, b = _case(dtype=dtype, adapter_dtype=adapter_dtype)
     torch.library.opcheck(torch.ops.lora_core.lora_linear.default, (x, w, a, b, 0.7))
@@ -67,6 +68,7 @@ def test_without_grad_for_x_only_adapters_get_gradients():
 def test_a_planted_missing_scale_in_da_is_caught_by_gradcheck(monkeypatch):
     """The check above can fail: dA without its scale (a classic LoRA backward bug) does not pass gradcheck."""
     import lora_core.ops.registered as R
+
     x, w, a, b = _case(dtype=torch.float64)
 
     def bad_backward(ctx, dy, _dh):
@@ -102,11 +104,14 @@ def test_torch_compile_traces_a_model_of_these_layers_without_a_graph_break():
     assert model.a.grad is not None
 
 
-@pytest.mark.parametrize("change,message", [
-    (lambda x, w, a, b: (x, w.requires_grad_(), a, b), "must not require grad"),
-    (lambda x, w, a, b: (x, w, a[:, :8], b), r"lora_a \(4, 8\) \(expected \(r, 16\)\)"),
-    (lambda x, w, a, b: (x, w, a, b[:6]), r"lora_b \(6, 4\) \(expected \(12, r\)\)"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda x, w, a, b: (x, w.requires_grad_(), a, b), "must not require grad"),
+        (lambda x, w, a, b: (x, w, a[:, :8], b), r"lora_a \(4, 8\) \(expected \(r, 16\)\)"),
+        (lambda x, w, a, b: (x, w, a, b[:6]), r"lora_b \(6, 4\) \(expected \(12, r\)\)"),
+    ],
+)
 def test_bad_inputs_are_named(change, message):
     with pytest.raises(ValueError, match=message):
         lora_linear_op(*change(*_case()), 1.0)

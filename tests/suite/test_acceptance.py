@@ -15,11 +15,23 @@ def _run(root: Path, condition: str, run: str, value: float, threshold: float = 
     d = root / condition / run
     d.mkdir(parents=True)
     passed = value <= threshold
-    report = {"run_id": run, "selection": "extended", "status": status,
-              "summary": {"passed": int(passed), "failed": int(not passed)},
-              "environment": {"gpu_name": "NVIDIA H200", "git_commit": "abc1234"},
-              "checks": [{"test": "t::x", "name": "device time per step drift (clipped kernel durations), early vs late",
-                          "value": value, "op": "<=", "threshold": threshold, "passed": passed}]}
+    report = {
+        "run_id": run,
+        "selection": "extended",
+        "status": status,
+        "summary": {"passed": int(passed), "failed": int(not passed)},
+        "environment": {"gpu_name": "NVIDIA H200", "git_commit": "abc1234"},
+        "checks": [
+            {
+                "test": "t::x",
+                "name": "device time per step drift (clipped kernel durations), early vs late",
+                "value": value,
+                "op": "<=",
+                "threshold": threshold,
+                "passed": passed,
+            }
+        ],
+    }
     (d / "report.json").write_text(json.dumps(report))
 
 
@@ -40,12 +52,29 @@ def test_runs_by_condition_with_figure_ranges(tmp_path, capsys):
 def _plants(root: Path, condition: str, run: str, caught: list[bool]):
     d = root / condition / run
     d.mkdir(parents=True)
-    checks = [{"test": f"tiers/selftest_gpu/test_x.py::test_leak_is_caught[round{i + 1}]", "name": "planted leak fails",
-               "value": not c, "op": "==", "threshold": False, "passed": c} for i, c in enumerate(caught)]
-    report = {"run_id": run, "selection": "selftest_gpu", "status": "complete",
-              "summary": {"checks_passed": sum(caught), "checks_failed": len(caught) - sum(caught)},
-              "environment": {"gpu_name": "NVIDIA H200", "git_commit": "def5678 (from $LORA_SUITE_GIT_COMMIT)",
-                              "host_gpus": 2}, "checks": checks}
+    checks = [
+        {
+            "test": f"tiers/selftest_gpu/test_x.py::test_leak_is_caught[round{i + 1}]",
+            "name": "planted leak fails",
+            "value": not c,
+            "op": "==",
+            "threshold": False,
+            "passed": c,
+        }
+        for i, c in enumerate(caught)
+    ]
+    report = {
+        "run_id": run,
+        "selection": "selftest_gpu",
+        "status": "complete",
+        "summary": {"checks_passed": sum(caught), "checks_failed": len(caught) - sum(caught)},
+        "environment": {
+            "gpu_name": "NVIDIA H200",
+            "git_commit": "def5678 (from $LORA_SUITE_GIT_COMMIT)",
+            "host_gpus": 2,
+        },
+        "checks": checks,
+    }
     (d / "report.json").write_text(json.dumps(report))
 
 

@@ -38,8 +38,16 @@ def test_more_pairs_are_run_until_resolved_or_the_cap(tiny_cfg):
     cfg = dataclasses.replace(tiny_cfg, train=dataclasses.replace(tiny_cfg.train, steps=4, warmup_steps=2))
     result, fresh = _aged_and_fresh(cfg)
     seen = []
-    never = run_pairs(result.run, fresh, aged_start=4, pairs=4, warmup=0, max_pairs=9, block=2,
-                      resolved=lambda done: seen.append(len(done)) and False)
+    never = run_pairs(
+        result.run,
+        fresh,
+        aged_start=4,
+        pairs=4,
+        warmup=0,
+        max_pairs=9,
+        block=2,
+        resolved=lambda done: seen.append(len(done)) and False,
+    )
     assert seen == [4, 6, 8] and len(never) == 9
     assert [p.aged_first for p in never] == [i % 2 == 0 for i in range(9)]
     assert [p.aged_step for p in never] == list(range(4, 13))

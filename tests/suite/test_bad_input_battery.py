@@ -89,12 +89,28 @@ TIER_CASES = [
     ("convergence", "criteria.control_perturbation", 0, "0.0 is out of range; expected 0 < x < 1"),
     ("convergence", "criteria.loss_match_floor", -1, "-1.0 is out of range; expected null or finite, >= 0"),
     ("extended", "criteria.stall_fraction_max", 1.0, "1.0 is out of range; expected null or 0 < x < 1"),
-] + [("extended", f"criteria.{name}", -1, "-1.0 is out of range; expected null or finite, > 0") for name in (
-    "loss_match_factor", "smooth_slack", "vram_budget_gib", "leak_slope_max_mib_per_step", "stall_fraction_max",
-    "device_time_drift_max", "aged_vs_fresh_slowdown_max", "host_leak_slope_max_mib_per_step",
-    "aged_vs_fresh_resolution", "tier_seconds_max", "grad_match_factor", "vram_budget_16bit_base_gib",
-    "memory_estimate_error_max", "build_seconds_max", "grad_loss_floor", "scaling_efficiency_min",
-    "rank_failure_seconds_max")]
+] + [
+    ("extended", f"criteria.{name}", -1, "-1.0 is out of range; expected null or finite, > 0")
+    for name in (
+        "loss_match_factor",
+        "smooth_slack",
+        "vram_budget_gib",
+        "leak_slope_max_mib_per_step",
+        "stall_fraction_max",
+        "device_time_drift_max",
+        "aged_vs_fresh_slowdown_max",
+        "host_leak_slope_max_mib_per_step",
+        "aged_vs_fresh_resolution",
+        "tier_seconds_max",
+        "grad_match_factor",
+        "vram_budget_16bit_base_gib",
+        "memory_estimate_error_max",
+        "build_seconds_max",
+        "grad_loss_floor",
+        "scaling_efficiency_min",
+        "rank_failure_seconds_max",
+    )
+]
 
 
 def _mutated(tmp_path: Path, tier: str, path: str, value) -> Path:
@@ -112,8 +128,7 @@ def _mutated(tmp_path: Path, tier: str, path: str, value) -> Path:
     return out
 
 
-@pytest.mark.parametrize("tier, key, value, expected", TIER_CASES,
-                         ids=[f"{t}-{k}={v!r}" for t, k, v, _ in TIER_CASES])
+@pytest.mark.parametrize("tier, key, value, expected", TIER_CASES, ids=[f"{t}-{k}={v!r}" for t, k, v, _ in TIER_CASES])
 def test_tier_yaml(tier, key, value, expected, tmp_path):
     path = _mutated(tmp_path, tier, key, value)
     with pytest.raises(ConfigError) as err:
@@ -148,8 +163,14 @@ def test_tier_yaml_that_does_not_exist(tmp_path):
 
 # ------------------------------------------------------------------ model YAML (configs/models/<name>.yaml)
 MODEL_CASES = [
-    ("hidden_size", 0), ("hidden_size", -64), ("num_hidden_layers", 0), ("num_attention_heads", 0),
-    ("intermediate_size", 0), ("vocab_size", 0), ("hidden_size", "wide"), ("num_attention_heads", 7),
+    ("hidden_size", 0),
+    ("hidden_size", -64),
+    ("num_hidden_layers", 0),
+    ("num_attention_heads", 0),
+    ("intermediate_size", 0),
+    ("vocab_size", 0),
+    ("hidden_size", "wide"),
+    ("num_attention_heads", 7),
 ]
 
 
@@ -235,8 +256,14 @@ CLI_CASES = [
 @pytest.mark.parametrize("args, expected", CLI_CASES, ids=[" ".join(a) or "(none)" for a, _ in CLI_CASES])
 def test_gpu_test_sh_flags(args, expected, tmp_path):
     env = {**os.environ, "GPU_TEST_BOOTSTRAP_DRY_RUN": "0"}
-    out = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-test.sh"), *args], capture_output=True, text=True,
-                         env=env, cwd=tmp_path, timeout=60)
+    out = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu-test.sh"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert out.returncode == 2, (out.returncode, out.stdout[-500:], out.stderr[-500:])
     assert expected in out.stderr, out.stderr
     assert not any(tmp_path.iterdir()), "a refused command wrote something"
@@ -269,12 +296,15 @@ def test_lora_impl_values(spec, expected):
 
 # ------------------------------------------------------------------ adapter folders (PEFT format)
 def _adapters():
-    return {"model.layers.0.self_attn.q_proj.lora_A": nn.Parameter(torch.zeros(4, 16)),
-            "model.layers.0.self_attn.q_proj.lora_B": nn.Parameter(torch.zeros(16, 4))}
+    return {
+        "model.layers.0.self_attn.q_proj.lora_A": nn.Parameter(torch.zeros(4, 16)),
+        "model.layers.0.self_attn.q_proj.lora_B": nn.Parameter(torch.zeros(16, 4)),
+    }
 
 
 def _folder(tmp_path: Path, tensors: dict | None, config: str | None = '{"r": 4, "lora_alpha": 8}') -> Path:
     from safetensors.torch import save_file
+
     d = tmp_path / "adapter"
     d.mkdir()
     if config is not None:
@@ -286,18 +316,41 @@ def _folder(tmp_path: Path, tensors: dict | None, config: str | None = '{"r": 4,
 
 PFX = "base_model.model.model.layers.0.self_attn.q_proj"
 ADAPTER_CASES = [
-    ("no config", {f"{PFX}.lora_A.weight": torch.zeros(4, 16), f"{PFX}.lora_B.weight": torch.zeros(16, 4)}, None,
-     "has no adapter_config.json: not a PEFT folder"),
+    (
+        "no config",
+        {f"{PFX}.lora_A.weight": torch.zeros(4, 16), f"{PFX}.lora_B.weight": torch.zeros(16, 4)},
+        None,
+        "has no adapter_config.json: not a PEFT folder",
+    ),
     ("config not JSON", {f"{PFX}.lora_A.weight": torch.zeros(4, 16)}, "{r: 4", "adapter_config.json is not valid JSON"),
-    ("a key that fits no adapter", {f"{PFX}.lora_A.weight": torch.zeros(4, 16), f"{PFX}.lora_B.weight":
-                                    torch.zeros(16, 4), "base_model.model.lm_head.lora_A.weight": torch.zeros(1)},
-     None, "keys that fit no adapter ['base_model.model.lm_head.lora_A.weight']"),
-    ("an adapter without a key", {f"{PFX}.lora_A.weight": torch.zeros(4, 16)}, None,
-     f"adapters without a key ['{PFX}.lora_B.weight']"),
-    ("a wrong shape", {f"{PFX}.lora_A.weight": torch.zeros(8, 16), f"{PFX}.lora_B.weight": torch.zeros(16, 4)},
-     None, f"{PFX}.lora_A.weight has shape (8, 16), the model's adapter (4, 16)"),
-    ("a transposed B", {f"{PFX}.lora_A.weight": torch.zeros(4, 16), f"{PFX}.lora_B.weight": torch.zeros(4, 16)},
-     None, f"{PFX}.lora_B.weight has shape (4, 16), the model's adapter (16, 4)"),
+    (
+        "a key that fits no adapter",
+        {
+            f"{PFX}.lora_A.weight": torch.zeros(4, 16),
+            f"{PFX}.lora_B.weight": torch.zeros(16, 4),
+            "base_model.model.lm_head.lora_A.weight": torch.zeros(1),
+        },
+        None,
+        "keys that fit no adapter ['base_model.model.lm_head.lora_A.weight']",
+    ),
+    (
+        "an adapter without a key",
+        {f"{PFX}.lora_A.weight": torch.zeros(4, 16)},
+        None,
+        f"adapters without a key ['{PFX}.lora_B.weight']",
+    ),
+    (
+        "a wrong shape",
+        {f"{PFX}.lora_A.weight": torch.zeros(8, 16), f"{PFX}.lora_B.weight": torch.zeros(16, 4)},
+        None,
+        f"{PFX}.lora_A.weight has shape (8, 16), the model's adapter (4, 16)",
+    ),
+    (
+        "a transposed B",
+        {f"{PFX}.lora_A.weight": torch.zeros(4, 16), f"{PFX}.lora_B.weight": torch.zeros(4, 16)},
+        None,
+        f"{PFX}.lora_B.weight has shape (4, 16), the model's adapter (16, 4)",
+    ),
 ]
 
 
@@ -326,15 +379,24 @@ def test_adapter_folder_with_a_corrupt_weights_file(tmp_path):
 
 
 # ------------------------------------------------------------------ checkpoints (adapters + optimizer + meta)
-CHECKPOINT_CASES = ["missing directory", "meta removed", "meta not JSON", "adapter weights removed",
-                    "weights truncated", "optimizer state missing on resume"]
+CHECKPOINT_CASES = [
+    "missing directory",
+    "meta removed",
+    "meta not JSON",
+    "adapter weights removed",
+    "weights truncated",
+    "optimizer state missing on resume",
+]
 
 
 @pytest.mark.parametrize("what", CHECKPOINT_CASES)
 def test_checkpoint(what, tmp_path, tiny_prepared):
     from lora_suite.checkpoint import load_adapter_checkpoint, save_adapter_checkpoint
+
     model, adapters, optimizer = tiny_prepared
-    ckpt = save_adapter_checkpoint(model, tmp_path / "ckpt", step=7, optimizer=None if "optimizer" in what else optimizer)
+    ckpt = save_adapter_checkpoint(
+        model, tmp_path / "ckpt", step=7, optimizer=None if "optimizer" in what else optimizer
+    )
     files = {p.name: p for p in Path(ckpt).iterdir()}
     meta = next((p for n, p in files.items() if n.endswith(".json") and "adapter_config" not in n), None)
     if what == "missing directory":
@@ -362,6 +424,7 @@ def test_checkpoint(what, tmp_path, tiny_prepared):
 def tiny_prepared(tiny_cfg):
     from lora_suite.prepare import prepare
     from lora_suite.trainer import make_optimizer
+
     p = prepare(tiny_cfg, "cpu", implementation="torch")
     return p.model, p.adapters, make_optimizer(p.model, tiny_cfg.train, p.adapters)
 
@@ -391,21 +454,29 @@ def test_report_dirs_for_compare(what, base, run, expected, tmp_path):
 
     def make(kind, name):
         return tmp_path / f"absent-{name}" if kind == "missing" else _run_dir(tmp_path, name, kinds[kind])
+
     b, r = make(base, "base"), make(run, "run")
-    out = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-test.sh"), "compare", str(b), str(r)],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu-test.sh"), "compare", str(b), str(r)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode != 0
     assert expected in out.stdout + out.stderr, (out.stdout[-800:], out.stderr[-800:])
 
 
-HISTORY_CASES = [("a directory without reports", "empty", "no report.json under"),
-                 ("a report that is not JSON", "broken", "not a readable report.json"),
-                 ("a report without a run time", "timeless", "no run time")]
+HISTORY_CASES = [
+    ("a directory without reports", "empty", "no report.json under"),
+    ("a report that is not JSON", "broken", "not a readable report.json"),
+    ("a report without a run time", "timeless", "no run time"),
+]
 
 
 @pytest.mark.parametrize("what, kind, expected", HISTORY_CASES, ids=[c[0] for c in HISTORY_CASES])
 def test_report_dirs_for_history(what, kind, expected, tmp_path, capsys):
     from lora_suite.history import main
+
     root = tmp_path / "reports"
     root.mkdir()
     if kind == "broken":
@@ -418,14 +489,19 @@ def test_report_dirs_for_history(what, kind, expected, tmp_path, capsys):
 
 
 # ------------------------------------------------------------------ multigpu launch options
-@pytest.mark.parametrize("kw, expected", [
-    ({"nproc": 0}, "nproc=0 must be >= 1"),
-    ({"nproc": -2}, "nproc=-2 must be >= 1"),
-    ({"nproc": 2, "mode": "zero3"}, "mode 'zero3' is not one of"),
-    ({"nproc": 2, "mode": ""}, "mode '' is not one of"),
-], ids=["nproc 0", "nproc -2", "mode zero3", "mode empty"])
+@pytest.mark.parametrize(
+    "kw, expected",
+    [
+        ({"nproc": 0}, "nproc=0 must be >= 1"),
+        ({"nproc": -2}, "nproc=-2 must be >= 1"),
+        ({"nproc": 2, "mode": "zero3"}, "mode 'zero3' is not one of"),
+        ({"nproc": 2, "mode": ""}, "mode '' is not one of"),
+    ],
+    ids=["nproc 0", "nproc -2", "mode zero3", "mode empty"],
+)
 def test_multigpu_launch_options(kw, expected, tmp_path):
     from lora_suite.multigpu import launch_command
+
     with pytest.raises(ValueError, match=re.escape(expected)):
         launch_command(CONFIG_DIR / "multigpu.yaml", tmp_path / "out", **kw)
     assert not (tmp_path / "out").exists()
@@ -433,16 +509,23 @@ def test_multigpu_launch_options(kw, expected, tmp_path):
 
 def test_multigpu_batch_that_does_not_split_over_the_ranks():
     from lora_suite.multigpu import rank_rows
+
     with pytest.raises(ValueError, match="the global batch has 7 rows, not divisible by 2 ranks"):
         rank_rows({"input_ids": torch.zeros(7, 4)}, 0, 2)
 
 
 # ------------------------------------------------------------------ the count the README states
 def test_the_battery_has_150_cases(request):
-    counts = {"tier YAML": len(TIER_CASES) + len(FILE_CASES) + 1, "model YAML": len(MODEL_CASES) + 1,
-              "JSONL data": len(JSONL_CASES) + 2, "gpu-test.sh flags": len(CLI_CASES),
-              "--lora-impl values": len(IMPL_CASES), "adapter folders": len(ADAPTER_CASES) + 2,
-              "checkpoints": len(CHECKPOINT_CASES), "report dirs (compare, history)": len(REPORT_DIR_CASES) +
-              len(HISTORY_CASES), "multigpu launch options": 5}
+    counts = {
+        "tier YAML": len(TIER_CASES) + len(FILE_CASES) + 1,
+        "model YAML": len(MODEL_CASES) + 1,
+        "JSONL data": len(JSONL_CASES) + 2,
+        "gpu-test.sh flags": len(CLI_CASES),
+        "--lora-impl values": len(IMPL_CASES),
+        "adapter folders": len(ADAPTER_CASES) + 2,
+        "checkpoints": len(CHECKPOINT_CASES),
+        "report dirs (compare, history)": len(REPORT_DIR_CASES) + len(HISTORY_CASES),
+        "multigpu launch options": 5,
+    }
     print(json.dumps(counts), sum(counts.values()))
     assert sum(counts.values()) >= 150, counts

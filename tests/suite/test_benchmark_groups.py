@@ -22,8 +22,11 @@ def test_every_benchmark_sets_its_group_before_pedantic(path):
         pedantic = [n.lineno for n in ast.walk(fn) if isinstance(n, ast.Attribute) and n.attr == "pedantic"]
         if not pedantic:
             continue
-        group = [n.lineno for n in ast.walk(fn) if isinstance(n, ast.Assign)
-                 and any(isinstance(t, ast.Attribute) and t.attr == "group" for t in n.targets)]
+        group = [
+            n.lineno
+            for n in ast.walk(fn)
+            if isinstance(n, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == "group" for t in n.targets)
+        ]
         assert group and min(group) < min(pedantic), f"{path.name}::{fn.name} sets no group before pedantic()"
 
 

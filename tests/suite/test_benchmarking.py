@@ -14,9 +14,15 @@ def _event(key, device, count, us):
 
 
 def test_kernel_profile_keeps_cuda_kernels_per_call_most_time_first():
-    prof = SimpleNamespace(key_averages=lambda: [
-        _event("gemm", "CUDA", 4, 2000.0), _event("cast", "CUDA", 2, 100.0), _event("aten::mm", "CPU", 4, 0.0),
-        _event("idle", "CUDA", 1, 0.0), _event("elementwise", "CUDA", 8, 3000.0)])
+    prof = SimpleNamespace(
+        key_averages=lambda: [
+            _event("gemm", "CUDA", 4, 2000.0),
+            _event("cast", "CUDA", 2, 100.0),
+            _event("aten::mm", "CPU", 4, 0.0),
+            _event("idle", "CUDA", 1, 0.0),
+            _event("elementwise", "CUDA", 8, 3000.0),
+        ]
+    )
     total, kernels = kernel_profile(prof, calls=2)
     assert [k.name for k in kernels] == ["elementwise", "gemm", "cast"]  # CPU and zero-time events left out
     assert [k.launches for k in kernels] == [4, 2, 1]

@@ -37,7 +37,9 @@ def test_round_trip(tmp_path):
 
 def test_mismatches_are_named(tmp_path):
     tmp_path = save_adapter_checkpoint(_model(), tmp_path / "ck", step=1)
-    with pytest.raises(ValueError, match=r"layers without weights \['base_model.model.model.layers.0.self_attn.k_proj.lora_A"):
+    with pytest.raises(
+        ValueError, match=r"layers without weights \['base_model.model.model.layers.0.self_attn.k_proj.lora_A"
+    ):
         load_adapter_checkpoint(_model(("q_proj", "k_proj", "v_proj")), tmp_path)
     with pytest.raises(ValueError, match=r"has r=4, alpha=16.* but r=2"):
         load_adapter_checkpoint(_model(r=2), tmp_path)
@@ -51,12 +53,14 @@ def test_mismatches_are_named(tmp_path):
 def test_a_save_killed_midway_leaves_the_previous_checkpoint_whole(tmp_path, monkeypatch):
     """Issue 8: a kill between files left step-N+1 adapters beside step-N optimizer state, resumed silently."""
     from lora_suite import checkpoint as C
+
     m = _model()
     opt = torch.optim.AdamW(adapter_parameters(m).values())
     save_adapter_checkpoint(m, tmp_path / "ck", step=5, optimizer=opt)
 
     def killed(*args, **kwargs):
         raise KeyboardInterrupt("killed while saving the optimizer state")
+
     monkeypatch.setattr(C.torch, "save", killed)
     with torch.no_grad():
         for p in adapter_parameters(m).values():
@@ -77,12 +81,14 @@ def test_a_mixed_set_is_refused_naming_the_file(tmp_path):
     save_adapter_checkpoint(m, tmp_path / "b", step=6)
     (tmp_path / "a" / ADAPTER_FILE).write_bytes((tmp_path / "b" / ADAPTER_FILE).read_bytes())
     from lora_suite.checkpoint import CheckpointError
+
     with pytest.raises(CheckpointError, match=r"adapter_model.safetensors differs from the manifest of step 5"):
         load_adapter_checkpoint(_model(), tmp_path / "a")
 
 
 def test_a_directory_without_manifest_is_refused(tmp_path):
     from lora_suite.checkpoint import MANIFEST_FILE, CheckpointError
+
     save_adapter_checkpoint(_model(), tmp_path / "ck", step=2)
     (tmp_path / "ck" / MANIFEST_FILE).unlink()
     with pytest.raises(CheckpointError, match="has no manifest.json: it is partial"):
@@ -123,8 +129,9 @@ def test_real_kills_during_saves_never_leave_a_mixed_set(tmp_path):
     ck = tmp_path / "ck"
     rng = random.Random(0)
     for _ in range(5):
-        proc = subprocess.Popen([sys.executable, "-c", KILL_LOOP.format(root=root, ck=str(ck))],
-                                stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", KILL_LOOP.format(root=root, ck=str(ck))], stdout=subprocess.PIPE, text=True
+        )
         assert proc.stdout.readline().strip() == "ready"
         time.sleep(rng.uniform(0.05, 0.4))
         proc.send_signal(signal.SIGKILL)

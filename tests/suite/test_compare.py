@@ -61,11 +61,17 @@ def test_faster_is_listed_but_never_fails(tmp_path):
 
 
 def test_a_check_that_now_fails_or_disappears_is_a_regression(tmp_path):
-    base = {"outcomes": [{"test": "t::a", "outcome": "passed"}],
-            "checks": [{"test": "t::a", "name": "peak", "value": 4.2, "op": "<=", "threshold": 6, "passed": True},
-                       {"test": "t::a", "name": "drop", "value": 0.4, "op": ">=", "threshold": 0.3, "passed": True}]}
-    run = {"outcomes": [{"test": "t::a", "outcome": "failed"}],
-           "checks": [{"test": "t::a", "name": "peak", "value": 6.5, "op": "<=", "threshold": 6, "passed": False}]}
+    base = {
+        "outcomes": [{"test": "t::a", "outcome": "passed"}],
+        "checks": [
+            {"test": "t::a", "name": "peak", "value": 4.2, "op": "<=", "threshold": 6, "passed": True},
+            {"test": "t::a", "name": "drop", "value": 0.4, "op": ">=", "threshold": 0.3, "passed": True},
+        ],
+    }
+    run = {
+        "outcomes": [{"test": "t::a", "outcome": "failed"}],
+        "checks": [{"test": "t::a", "name": "peak", "value": 6.5, "op": "<=", "threshold": 6, "passed": False}],
+    }
     changes = compare.compare_reports(base, run)
     assert {(c.kind, c.after) for c in changes} == {("test", "failed"), ("check", "6.5"), ("check", "(missing)")}
     assert all(c.regression for c in changes)
@@ -74,12 +80,20 @@ def test_a_check_that_now_fails_or_disappears_is_a_regression(tmp_path):
 def test_the_script_target_runs_compare(tmp_path):
     bench = json.loads((BENCH / "benchmark.json").read_text())
     run = _write(tmp_path / "run", benchmark=_slowed(bench, "cupy", 1.2))
-    out = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-test.sh"), "compare", str(BENCH), str(run)],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu-test.sh"), "compare", str(BENCH), str(run)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 1, out.stdout + out.stderr
     assert "regression(s)" in out.stdout
-    same = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-test.sh"), "compare", str(BENCH), str(BENCH)],
-                          capture_output=True, text=True, timeout=120)
+    same = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu-test.sh"), "compare", str(BENCH), str(BENCH)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert same.returncode == 0, same.stdout + same.stderr
 
 
@@ -130,8 +144,10 @@ def test_a_same_mode_ratio_that_fell_20_percent_is_a_regression_a_cross_mode_one
 def test_a_host_clocked_row_is_listed_not_judged(tmp_path):
     bench = json.loads((INTERLEAVED / "benchmark.json").read_text())
     row = copy.deepcopy(bench["benchmarks"][0])
-    row["fullname"], row["extra_info"] = "training_step[eager]", {"clock": "host", "cuda_median_ms": 100.0,
-                                                                   "cuda_p20_ms": 99.0, "cuda_p80_ms": 101.0}
+    row["fullname"], row["extra_info"] = (
+        "training_step[eager]",
+        {"clock": "host", "cuda_median_ms": 100.0, "cuda_p20_ms": 99.0, "cuda_p80_ms": 101.0},
+    )
     slow = copy.deepcopy(row)
     slow["extra_info"].update(cuda_median_ms=140.0, cuda_p20_ms=139.0, cuda_p80_ms=141.0)
     (change,) = compare.compare_benchmarks({"benchmarks": [row]}, {"benchmarks": [slow]})
@@ -143,10 +159,22 @@ def test_a_host_clocked_row_is_listed_not_judged(tmp_path):
 
 def test_a_retired_check_is_not_missing():
     """The H100 extended baseline (before issue 18) still judges a run made after it."""
-    base = json.loads((ROOT / "reports" / "baselines" / "NVIDIA_H100_80GB_HBM3" / "extended" / "report.json").read_text())
-    run = json.loads((ROOT / "reports" / "20261124T024657Z-load-acceptance" / "quiet" / "20261124T025530Z-extended"
-                      / "report.json").read_text())
+    base = json.loads(
+        (ROOT / "reports" / "baselines" / "NVIDIA_H100_80GB_HBM3" / "extended" / "report.json").read_text()
+    )
+    run = json.loads(
+        (
+            ROOT
+            / "reports"
+            / "20261124T024657Z-load-acceptance"
+            / "quiet"
+            / "20261124T025530Z-extended"
+            / "report.json"
+        ).read_text()
+    )
     changes = compare.compare_reports(base, run)
     assert not [c for c in changes if c.regression], changes
     (retired,) = [c for c in changes if c.kind == "retired"]
-    assert retired.name.endswith("tokens per process CPU-second drift, median of the first vs last 50 steps after warm-up")
+    assert retired.name.endswith(
+        "tokens per process CPU-second drift, median of the first vs last 50 steps after warm-up"
+    )

@@ -17,13 +17,33 @@ def test_shipped_tier_configs_load(tier):
 
 def test_shipped_model_architectures_are_the_real_ones():
     smol, tiny, l7 = (load_model_config(n).architecture for n in ("smollm2-135m", "tinyllama-1.1b", "llama-2-7b"))
-    assert (smol.hidden_size, smol.intermediate_size, smol.num_hidden_layers, smol.num_attention_heads,
-            smol.num_key_value_heads, smol.vocab_size, smol.tie_word_embeddings, smol.rope_theta) == \
-        (576, 1536, 30, 9, 3, 49152, True, 1e5)
-    assert (tiny.hidden_size, tiny.intermediate_size, tiny.num_hidden_layers, tiny.num_attention_heads,
-            tiny.num_key_value_heads, tiny.vocab_size, tiny.tie_word_embeddings) == (2048, 5632, 22, 32, 4, 32000, False)
-    assert (l7.hidden_size, l7.intermediate_size, l7.num_hidden_layers, l7.num_attention_heads,
-            l7.num_key_value_heads, l7.vocab_size) == (4096, 11008, 32, 32, 32, 32000)
+    assert (
+        smol.hidden_size,
+        smol.intermediate_size,
+        smol.num_hidden_layers,
+        smol.num_attention_heads,
+        smol.num_key_value_heads,
+        smol.vocab_size,
+        smol.tie_word_embeddings,
+        smol.rope_theta,
+    ) == (576, 1536, 30, 9, 3, 49152, True, 1e5)
+    assert (
+        tiny.hidden_size,
+        tiny.intermediate_size,
+        tiny.num_hidden_layers,
+        tiny.num_attention_heads,
+        tiny.num_key_value_heads,
+        tiny.vocab_size,
+        tiny.tie_word_embeddings,
+    ) == (2048, 5632, 22, 32, 4, 32000, False)
+    assert (
+        l7.hidden_size,
+        l7.intermediate_size,
+        l7.num_hidden_layers,
+        l7.num_attention_heads,
+        l7.num_key_value_heads,
+        l7.vocab_size,
+    ) == (4096, 11008, 32, 32, 32, 32000)
 
 
 def test_tier_sizes_follow_the_issue():
@@ -74,14 +94,21 @@ def test_missing_model_lists_known_ones(config_dir):
         load_tier_config(path)
 
 
-@pytest.mark.parametrize("old,new,message", [
-    ("weights: random", "weights: maybe", r"weights: 'maybe' is not one of"),
-    ("r: 4", "r: 0", r"lora.r: 0 is out of range; expected 1 <= r <="),
-    ("r: 4", "r: four", r"\.lora\.r: expected int, got 'four'"),
-    ("targets: [all-linear]", "targets: [qproj]", r"lora.targets: \['qproj'\]"),
-    ("warmup_steps: 4", "warmup_steps: 40", r"warmup_steps: 40 is out of range; expected 0 <= warmup_steps < steps=40"),
-    ("dtype: float32", "dtype: int8", r"dtype: 'int8' is not"),
-])
+@pytest.mark.parametrize(
+    "old,new,message",
+    [
+        ("weights: random", "weights: maybe", r"weights: 'maybe' is not one of"),
+        ("r: 4", "r: 0", r"lora.r: 0 is out of range; expected 1 <= r <="),
+        ("r: 4", "r: four", r"\.lora\.r: expected int, got 'four'"),
+        ("targets: [all-linear]", "targets: [qproj]", r"lora.targets: \['qproj'\]"),
+        (
+            "warmup_steps: 4",
+            "warmup_steps: 40",
+            r"warmup_steps: 40 is out of range; expected 0 <= warmup_steps < steps=40",
+        ),
+        ("dtype: float32", "dtype: int8", r"dtype: 'int8' is not"),
+    ],
+)
 def test_bad_values_are_named(config_dir, old, new, message):
     path = config_dir / "tiny.yaml"
     path.write_text(path.read_text().replace(old, new))
@@ -107,7 +134,11 @@ BAD_VALUES = [
     ("train", "lr: .inf", r"train.lr: inf is out of range"),
     ("lora", "alpha: 0", r"lora.alpha: 0.0 is out of range; expected finite, > 0"),
     ("lora", "r: 33", r"lora.r: 33 is out of range; expected 1 <= r <= 32 \(min\(in, out\) of k_proj"),
-    ("data", "seq_len: 5000", r"data.seq_len: 5000 is out of range; expected 2 <= seq_len <= max_position_embeddings=4096"),
+    (
+        "data",
+        "seq_len: 5000",
+        r"data.seq_len: 5000 is out of range; expected 2 <= seq_len <= max_position_embeddings=4096",
+    ),
 ]
 
 
@@ -117,17 +148,25 @@ def test_out_of_range_values_are_refused_at_load_time(config_dir, section, line,
     text = path.read_text()
     key = line.split(":")[0]
     head, body = text.split(f"{section}: {{", 1)
-    body = ", ".join(p for p in body.split("}", 1)[0].split(", ") if not p.startswith(key + ":")) + "}" + body.split("}", 1)[1]
+    body = (
+        ", ".join(p for p in body.split("}", 1)[0].split(", ") if not p.startswith(key + ":"))
+        + "}"
+        + body.split("}", 1)[1]
+    )
     path.write_text(f"{head}{section}: {{{line}, {body}")
     with pytest.raises(ConfigError, match=message):
         load_tier_config(path)
 
 
-@pytest.mark.parametrize("change,message", [
-    ("hidden_size: 64", "hidden_size: 0"),
-    ("num_attention_heads: 4", "num_attention_heads: 5"),
-    ("num_key_value_heads: 2", "num_key_value_heads: 3"),
-], ids=["hidden-zero", "heads-do-not-divide-hidden", "kv-heads-do-not-divide-heads"])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ("hidden_size: 64", "hidden_size: 0"),
+        ("num_attention_heads: 4", "num_attention_heads: 5"),
+        ("num_key_value_heads: 2", "num_key_value_heads: 3"),
+    ],
+    ids=["hidden-zero", "heads-do-not-divide-hidden", "kv-heads-do-not-divide-heads"],
+)
 def test_architectures_that_cannot_exist_are_refused(config_dir, change, message):
     model = config_dir / "models" / "tiny-llama.yaml"
     model.write_text(model.read_text().replace(change, message))

@@ -30,7 +30,9 @@ def test_pool_cycles_fixed_windows():
     b = Batches(DataSettings(batch_size=2, seq_len=16, pool=2), ByteTokenizer(), 300)
     assert torch.equal(b(0)["input_ids"], b(7)["input_ids"])  # pool == batch size: one fixed batch
     b4 = Batches(DataSettings(batch_size=2, seq_len=16, pool=4), ByteTokenizer(), 300)
-    assert torch.equal(b4(0)["input_ids"], b4(2)["input_ids"]) and not torch.equal(b4(0)["input_ids"], b4(1)["input_ids"])
+    assert torch.equal(b4(0)["input_ids"], b4(2)["input_ids"]) and not torch.equal(
+        b4(0)["input_ids"], b4(1)["input_ids"]
+    )
 
 
 def test_tokenizer_larger_than_model_vocab_is_an_error():
@@ -45,8 +47,10 @@ def _jsonl(tmp_path, rows):
 
 
 def test_alpaca_jsonl_masks_the_prompt(tmp_path):
-    path = _jsonl(tmp_path, [{"instruction": "Say hi", "input": "", "output": "hi"},
-                             {"instruction": "Add", "input": "2+2", "output": "4"}])
+    path = _jsonl(
+        tmp_path,
+        [{"instruction": "Say hi", "input": "", "output": "hi"}, {"instruction": "Add", "input": "2+2", "output": "4"}],
+    )
     examples = load_alpaca_jsonl(path, ByteTokenizer(), 64)
     ids, labels = examples[1]
     text = ByteTokenizer().decode(ids.tolist())
@@ -57,11 +61,14 @@ def test_alpaca_jsonl_masks_the_prompt(tmp_path):
     assert b(0)["input_ids"].shape == (2, 64)
 
 
-@pytest.mark.parametrize("rows,message", [
-    (['{"instruction": "x", "output": '], r"d.jsonl:1: not valid JSON"),
-    ([{"instruction": "x"}], r"d.jsonl:1: missing or non-string key\(s\) \['output'\]"),
-    (["[1, 2]"], r"d.jsonl:1: expected a JSON object"),
-])
+@pytest.mark.parametrize(
+    "rows,message",
+    [
+        (['{"instruction": "x", "output": '], r"d.jsonl:1: not valid JSON"),
+        ([{"instruction": "x"}], r"d.jsonl:1: missing or non-string key\(s\) \['output'\]"),
+        (["[1, 2]"], r"d.jsonl:1: expected a JSON object"),
+    ],
+)
 def test_bad_jsonl_rows_name_the_line(tmp_path, rows, message):
     with pytest.raises(ValueError, match=message):
         load_alpaca_jsonl(_jsonl(tmp_path, rows), ByteTokenizer(), 64)

@@ -42,8 +42,10 @@ def test_extra_launches_sharing_a_kernel_name_with_the_step_are_not_clipped_agai
     GEMMs; as its count changes within a window, (name, occurrence) pairs the same key with different launches
     across steps. Clipping those against each other cut the plant's +16% to +7.6% on a loaded H200
     (reports/…-load-acceptance, 6e32352); a name whose count varies within the window is summed unclipped."""
+
     def step(n):
         return [("gemm", 400.0)] * n + _step()
+
     steps = [step(n) for n in (3, 3, 4, 4, 5)]
     expected = [sum(d for _, d in s) / 1e6 for s in steps]
     assert clipped_step_times(steps, 2.0) == pytest.approx(expected)
@@ -65,8 +67,12 @@ def test_bad_arguments_are_named():
 
 def test_profile_windows_of_the_extended_tier():
     plan = profile_windows(50, 500, 5)
-    assert plan == {"warm-up": [45], "early": [50, 51, 52, 53, 54], "late": [495, 496, 497, 498, 499],
-                    "middle": [272, 273, 274, 275, 276]}
+    assert plan == {
+        "warm-up": [45],
+        "early": [50, 51, 52, 53, 54],
+        "late": [495, 496, 497, 498, 499],
+        "middle": [272, 273, 274, 275, 276],
+    }
     assert "middle" not in profile_windows(50, 60, 5)
     timer = DeviceTimer.for_windows(50, 500, 5)
     assert timer.plan == plan and timer.steps == frozenset(s for steps in plan.values() for s in steps)

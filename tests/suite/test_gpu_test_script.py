@@ -23,26 +23,44 @@ def run(*args, dry=True, timeout=300):
 def test_help_lists_targets_and_flags():
     out = run("--help")
     assert out.returncode == 0
-    for word in ("quick", "convergence", "memory", "extended", "full", "all", "selftest", "--check-vram",
-                 "--verbose", "--continue-on-error", "--report-dir", "Exit codes"):
+    for word in (
+        "quick",
+        "convergence",
+        "memory",
+        "extended",
+        "full",
+        "all",
+        "selftest",
+        "--check-vram",
+        "--verbose",
+        "--continue-on-error",
+        "--report-dir",
+        "Exit codes",
+    ):
         assert word in out.stdout
 
 
-@pytest.mark.parametrize("args,message", [
-    ((), "no target given"),
-    (("quick", "--bogus"), "unknown option '--bogus'"),
-    (("fast",), "unknown target 'fast'"),
-    (("quick", "memory"), "only one target allowed"),
-    (("quick", "--lora-impl", "not a name"), "--lora-impl must be a name or package.module:factory"),
-    (("quick", "--backend", "cupy"), "--backend was replaced by --lora-impl"),
-    (("quick", "--strict-vram"), "--strict-vram only makes sense with --check-vram"),
-    (("quick", "--report-dir"), "--report-dir needs a directory"),
-    (("quick", "--report-dir", "--check-vram"), "--report-dir needs a directory, got '--check-vram'"),
-    (("quick", "--lora-impl", "--verbose"), "--lora-impl needs a value (cupy, torch, peft or package.module:factory), got '--verbose'"),
-    (("quick", "--report-dir=--check-vram"), "--report-dir needs a directory, got '--check-vram'"),
-    (("quick", "--report-dir", "/proc/x"), "--report-dir /proc/x is not a writable directory"),
-    (("compare", "only-one"), "compare needs two run directories"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        ((), "no target given"),
+        (("quick", "--bogus"), "unknown option '--bogus'"),
+        (("fast",), "unknown target 'fast'"),
+        (("quick", "memory"), "only one target allowed"),
+        (("quick", "--lora-impl", "not a name"), "--lora-impl must be a name or package.module:factory"),
+        (("quick", "--backend", "cupy"), "--backend was replaced by --lora-impl"),
+        (("quick", "--strict-vram"), "--strict-vram only makes sense with --check-vram"),
+        (("quick", "--report-dir"), "--report-dir needs a directory"),
+        (("quick", "--report-dir", "--check-vram"), "--report-dir needs a directory, got '--check-vram'"),
+        (
+            ("quick", "--lora-impl", "--verbose"),
+            "--lora-impl needs a value (cupy, torch, peft or package.module:factory), got '--verbose'",
+        ),
+        (("quick", "--report-dir=--check-vram"), "--report-dir needs a directory, got '--check-vram'"),
+        (("quick", "--report-dir", "/proc/x"), "--report-dir /proc/x is not a writable directory"),
+        (("compare", "only-one"), "compare needs two run directories"),
+    ],
+)
 def test_bad_usage_exits_2_with_a_message(args, message):
     out = run(*args)
     assert out.returncode == 2 and message in out.stderr
@@ -51,7 +69,9 @@ def test_bad_usage_exits_2_with_a_message(args, message):
 def test_all_expands_to_the_five_tiers_in_order_and_multigpu_only_with_two_gpus(monkeypatch):
     monkeypatch.setenv("GPU_TEST_GPU_COUNT", "1")
     out = run("all", "--check-vram", "--continue-on-error")
-    assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "targets: quick convergence memory extended full"
+    assert (
+        out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "targets: quick convergence memory extended full"
+    )
     assert "multigpu: not part of this 'all' run (it needs 2 or more GPUs; found 1)" in out.stdout
     monkeypatch.setenv("GPU_TEST_GPU_COUNT", "2")
     out = run("all")
@@ -93,8 +113,16 @@ def test_a_report_dir_that_is_a_file_is_refused_before_running(tmp_path):
 
 
 def test_two_runs_in_the_same_second_get_their_own_directories(tmp_path):
-    procs = [subprocess.Popen(["bash", str(SCRIPT), "quick", "--report-dir", str(tmp_path)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=dict(os.environ, NO_COLOR="1")) for _ in range(3)]
+    procs = [
+        subprocess.Popen(
+            ["bash", str(SCRIPT), "quick", "--report-dir", str(tmp_path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, NO_COLOR="1"),
+        )
+        for _ in range(3)
+    ]
     for p in procs:
         p.communicate(timeout=300)
         assert p.returncode == 0
@@ -114,12 +142,18 @@ def test_ctrl_c_stops_the_whole_run_with_130_and_a_summary(tmp_path):
     import signal
     import sys
     import time
+
     fake = tmp_path / "python"
     fake.write_text(SLEEPY_PYTHON.format(py=sys.executable))
     fake.chmod(0o755)
-    proc = subprocess.Popen(["bash", str(SCRIPT), "all", "--continue-on-error", "--report-dir", str(tmp_path / "r")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env=dict(os.environ, NO_COLOR="1", PYTHON=str(fake)))
+    proc = subprocess.Popen(
+        ["bash", str(SCRIPT), "all", "--continue-on-error", "--report-dir", str(tmp_path / "r")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=dict(os.environ, NO_COLOR="1", PYTHON=str(fake)),
+    )
     deadline = time.time() + 60
     while not list((tmp_path / "r").glob("*-quick")) and time.time() < deadline:
         time.sleep(0.2)
@@ -135,16 +169,36 @@ def test_bootstrap_installs_the_cupy_of_torchs_cuda_major_and_peft(tmp_path):
     """A fresh GPU machine: .venv gets torch, then this project with PEFT and cupy-cuda<major>x."""
     env = dict(os.environ, NO_COLOR="1", GPU_TEST_BOOTSTRAP_DRY_RUN="1", GPU_TEST_ASSUME_GPU="1")
     for major, extra in (("12.8", "cuda12"), ("13.0", "cuda13")):
-        out = subprocess.run(["bash", str(SCRIPT), "quick"], capture_output=True, text=True, timeout=120,
-                             env=dict(env, GPU_TEST_TORCH_CUDA=major))
+        out = subprocess.run(
+            ["bash", str(SCRIPT), "quick"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=dict(env, GPU_TEST_TORCH_CUDA=major),
+        )
         assert out.returncode == 0, out.stderr
         assert "would run: .venv/bin/python -m pip install -q torch==2.13.0" in out.stdout
-        assert f"would run: .venv/bin/python -m pip install -q -e .[peft,test,loralib,torchtune,peft-bnb,{extra}]" in out.stdout
-    cpu = subprocess.run(["bash", str(SCRIPT), "quick"], capture_output=True, text=True, timeout=120,
-                         env=dict(os.environ, NO_COLOR="1", GPU_TEST_BOOTSTRAP_DRY_RUN="1", GPU_TEST_TORCH_CUDA=""))
-    assert "-e .[peft,test,loralib,torchtune,peft-bnb]" in cpu.stdout and "cupy" not in cpu.stdout.split("Setting up")[1]
-    odd = subprocess.run(["bash", str(SCRIPT), "quick"], capture_output=True, text=True, timeout=120,
-                         env=dict(env, GPU_TEST_TORCH_CUDA="11.8"))
+        assert (
+            f"would run: .venv/bin/python -m pip install -q -e .[peft,test,loralib,torchtune,peft-bnb,{extra}]"
+            in out.stdout
+        )
+    cpu = subprocess.run(
+        ["bash", str(SCRIPT), "quick"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, NO_COLOR="1", GPU_TEST_BOOTSTRAP_DRY_RUN="1", GPU_TEST_TORCH_CUDA=""),
+    )
+    assert (
+        "-e .[peft,test,loralib,torchtune,peft-bnb]" in cpu.stdout and "cupy" not in cpu.stdout.split("Setting up")[1]
+    )
+    odd = subprocess.run(
+        ["bash", str(SCRIPT), "quick"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(env, GPU_TEST_TORCH_CUDA="11.8"),
+    )
     assert odd.returncode == 1 and "CuPy wheels exist for CUDA 12 and 13 only" in odd.stdout
 
 
@@ -164,23 +218,54 @@ def test_baseline_comparison_after_a_target(tmp_path):
 
 def test_scorecard_runs_every_selected_implementation_through_the_tiers_then_builds(tmp_path):
     env = {**os.environ, "SCORECARD_DRY_RUN": "1"}
-    out = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-test.sh"), "scorecard", "--lora-impl", "cupy,peft-bnb",
-                          "--report-dir", str(tmp_path), "--check-vram"], capture_output=True, text=True, env=env)
+    out = subprocess.run(
+        [
+            "bash",
+            str(ROOT / "scripts" / "gpu-test.sh"),
+            "scorecard",
+            "--lora-impl",
+            "cupy,peft-bnb",
+            "--report-dir",
+            str(tmp_path),
+            "--check-vram",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr
     lines = [line.removeprefix("would run: ") for line in out.stdout.splitlines()]
-    tiers = [(line.split()[1], line.split()[3]) for line in lines if line.startswith("./scripts/gpu-test.sh") and
-             "--lora-impl" in line]
+    tiers = [
+        (line.split()[1], line.split()[3])
+        for line in lines
+        if line.startswith("./scripts/gpu-test.sh") and "--lora-impl" in line
+    ]
     assert tiers == [(t, i) for i in ("cupy", "peft-bnb") for t in ("quick", "convergence", "memory")]
     assert all("--check-vram" in line for line in lines if "--lora-impl" in line)
-    assert lines[-2] == (f"./scripts/gpu-test.sh bench --report-dir {tmp_path} -- -k speed_interleaved "
-                         "--bench-impls cupy,peft-bnb")
+    assert lines[-2] == (
+        f"./scripts/gpu-test.sh bench --report-dir {tmp_path} -- -k speed_interleaved --bench-impls cupy,peft-bnb"
+    )
     assert lines[-1].endswith(f"-m lora_suite.scorecard {tmp_path} {tmp_path}")
 
 
 def test_scorecard_lanes_run_implementations_at_once_each_logged_then_the_bench_alone(tmp_path):
     env = {**os.environ, "SCORECARD_DRY_RUN": "1"}
-    out = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-test.sh"), "scorecard", "--lora-impl", "cupy,peft,loralib",
-                          "--report-dir", str(tmp_path), "--jobs", "2"], capture_output=True, text=True, env=env)
+    out = subprocess.run(
+        [
+            "bash",
+            str(ROOT / "scripts" / "gpu-test.sh"),
+            "scorecard",
+            "--lora-impl",
+            "cupy,peft,loralib",
+            "--report-dir",
+            str(tmp_path),
+            "--jobs",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr
     for impl in ("cupy", "peft", "loralib"):
         log = (tmp_path / f"lane-{impl}.log").read_text().splitlines()
@@ -189,16 +274,23 @@ def test_scorecard_lanes_run_implementations_at_once_each_logged_then_the_bench_
     assert "speed_interleaved --bench-impls cupy,peft,loralib" in out.stdout.splitlines()[-2]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--lora-impl", "a b"], "--lora-impl must be names separated by commas, got 'a b'"),
-    (["--lora-impl"], "--lora-impl needs a comma-separated list, got ''"),
-    (["--report-dir", "--check-vram"], "--report-dir needs a directory, got '--check-vram'"),
-    (["--gpus", "2"], "unknown argument '--gpus'"),
-    (["--jobs", "0"], "--jobs needs a whole number >= 1, got '0'"),
-    (["--jobs"], "--jobs needs a whole number >= 1, got ''"),
-    (["--no-bench", "x"], "unknown argument 'x'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--lora-impl", "a b"], "--lora-impl must be names separated by commas, got 'a b'"),
+        (["--lora-impl"], "--lora-impl needs a comma-separated list, got ''"),
+        (["--report-dir", "--check-vram"], "--report-dir needs a directory, got '--check-vram'"),
+        (["--gpus", "2"], "unknown argument '--gpus'"),
+        (["--jobs", "0"], "--jobs needs a whole number >= 1, got '0'"),
+        (["--jobs"], "--jobs needs a whole number >= 1, got ''"),
+        (["--no-bench", "x"], "unknown argument 'x'"),
+    ],
+)
 def test_scorecard_refuses_bad_arguments_naming_them(args, message, tmp_path):
-    out = subprocess.run(["bash", str(ROOT / "scripts" / "scorecard.sh"), *args], capture_output=True, text=True,
-                         env={**os.environ, "SCORECARD_DRY_RUN": "1"})
+    out = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "scorecard.sh"), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SCORECARD_DRY_RUN": "1"},
+    )
     assert out.returncode == 2 and message in out.stderr

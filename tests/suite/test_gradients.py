@@ -85,6 +85,7 @@ def test_checkpointing_gives_the_same_gradients(setup):
 def test_a_stale_activation_shared_between_layers_is_caught(setup, monkeypatch):
     """Planted: every LoRA layer of one input width computes dA from the first such layer's input."""
     from lora_core.ops import lora_linear as op
+
     model, batch, ref, base_err = setup
     stale: dict = {}
     F = torch.nn.functional

@@ -13,19 +13,39 @@ from lora_suite.history import collect, figures_of, main, run_time
 
 ROOT = Path(__file__).resolve().parents[2]
 REPORTS = ROOT / "reports"
-RUNS = ["20261122T134049Z-memory", "20261121T055114Z-memory", "20261122T134017Z-quick", "20261122T104642Z-quick",
-        "20261124T055553Z-scorecard/20261124T055814Z-memory-cupy"]
+RUNS = [
+    "20261122T134049Z-memory",
+    "20261121T055114Z-memory",
+    "20261122T134017Z-quick",
+    "20261122T104642Z-quick",
+    "20261124T055553Z-scorecard/20261124T055814Z-memory-cupy",
+]
 
 
 def _report(root: Path, name: str, checks, *, gpu="NVIDIA H200", impl="cupy", selection="memory", commit="abc1234"):
     d = root / name
     d.mkdir(parents=True)
-    (d / "report.json").write_text(json.dumps({
-        "schema_version": 3, "run_id": name, "selection": selection, "status": "complete",
-        "environment": {"gpu_name": gpu, "git_commit": commit}, "implementation": {"name": impl},
-        "summary": {}, "outcomes": [], "not_applicable": [], "series": [], "notes": [],
-        "checks": [{"test": "t::a", "name": n, "value": v, "op": op, "threshold": t, "passed": ok}
-                   for n, v, op, t, ok in checks]}))
+    (d / "report.json").write_text(
+        json.dumps(
+            {
+                "schema_version": 3,
+                "run_id": name,
+                "selection": selection,
+                "status": "complete",
+                "environment": {"gpu_name": gpu, "git_commit": commit},
+                "implementation": {"name": impl},
+                "summary": {},
+                "outcomes": [],
+                "not_applicable": [],
+                "series": [],
+                "notes": [],
+                "checks": [
+                    {"test": "t::a", "name": n, "value": v, "op": op, "threshold": t, "passed": ok}
+                    for n, v, op, t, ok in checks
+                ],
+            }
+        )
+    )
     return d
 
 
@@ -65,18 +85,29 @@ def test_gpus_and_implementations_are_never_drawn_on_one_line(tmp_path):
     _report(root, "20261120T000000Z-memory", [("peak", 1.2, "<=", 1.5, True)])
     _report(root, "20261120T010000Z-memory", [("peak", 1.3, "<=", 1.5, True)], gpu="NVIDIA H100 80GB HBM3")
     _report(root, "20261120T020000Z-memory", [("peak", 2.4, "<=", 3.0, True)], impl="peft")
-    assert sorted(g.title for g in collect([root])) == ["NVIDIA H100 80GB HBM3 · cupy · memory",
-                                                         "NVIDIA H200 · cupy · memory", "NVIDIA H200 · peft · memory"]
+    assert sorted(g.title for g in collect([root])) == [
+        "NVIDIA H100 80GB HBM3 · cupy · memory",
+        "NVIDIA H200 · cupy · memory",
+        "NVIDIA H200 · peft · memory",
+    ]
 
 
 def test_figures_are_numeric_checks_with_ordered_thresholds_and_bench_rows():
-    report = {"checks": [
-        {"name": "steps beyond the band (first: [3, 4])", "value": 2, "op": "==", "threshold": 0, "passed": False},
-        {"name": "loss drop", "value": 0.38, "op": ">=", "threshold": 0.3, "passed": True},
-        {"name": "path", "value": "cupy", "op": "==", "threshold": "cupy", "passed": True},
-        {"name": "slope (first: x)", "value": 0.01, "op": "<=", "threshold": 0.1, "passed": True}],
-        "series": [{"name": "tokens/s ÷ PEFT's", "columns": ["case", "run", "÷ PEFT eager"],
-                    "rows": [["c", "cupy-eager", 1.1], ["c", "peft-eager", None]]}]}
+    report = {
+        "checks": [
+            {"name": "steps beyond the band (first: [3, 4])", "value": 2, "op": "==", "threshold": 0, "passed": False},
+            {"name": "loss drop", "value": 0.38, "op": ">=", "threshold": 0.3, "passed": True},
+            {"name": "path", "value": "cupy", "op": "==", "threshold": "cupy", "passed": True},
+            {"name": "slope (first: x)", "value": 0.01, "op": "<=", "threshold": 0.1, "passed": True},
+        ],
+        "series": [
+            {
+                "name": "tokens/s ÷ PEFT's",
+                "columns": ["case", "run", "÷ PEFT eager"],
+                "rows": [["c", "cupy-eager", 1.1], ["c", "peft-eager", None]],
+            }
+        ],
+    }
     got = figures_of(report)
     assert set(got) == {"loss drop", "slope", "tokens/s ÷ PEFT's: c cupy-eager: ÷ PEFT eager"}
     assert got["slope"] == (0.01, 0.1, "<=", True)
@@ -89,11 +120,14 @@ def test_a_run_time_comes_from_the_run_id_else_the_environment(tmp_path):
         run_time({}, tmp_path / "x")
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["out.html"], "usage"),
-    (["out.txt", "reports"], "must be an .html file, got 'out.txt'"),
-    (["out.html", "/nonexistent/dir"], "report directory /nonexistent/dir does not exist"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["out.html"], "usage"),
+        (["out.txt", "reports"], "must be an .html file, got 'out.txt'"),
+        (["out.html", "/nonexistent/dir"], "report directory /nonexistent/dir does not exist"),
+    ],
+)
 def test_bad_arguments_are_refused_naming_them(argv, message, capsys):
     assert main(argv) == 2
     assert message in capsys.readouterr().err
@@ -114,10 +148,14 @@ def test_a_directory_without_reports_and_a_broken_report_are_named(tmp_path, cap
 def test_gpu_test_history_writes_the_page_and_refuses_a_bad_option(tmp_path):
     root = tmp_path / "r"
     _report(root, "20261120T000000Z-memory", [("peak", 1.2, "<=", 1.5, True)])
-    out = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-test.sh"), "history", str(root), "--html",
-                          str(tmp_path / "o" / "h.html")], capture_output=True, text=True)
+    out = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu-test.sh"), "history", str(root), "--html", str(tmp_path / "o" / "h.html")],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "o" / "h.html").is_file() and (tmp_path / "o" / "history.md").is_file()
-    bad = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-test.sh"), "history", "--html", "x.md"],
-                         capture_output=True, text=True)
+    bad = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu-test.sh"), "history", "--html", "x.md"], capture_output=True, text=True
+    )
     assert bad.returncode == 2 and "--html needs a path ending in .html, got 'x.md'" in bad.stderr

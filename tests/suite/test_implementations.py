@@ -43,26 +43,40 @@ class ToyLoRALinear(nn.Module):
 
 class ToyImplementation(I.LoRAImplementation):
     name = expected_path = "toy"
-    not_applicable = {"nf4_base": "the toy layer has no 4-bit base",
-                      "op_call_count": "the toy keeps counts per layer only",
-                      "lora_core_ops": "the toy does not use lora_core"}
+    not_applicable = {
+        "nf4_base": "the toy layer has no 4-bit base",
+        "op_call_count": "the toy keeps counts per layer only",
+        "lora_core_ops": "the toy does not use lora_core",
+    }
 
     def inject(self, model, spec):
         if spec.quantize:
             raise I.ImplementationError("toy: no quantised base")
         for p in model.parameters():
             p.requires_grad_(False)
-        chosen = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] != "lm_head"
-                  and ("all-linear" in spec.targets or n.rsplit(".", 1)[-1] in spec.targets)]
+        chosen = [
+            (n, m)
+            for n, m in model.named_modules()
+            if isinstance(m, nn.Linear)
+            and n.rsplit(".", 1)[-1] != "lm_head"
+            and ("all-linear" in spec.targets or n.rsplit(".", 1)[-1] in spec.targets)
+        ]
         for name, m in chosen:
             parent, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent) if parent else model, child,
-                    ToyLoRALinear(m, spec.r, spec.alpha, spec.adapter_dtype))
+            setattr(
+                model.get_submodule(parent) if parent else model,
+                child,
+                ToyLoRALinear(m, spec.r, spec.alpha, spec.adapter_dtype),
+            )
         return [n for n, _ in chosen]
 
     def adapter_parameters(self, model):
-        return {f"{n}.{w}": getattr(m, w) for n, m in model.named_modules() if isinstance(m, ToyLoRALinear)
-                for w in ("lora_A", "lora_B")}
+        return {
+            f"{n}.{w}": getattr(m, w)
+            for n, m in model.named_modules()
+            if isinstance(m, ToyLoRALinear)
+            for w in ("lora_A", "lora_B")
+        }
 
     def save_adapter(self, model, path):
         path = Path(path)
@@ -70,9 +84,15 @@ class ToyImplementation(I.LoRAImplementation):
         layers = [m for m in model.modules() if isinstance(m, ToyLoRALinear)]
         r = layers[0].lora_A.shape[0]
         (path / "adapter_config.json").write_text(
-            f'{{"peft_type": "LORA", "r": {r}, "lora_alpha": {layers[0].scale * r}, "target_modules": ["q_proj"]}}')
-        save_file({f"base_model.model.{n}.weight": p.detach().contiguous()
-                   for n, p in self.adapter_parameters(model).items()}, str(path / "adapter_model.safetensors"))
+            f'{{"peft_type": "LORA", "r": {r}, "lora_alpha": {layers[0].scale * r}, "target_modules": ["q_proj"]}}'
+        )
+        save_file(
+            {
+                f"base_model.model.{n}.weight": p.detach().contiguous()
+                for n, p in self.adapter_parameters(model).items()
+            },
+            str(path / "adapter_model.safetensors"),
+        )
         return path
 
     def load_adapter(self, model, path):
@@ -104,14 +124,19 @@ def test_builtins_resolve_and_default_is_cupy():
 def test_a_toy_implementation_plugs_in_by_module_and_factory():
     impl = I.resolve_implementation(SPEC)
     assert isinstance(impl, ToyImplementation)
-    assert I.implementation_record(impl, SPEC) == {"name": "toy", "spec": SPEC, "description": "toy",
-                                                   "not_applicable": ToyImplementation.not_applicable}
+    assert I.implementation_record(impl, SPEC) == {
+        "name": "toy",
+        "spec": SPEC,
+        "description": "toy",
+        "not_applicable": ToyImplementation.not_applicable,
+    }
 
 
 def test_a_toy_implementation_plugs_in_by_entry_point(monkeypatch):
     ep = importlib.metadata.EntryPoint(name="toy", value=SPEC, group=I.ENTRY_POINT_GROUP)
-    monkeypatch.setattr(importlib.metadata, "entry_points",
-                        lambda group=None: [ep] if group == I.ENTRY_POINT_GROUP else [])
+    monkeypatch.setattr(
+        importlib.metadata, "entry_points", lambda group=None: [ep] if group == I.ENTRY_POINT_GROUP else []
+    )
     assert I.entry_point_names() == sorted(["toy", *I.BUNDLED])
     assert I.resolve_implementation("toy").name == "toy"
 
@@ -123,15 +148,21 @@ class _Half(I.LoRAImplementation):
         return []
 
 
-@pytest.mark.parametrize("spec,message", [
-    ("triton", r"'triton' is not known: built-ins \['cupy', 'torch', 'peft'\]"),
-    ("no_such_module:make", r"cannot load 'make' from module 'no_such_module' \(ModuleNotFoundError"),
-    (f"{__name__}:no_such_factory", r"cannot load 'no_such_factory'"),
-    (f"{__name__}:SPEC", r"gave a str, not a lora_suite.implementations.LoRAImplementation"),
-    (f"{__name__}:_Half", r"does not meet the contract: methods not implemented \['adapter_parameters', "
-                          r"'save_adapter', 'load_adapter', 'served_by'\]"),
-    ("", r"expected a name"),
-])
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ("triton", r"'triton' is not known: built-ins \['cupy', 'torch', 'peft'\]"),
+        ("no_such_module:make", r"cannot load 'make' from module 'no_such_module' \(ModuleNotFoundError"),
+        (f"{__name__}:no_such_factory", r"cannot load 'no_such_factory'"),
+        (f"{__name__}:SPEC", r"gave a str, not a lora_suite.implementations.LoRAImplementation"),
+        (
+            f"{__name__}:_Half",
+            r"does not meet the contract: methods not implemented \['adapter_parameters', "
+            r"'save_adapter', 'load_adapter', 'served_by'\]",
+        ),
+        ("", r"expected a name"),
+    ],
+)
 def test_bad_selections_are_refused_naming_the_value(spec, message):
     with pytest.raises(I.ImplementationError, match=message):
         I.resolve_implementation(spec)
@@ -140,6 +171,7 @@ def test_bad_selections_are_refused_naming_the_value(spec, message):
 def test_unknown_not_applicable_features_are_refused():
     class Odd(ToyImplementation):
         not_applicable = {"fp8_base": "no"}
+
     with pytest.raises(I.ImplementationError, match=r"declares unknown features \['fp8_base'\]"):
         I.check_contract(Odd(), "odd")
 
@@ -154,9 +186,14 @@ def _peer(name, *more):
     """A bundled peer as a parameter (with ``more`` values), skipped with the extra to install where its library
     does not import."""
     module = {"loralib": "loralib", "torchtune": "torchtune", "peft-bnb": "bitsandbytes"}[name]
-    return pytest.param(name, *more, marks=pytest.mark.skipif(importlib.util.find_spec(module) is None,
-                                                       reason=f"{module} is not installed: pip install "
-                                                              f"lora-gpu-suite[{name}]"))
+    return pytest.param(
+        name,
+        *more,
+        marks=pytest.mark.skipif(
+            importlib.util.find_spec(module) is None,
+            reason=f"{module} is not installed: pip install lora-gpu-suite[{name}]",
+        ),
+    )
 
 
 @pytest.mark.parametrize("spec", ["torch", "peft", SPEC, _peer("loralib"), _peer("torchtune")])
@@ -175,8 +212,9 @@ def test_implementation_trains_saves_and_reloads_through_the_harness(spec, tiny_
     probe = p.batches(999)["input_ids"]
     with torch.no_grad():
         logits = p.model(input_ids=probe).logits
-    ckpt = save_adapter_checkpoint(p.model, tmp_path / "ckpt", step=40, optimizer=result.optimizer,
-                                   implementation=p.implementation)
+    ckpt = save_adapter_checkpoint(
+        p.model, tmp_path / "ckpt", step=40, optimizer=result.optimizer, implementation=p.implementation
+    )
     fresh = prepare(tiny_cfg, "cpu", implementation=spec)
     assert load_adapter_checkpoint(fresh.model, ckpt, implementation=fresh.implementation) == 40
     with torch.no_grad():
@@ -199,17 +237,21 @@ def test_same_adapters_give_the_same_function_as_lora_core(spec, tiny_cfg):
             p.adapters[name].copy_(t)
     probe = ref.batches(0)["input_ids"]
     with torch.no_grad():
-        torch.testing.assert_close(p.model(input_ids=probe).logits, ref.model(input_ids=probe).logits,
-                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            p.model(input_ids=probe).logits, ref.model(input_ids=probe).logits, rtol=1e-5, atol=1e-5
+        )
 
 
 def test_capturing_an_implementation_that_declares_it_cannot_be_captured_is_refused(tiny_cfg):
     import dataclasses
+
     cfg = dataclasses.replace(tiny_cfg, train=dataclasses.replace(tiny_cfg.train, cuda_graph=True))
     impl = I.LoraCoreImplementation("torch")
     impl.not_applicable["cuda_graph_capture"] = "its op sets the cuBLAS stream on every call"
-    with pytest.raises(I.ImplementationError, match="train.cuda_graph: true, but implementation 'torch' cannot be "
-                                                    "captured: its op sets the cuBLAS stream"):
+    with pytest.raises(
+        I.ImplementationError,
+        match="train.cuda_graph: true, but implementation 'torch' cannot be captured: its op sets the cuBLAS stream",
+    ):
         prepare(cfg, "cpu", implementation=impl)
 
 
@@ -221,17 +263,22 @@ def test_the_cupy_implementation_declares_capture_applicable():
 @pytest.mark.parametrize("name", [_peer("loralib"), _peer("torchtune")])
 def test_a_peer_declares_what_it_cannot_do_and_refuses_it_naming_why(name, tiny_cfg):
     import dataclasses
+
     impl = I.resolve_implementation(name)
     assert impl.name == name and set(impl.not_applicable) >= {"fp32_adapters_on_16bit_base", "rslora", "nf4_base"}
     half = dataclasses.replace(tiny_cfg, dtype="bfloat16")
-    with pytest.raises(I.ImplementationError, match=f"lora.adapter_dtype: float32 on a bfloat16 base, but "
-                                                    f"implementation '{name}' cannot: {name}'s"):
+    with pytest.raises(
+        I.ImplementationError,
+        match=f"lora.adapter_dtype: float32 on a bfloat16 base, but implementation '{name}' cannot: {name}'s",
+    ):
         prepare(half, "cpu", implementation=name)
     same = dataclasses.replace(half, lora=dataclasses.replace(half.lora, adapter_dtype="bfloat16"))
     p = prepare(same, "cpu", implementation=name)  # adapters in the base dtype: the peer's own way
     assert {t.dtype for t in p.adapters.values()} == {torch.bfloat16}
-    for spec in (I.AdapterSpec(("all-linear",), 2, 4, use_rslora=True), I.AdapterSpec(("all-linear",), 2, 4,
-                                                                                        quantize="nf4")):
+    for spec in (
+        I.AdapterSpec(("all-linear",), 2, 4, use_rslora=True),
+        I.AdapterSpec(("all-linear",), 2, 4, quantize="nf4"),
+    ):
         with pytest.raises(I.ImplementationError, match="alpha / r|quantised base|QLoRA"):
             impl.inject(nn.Sequential(nn.Linear(4, 4)), spec)
     p.model.eval()  # loralib's default would merge s*B*A into the frozen base here; merge_weights=False does not
@@ -246,6 +293,7 @@ def test_peft_on_a_bitsandbytes_nf4_base_trains_and_reloads_as_qlora(name, tiny_
     import dataclasses
 
     import bitsandbytes as bnb
+
     cfg = dataclasses.replace(tiny_cfg, dtype="bfloat16")
     with pytest.raises(I.ImplementationError, match="lora.quantize: null .* implementation 'peft-bnb' cannot: QLoRA"):
         prepare(cfg, "cpu", implementation=name)
@@ -270,29 +318,41 @@ def test_peft_on_a_bitsandbytes_nf4_base_trains_and_reloads_as_qlora(name, tiny_
         assert torch.equal(fresh.model(input_ids=probe).logits, logits)
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("torch", []),
-    ("peft", []),
-    _peer("loralib", ["float32 adapters on the bfloat16 base (configs/x.yaml lora.adapter_dtype); the tier runs "
-                      "bfloat16 adapters"]),
-    _peer("peft-bnb", ["bfloat16 base (configs/x.yaml lora.quantize: null); the tier runs on an NF4 base"]),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("torch", []),
+        ("peft", []),
+        _peer(
+            "loralib",
+            [
+                "float32 adapters on the bfloat16 base (configs/x.yaml lora.adapter_dtype); the tier runs "
+                "bfloat16 adapters"
+            ],
+        ),
+        _peer("peft-bnb", ["bfloat16 base (configs/x.yaml lora.quantize: null); the tier runs on an NF4 base"]),
+    ],
+)
 def test_a_tier_config_fits_what_the_implementation_declares_and_says_so(name, expected, tiny_cfg):
     """The tiers' shared mechanism (tiers/conftest.py Tier.config): each change is a not-applicable record with
     the implementation's own reason, and the changed config then prepares without an error."""
     import dataclasses
 
     from lora_suite.prepare import fit_to_implementation
+
     impl = I.resolve_implementation(name)
     cfg = dataclasses.replace(tiny_cfg, dtype="bfloat16")
     fitted, notes = fit_to_implementation(cfg, impl, "configs/x.yaml")
     assert [what for what, _ in notes] == expected
     assert all(reason and reason in impl.not_applicable.values() for _, reason in notes)
     prepare(fitted, "cpu", implementation=impl)
-    nf4 = dataclasses.replace(cfg, lora=dataclasses.replace(cfg.lora, quantize="nf4"),
-                              train=dataclasses.replace(cfg.train, cuda_graph=True))
+    nf4 = dataclasses.replace(
+        cfg, lora=dataclasses.replace(cfg.lora, quantize="nf4"), train=dataclasses.replace(cfg.train, cuda_graph=True)
+    )
     _, notes = fit_to_implementation(nf4, I.resolve_implementation("peft"), "configs/x.yaml")
-    assert [what for what, _ in notes][0] == "nf4 base (configs/x.yaml lora.quantize); the tier runs on the bfloat16 base"
+    assert [what for what, _ in notes][
+        0
+    ] == "nf4 base (configs/x.yaml lora.quantize); the tier runs on the bfloat16 base"
 
 
 @pytest.mark.parametrize("name", [_peer("peft-bnb")])
@@ -307,17 +367,25 @@ def test_a_comparison_run_shares_the_quantised_base_of_the_implementation_under_
 
     from lora_core.layer import LoRALinear, NF4Linear
     from lora_core.nf4 import dequantize_nf4
+
     cfg = dataclasses.replace(tiny_cfg, dtype="bfloat16", lora=dataclasses.replace(tiny_cfg.lora, quantize="nf4"))
     p = prepare(cfg, "cpu", implementation=name)
     shared = prepare(cfg, "cpu", implementation="torch", base_from=p.implementation)
     own = prepare(cfg, "cpu", implementation="torch")
-    theirs = {n: dequantize_4bit(m.weight.data, m.weight.quant_state) for n, m in p.model.named_modules()
-              if isinstance(m, bnb.nn.Linear4bit)}
+    theirs = {
+        n: dequantize_4bit(m.weight.data, m.weight.quant_state)
+        for n, m in p.model.named_modules()
+        if isinstance(m, bnb.nn.Linear4bit)
+    }
     assert theirs
 
     def dequantised(model):
-        return {n.removesuffix(".base_layer"): dequantize_nf4(m.nf4) for n, m in model.named_modules()
-                if isinstance(m, (LoRALinear, NF4Linear))}
+        return {
+            n.removesuffix(".base_layer"): dequantize_nf4(m.nf4)
+            for n, m in model.named_modules()
+            if isinstance(m, (LoRALinear, NF4Linear))
+        }
+
     mine, self_quantised = dequantised(shared.model), dequantised(own.model)
     for n, w in theirs.items():
         key = n.removesuffix(".base_layer")
@@ -331,22 +399,28 @@ def test_an_implementations_own_4bit_base_goes_in_layer_by_layer_as_the_model_is
     the next layer exists, so a QLoRA model is never whole in 16 bits and its build does not set its peak (the
     first H200 run built the whole bf16 model first: 15.7 GiB peak at 7B, reports/…-scorecard notes)."""
     import dataclasses
+
     impl = I.resolve_implementation(name)
     seen, own = [], impl.quantize_base
 
     def spy(module):
         seen.append(type(module).__name__)
         return own(module)
+
     impl.quantize_base = spy
     cfg = dataclasses.replace(tiny_cfg, dtype="bfloat16", lora=dataclasses.replace(tiny_cfg.lora, quantize="nf4"))
     p = prepare(cfg, "cpu", implementation=impl)
     assert seen == ["LlamaDecoderLayer"] * cfg.model.architecture.num_hidden_layers + ["LlamaForCausalLM"]
     import bitsandbytes as bnb
+
     plain = [n for n, m in p.model.named_modules() if type(m) is nn.Linear and ".lora_" not in n]
     assert plain == ["lm_head"] and any(isinstance(m, bnb.nn.Linear4bit) for m in p.model.modules())
 
 
 def test_a_peer_whose_library_does_not_import_names_the_extra_to_install():
-    with pytest.raises(I.ImplementationError, match=r"--lora-impl torchtune: no_such_module_xyz does not import "
-                                                    r"\(.*\); install lora-gpu-suite\[torchtune\]"):
+    with pytest.raises(
+        I.ImplementationError,
+        match=r"--lora-impl torchtune: no_such_module_xyz does not import "
+        r"\(.*\); install lora-gpu-suite\[torchtune\]",
+    ):
         I.require_module("torchtune", "no_such_module_xyz")

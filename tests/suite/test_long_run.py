@@ -41,7 +41,11 @@ def test_runs_before_issue_18_pass_what_they_carry_and_their_old_false_alarm_was
     judged = extended_verdicts(CFG, records, windows, pairs)
     failed = [(v.name, v.value, v.threshold) for v in judged.verdicts if not v.passed]
     assert not failed, failed
-    assert sorted(m.split(":")[0] for m in judged.missing) == ["aged vs fresh", "device time drift", "host_heap_mib slope"]
+    assert sorted(m.split(":")[0] for m in judged.missing) == [
+        "aged vs fresh",
+        "device time drift",
+        "host_heap_mib slope",
+    ]
     # The old criterion, replayed: it failed exactly the runs the evidence says it failed (5% + 3 SE bar).
     tokens = CFG.data.batch_size * CFG.data.seq_len
     after = [r.cpu_time_s for r in records if r.step >= CFG.criteria.fit_after_step]
@@ -59,9 +63,17 @@ def test_planted_leaks_and_stalls_fail_on_every_fixture(path):
     leak = _plant(records, "allocated_mib", lambda step, v: v + 0.5 * step)  # 0.5 MiB/step, bar 0.1
     assert not extended_verdicts(CFG, leak, windows, pairs).by_name()["allocated_mib"].passed
     stalls = _plant(records, "gpu_time_s", lambda step, v: v * (3.0 if step % 4 == 0 else 1.0))
-    assert not extended_verdicts(CFG, stalls, windows, pairs).by_name()["share of steps slower than 2.5 x the median step (stalls)"].passed
+    assert (
+        not extended_verdicts(CFG, stalls, windows, pairs)
+        .by_name()["share of steps slower than 2.5 x the median step (stalls)"]
+        .passed
+    )
     slower_host = _plant(records, "gpu_time_s", lambda step, v: v * (1.3 if step > 250 else 1.0))
-    assert extended_verdicts(CFG, slower_host, windows, pairs).by_name()["share of steps slower than 2.5 x the median step (stalls)"].passed
+    assert (
+        extended_verdicts(CFG, slower_host, windows, pairs)
+        .by_name()["share of steps slower than 2.5 x the median step (stalls)"]
+        .passed
+    )
 
 
 @pytest.mark.parametrize("path", WITH_NEW_SERIES, ids=lambda p: p.stem)
@@ -78,7 +90,11 @@ def test_a_10_percent_drift_planted_in_a_recorded_run_fails_its_criterion(path):
     records, windows, pairs = _load(path)
     late = windows["late"]
     slower = dict(windows, late=dataclasses.replace(late, clipped_s=tuple(t * 1.10 for t in late.clipped_s)))
-    assert not extended_verdicts(CFG, records, slower, pairs).by_name()["device time per step drift (clipped kernel durations)"].passed
+    assert (
+        not extended_verdicts(CFG, records, slower, pairs)
+        .by_name()["device time per step drift (clipped kernel durations)"]
+        .passed
+    )
     costlier = [dataclasses.replace(p, aged_cpu_s=p.aged_cpu_s * 1.10) for p in pairs]
     assert not extended_verdicts(CFG, records, windows, costlier).by_name()["aged run's step / fresh run's step"].passed
     host_leak = _plant(records, "host_heap_mib", lambda step, v: v + 1.0 * step)

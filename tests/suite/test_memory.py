@@ -41,14 +41,17 @@ def test_checkpointing_and_nf4_shrink_the_estimate():
     base = dict(batch_size=1, seq_len=512)
     plain = estimate_training_memory(TINY_ARCH, lora, gradient_checkpointing=False, **base)
     ckpt = estimate_training_memory(TINY_ARCH, lora, gradient_checkpointing=True, **base)
-    nf4 = estimate_training_memory(TINY_ARCH, dataclasses.replace(lora, quantize="nf4"), gradient_checkpointing=True, **base)
+    nf4 = estimate_training_memory(
+        TINY_ARCH, dataclasses.replace(lora, quantize="nf4"), gradient_checkpointing=True, **base
+    )
     assert ckpt.activations < plain.activations and nf4.weights < ckpt.weights and nf4.quant_state > 0
     assert nf4.dequant_scratch == 128 * 64 * 2
 
 
 def test_vram_verdict_gives_need_and_free():
-    est = MemoryEstimate(weights=GIB, quant_state=0, adapters=0, gradients=0, optimizer=0, activations=GIB,
-                         logits=0, dequant_scratch=0)
+    est = MemoryEstimate(
+        weights=GIB, quant_state=0, adapters=0, gradients=0, optimizer=0, activations=GIB, logits=0, dequant_scratch=0
+    )
     ok, msg = vram_verdict(est, 10 * GIB)
     assert ok and "need ~2.80 GiB" in msg and "NVML free 10.00 GiB: enough" in msg
     ok, msg = vram_verdict(est, 2 * GIB)
@@ -77,7 +80,6 @@ def test_measured_split_adds_up(tiny_cfg):
     assert sum(split.values()) == 10**8
 
 
-
 class _FakeAllocator:
     """torch.cuda's counters as PeakWindow reads them; ``workspaces`` bytes go when the workspaces are cleared."""
 
@@ -104,6 +106,7 @@ class _FakeAllocator:
 
 def test_peak_window_releases_workspaces_and_excludes_what_earlier_work_left(monkeypatch):
     from lora_suite.memory import PeakWindow
+
     fake = _FakeAllocator(allocated=100 * MIB, workspaces=64 * MIB, peak=14 * GIB)
     fake.install(monkeypatch)
     window = PeakWindow.open()
@@ -114,6 +117,7 @@ def test_peak_window_releases_workspaces_and_excludes_what_earlier_work_left(mon
 
 def test_peak_window_without_the_workspace_call_releases_nothing(monkeypatch):
     from lora_suite.memory import PeakWindow
+
     fake = _FakeAllocator(allocated=64 * MIB, workspaces=64 * MIB, peak=GIB)
     fake.install(monkeypatch, with_clear=False)
     window = PeakWindow.open()
@@ -125,6 +129,7 @@ def test_host_heap_in_use_sees_a_leak_that_reuses_freed_memory():
     import sys
 
     from lora_suite.memory import host_heap_bytes, host_rss_bytes
+
     if host_heap_bytes() is None:
         pytest.skip(f"no glibc mallinfo2 on this platform ({sys.platform})")
     churn = [bytearray(1 << 20) for _ in range(64)]
@@ -138,6 +143,7 @@ def test_host_heap_in_use_sees_a_leak_that_reuses_freed_memory():
 
 def test_host_rss_is_none_where_there_is_no_statm(tmp_path):
     from lora_suite.memory import host_rss_bytes
+
     assert host_rss_bytes(str(tmp_path / "missing")) is None
     (tmp_path / "statm").write_text("garbage")
     assert host_rss_bytes(str(tmp_path / "statm")) is None

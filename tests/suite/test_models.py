@@ -21,7 +21,8 @@ def test_random_build_is_deterministic_and_llama_initialised():
     w = a.model.layers[0].self_attn.q_proj.weight
     assert abs(float(w.detach().std()) - 0.02) < 0.003 and torch.equal(a.model.norm.weight, torch.ones(64))
     assert sum(p.numel() for p in a.parameters()) == sum(
-        p.numel() for p in __import__("transformers").LlamaForCausalLM(hf_config(TINY_ARCH)).parameters())
+        p.numel() for p in __import__("transformers").LlamaForCausalLM(hf_config(TINY_ARCH)).parameters()
+    )
 
 
 def test_random_build_in_training_dtype_and_calls_on_layer():

@@ -41,19 +41,21 @@ def test_each_rank_gets_its_block_of_rows_and_a_batch_that_does_not_split_is_nam
 def test_adapter_gaps_band_and_refusals():
     single = {"a": torch.ones(4), "b": torch.full((2,), 2.0)}
     control = {"a": torch.ones(4) * 1.01, "b": torch.full((2,), 2.0)}  # d(control): 0.01 and 0
-    inside = {"a": torch.ones(4) * 1.03, "b": torch.full((2,), 2.0 + 2 ** -12)}
-    rows, beyond = M.adapter_gaps(inside, single, control, 4, 2 ** -10)
+    inside = {"a": torch.ones(4) * 1.03, "b": torch.full((2,), 2.0 + 2**-12)}
+    rows, beyond = M.adapter_gaps(inside, single, control, 4, 2**-10)
     assert beyond == [] and rows[0][0] == "a" and rows[0][3] == pytest.approx(0.04)
     outside = {"a": torch.ones(4) * 1.05, "b": torch.full((2,), float("nan"))}
-    assert M.adapter_gaps(outside, single, control, 4, 2 ** -10)[1] == ["a", "b"]
+    assert M.adapter_gaps(outside, single, control, 4, 2**-10)[1] == ["a", "b"]
     with pytest.raises(ValueError, match="different adapters"):
         M.adapter_gaps({"a": torch.ones(4)}, single, control, 4, 0.0)
 
 
 def test_scaling_efficiency_and_failure_summary():
     assert M.scaling_efficiency(150.0, 2, 100.0) == 0.75
-    err = ("[rank0]: RuntimeError: Connection closed by peer\n[rank1]: RuntimeError: planted failure on rank 1 at "
-           "step 3\nRoot Cause (first observed failure):\n[0]:\n  rank      : 1 (local_rank: 1)\n")
+    err = (
+        "[rank0]: RuntimeError: Connection closed by peer\n[rank1]: RuntimeError: planted failure on rank 1 at "
+        "step 3\nRoot Cause (first observed failure):\n[0]:\n  rank      : 1 (local_rank: 1)\n"
+    )
     summary = M.failure_summary(M.LaunchResult(2, 1, 3.0, "", err, []))
     assert summary.startswith("root cause: rank 1") and "[rank1]: RuntimeError: planted failure" in summary
     assert M.failure_summary(M.LaunchResult(2, 0, 3.0, "", "all fine", [])) is None
@@ -75,13 +77,15 @@ def test_two_gloo_ranks_agree_bitwise_and_match_one_process(short_cfg, tmp_path)
         assert r["adapters_differing_from_rank0"] == [] and r["base_untouched"] and r["served_by"] == "torch"
     assert two.ranks[0]["losses"] == two.ranks[1]["losses"]  # the all-reduced global loss
     # fp32 on the CPU: the split changes only the summation order
-    torch.testing.assert_close(torch.tensor(two.ranks[0]["losses"]), torch.tensor(one.ranks[0]["losses"]),
-                               rtol=1e-4, atol=0)
+    torch.testing.assert_close(
+        torch.tensor(two.ranks[0]["losses"]), torch.tensor(one.ranks[0]["losses"]), rtol=1e-4, atol=0
+    )
     from safetensors.torch import load_file
-    control = M.launch(short_cfg, tmp_path / "control", 1, timeout_s=240, device="cpu", perturb=2 ** -8)
+
+    control = M.launch(short_cfg, tmp_path / "control", 1, timeout_s=240, device="cpu", perturb=2**-8)
     assert control.returncode == 0, control.stderr[-3000:]
     saved = {k: load_file(str(tmp_path / k / "adapters.safetensors")) for k in ("two", "one", "control")}
-    rows, beyond = M.adapter_gaps(saved["two"], saved["one"], saved["control"], 4, 2 ** -10)
+    rows, beyond = M.adapter_gaps(saved["two"], saved["one"], saved["control"], 4, 2**-10)
     assert beyond == [] and len(rows) == len(saved["one"])
     assert all(d_control > d_multi for _, d_multi, d_control, _ in rows)  # fp32 reorder << a 2^-8 start
     planted = M.launch(short_cfg, tmp_path / "planted", 2, timeout_s=240, device="cpu", plant_no_sync=True)
@@ -122,14 +126,16 @@ def test_fsdp2_on_two_gloo_ranks_trains_like_one_process_and_saves_a_peft_folder
     from lora_core.adapters import load_peft_adapter
     from lora_suite.config import load_tier_config
     from lora_suite.prepare import prepare
+
     two = M.launch(short_cfg, tmp_path / "two", 2, timeout_s=240, device="cpu", mode="fsdp")
     one = M.launch(short_cfg, tmp_path / "one", 1, timeout_s=240, device="cpu", mode="fsdp")
     assert two.returncode == 0 and one.returncode == 0, two.stderr[-3000:] + one.stderr[-3000:]
     assert [r["sharded"] for r in two.ranks] == [True, True] and one.ranks[0]["sharded"] is False
     for r in two.ranks:
         assert r["base_untouched"] and r["served_by"] == "torch" and r["adapters_differing_from_rank0"] is None
-    torch.testing.assert_close(torch.tensor(two.ranks[0]["losses"]), torch.tensor(one.ranks[0]["losses"]),
-                               rtol=1e-4, atol=0)
+    torch.testing.assert_close(
+        torch.tensor(two.ranks[0]["losses"]), torch.tensor(one.ranks[0]["losses"]), rtol=1e-4, atol=0
+    )
     probe = load_file(str(tmp_path / "two" / "probe.safetensors"))
     fresh = prepare(load_tier_config(short_cfg), "cpu")  # same seed: the same base, untrained adapters
     with torch.no_grad():
@@ -145,8 +151,17 @@ def test_the_fsdp_peak_bound_and_its_memory_terms():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from lora_core.inject import adapter_parameters, inject_lora
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                                         num_attention_heads=4, num_key_value_heads=2))
+
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    )
     inject_lora(model, ["q_proj"], 2, 4, backend="torch")
     adapters = adapter_parameters(model)
     t = M.memory_terms(model, adapters)

@@ -12,9 +12,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # Import names of the declared dependencies (pyproject [project] dependencies) and what they bring with them.
-DECLARED = {"torch": "torch", "transformers": "transformers", "pyyaml": "yaml", "nvidia-ml-py": "pynvml",
-            "pytest": "pytest", "pytest-benchmark": "pytest_benchmark", "safetensors": "safetensors",
-            "matplotlib": "matplotlib"}
+DECLARED = {
+    "torch": "torch",
+    "transformers": "transformers",
+    "pyyaml": "yaml",
+    "nvidia-ml-py": "pynvml",
+    "pytest": "pytest",
+    "pytest-benchmark": "pytest_benchmark",
+    "safetensors": "safetensors",
+    "matplotlib": "matplotlib",
+}
 TRANSITIVE = {"numpy", "_pytest"}  # matplotlib requires numpy; _pytest is pytest's own package
 OURS = {"lora_core", "lora_suite", "tests", "tiers", "benchmarks", "__future__"}
 
@@ -48,8 +55,10 @@ def test_the_declared_dependencies_are_the_ones_this_test_allows():
 def test_a_module_imports_only_declared_dependencies_at_module_level(path):
     allowed = set(DECLARED.values()) | TRANSITIVE | OURS | set(sys.stdlib_module_names)
     extra = [n for n in module_level_imports(path) if n not in allowed]
-    assert not extra, (f"{path.relative_to(ROOT)} imports {extra} at module level: an optional extra's package "
-                       "must be imported where it is used, or via pytest.importorskip naming the extra")
+    assert not extra, (
+        f"{path.relative_to(ROOT)} imports {extra} at module level: an optional extra's package "
+        "must be imported where it is used, or via pytest.importorskip naming the extra"
+    )
 
 
 def test_the_scan_sees_a_module_level_import_of_an_extra(tmp_path):

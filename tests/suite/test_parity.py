@@ -27,7 +27,9 @@ def test_compare_reports_where_and_how_many():
 
 
 def test_torch_backend_in_fp32_is_within_its_tolerance_on_cpu():
-    case = random_case((2, 5), 96, 40, 4, torch.float32, torch.float32, "cpu", generator=torch.Generator().manual_seed(0))
+    case = random_case(
+        (2, 5), 96, 40, 4, torch.float32, torch.float32, "cpu", generator=torch.Generator().manual_seed(0)
+    )
     x, w, a, b, dy = case
     errs = parity(x, w, a, b, 2.0, dy, backend="torch")
     assert [e.name for e in errs] == ["y", "dx", "dA", "dB"] and all(e.ok for e in errs), [e.describe() for e in errs]
@@ -39,6 +41,7 @@ def test_float64_reference_is_the_formula_and_agrees_with_autograd():
     import inspect
 
     import lora_suite.parity as P
+
     assert "lora_linear_torch(" not in inspect.getsource(P.reference_f64)
     gen = torch.Generator().manual_seed(1)
     x, w, a, b, dy = random_case((3, 7), 33, 21, 5, torch.float64, torch.float64, "cpu", generator=gen)
@@ -53,8 +56,10 @@ def test_float64_reference_is_the_formula_and_agrees_with_autograd():
 def test_a_wrong_torch_backend_is_caught_by_the_formula_reference(monkeypatch):
     """With the old reference (autograd of lora_linear_torch) a bug there moved candidate and yardstick alike."""
     from lora_core.ops import lora_linear as op
+
     real = op.lora_linear_torch
     monkeypatch.setattr(op, "lora_linear_torch", lambda x, w, a, b, s: real(x, w, a, b, 2 * s))  # scale doubled
-    x, w, a, b, dy = random_case((2, 5), 96, 40, 4, torch.float32, torch.float32, "cpu",
-                                 generator=torch.Generator().manual_seed(0))
+    x, w, a, b, dy = random_case(
+        (2, 5), 96, 40, 4, torch.float32, torch.float32, "cpu", generator=torch.Generator().manual_seed(0)
+    )
     assert not all(e.ok for e in parity(x, w, a, b, 2.0, dy, backend="torch"))

@@ -36,6 +36,12 @@ def test_readme_command_runs_from_the_root(command, code, tmp_path):
     assert f"`{command}`" in README or f"{command}\n" in README, f"{command!r} is no longer in the README"
     argv = shlex.split(command)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    out = subprocess.run([sys.executable, "-m", *argv, "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=600, env=env)
+    out = subprocess.run(
+        [sys.executable, "-m", *argv, "-p", "no:cacheprovider"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert out.returncode == code, f"{command}: exit {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-2000:]}"

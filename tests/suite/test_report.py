@@ -29,8 +29,9 @@ def test_write_produces_json_markdown_and_plots(tmp_path):
     r = _report()
     r.notes.append("weights=random (architecture of smollm2-135m, random init)")
     r.check("tests/x.py::test_a", "loss drop", 0.4, ">=", 0.3, source="configs/x.yaml")
-    r.add_series(Series("tests/x.py::test_a", "loss", ("step", "loss"), ((0, 3.0), (1, 2.0)), plot_x="step",
-                        plot_y=("loss",)))
+    r.add_series(
+        Series("tests/x.py::test_a", "loss", ("step", "loss"), ((0, 3.0), (1, 2.0)), plot_x="step", plot_y=("loss",))
+    )
     r.add_row("b", "bench", ("impl", "ms"), ("base", 1.0))
     r.add_row("b", "bench", ("impl", "ms"), ("cupy", 1.2))
     md = r.write(tmp_path)
@@ -67,6 +68,7 @@ def test_markdown_marks_failures():
 
 def test_a_long_series_is_compact_in_report_md_and_whole_in_json(tmp_path):
     from lora_suite.report import RunReport, Series, compact_rows
+
     rows = tuple((i, 10.0 - i / 100) for i in range(1000))
     shown, note = compact_rows(rows)
     assert shown[:10] == list(rows[:10]) and shown[-10:] == list(rows[-10:]) and 30 <= len(shown) <= 45
@@ -84,6 +86,7 @@ def test_a_long_series_is_compact_in_report_md_and_whole_in_json(tmp_path):
 
 def test_a_series_without_a_step_axis_is_a_table_only():
     from lora_suite.report import Series, plottable
+
     assert plottable(Series("t", "ratios", ("shape", "ratio"), (("a", 1.0), ("b", 2.0), ("c", 3.0)))) is None
     stepped = plottable(Series("t", "mem", ("step", "mib", "note"), ((1, 2.0, "x"), (2, 3.0, "y"), (3, 4.0, "z"))))
     assert stepped.plot_x == "step" and stepped.plot_y == ("mib",)

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed: pip install -e .[test] "
-                                                     "(the test extra) to validate the committed reports")
+jsonschema = pytest.importorskip(
+    "jsonschema",
+    reason="jsonschema is not installed: pip install -e .[test] (the test extra) to validate the committed reports",
+)
 
 from lora_suite.environment import collect_environment  # noqa: E402  (after the importorskip above)
 from lora_suite.report import SCHEMA_VERSION, RunReport  # noqa: E402

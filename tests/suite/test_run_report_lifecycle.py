@@ -34,6 +34,7 @@ def session(pytester, monkeypatch):
         result = pytester.runpytest_subprocess("--report-dir", "out", "-p", "no:cacheprovider", *args)
         path = pytester.path / "out" / "report.json"
         return result, (json.loads(path.read_text()) if path.exists() else None), pytester.path / "out"
+
     return run
 
 
@@ -83,7 +84,8 @@ def test_a_bench_stopped_by_a_signal_keeps_the_rows_it_measured(session, how, st
     in pytest-benchmark's ``min() iterable argument is empty`` while it saved its JSON, losing every row. The
     unfinished benchmark is dropped (and named in the notes); the finished one stays in benchmark.json and the
     report keeps its rows."""
-    result, report, out = session(f"""
+    result, report, out = session(
+        f"""
         import os, signal, time
         def test_measured(benchmark, run_report):
             benchmark.pedantic(lambda: sum(range(1000)), rounds=3, iterations=1)
@@ -94,7 +96,9 @@ def test_a_bench_stopped_by_a_signal_keeps_the_rows_it_measured(session, how, st
                 time.sleep(5)
             benchmark.pedantic(run, rounds=1, iterations=1)
             run_report.add_row("benchmarks", "rows", ("case", "ms"), ("stopped", 9.9))
-    """, "--benchmark-json=out/benchmark.json")
+    """,
+        "--benchmark-json=out/benchmark.json",
+    )
     assert "min() iterable argument is empty" not in result.stdout.str() + result.stderr.str()
     assert "Traceback" not in result.stderr.str()
     assert report["status"] == status
@@ -144,13 +148,15 @@ def test_progress_lines_show_up_while_a_test_runs(pytester, monkeypatch):
     _with_repo_on_path(monkeypatch)
     monkeypatch.setenv("LORA_SUITE_PROGRESS_INTERVAL_S", "0")
     pytester.makeconftest(ROOT_CONFTEST.read_text())
-    pytester.makepyfile(test_progress="""
+    pytester.makepyfile(
+        test_progress="""
         import logging
         def test_long():
             log = logging.getLogger("lora_suite.trainer")
             for step in range(3):
                 log.info("step %d/3 loss 1.0 eta 0m0%ds", step + 1, 3 - step)
-    """)
+    """
+    )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.stdout.fnmatch_lines(["*[[]trainer[]] step 3/3 loss 1.0 eta 0m01s*"])
 
@@ -163,8 +169,11 @@ def test_every_check_is_recorded_and_a_failed_one_fails_the_test_at_its_line(ses
             check("third", 3.0, "<", 1.0, detail="why")
     """)
     assert result.ret == 1
-    assert [(c["name"], c["passed"]) for c in report["checks"]] == [("first", False), ("second", True),
-                                                                    ("third", False)]
+    assert [(c["name"], c["passed"]) for c in report["checks"]] == [
+        ("first", False),
+        ("second", True),
+        ("third", False),
+    ]
     (outcome,) = report["outcomes"]
     assert outcome["outcome"] == "failed"
     assert "2 check(s) failed" in outcome["reason"]
@@ -174,7 +183,8 @@ def test_every_check_is_recorded_and_a_failed_one_fails_the_test_at_its_line(ses
 
 
 def test_lora_impl_names_the_implementation_and_its_not_applicable_tests(session, pytester):
-    pytester.makepyfile(toy_impl="""
+    pytester.makepyfile(
+        toy_impl="""
         from lora_suite.implementations import LoRAImplementation
 
         class Toy(LoRAImplementation):
@@ -184,8 +194,10 @@ def test_lora_impl_names_the_implementation_and_its_not_applicable_tests(session
 
         def make():
             return Toy()
-    """)
-    result, report, _ = session("""
+    """
+    )
+    result, report, _ = session(
+        """
         import pytest
 
         @pytest.mark.needs_feature("lora_core_ops")
@@ -194,14 +206,21 @@ def test_lora_impl_names_the_implementation_and_its_not_applicable_tests(session
 
         def test_model(lora_impl, check):
             check.not_applicable("op calls", lora_impl.not_applicable["lora_core_ops"])
-    """, "--lora-impl", "toy_impl:make", "-p", "no:randomly")
+    """,
+        "--lora-impl",
+        "toy_impl:make",
+        "-p",
+        "no:randomly",
+    )
     assert result.ret == 0, result.stdout.str()
     assert report["implementation"]["name"] == "toy" and report["implementation"]["spec"] == "toy_impl:make"
     outcomes = {o["test"].split("::")[1]: o for o in report["outcomes"]}
     assert outcomes["test_kernels"]["outcome"] == "skipped"
     assert "not applicable to --lora-impl toy: the toy does not use lora_core" in outcomes["test_kernels"]["reason"]
     assert [(n["test"].split("::")[1], n["reason"]) for n in report["not_applicable"]] == [
-        ("test_kernels", "the toy does not use lora_core"), ("test_model", "the toy does not use lora_core")]
+        ("test_kernels", "the toy does not use lora_core"),
+        ("test_model", "the toy does not use lora_core"),
+    ]
     assert report["summary"]["checks_not_applicable"] == 2
 
 

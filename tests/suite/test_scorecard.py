@@ -9,8 +9,15 @@ from pathlib import Path
 from lora_suite.scorecard import build, cell_of, main
 
 REPORTS = Path(__file__).resolve().parents[2] / "reports"
-RUNS = ["20261122T055613Z-quick-peft", "20261122T055703Z-convergence-peft", "20261122T055903Z-memory-peft",
-        "20261122T055507Z-quick", "20261122T061557Z-memory", "20261122T061702Z-convergence", "20261122T134747Z-bench"]
+RUNS = [
+    "20261122T055613Z-quick-peft",
+    "20261122T055703Z-convergence-peft",
+    "20261122T055903Z-memory-peft",
+    "20261122T055507Z-quick",
+    "20261122T061557Z-memory",
+    "20261122T061702Z-convergence",
+    "20261122T134747Z-bench",
+]
 
 
 def _copy(tmp_path: Path) -> Path:
@@ -24,10 +31,16 @@ def test_the_matrix_curves_peaks_and_speeds_from_real_reports(tmp_path, capsys):
     root = _copy(tmp_path)
     card = build([root])
     assert sorted(card.matrix) == ["cupy", "peft", "torch"]  # torch took turns in the bench run only
-    assert {t: c.verdict for t, c in card.matrix["peft"].items()} == {"quick": "pass", "convergence": "pass",
-                                                                     "memory": "pass", "benchmark": "measured"}
+    assert {t: c.verdict for t, c in card.matrix["peft"].items()} == {
+        "quick": "pass",
+        "convergence": "pass",
+        "memory": "pass",
+        "benchmark": "measured",
+    }
     assert {t: c.verdict for t, c in card.matrix["torch"].items()} == {"benchmark": "measured"}
-    assert "PEFT builds a 4-bit base only through bitsandbytes" in " ".join(card.matrix["peft"]["memory"].not_applicable)
+    assert "PEFT builds a 4-bit base only through bitsandbytes" in " ".join(
+        card.matrix["peft"]["memory"].not_applicable
+    )
     assert card.matrix["cupy"]["memory"].not_applicable == []
     assert set(card.losses) == {"cupy", "peft"} and len(card.losses["peft"][0]) == len(card.losses["peft"][1]) > 10
     assert card.peaks_gib["peft"] > card.peaks_gib["cupy"]  # PEFT on the bf16 base, cupy on NF4
@@ -51,8 +64,13 @@ def test_a_failing_or_broken_run_is_a_finding_not_an_error(tmp_path):
     cell = cell_of(report, RUNS[0])
     assert cell.verdict == "fail" and cell.failed == [report["checks"][0]["name"]]
     assert cell_of(dict(report, status="interrupted"), "r").verdict == "interrupted"
-    assert cell_of({"status": "complete", "checks": [], "summary": {},
-                    "not_applicable": [{"name": "x", "reason": "no NF4"}]}, "r").verdict == "n/a"
+    assert (
+        cell_of(
+            {"status": "complete", "checks": [], "summary": {}, "not_applicable": [{"name": "x", "reason": "no NF4"}]},
+            "r",
+        ).verdict
+        == "n/a"
+    )
     assert main([str(tmp_path / "out"), str(root)]) == 0
     assert "| peft | fail (1: " in (tmp_path / "out" / "scorecard.md").read_text()
 
@@ -69,28 +87,43 @@ def test_bad_arguments_are_named(tmp_path, capsys):
 def test_a_peer_that_stopped_in_the_benchmark_is_a_finding_in_its_own_cell(tmp_path):
     run = tmp_path / "r" / "20261124T000000Z-bench"
     run.mkdir(parents=True)
-    table = {"name": "tokens/s ÷ PEFT's", "columns": ["case", "run", "median step ms (host)", "÷ PEFT eager"],
-             "rows": [["c", "peft-eager", 10.0, None], ["c", "loralib-eager", 9.0, 1.1]]}
-    stopped = {"name": "interleaved runs that stopped (findings about the implementation)",
-               "columns": ["case", "run", "what stopped it"],
-               "rows": [["c", "peft-bnb-captured", "round 1: RuntimeError: capture"]]}
-    report = {"status": "complete", "selection": "benchmark", "implementation": {"name": "cupy"}, "checks": [],
-              "series": [table, stopped], "summary": {},
-              "not_applicable": [{"name": "c torchtune captured", "reason": "no capture"},
-                                 {"name": "c peft-bnb: bfloat16 base; the tier runs on an NF4 base", "reason": "QLoRA"}]}
+    table = {
+        "name": "tokens/s ÷ PEFT's",
+        "columns": ["case", "run", "median step ms (host)", "÷ PEFT eager"],
+        "rows": [["c", "peft-eager", 10.0, None], ["c", "loralib-eager", 9.0, 1.1]],
+    }
+    stopped = {
+        "name": "interleaved runs that stopped (findings about the implementation)",
+        "columns": ["case", "run", "what stopped it"],
+        "rows": [["c", "peft-bnb-captured", "round 1: RuntimeError: capture"]],
+    }
+    report = {
+        "status": "complete",
+        "selection": "benchmark",
+        "implementation": {"name": "cupy"},
+        "checks": [],
+        "series": [table, stopped],
+        "summary": {},
+        "not_applicable": [
+            {"name": "c torchtune captured", "reason": "no capture"},
+            {"name": "c peft-bnb: bfloat16 base; the tier runs on an NF4 base", "reason": "QLoRA"},
+        ],
+    }
     (run / "report.json").write_text(json.dumps(report))
     card = build([tmp_path / "r"])
     assert card.matrix["loralib"]["benchmark"].verdict == "measured"
     assert card.matrix["peft-bnb"]["benchmark"].verdict == "fail"
     assert card.matrix["peft-bnb"]["benchmark"].failed == ["c peft-bnb-captured: round 1: RuntimeError: capture"]
     assert card.matrix["peft-bnb"]["benchmark"].not_applicable == [
-        "c peft-bnb: bfloat16 base; the tier runs on an NF4 base: QLoRA"]
+        "c peft-bnb: bfloat16 base; the tier runs on an NF4 base: QLoRA"
+    ]
     assert card.matrix["torchtune"]["benchmark"].verdict == "n/a"
     assert "cupy" not in card.matrix  # the bench run's own --lora-impl is not a row of its own
 
 
 def test_repeated_reasons_are_one_note_with_their_count():
     from lora_suite.scorecard import summarise
+
     assert summarise(["a: x", "b: y", "a: x", "a: x"]) == ["a: x (×3)", "b: y"]
 
 
@@ -99,10 +132,25 @@ def test_two_bench_runs_are_never_mixed_the_first_that_measured_a_run_gives_its_
         run = tmp_path / "r" / name
         run.mkdir(parents=True)
         table = {"name": "t", "columns": ["case", "run", "÷ PEFT eager"], "rows": rows}
-        (run / "report.json").write_text(json.dumps({"status": "complete", "selection": "benchmark", "checks": [],
-                                                     "implementation": {"name": "cupy"}, "series": [table]}))
+        (run / "report.json").write_text(
+            json.dumps(
+                {
+                    "status": "complete",
+                    "selection": "benchmark",
+                    "checks": [],
+                    "implementation": {"name": "cupy"},
+                    "series": [table],
+                }
+            )
+        )
+
     bench("20261124T000000Z-bench", [["c", "peft-eager", None], ["c", "torch-eager", 1.2]])
-    bench("20261124T010000Z-bench", [["c", "peft-eager", None], ["c", "torch-eager", 0.9], ["c", "torchtune-eager", 1.1]])
+    bench(
+        "20261124T010000Z-bench", [["c", "peft-eager", None], ["c", "torch-eager", 0.9], ["c", "torchtune-eager", 1.1]]
+    )
     card = build([tmp_path / "r"])
     assert card.speed_vs_peft_eager == {"c torch-eager": 1.2, "c torchtune-eager": 1.1}
-    assert card.speed_source == {"c torch-eager": "20261124T000000Z-bench", "c torchtune-eager": "20261124T010000Z-bench"}
+    assert card.speed_source == {
+        "c torch-eager": "20261124T000000Z-bench",
+        "c torchtune-eager": "20261124T010000Z-bench",
+    }

@@ -36,8 +36,10 @@ def test_tiny_llama_loss_falls_and_records_are_complete(tiny_cfg):
 
 
 def test_gradient_accumulation_and_checkpointing_run(tiny_cfg):
-    cfg = dataclasses.replace(tiny_cfg, train=dataclasses.replace(tiny_cfg.train, steps=3, grad_accum=2,
-                                                                  gradient_checkpointing=True, warmup_steps=0))
+    cfg = dataclasses.replace(
+        tiny_cfg,
+        train=dataclasses.replace(tiny_cfg.train, steps=3, grad_accum=2, gradient_checkpointing=True, warmup_steps=0),
+    )
     p = prepare(cfg, "cpu")
     seen = []
     result = train(p.model, lambda i: seen.append(i) or p.batches(i), cfg.train)
@@ -47,7 +49,9 @@ def test_gradient_accumulation_and_checkpointing_run(tiny_cfg):
 def test_optimizer_holds_exactly_the_adapters(tiny_cfg):
     p = prepare(tiny_cfg, "cpu")
     opt = make_optimizer(p.model, tiny_cfg.train)
-    assert {id(q) for g in opt.param_groups for q in g["params"]} == {id(a) for a in adapter_parameters(p.model).values()}
+    assert {id(q) for g in opt.param_groups for q in g["params"]} == {
+        id(a) for a in adapter_parameters(p.model).values()
+    }
     p.model.model.norm.weight.requires_grad_(True)
     with pytest.raises(ValueError, match=r"parameters outside the adapters require grad: \['model.norm.weight'\]"):
         make_optimizer(p.model, tiny_cfg.train)
@@ -57,7 +61,9 @@ def test_non_finite_guard_names_the_parameters(tiny_cfg):
     p = prepare(tiny_cfg, "cpu")
     with torch.no_grad():
         p.model.model.layers[1].mlp.down_proj.lora_B.fill_(float("nan"))
-    with pytest.raises(NonFiniteError, match=r"non-finite values at step 0.*NaN/Inf values: \['model.layers.1.mlp.down_proj.lora_B'\]"):
+    with pytest.raises(
+        NonFiniteError, match=r"non-finite values at step 0.*NaN/Inf values: \['model.layers.1.mlp.down_proj.lora_B'\]"
+    ):
         train(p.model, p.batches, tiny_cfg.train)
 
 
@@ -94,8 +100,9 @@ def test_a_non_finite_stop_keeps_the_records_before_it(tiny_cfg):
 
 
 def test_the_host_probe_is_recorded_after_each_step_when_configured(tiny_cfg):
-    cfg = dataclasses.replace(tiny_cfg, train=dataclasses.replace(tiny_cfg.train, steps=3, host_probe_ops=500,
-                                                                  warmup_steps=0))
+    cfg = dataclasses.replace(
+        tiny_cfg, train=dataclasses.replace(tiny_cfg.train, steps=3, host_probe_ops=500, warmup_steps=0)
+    )
     p = prepare(cfg, "cpu")
     records = train(p.model, p.batches, cfg.train).records
     assert all(r.host_probe_s is not None and r.host_probe_s > 0 for r in records)
@@ -106,9 +113,12 @@ def test_the_host_probe_is_recorded_after_each_step_when_configured(tiny_cfg):
 # ------------------------------------------------------------------ captured steps (train.cuda_graph): the logic
 def test_a_captured_run_needs_cuda_adapters_and_says_so(tiny_cfg):
     from lora_suite.trainer import make_optimizer
+
     cfg = dataclasses.replace(tiny_cfg.train, cuda_graph=True)
     p = prepare(tiny_cfg, "cpu")
-    with pytest.raises(ValueError, match=r"train.cuda_graph: true needs the adapters on a CUDA device; they are on \['cpu'\]"):
+    with pytest.raises(
+        ValueError, match=r"train.cuda_graph: true needs the adapters on a CUDA device; they are on \['cpu'\]"
+    ):
         make_optimizer(p.model, cfg, p.adapters)
     with pytest.raises(ValueError, match="needs the adapters on a CUDA device"):
         train(p.model, p.batches, cfg, adapters=p.adapters)
@@ -117,9 +127,11 @@ def test_a_captured_run_needs_cuda_adapters_and_says_so(tiny_cfg):
 def test_capture_with_checkpointing_loads_and_checkpoints_without_the_rng_stash(config_dir):
     from lora_suite.config import load_tier_config
     from lora_suite.trainer import checkpointing_kwargs
+
     path = config_dir / "tiny.yaml"
-    path.write_text(path.read_text().replace("log_every: 20}", "log_every: 20, cuda_graph: true, "
-                                                                "gradient_checkpointing: true}"))
+    path.write_text(
+        path.read_text().replace("log_every: 20}", "log_every: 20, cuda_graph: true, gradient_checkpointing: true}")
+    )
     cfg = load_tier_config(path)
     model = prepare(cfg, "cpu").model
     assert checkpointing_kwargs(model, cfg.train) == {"use_reentrant": False, "preserve_rng_state": False}
@@ -129,33 +141,44 @@ def test_capture_with_checkpointing_loads_and_checkpoints_without_the_rng_stash(
 
 def test_capture_with_checkpointing_refuses_a_model_with_dropout_naming_it(tiny_cfg):
     from lora_suite.trainer import checkpointing_kwargs, random_in_training
+
     model = prepare(tiny_cfg, "cpu").model
     assert random_in_training(model) == []
     s = dataclasses.replace(tiny_cfg.train, cuda_graph=True, gradient_checkpointing=True)
     model.config.attention_dropout = 0.1
     model.model.layers[0].mlp.drop = torch.nn.Dropout(0.2)
     assert random_in_training(model) == ["model.layers.0.mlp.drop (p=0.2)", "config.attention_dropout=0.1"]
-    with pytest.raises(ValueError, match=r"needs a model without dropout in training mode .*found "
-                                         r"\['model.layers.0.mlp.drop \(p=0.2\)', 'config.attention_dropout=0.1'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"needs a model without dropout in training mode .*found "
+        r"\['model.layers.0.mlp.drop \(p=0.2\)', 'config.attention_dropout=0.1'\]",
+    ):
         checkpointing_kwargs(model, s)
 
 
 def test_static_batches_copy_in_and_refuse_other_shapes():
     from lora_suite.trainer import StaticBatches
+
     first = [{"input_ids": torch.zeros(2, 8, dtype=torch.long), "labels": torch.zeros(2, 8, dtype=torch.long)}]
     static = StaticBatches(first)
     nxt = [{"input_ids": torch.ones(2, 8, dtype=torch.long), "labels": torch.full((2, 8), 7)}]
     (buf,) = static.load(nxt, step=5)
     assert buf["input_ids"].data_ptr() == static.buffers[0]["input_ids"].data_ptr() and int(buf["labels"].sum()) == 112
-    with pytest.raises(ValueError, match=r"step 6, micro-batch 0: input_ids is \(2, 9\) torch.int64, the captured step "
-                                         r"takes \(2, 8\) torch.int64 \(cuda_graph needs static shapes"):
-        static.load([{"input_ids": torch.ones(2, 9, dtype=torch.long), "labels": torch.ones(2, 9, dtype=torch.long)}], 6)
+    with pytest.raises(
+        ValueError,
+        match=r"step 6, micro-batch 0: input_ids is \(2, 9\) torch.int64, the captured step "
+        r"takes \(2, 8\) torch.int64 \(cuda_graph needs static shapes",
+    ):
+        static.load(
+            [{"input_ids": torch.ones(2, 9, dtype=torch.long), "labels": torch.ones(2, 9, dtype=torch.long)}], 6
+        )
     with pytest.raises(ValueError, match="step 7: 2 micro-batches, the captured step has 1"):
         static.load(nxt * 2, 7)
 
 
 def test_set_lr_writes_into_a_tensor_lr_in_place_and_assigns_a_float():
     from lora_suite.trainer import set_lr
+
     w = torch.nn.Parameter(torch.zeros(2))
     lr = torch.tensor(1e-3)
     tensor_opt = torch.optim.AdamW([w], lr=lr)
@@ -174,10 +197,14 @@ def test_eager_records_say_they_were_not_replayed(tiny_cfg):
 
 def test_the_graph_warm_up_must_leave_steps_to_capture_only_when_capturing(config_dir):
     from lora_suite.config import ConfigError, load_tier_config
+
     path = config_dir / "tiny.yaml"
     text = path.read_text()
-    path.write_text(text.replace("steps: 40,", "steps: 2,").replace("warmup_steps: 4", "warmup_steps: 0")
-                    .replace("criteria: {loss_drop_min: 0.02, loss_window: 5}", "criteria: {loss_window: 1}"))
+    path.write_text(
+        text.replace("steps: 40,", "steps: 2,")
+        .replace("warmup_steps: 4", "warmup_steps: 0")
+        .replace("criteria: {loss_drop_min: 0.02, loss_window: 5}", "criteria: {loss_window: 1}")
+    )
     assert load_tier_config(path).train.steps == 2  # no capture: the default warm-up (3) does not matter
     path.write_text(text.replace("log_every: 20}", "log_every: 20, cuda_graph: true, graph_warmup_steps: 40}"))
     with pytest.raises(ConfigError, match="train.graph_warmup_steps: 40 is out of range"):

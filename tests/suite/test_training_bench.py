@@ -26,6 +26,7 @@ def test_every_applicable_run_makes_a_valid_config():
 
 def test_compiled_runs_are_measured_for_cupy_only_and_not_with_checkpointing():
     from lora_suite.implementations import resolve_implementation
+
     small, seven_b = TB.CASES[0], next(c for c in TB.CASES if c.gradient_checkpointing)
     assert TB.not_applicable(small, "compiled", resolve_implementation("cupy")) is None
     assert "measured for cupy only" in TB.not_applicable(small, "compiled", resolve_implementation("peft"))
@@ -39,6 +40,7 @@ def test_captured_runs_are_applicable_unless_the_implementation_refuses_capture(
     assert TB.run_config(seven_b, "cupy", "captured", warmup=3, measured=5).train.cuda_graph is True
     assert TB.not_applicable(seven_b, "eager") is None
     from lora_suite.implementations import resolve_implementation
+
     small = TB.CASES[0]
     assert TB.not_applicable(small, "captured", resolve_implementation("cupy")) is None
     assert TB.not_applicable(small, "captured", resolve_implementation("torch")) is None
@@ -57,14 +59,21 @@ def test_figures_leave_the_warm_up_out_and_ratios_compare_with_peft():
     fig = TB.figures(records, tokens_per_step=2048, warmup=2, peak_bytes=3 * 2**30)
     assert fig == TB.RunFigures(step_ms=pytest.approx(80.0), tokens_per_s=pytest.approx(20480.0), peak_gib=3.0)
     peft = {"eager": TB.RunFigures(400.0, 5120.0, 4.0), "captured": TB.RunFigures(100.0, 10240.0, 4.0)}
-    assert TB.ratios(fig, peft) == {"speed_vs_peft_eager": pytest.approx(4.0),
-                                    "speed_vs_peft_captured": pytest.approx(2.0), "peak_vs_peft_eager": 0.75,
-                                    "peak_vs_peft_same_mode": 0.75}
+    assert TB.ratios(fig, peft) == {
+        "speed_vs_peft_eager": pytest.approx(4.0),
+        "speed_vs_peft_captured": pytest.approx(2.0),
+        "peak_vs_peft_eager": 0.75,
+        "peak_vs_peft_same_mode": 0.75,
+    }
     assert TB.ratios(fig, peft, "captured")["peak_vs_peft_same_mode"] == 0.75
     peft["captured"] = TB.RunFigures(100.0, 10240.0, 6.0)
     assert TB.ratios(fig, peft, "captured")["peak_vs_peft_same_mode"] == 0.5
-    assert TB.ratios(fig, {}) == {"speed_vs_peft_eager": None, "speed_vs_peft_captured": None,
-                                  "peak_vs_peft_eager": None, "peak_vs_peft_same_mode": None}
+    assert TB.ratios(fig, {}) == {
+        "speed_vs_peft_eager": None,
+        "speed_vs_peft_captured": None,
+        "peak_vs_peft_eager": None,
+        "peak_vs_peft_same_mode": None,
+    }
     with pytest.raises(ValueError, match="leave 1 measured steps"):
         TB.figures(records[:3], 2048, 2, 0)
 
@@ -88,20 +97,34 @@ def test_interleaved_speed_is_the_median_per_round_ratio_to_the_reference():
     assert noisy["cupy"].se > 0
 
 
-@pytest.mark.parametrize("times,match", [
-    ({"cupy": [1.0, 1.0, 1.0]}, "reference 'peft' has no rounds"),
-    ({"peft": [1.0, 1.0, 1.0], "cupy": [1.0, 1.0]}, "same number"),
-    ({"peft": [1.0, 1.0], "cupy": [1.0, 1.0]}, r"same number \(>= 3\)"),
-    ({"peft": [1.0, 1.0, 1.0], "cupy": [1.0, 0.0, 1.0]}, "positive seconds"),
-])
+@pytest.mark.parametrize(
+    "times,match",
+    [
+        ({"cupy": [1.0, 1.0, 1.0]}, "reference 'peft' has no rounds"),
+        ({"peft": [1.0, 1.0, 1.0], "cupy": [1.0, 1.0]}, "same number"),
+        ({"peft": [1.0, 1.0], "cupy": [1.0, 1.0]}, r"same number \(>= 3\)"),
+        ({"peft": [1.0, 1.0, 1.0], "cupy": [1.0, 0.0, 1.0]}, "positive seconds"),
+    ],
+)
 def test_interleaved_speed_refuses_rounds_it_cannot_pair(times, match):
     with pytest.raises(ValueError, match=match):
         TB.interleaved_speed(times, "peft")
 
 
 def _rec(step, captured, t):
-    return StepRecord(step=step, loss=1.0, grad_norm=1.0, lr=1e-4, tokens_per_s=1.0, step_time_s=t, allocated_mib=0,
-                      reserved_mib=0, peak_allocated_mib=0, nvml_used_mib=None, captured=captured)
+    return StepRecord(
+        step=step,
+        loss=1.0,
+        grad_norm=1.0,
+        lr=1e-4,
+        tokens_per_s=1.0,
+        step_time_s=t,
+        allocated_mib=0,
+        reserved_mib=0,
+        peak_allocated_mib=0,
+        nvml_used_mib=None,
+        captured=captured,
+    )
 
 
 def test_turn_step_times_keep_eager_steps_and_the_replays_after_the_capture():
@@ -126,8 +149,9 @@ def test_take_turns_drops_a_failing_peer_run_and_keeps_the_others_rounds_equal()
             raise RuntimeError("bnb kernel refused capture")
         return {"peft-eager": 0.2, "cupy-eager": 0.1, "peer-eager": 0.3}[name]
 
-    times, stopped = TB.take_turns(["peft-eager", "cupy-eager", "peer-eager"], 4, turn,
-                                   lambda name, exc: name.startswith("peer"))
+    times, stopped = TB.take_turns(
+        ["peft-eager", "cupy-eager", "peer-eager"], 4, turn, lambda name, exc: name.startswith("peer")
+    )
     assert times == {"peft-eager": [0.2] * 4, "cupy-eager": [0.1] * 4}  # round 0 is the warm-up, not kept
     assert stopped == {"peer-eager": "round 2: RuntimeError: bnb kernel refused capture"}
     assert order[:3] == [(0, "peft-eager"), (0, "cupy-eager"), (0, "peer-eager")]
@@ -145,6 +169,7 @@ def test_take_turns_lets_the_suites_own_failure_and_a_cuda_error_through():
 
 def test_a_turn_run_trains_on_from_where_it_stopped_and_times_its_steps(tiny_cfg):
     from lora_suite.prepare import prepare
+
     p = prepare(tiny_cfg, "cpu", implementation="torch")
     run = TB.TurnRun(p, tiny_cfg.train, "eager")
     first = run.turn(3)

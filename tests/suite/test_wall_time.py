@@ -29,9 +29,16 @@ def test_a_fake_stat_gives_its_start(tmp_path):
 
 
 def test_breakdown_rows_name_each_phase_and_the_slowest_tests():
-    rows = wall_time.breakdown(script_start=100.0, process_start=103.5, configured=106.0, session_start=109.0,
-                               cuda_context_s=0.8, test_seconds=[("t.py::a", 1.0), ("t.py::b", 7.5), ("t.py::c", 0.2)],
-                               kernel_loads={"nf4.cu:dequant": 0.6, "cast.cu:cast": 0.3}, top=2)
+    rows = wall_time.breakdown(
+        script_start=100.0,
+        process_start=103.5,
+        configured=106.0,
+        session_start=109.0,
+        cuda_context_s=0.8,
+        test_seconds=[("t.py::a", 1.0), ("t.py::b", 7.5), ("t.py::c", 0.2)],
+        kernel_loads={"nf4.cu:dequant": 0.6, "cast.cu:cast": 0.3},
+        top=2,
+    )
     got = {phase: (secs, detail) for phase, secs, detail in rows}
     assert got["before pytest (gpu-test.sh: interpreter choice, nvidia-smi)"][0] == 3.5
     assert got["interpreter and plugin imports"][0] == 2.5
@@ -41,7 +48,14 @@ def test_breakdown_rows_name_each_phase_and_the_slowest_tests():
 
 
 def test_a_phase_that_was_not_measured_is_none_and_says_why():
-    rows = wall_time.breakdown(script_start=None, process_start=None, configured=1.0, session_start=2.0,
-                               cuda_context_s=None, test_seconds=[], kernel_loads={})
+    rows = wall_time.breakdown(
+        script_start=None,
+        process_start=None,
+        configured=1.0,
+        session_start=2.0,
+        cuda_context_s=None,
+        test_seconds=[],
+        kernel_loads={},
+    )
     assert rows[0][1] is None and rows[0][2] == "not started by gpu-test.sh"
     assert rows[1][1] is None and rows[3] == ("CUDA context", None, "no GPU")

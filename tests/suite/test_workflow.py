@@ -51,6 +51,7 @@ def test_nightly_runs_the_regression_gate_and_the_planted_defects():
 
 def test_the_multigpu_job_runs_only_where_a_multi_gpu_runner_is_declared():
     import yaml
+
     wf = yaml.safe_load((Path(__file__).resolve().parents[2] / ".github/workflows/nightly-gpu.yml").read_text())
     job = wf["jobs"]["multigpu"]
     assert "multi-gpu" in job["runs-on"] and "vars.MULTI_GPU_RUNNER == 'true'" in job["if"]

@@ -36,16 +36,34 @@ def test_compiled_reduce_overhead_steps_match_eager(check, tiny_cupy_llama):
     torch.cuda.synchronize()
     calls = lora_core.backend_call_counts()["cupy"] - calls_before
     rel = abs(loss.item() - eager.item()) / abs(eager.item())
-    grad_err = max((p.grad.float() - eager_grads[n].float()).abs().max().item()
-                   / max(eager_grads[n].float().abs().max().item(), 1e-30)
-                   for n, p in model.named_parameters() if n in eager_grads)
-    check("compiled (reduce-overhead) loss vs eager, relative", round(rel, 6), "<=", 2 ** -6,
-          source="bf16 rounding of the fused ops (module docstring)")
-    check("compiled adapter gradients vs eager, max error relative to each tensor's max", round(grad_err, 5), "<=",
-          2 ** -4, source="bf16 rounding of the fused ops (module docstring)")
+    grad_err = max(
+        (p.grad.float() - eager_grads[n].float()).abs().max().item()
+        / max(eager_grads[n].float().abs().max().item(), 1e-30)
+        for n, p in model.named_parameters()
+        if n in eager_grads
+    )
+    check(
+        "compiled (reduce-overhead) loss vs eager, relative",
+        round(rel, 6),
+        "<=",
+        2**-6,
+        source="bf16 rounding of the fused ops (module docstring)",
+    )
+    check(
+        "compiled adapter gradients vs eager, max error relative to each tensor's max",
+        round(grad_err, 5),
+        "<=",
+        2**-4,
+        source="bf16 rounding of the fused ops (module docstring)",
+    )
     check("cupy op ran while compiling and recording", calls, ">", 0)
-    check(f"cupy op calls over {runs} compiled steps: fewer than eager's {runs} x {n_lora} (replays call none)",
-          calls, "<", runs * n_lora, source="the CUDA graph replayed the op")
+    check(
+        f"cupy op calls over {runs} compiled steps: fewer than eager's {runs} x {n_lora} (replays call none)",
+        calls,
+        "<",
+        runs * n_lora,
+        source="the CUDA graph replayed the op",
+    )
 
 
 def test_llama_with_cupy_layers_traces_as_one_graph_with_one_op_node_per_layer(check, tiny_cupy_llama):

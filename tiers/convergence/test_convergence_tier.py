@@ -88,42 +88,75 @@ def test_convergence_and_match_to_reference(tier):
     captured_check = "steps where captured training leaves the band around eager training"
     ours_eager = None
     if cfg.train.cuda_graph:
-        ours_eager = _run(tier, dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, cuda_graph=False)),
-                          None, init)
+        ours_eager = _run(
+            tier, dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, cuda_graph=False)), None, init
+        )
         replayed = sum(r.captured for r in ours.records)
-        tier.check(f"{name}: steps replayed from the captured graph", replayed, "==",
-                   cfg.train.steps - cfg.train.graph_warmup_steps, source="train.cuda_graph: the mode ran")
+        tier.check(
+            f"{name}: steps replayed from the captured graph",
+            replayed,
+            "==",
+            cfg.train.steps - cfg.train.graph_warmup_steps,
+            source="train.cuda_graph: the mode ran",
+        )
     else:
-        tier.check.not_applicable(captured_check, "train.cuda_graph is off for this run (configs/convergence.yaml "
-                                                  "or the implementation's declaration)")
+        tier.check.not_applicable(
+            captured_check,
+            "train.cuda_graph is off for this run (configs/convergence.yaml or the implementation's declaration)",
+        )
 
     rows, beyond = loss_match(ours.losses, ref.losses, control.losses, crit.loss_match_factor, crit.loss_match_floor)
     beyond_peft = []
     if peft_run is not None:
-        peft_rows, beyond_peft = loss_match(peft_run.losses, ref.losses, control.losses, crit.loss_match_factor,
-                                            crit.loss_match_floor)
+        peft_rows, beyond_peft = loss_match(
+            peft_run.losses, ref.losses, control.losses, crit.loss_match_factor, crit.loss_match_floor
+        )
         rows = [row + (prow[2], prow[3]) for row, prow in zip(rows, peft_rows)]
     cols = ("step", "reference (torch)", f"ours ({name})", "rel diff", "control envelope e(t)", "tolerance")
     if peft_run is not None:
         cols += ("peft", "peft rel diff")
-    tier.report.add_series(Series(tier.nodeid, "per-step loss: reference vs ours (and PEFT)", cols, tuple(rows),
-                                  plot_x="step", plot_y=cols[1:3] + (("peft",) if peft_run is not None else ())))
+    tier.report.add_series(
+        Series(
+            tier.nodeid,
+            "per-step loss: reference vs ours (and PEFT)",
+            cols,
+            tuple(rows),
+            plot_x="step",
+            plot_y=cols[1:3] + (("peft",) if peft_run is not None else ()),
+        )
+    )
     tier.record_steps(f"convergence ({name})", ours.records)
     drop = loss_drop(ours.losses, crit.loss_window)
     source = "max(loss_match_factor*e(t), loss_match_floor): configs/convergence.yaml"
-    tier.check(f"loss drop, mean of first {crit.loss_window} vs last {crit.loss_window} steps", round(drop, 4), ">=",
-               crit.loss_drop_min, source="configs/convergence.yaml loss_drop_min")
-    tier.check(f"steps where {name} leaves the tolerance band (first: {beyond[:5]})", len(beyond), "==", 0,
-               source=source)
+    tier.check(
+        f"loss drop, mean of first {crit.loss_window} vs last {crit.loss_window} steps",
+        round(drop, 4),
+        ">=",
+        crit.loss_drop_min,
+        source="configs/convergence.yaml loss_drop_min",
+    )
+    tier.check(
+        f"steps where {name} leaves the tolerance band (first: {beyond[:5]})", len(beyond), "==", 0, source=source
+    )
     if peft_run is not None:
         tier.check(f"{peft_check} (first: {beyond_peft[:5]})", len(beyond_peft), "==", 0, source=source)
     if ours_eager is not None:
-        cap_rows, beyond_cap = loss_match(ours.losses, ours_eager.losses, control.losses, crit.loss_match_factor,
-                                          crit.loss_match_floor)
-        tier.report.add_series(Series(tier.nodeid, f"per-step loss: {name} captured vs {name} eager",
-                                      ("step", "eager", "captured", "rel diff", "control envelope e(t)", "tolerance"),
-                                      tuple(cap_rows), plot_x="step", plot_y=("eager", "captured")))
+        cap_rows, beyond_cap = loss_match(
+            ours.losses, ours_eager.losses, control.losses, crit.loss_match_factor, crit.loss_match_floor
+        )
+        tier.report.add_series(
+            Series(
+                tier.nodeid,
+                f"per-step loss: {name} captured vs {name} eager",
+                ("step", "eager", "captured", "rel diff", "control envelope e(t)", "tolerance"),
+                tuple(cap_rows),
+                plot_x="step",
+                plot_y=("eager", "captured"),
+            )
+        )
         identical = sum(a == b for a, b in zip(ours.losses, ours_eager.losses))
-        tier.report.notes.append(f"{tier.nodeid}: captured and eager losses bitwise equal on {identical} of "
-                                 f"{len(ours.losses)} steps; max relative gap {max(r[3] for r in cap_rows):.3g}")
+        tier.report.notes.append(
+            f"{tier.nodeid}: captured and eager losses bitwise equal on {identical} of "
+            f"{len(ours.losses)} steps; max relative gap {max(r[3] for r in cap_rows):.3g}"
+        )
         tier.check(f"{captured_check} (first: {beyond_cap[:5]})", len(beyond_cap), "==", 0, source=source)

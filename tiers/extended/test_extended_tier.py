@@ -36,8 +36,14 @@ def test_long_run_no_leak_loss_falls_steady_speed(tier):
     windows = tier.device_windows(cfg, timer, result.records)
     pairs = tier.aged_vs_fresh(cfg, result) if crit.aged_vs_fresh_slowdown_max is not None else None
     record_host_speed(tier, cfg, result.records)
-    tier.report.add_series(Series(tier.nodeid, "noise model of each timed verdict (lora_suite/long_run.py)",
-                                  ("criterion", "measured on", "noise it absorbs", "what moves it"), NOISE_MODELS))
+    tier.report.add_series(
+        Series(
+            tier.nodeid,
+            "noise model of each timed verdict (lora_suite/long_run.py)",
+            ("criterion", "measured on", "noise it absorbs", "what moves it"),
+            NOISE_MODELS,
+        )
+    )
     tier.record_verdicts(extended_verdicts(cfg, result.records, windows, pairs))
 
 
@@ -50,14 +56,28 @@ def record_host_speed(tier, cfg: TierConfig, records: list[StepRecord]) -> None:
     w = cfg.criteria.smooth_window
     rows = []
     for i in range(0, len(after) - w + 1, w):
-        win = after[i:i + w]
+        win = after[i : i + w]
         cpu = statistics.median(r.cpu_time_s for r in win)
         probe = statistics.median(r.host_probe_s for r in win)
-        rows.append((win[0].step, round(cpu * 1e3, 2), round(probe * 1e6, 1),
-                     round(statistics.median(r.cpu_time_s / r.host_probe_s for r in win), 1)))
-    tier.report.add_series(Series(tier.nodeid, "host speed: per-window medians (diagnostic)",
-                                  ("first step", "step CPU ms", "host probe us", "step CPU / probe"), tuple(rows)))
+        rows.append(
+            (
+                win[0].step,
+                round(cpu * 1e3, 2),
+                round(probe * 1e6, 1),
+                round(statistics.median(r.cpu_time_s / r.host_probe_s for r in win), 1),
+            )
+        )
+    tier.report.add_series(
+        Series(
+            tier.nodeid,
+            "host speed: per-window medians (diagnostic)",
+            ("first step", "step CPU ms", "host probe us", "step CPU / probe"),
+            tuple(rows),
+        )
+    )
     tokens = cfg.data.batch_size * cfg.data.seq_len * cfg.train.grad_accum
     d = host_normalised_drift([r.cpu_time_s for r in after], [r.host_probe_s for r in after], tokens, w)
-    tier.report.notes.append(f"{tier.nodeid}: drift of tokens per unit of host work (diagnostic, not judged): "
-                             f"{d.drift:.4f} (SE {d.noise_se:.4f})")
+    tier.report.notes.append(
+        f"{tier.nodeid}: drift of tokens per unit of host work (diagnostic, not judged): "
+        f"{d.drift:.4f} (SE {d.noise_se:.4f})"
+    )

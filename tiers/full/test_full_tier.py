@@ -27,18 +27,29 @@ def test_llama7b_end_to_end(tier, tmp_path):
     result = tier.train("full", prepared, cfg)
     peak = window.peak()
     tier.check_served(prepared)
-    tier.record_split(cfg, "full", peak, measured_split(prepared.model, result.optimizer, peak, prepared.adapters),
-                      bf16)
+    tier.record_split(
+        cfg, "full", peak, measured_split(prepared.model, result.optimizer, peak, prepared.adapters), bf16
+    )
     tier.check_memory(cfg, peak, bf16)
     drop = loss_drop(result.losses, crit.loss_window)
-    tier.check(f"loss drop, mean of first {crit.loss_window} vs last {crit.loss_window} steps", round(drop, 4), ">=",
-               crit.loss_drop_min, source="configs/full.yaml loss_drop_min")
+    tier.check(
+        f"loss drop, mean of first {crit.loss_window} vs last {crit.loss_window} steps",
+        round(drop, 4),
+        ">=",
+        crit.loss_drop_min,
+        source="configs/full.yaml loss_drop_min",
+    )
     if crit.checkpoint_roundtrip:
         probe = prepared.batches(10_000)["input_ids"]
         with torch.no_grad():
             logits = prepared.model(input_ids=probe).logits.float().cpu()
-        ckpt = save_adapter_checkpoint(prepared.model, tmp_path / "adapters", step=cfg.train.steps,
-                                       optimizer=result.optimizer, implementation=prepared.implementation)
+        ckpt = save_adapter_checkpoint(
+            prepared.model,
+            tmp_path / "adapters",
+            step=cfg.train.steps,
+            optimizer=result.optimizer,
+            implementation=prepared.implementation,
+        )
         del prepared, result
         gc.collect()
         torch.cuda.empty_cache()
@@ -47,6 +58,11 @@ def test_llama7b_end_to_end(tier, tmp_path):
         with torch.no_grad():
             reloaded = fresh.model(input_ids=probe).logits.float().cpu()
         tier.check("checkpoint step", step, "==", cfg.train.steps)
-        tier.check("max |logits(trained) - logits(reloaded)|", float((logits - reloaded).abs().max()), "==", 0.0,
-                   source="same weights, same kernels: bit-identical logits")
+        tier.check(
+            "max |logits(trained) - logits(reloaded)|",
+            float((logits - reloaded).abs().max()),
+            "==",
+            0.0,
+            source="same weights, same kernels: bit-identical logits",
+        )
     tier.check_peak_vs_estimate(cfg, peak)

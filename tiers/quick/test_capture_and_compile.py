@@ -95,12 +95,23 @@ def test_captured_training_with_checkpointing_equals_eager_bitwise(tiny_cupy_lla
     runs = {}
     for captured in (False, True):
         model = tiny_cupy_llama()
-        s = TrainSettings(steps=8, lr=5e-3, warmup_steps=2, schedule="cosine", grad_accum=grad_accum,
-                          gradient_checkpointing=True, cuda_graph=captured, graph_warmup_steps=2, log_every=8)
+        s = TrainSettings(
+            steps=8,
+            lr=5e-3,
+            warmup_steps=2,
+            schedule="cosine",
+            grad_accum=grad_accum,
+            gradient_checkpointing=True,
+            cuda_graph=captured,
+            graph_warmup_steps=2,
+            log_every=8,
+        )
         result = train(model, batches, s)
         assert [r.captured for r in result.records] == [captured and i >= 2 for i in range(8)]
-        runs[captured] = ([r.loss for r in result.records],
-                          {n: p.detach().clone() for n, p in adapter_parameters(model).items()})
+        runs[captured] = (
+            [r.loss for r in result.records],
+            {n: p.detach().clone() for n, p in adapter_parameters(model).items()},
+        )
     (eager_losses, eager_adapters), (graph_losses, graph_adapters) = runs[False], runs[True]
     assert graph_losses == eager_losses, f"captured {graph_losses} vs eager {eager_losses}"
     differing = [n for n in eager_adapters if not torch.equal(eager_adapters[n], graph_adapters[n])]

@@ -22,8 +22,11 @@ pytestmark = [pytest.mark.gpu, pytest.mark.quick, pytest.mark.needs_feature("lor
 DEV = "cuda"
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 DTYPE_CONFIGS = {  # name: (activation dtype, adapter dtype)
-    "fp32": (F32, F32), "fp16": (F16, F16), "bf16": (BF16, BF16),
-    "fp16-act+fp32-adapters": (F16, F32), "bf16-act+fp32-adapters": (BF16, F32),
+    "fp32": (F32, F32),
+    "fp16": (F16, F16),
+    "bf16": (BF16, BF16),
+    "fp16-act+fp32-adapters": (F16, F32),
+    "bf16-act+fp32-adapters": (BF16, F32),
 }
 N_TOKENS = (1, 37, 4096)
 FEATURES = (1000, 333, 4096)
@@ -45,19 +48,40 @@ def test_cupy_matches_float64_over_shape_grid(config, layout, run_report, check)
     ranks = RANKS if layout == "2d" else (8,)  # the full rank sweep in 2-D; layouts at r = 8
     rows, failures = [], []
     for n, k, o, r in itertools.product(N_TOKENS, FEATURES, FEATURES, ranks):
-        x, w, a, b, dy = random_case(_n_shape(n, layout), k, o, r, dtype, adapter_dtype, DEV, layout=layout,
-                                     generator=gen)
+        x, w, a, b, dy = random_case(
+            _n_shape(n, layout), k, o, r, dtype, adapter_dtype, DEV, layout=layout, generator=gen
+        )
         errs = parity(x, w, a, b, SCALE, dy, backend="cupy")
         ok = all(e.ok for e in errs)
-        rows.append((n, k, o, r, *(e.scaled_err for e in errs), max(e.max_abs_err for e in errs), errs[0].tol,
-                     "ok" if ok else "FAIL"))
+        rows.append(
+            (
+                n,
+                k,
+                o,
+                r,
+                *(e.scaled_err for e in errs),
+                max(e.max_abs_err for e in errs),
+                errs[0].tol,
+                "ok" if ok else "FAIL",
+            )
+        )
         failures += [f"N={n} K={k} O={o} r={r}: {e.describe()}" for e in errs if not e.ok]
-    run_report.add_series(Series(
-        test=f"parity {config} {layout}", name=f"cupy vs float64, {config}, x {layout}",
-        columns=("N", "in", "out", "r", "y err", "dx err", "dA err", "dB err", "max abs err", "tol", "verdict"),
-        rows=tuple(rows)))
-    check(f"{config} {layout}: tensors beyond tolerance (of {4 * len(rows)})", len(failures), "==", 0,
-          source="tol = 8·(u_dtype + u_fp32·√k); lora_suite/parity.py", detail="; ".join(failures[:5]))
+    run_report.add_series(
+        Series(
+            test=f"parity {config} {layout}",
+            name=f"cupy vs float64, {config}, x {layout}",
+            columns=("N", "in", "out", "r", "y err", "dx err", "dA err", "dB err", "max abs err", "tol", "verdict"),
+            rows=tuple(rows),
+        )
+    )
+    check(
+        f"{config} {layout}: tensors beyond tolerance (of {4 * len(rows)})",
+        len(failures),
+        "==",
+        0,
+        source="tol = 8·(u_dtype + u_fp32·√k); lora_suite/parity.py",
+        detail="; ".join(failures[:5]),
+    )
 
 
 @pytest.mark.parametrize("dtype", [F32, BF16], ids=["fp32", "bf16"])
@@ -97,8 +121,9 @@ def test_same_input_twice_is_bit_identical():
 
 @pytest.mark.parametrize("use_reentrant", [True, False])
 def test_activation_checkpointing_gives_identical_gradients(use_reentrant):
-    layer = lora_core.LoRALinear.from_linear(torch.nn.Linear(768, 1024, bias=True, device=DEV, dtype=BF16),
-                                             r=16, alpha=32, backend="cupy")
+    layer = lora_core.LoRALinear.from_linear(
+        torch.nn.Linear(768, 1024, bias=True, device=DEV, dtype=BF16), r=16, alpha=32, backend="cupy"
+    )
     torch.nn.init.normal_(layer.lora_B, std=0.1)
     x0 = torch.randn(4, 256, 768, device=DEV, dtype=BF16)
     dy = torch.randn(4, 256, 1024, device=DEV, dtype=BF16)
@@ -106,13 +131,15 @@ def test_activation_checkpointing_gives_identical_gradients(use_reentrant):
     def grads(checkpointed: bool):
         layer.zero_grad(set_to_none=True)
         x = x0.clone().requires_grad_()
-        y = (torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=use_reentrant) if checkpointed else layer(x))
+        y = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=use_reentrant) if checkpointed else layer(x)
         y.backward(dy)
         return x.grad, layer.lora_A.grad.clone(), layer.lora_B.grad.clone()
 
     plain, ckpt = grads(False), grads(True)
     for name, u, v in zip(("dx", "dA", "dB"), plain, ckpt):
-        assert torch.equal(u, v), f"{name} differs under checkpoint(use_reentrant={use_reentrant}): {(u - v).abs().max()}"
+        assert torch.equal(u, v), (
+            f"{name} differs under checkpoint(use_reentrant={use_reentrant}): {(u - v).abs().max()}"
+        )
 
 
 def test_non_default_stream_waits_for_producer_and_matches():
@@ -133,15 +160,16 @@ def test_non_default_stream_waits_for_producer_and_matches():
 
 
 def test_two_backward_calls_accumulate():
-    layer = lora_core.LoRALinear.from_linear(torch.nn.Linear(333, 1000, device=DEV, dtype=BF16), r=8,
-                                             backend="cupy")
+    layer = lora_core.LoRALinear.from_linear(torch.nn.Linear(333, 1000, device=DEV, dtype=BF16), r=8, backend="cupy")
     torch.nn.init.normal_(layer.lora_B, std=0.1)
     x = torch.randn(37, 333, device=DEV, dtype=BF16, requires_grad=True)
     layer(x).float().square().sum().backward()
     once = layer.lora_A.grad.clone(), layer.lora_B.grad.clone(), x.grad.clone()
     layer(x).float().square().sum().backward()
     for name, g1, g2 in zip(("dA", "dB", "dx"), once, (layer.lora_A.grad, layer.lora_B.grad, x.grad)):
-        assert torch.equal(g2, 2 * g1), f"{name}: second backward did not accumulate (max diff {(g2 - 2 * g1).abs().max()})"
+        assert torch.equal(g2, 2 * g1), (
+            f"{name}: second backward did not accumulate (max diff {(g2 - 2 * g1).abs().max()})"
+        )
 
 
 def test_autocast_runs_in_autocast_dtype(check):
@@ -181,6 +209,7 @@ def test_backend_in_use_is_visible_and_memory_is_torchs():
     assert "CupyLoRALinear" in type(y.grad_fn).__name__, f"grad_fn is {type(y.grad_fn).__name__}"
     assert torch.cuda.memory_allocated() - allocated >= y.numel() * y.element_size(), "output not counted by torch"
     import cupy
+
     assert cupy.get_default_memory_pool().used_bytes() == 0, "CuPy's own pool was used: torch stats would lie"
 
 
@@ -201,8 +230,7 @@ def test_parity_with_peft_lora_linear(check):
     pa, pb = peft_layer.lora_A["default"].weight, peft_layer.lora_B["default"].weight
     with torch.no_grad():
         pb.normal_(std=0.3)
-    ours = lora_core.LoRALinear(peft_layer.base_layer.weight, peft_layer.base_layer.bias, r=8, alpha=16,
-                                backend="cupy")
+    ours = lora_core.LoRALinear(peft_layer.base_layer.weight, peft_layer.base_layer.bias, r=8, alpha=16, backend="cupy")
     with torch.no_grad():
         ours.lora_A.copy_(pa)
         ours.lora_B.copy_(pb)
@@ -213,8 +241,18 @@ def test_parity_with_peft_lora_linear(check):
     y_peft.backward(dy)
     y_ours.backward(dy)
     tol = 2 * tolerance(BF16, 1000)  # both sides carry bf16 rounding (PEFT runs the adapter path in fp32)
-    for name, got, ref in (("y", y_ours, y_peft), ("dx", x2.grad, x1.grad),
-                           ("dA", ours.lora_A.grad, pa.grad), ("dB", ours.lora_B.grad, pb.grad)):
+    for name, got, ref in (
+        ("y", y_ours, y_peft),
+        ("dx", x2.grad, x1.grad),
+        ("dA", ours.lora_A.grad, pa.grad),
+        ("dB", ours.lora_B.grad, pb.grad),
+    ):
         e = compare(name, got, ref.double(), tol)
-        check(f"PEFT parity {name} max err / max ref", e.scaled_err, "<=", tol, source="2x bf16 tolerance",
-              detail=e.describe())
+        check(
+            f"PEFT parity {name} max err / max ref",
+            e.scaled_err,
+            "<=",
+            tol,
+            source="2x bf16 tolerance",
+            detail=e.describe(),
+        )

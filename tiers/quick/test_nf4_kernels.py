@@ -63,8 +63,13 @@ def test_kernels_bit_identical_to_reference(name, double_quant, check):
         check(f"{name}: dequantised {dtype} elements differing", int((d_kernel != d_ref).sum()), "==", 0)
     err = (dequantize_nf4(got, torch.float32).float() - w.float()).abs().reshape(-1, BLOCKSIZE)
     excess = float((err - roundtrip_error_bound(got)[:, None]).max())
-    check(f"{name}: round-trip error beyond NF4's bound", max(excess, 0.0), "==", 0.0,
-          source="|w - ŵ| <= absmax·0.3038/2 + double-quant error (lora_core/nf4.py)")
+    check(
+        f"{name}: round-trip error beyond NF4's bound",
+        max(excess, 0.0),
+        "==",
+        0.0,
+        source="|w - ŵ| <= absmax·0.3038/2 + double-quant error (lora_core/nf4.py)",
+    )
 
 
 def test_non_finite_weight_rejected():
@@ -92,6 +97,7 @@ def test_nf4_base_keeps_no_16bit_weight_between_passes():
     q = quantize_nf4(w)
     del w
     import lora_core
+
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     y = lora_core.lora_linear(x, q, a.requires_grad_(), b.requires_grad_(), 2.0, backend="cupy")

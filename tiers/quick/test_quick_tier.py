@@ -46,5 +46,11 @@ def test_quick_smoke(tier):
     check("adapters unchanged by training", len(unchanged), "==", 0, detail=str(unchanged[:3]))
     in_optimizer = {id(p) for g in optimizer.param_groups for p in g["params"]}
     check("optimizer params == adapter params", in_optimizer == {id(p) for p in adapters.values()}, "==", True)
-    check("model build time", round(prepared.built.build_seconds, 2), "<=", cfg.criteria.build_seconds_max,
-          unit=" s", source="configs/quick.yaml build_seconds_max")
+    check(
+        "model build time",
+        round(prepared.built.build_seconds, 2),
+        "<=",
+        cfg.criteria.build_seconds_max,
+        unit=" s",
+        source="configs/quick.yaml build_seconds_max",
+    )

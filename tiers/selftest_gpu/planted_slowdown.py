@@ -38,6 +38,7 @@ def pytest_configure(config):
             out = step()
             torch.cuda._sleep(cycles)
             return out
+
         return slow_step
 
     benchmarking.layer_step = slowed

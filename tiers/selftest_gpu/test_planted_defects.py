@@ -45,14 +45,27 @@ def _gradient_results(tier):
     G.randomize_lora_b(prepared.model, std=0.02, seed=cfg.train.seed, adapters=prepared.adapters)
     reference = tier.prepare(cfg, implementation="torch")
     G.copy_adapters(reference.adapters, {n: p.detach() for n, p in prepared.adapters.items()})
-    return G.whole_model_checks(prepared.model, prepared.batches(0), label=tier.impl.name, adapters=prepared.adapters,
-                                reference=reference.model, reference_adapters=reference.adapters,
-                                k=cfg.criteria.grad_accum_k, factor=cfg.criteria.grad_match_factor)
+    return G.whole_model_checks(
+        prepared.model,
+        prepared.batches(0),
+        label=tier.impl.name,
+        adapters=prepared.adapters,
+        reference=reference.model,
+        reference_adapters=reference.adapters,
+        k=cfg.criteria.grad_accum_k,
+        factor=cfg.criteria.grad_match_factor,
+    )
 
 
 def _caught(tier, what: str, result: G.WholeModelResult):
-    tier.check(f"planted {what}: adapters beyond tolerance in '{result.label}'", result.n_bad, ">", 0,
-               source="quick tier's whole-model gradient check", detail=G.describe_failures(result.rows, 2))
+    tier.check(
+        f"planted {what}: adapters beyond tolerance in '{result.label}'",
+        result.n_bad,
+        ">",
+        0,
+        source="quick tier's whole-model gradient check",
+        detail=G.describe_failures(result.rows, 2),
+    )
 
 
 @pytest.mark.needs_feature("lora_core_ops")
@@ -105,6 +118,7 @@ def test_a_captured_step_that_keeps_the_capture_time_lr_is_caught(tier, monkeypa
     written into the capturable optimizer's lr tensor, so every step runs at the configured peak instead of the
     warm-up and cosine schedule. The convergence tier's captured-vs-eager band must catch it (40 steps here)."""
     from lora_suite.criteria import loss_match
+
     conv = _load("tiers/convergence/test_convergence_tier.py", "convergence_tier")
     cfg = tier.config("convergence")
     if not cfg.train.cuda_graph:
@@ -128,10 +142,18 @@ def test_a_captured_step_that_keeps_the_capture_time_lr_is_caught(tier, monkeypa
     planted = conv._run(tier, cfg, None, init)
     _, beyond = loss_match(planted.losses, eager.losses, control.losses, crit.loss_match_factor, crit.loss_match_floor)
     _, beyond_ref = loss_match(ref.losses, eager.losses, control.losses, crit.loss_match_factor, crit.loss_match_floor)
-    tier.check("planted lr never written into the captured step: steps beyond the captured-vs-eager band",
-               len(beyond), ">", 0, source="convergence tier's captured-vs-eager check", detail=f"first: {beyond[:5]}")
-    tier.report.notes.append(f"{tier.nodeid}: unplanted torch-reference captured run vs eager: {len(beyond_ref)} steps "
-                             "beyond the same band (a different implementation, for scale)")
+    tier.check(
+        "planted lr never written into the captured step: steps beyond the captured-vs-eager band",
+        len(beyond),
+        ">",
+        0,
+        source="convergence tier's captured-vs-eager check",
+        detail=f"first: {beyond[:5]}",
+    )
+    tier.report.notes.append(
+        f"{tier.nodeid}: unplanted torch-reference captured run vs eager: {len(beyond_ref)} steps "
+        "beyond the same band (a different implementation, for scale)"
+    )
 
 
 # ------------------------------------------------------------------ extended tier: leaks and slow paths
@@ -146,19 +168,24 @@ def _extended_run(tier, *, step_hook=None, forward_work=None, steps: int = PLANT
     verdicts by name (up to ' after' / ',')."""
     cfg = tier.config("extended")
     # The plant must be caught with the tier's fewest pairs (the widest allowance), not after more were added.
-    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=steps), criteria=dataclasses.replace(
-        cfg.criteria, aged_vs_fresh_pairs_max=cfg.criteria.aged_vs_fresh_pairs))
+    cfg = dataclasses.replace(
+        cfg,
+        train=dataclasses.replace(cfg.train, steps=steps),
+        criteria=dataclasses.replace(cfg.criteria, aged_vs_fresh_pairs_max=cfg.criteria.aged_vs_fresh_pairs),
+    )
     crit = cfg.criteria
     prepared = tier.prepare(cfg)
     state = {"step": 0}
     if forward_work is not None:
-        prepared.model.register_forward_pre_hook(lambda module, args, kwargs: forward_work(state["step"]),
-                                                 with_kwargs=True)
+        prepared.model.register_forward_pre_hook(
+            lambda module, args, kwargs: forward_work(state["step"]), with_kwargs=True
+        )
 
     def hook(step):
         state["step"] = step + 1
         if step_hook is not None:
             step_hook(step)
+
     timer = DeviceTimer.for_windows(crit.fit_after_step, steps, crit.device_window)
     result = tier.train("extended, planted", prepared, cfg, step_hook=hook, device_timer=timer)
     windows = tier.device_windows(cfg, timer, result.records)
@@ -176,8 +203,9 @@ def _median_ms(tier, which: str) -> float:
         cfg = tier.config("extended")
         cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=60))
         timer = DeviceTimer(range(40, 45))
-        records = tier.train("extended, no defect (calibration)", tier.prepare(cfg), cfg, plots=False,
-                             device_timer=timer).records
+        records = tier.train(
+            "extended, no defect (calibration)", tier.prepare(cfg), cfg, plots=False, device_timer=timer
+        ).records
         later = [r for r in records[20:] if not r.profiled]
         _MEDIANS["step"] = statistics.median(r.gpu_time_s for r in later) * 1e3
         _MEDIANS["cpu"] = statistics.median(r.cpu_time_s for r in later) * 1e3
@@ -187,8 +215,14 @@ def _median_ms(tier, which: str) -> float:
 
 
 def _assert_fails(tier, what: str, v):
-    tier.check(f"planted {what}: '{v.name}' fails ({v.value} {v.op} {v.threshold} is false)", v.passed, "==", False,
-               source="extended tier criterion", detail=v.detail)
+    tier.check(
+        f"planted {what}: '{v.name}' fails ({v.value} {v.op} {v.threshold} is false)",
+        v.passed,
+        "==",
+        False,
+        source="extended tier criterion",
+        detail=v.detail,
+    )
 
 
 def test_a_leak_is_caught(tier):
@@ -230,6 +264,7 @@ def _gpu_work(ms: float):
     def work(scale: float) -> None:
         for _ in range(max(0, round(ms * scale / per))):
             torch.matmul(a, a, out=out)
+
     return work
 
 
@@ -251,6 +286,7 @@ def test_host_work_growing_with_the_models_own_state_is_caught(tier, plant_round
     CPU time (at +40% one round's verdict was 0.168 against an allowance of 0.144 on a noisy H200, 24357fa). The state belongs to the model, so the fresh run of the aged-vs-fresh pairs starts without it:
     the pairs must fail, whatever the host's speed did meanwhile."""
     import lora_core.layer as layer_module
+
     history = list(range(100_000))
     t0 = time.process_time()
     for _ in range(100):
@@ -270,10 +306,13 @@ def test_host_work_growing_with_the_models_own_state_is_caught(tier, plant_round
 
     monkeypatch.setattr(layer_module.LoRALinear, "forward", forward)
     verdicts = _extended_run(tier, aged_vs_fresh=True)
-    tier.report.notes.append(f"{tier.nodeid}: plant walks each layer's history {walks}x per forward "
-                             f"({n_layers} layers, {per_item_ms * 1e6:.1f} ns per item)")
-    _assert_fails(tier, "host work growing with the model's own state to +60%",
-                  verdicts["aged run's step / fresh run's step"])
+    tier.report.notes.append(
+        f"{tier.nodeid}: plant walks each layer's history {walks}x per forward "
+        f"({n_layers} layers, {per_item_ms * 1e6:.1f} ns per item)"
+    )
+    _assert_fails(
+        tier, "host work growing with the model's own state to +60%", verdicts["aged run's step / fresh run's step"]
+    )
 
 
 def test_stalls_on_a_quarter_of_the_steps_are_caught(tier, plant_round):
@@ -286,7 +325,9 @@ def test_stalls_on_a_quarter_of_the_steps_are_caught(tier, plant_round):
         work(3.0 if step % 4 == 0 else 0.0)
 
     verdicts = _extended_run(tier, step_hook=every_fourth)
-    _assert_fails(tier, "4x stall every 4th step", verdicts["share of steps slower than 2.5 x the median step (stalls)"])
+    _assert_fails(
+        tier, "4x stall every 4th step", verdicts["share of steps slower than 2.5 x the median step (stalls)"]
+    )
 
 
 # ------------------------------------------------------------------ non-finite guard
@@ -302,8 +343,13 @@ def test_a_nan_adapter_stops_training_and_keeps_the_records(tier):
 
     with pytest.raises(NonFiniteError) as info:
         tier.train("quick, planted NaN", prepared, cfg, step_hook=poison)
-    tier.check("planted NaN adapter: error names the adapter", name in str(info.value), "==", True,
-               detail=str(info.value)[:300])
+    tier.check(
+        "planted NaN adapter: error names the adapter",
+        name in str(info.value),
+        "==",
+        True,
+        detail=str(info.value)[:300],
+    )
     kept = [s for s in tier.report.series if s.name == "quick, planted NaN: loss"]
     tier.check("planted NaN adapter: step records kept up to the stop", len(kept[0].rows) if kept else 0, "==", 5)
 
@@ -319,8 +365,13 @@ def test_a_slowed_dequantisation_fails_the_bandwidth_bar(tier):
 
     attempts, _ = nf4_bench.dequant_bar_attempts((11008, 4096), dequant=twice)
     best = max(a.estimate.median + NOISE_Z * a.estimate.se for a in attempts)
-    tier.check(f"planted 2x slower dequant: bar fails on all {len(attempts)} attempts (best fraction + z SE)",
-               round(best, 3), "<", nf4_bench.MIN_FRACTION_OF_COPY, source="benchmarks/test_bench_nf4.py bar")
+    tier.check(
+        f"planted 2x slower dequant: bar fails on all {len(attempts)} attempts (best fraction + z SE)",
+        round(best, 3),
+        "<",
+        nf4_bench.MIN_FRACTION_OF_COPY,
+        source="benchmarks/test_bench_nf4.py bar",
+    )
 
 
 @pytest.mark.needs_feature("lora_core_ops")
@@ -336,5 +387,10 @@ def test_a_slowed_cupy_path_fails_the_peft_bar(tier, monkeypatch):
     monkeypatch.setattr(op.CupyLoRALinear, "backward", staticmethod(backward))
     attempts = bench.cupy_vs_peft_attempts("llama7b-8192tok-4096to4096-r16")
     best = min(a.estimate.median - NOISE_Z * a.estimate.se for a in attempts)
-    tier.check(f"planted doubled cupy backward: cupy - PEFT ratio stays > 0 on all {len(attempts)} attempts",
-               round(best, 4), ">", 0.0, source="benchmarks/test_bench_lora_linear.py bar")
+    tier.check(
+        f"planted doubled cupy backward: cupy - PEFT ratio stays > 0 on all {len(attempts)} attempts",
+        round(best, 4),
+        ">",
+        0.0,
+        source="benchmarks/test_bench_lora_linear.py bar",
+    )
