@@ -6,7 +6,8 @@ import textwrap
 
 import pytest
 
-from lora_suite.config import LlamaArchitecture, load_tier_config
+from lora_suite.core.config import LlamaArchitecture
+from lora_suite.core.loader import load_tier_config
 
 TINY_ARCH = LlamaArchitecture(
     hidden_size=64,

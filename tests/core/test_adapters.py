@@ -9,7 +9,7 @@ import torch
 
 import lora_core
 from lora_core.inject import adapter_parameters, inject_lora
-from lora_suite.models import build_random
+from lora_suite.engine.models import build_random
 from tests.conftest import TINY_ARCH
 
 peft = pytest.importorskip("peft", reason="PEFT is the reference format: install lora-gpu-suite[peft]")

@@ -8,7 +8,7 @@ import torch
 from lora_core import LoRALinear
 from lora_core.inject import adapter_parameters, inject_lora, lora_modules
 from lora_core.layer import NF4Linear
-from lora_suite.models import build_random
+from lora_suite.engine.models import build_random
 from tests.conftest import TINY_ARCH
 
 

@@ -1,4 +1,4 @@
-"""lora_suite.acceptance and scripts/load-acceptance.sh on the CPU: the summary of runs by condition, and bad input."""
+"""lora_suite.tools.acceptance and scripts/load-acceptance.sh on the CPU: the summary of runs by condition, and bad input."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from lora_suite.acceptance import collect, figure_ranges, main, plant_tallies, run_counts
+from lora_suite.tools.acceptance import collect, figure_ranges, main, plant_tallies, run_counts
 
 ROOT = Path(__file__).resolve().parents[2]
 

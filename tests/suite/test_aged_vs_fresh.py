@@ -1,4 +1,4 @@
-"""lora_suite.aged_vs_fresh on the CPU with the tiny Llama: the pairs' order and steps, and a planted state-growth
+"""lora_suite.scenarios.aged_vs_fresh on the CPU with the tiny Llama: the pairs' order and steps, and a planted state-growth
 defect that the verdict must catch (the unplanted side is replayed from GPU runs in test_long_run.py)."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import dataclasses
 import pytest
 
 import lora_core.layer as layer_module
-from lora_suite.aged_vs_fresh import run_pairs
-from lora_suite.criteria import aged_vs_fresh_verdict
-from lora_suite.prepare import prepare
-from lora_suite.trainer import TrainingRun, train
+from lora_suite.engine.prepare import prepare
+from lora_suite.engine.trainer import TrainingRun, train
+from lora_suite.measure.criteria import aged_vs_fresh_verdict
+from lora_suite.scenarios.aged_vs_fresh import run_pairs
 
 
 def _aged_and_fresh(cfg):

@@ -19,8 +19,9 @@ import torch
 import yaml
 from torch import nn
 
-from lora_suite.config import CONFIG_DIR, ConfigError, load_model_config, load_tier_config
-from lora_suite.data import ByteTokenizer, load_alpaca_jsonl
+from lora_suite.core.config import CONFIG_DIR, ConfigError
+from lora_suite.core.loader import load_model_config, load_tier_config
+from lora_suite.engine.data import ByteTokenizer, load_alpaca_jsonl
 from lora_suite.implementations import ImplementationError, load_peft_tensors, resolve_implementation
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -391,7 +392,7 @@ CHECKPOINT_CASES = [
 
 @pytest.mark.parametrize("what", CHECKPOINT_CASES)
 def test_checkpoint(what, tmp_path, tiny_prepared):
-    from lora_suite.checkpoint import load_adapter_checkpoint, save_adapter_checkpoint
+    from lora_suite.engine.checkpoint import load_adapter_checkpoint, save_adapter_checkpoint
 
     model, adapters, optimizer = tiny_prepared
     ckpt = save_adapter_checkpoint(
@@ -422,8 +423,8 @@ def test_checkpoint(what, tmp_path, tiny_prepared):
 
 @pytest.fixture
 def tiny_prepared(tiny_cfg):
-    from lora_suite.prepare import prepare
-    from lora_suite.trainer import make_optimizer
+    from lora_suite.engine.optimizer import make_optimizer
+    from lora_suite.engine.prepare import prepare
 
     p = prepare(tiny_cfg, "cpu", implementation="torch")
     return p.model, p.adapters, make_optimizer(p.model, tiny_cfg.train, p.adapters)
@@ -475,7 +476,7 @@ HISTORY_CASES = [
 
 @pytest.mark.parametrize("what, kind, expected", HISTORY_CASES, ids=[c[0] for c in HISTORY_CASES])
 def test_report_dirs_for_history(what, kind, expected, tmp_path, capsys):
-    from lora_suite.history import main
+    from lora_suite.tools.history import main
 
     root = tmp_path / "reports"
     root.mkdir()
@@ -500,7 +501,7 @@ def test_report_dirs_for_history(what, kind, expected, tmp_path, capsys):
     ids=["nproc 0", "nproc -2", "mode zero3", "mode empty"],
 )
 def test_multigpu_launch_options(kw, expected, tmp_path):
-    from lora_suite.multigpu import launch_command
+    from lora_suite.scenarios.multigpu import launch_command
 
     with pytest.raises(ValueError, match=re.escape(expected)):
         launch_command(CONFIG_DIR / "multigpu.yaml", tmp_path / "out", **kw)
@@ -508,7 +509,7 @@ def test_multigpu_launch_options(kw, expected, tmp_path):
 
 
 def test_multigpu_batch_that_does_not_split_over_the_ranks():
-    from lora_suite.multigpu import rank_rows
+    from lora_suite.scenarios.multigpu import rank_rows
 
     with pytest.raises(ValueError, match="the global batch has 7 rows, not divisible by 2 ranks"):
         rank_rows({"input_ids": torch.zeros(7, 4)}, 0, 2)

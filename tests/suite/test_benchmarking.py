@@ -1,4 +1,4 @@
-"""lora_suite.benchmarking on the CPU: the kernel profile read off a (fake) torch.profiler session."""
+"""lora_suite.engine.benchmarking on the CPU: the kernel profile read off a (fake) torch.profiler session."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from lora_suite.benchmarking import kernel_profile
+from lora_suite.engine.benchmarking import kernel_profile
 
 
 def _event(key, device, count, us):

@@ -9,8 +9,8 @@ import torch
 from safetensors.torch import load_file
 
 from lora_core.inject import adapter_parameters, inject_lora
-from lora_suite.checkpoint import ADAPTER_FILE, STATE_FILE, load_adapter_checkpoint, save_adapter_checkpoint
-from lora_suite.models import build_random
+from lora_suite.engine.checkpoint import ADAPTER_FILE, STATE_FILE, load_adapter_checkpoint, save_adapter_checkpoint
+from lora_suite.engine.models import build_random
 from tests.conftest import TINY_ARCH
 
 
@@ -52,7 +52,7 @@ def test_mismatches_are_named(tmp_path):
 
 def test_a_save_killed_midway_leaves_the_previous_checkpoint_whole(tmp_path, monkeypatch):
     """Issue 8: a kill between files left step-N+1 adapters beside step-N optimizer state, resumed silently."""
-    from lora_suite import checkpoint as C
+    from lora_suite.engine import checkpoint as C
 
     m = _model()
     opt = torch.optim.AdamW(adapter_parameters(m).values())
@@ -80,14 +80,14 @@ def test_a_mixed_set_is_refused_naming_the_file(tmp_path):
             p.add_(1.0)  # one more optimizer step's worth of change
     save_adapter_checkpoint(m, tmp_path / "b", step=6)
     (tmp_path / "a" / ADAPTER_FILE).write_bytes((tmp_path / "b" / ADAPTER_FILE).read_bytes())
-    from lora_suite.checkpoint import CheckpointError
+    from lora_suite.engine.checkpoint import CheckpointError
 
     with pytest.raises(CheckpointError, match=r"adapter_model.safetensors differs from the manifest of step 5"):
         load_adapter_checkpoint(_model(), tmp_path / "a")
 
 
 def test_a_directory_without_manifest_is_refused(tmp_path):
-    from lora_suite.checkpoint import MANIFEST_FILE, CheckpointError
+    from lora_suite.engine.checkpoint import MANIFEST_FILE, CheckpointError
 
     save_adapter_checkpoint(_model(), tmp_path / "ck", step=2)
     (tmp_path / "ck" / MANIFEST_FILE).unlink()
@@ -98,9 +98,9 @@ def test_a_directory_without_manifest_is_refused(tmp_path):
 KILL_LOOP = """
 import sys, torch
 sys.path.insert(0, {root!r})
-from lora_suite.checkpoint import save_adapter_checkpoint
+from lora_suite.engine.checkpoint import save_adapter_checkpoint
 from lora_core.inject import adapter_parameters, inject_lora
-from lora_suite.models import build_random
+from lora_suite.engine.models import build_random
 from tests.conftest import TINY_ARCH
 m = build_random(TINY_ARCH, torch.float32, "cpu")
 inject_lora(m, ("q_proj", "v_proj"), r=4)

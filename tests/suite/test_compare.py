@@ -1,4 +1,4 @@
-"""The regression gate (lora_suite/compare.py) on committed H200 benchmark data and synthetic runs."""
+"""The regression gate (lora_suite/tools/compare.py) on committed H200 benchmark data and synthetic runs."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import json
 import subprocess
 from pathlib import Path
 
-from lora_suite import compare
+from lora_suite.tools import compare
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "reports" / "20261121T055736Z-bench"  # H200, commit 17bf5be (reports/README.md)
+RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "runs"  # recorded run excerpts (README there)
+BENCH = RUNS / "20261121T055736Z-bench"  # H200, commit 17bf5be (reports/README.md)
 
 
 def _write(directory: Path, benchmark=None, report=None) -> Path:
@@ -111,7 +112,7 @@ def test_runs_of_different_implementations_are_not_compared(tmp_path, capsys):
     assert compare.main([str(old), str(base)]) == 0
 
 
-INTERLEAVED = ROOT / "reports" / "20261122T134747Z-bench"  # H200, d43484f: runs taking turns (reports/README.md)
+INTERLEAVED = RUNS / "20261122T134747Z-bench"  # H200, d43484f: runs taking turns (reports/README.md)
 
 
 def _scaled_ratio(bench: dict, key: str, factor: float) -> dict:
@@ -163,14 +164,7 @@ def test_a_retired_check_is_not_missing():
         (ROOT / "reports" / "baselines" / "NVIDIA_H100_80GB_HBM3" / "extended" / "report.json").read_text()
     )
     run = json.loads(
-        (
-            ROOT
-            / "reports"
-            / "20261124T024657Z-load-acceptance"
-            / "quiet"
-            / "20261124T025530Z-extended"
-            / "report.json"
-        ).read_text()
+        (RUNS / "20261124T024657Z-load-acceptance" / "quiet" / "20261124T025530Z-extended" / "report.json").read_text()
     )
     changes = compare.compare_reports(base, run)
     assert not [c for c in changes if c.regression], changes

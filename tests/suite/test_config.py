@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lora_suite.config import CONFIG_DIR, ConfigError, load_model_config, load_tier_config
+from lora_suite.core.config import CONFIG_DIR, ConfigError
+from lora_suite.core.loader import load_model_config, load_tier_config
 
 TIERS = ("quick", "convergence", "memory", "extended", "full")
 

@@ -1,5 +1,5 @@
 """The convergence tier's loss-match criterion can fail: a wrong gradient leaves the band, a correct
-re-association of the same math stays inside it (tiny Llama, CPU, the criterion of lora_suite.criteria)."""
+re-association of the same math stays inside it (tiny Llama, CPU, the criterion of lora_suite.measure.criteria)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import torch.nn.functional as F
 
 from lora_core.inject import adapter_parameters
 from lora_core.ops import lora_linear as op
-from lora_suite.criteria import loss_match
-from lora_suite.gradients import copy_adapters, perturb_lora_a
-from lora_suite.prepare import prepare
-from lora_suite.trainer import train
+from lora_suite.engine.gradients import copy_adapters, perturb_lora_a
+from lora_suite.engine.prepare import prepare
+from lora_suite.engine.trainer import train
+from lora_suite.measure.criteria import loss_match
 
 FACTOR, FLOOR, PERTURB = 4, 2.0**-10, 2.0**-8  # the convergence tier's values (configs/convergence.yaml)
 

@@ -6,7 +6,13 @@ import math
 
 import pytest
 
-from lora_suite.criteria import coefficient_of_variation, is_non_increasing, loss_drop, loss_match, windowed_means
+from lora_suite.measure.criteria import (
+    coefficient_of_variation,
+    is_non_increasing,
+    loss_drop,
+    loss_match,
+    windowed_means,
+)
 
 
 def test_loss_drop_uses_window_means():
@@ -41,7 +47,7 @@ def test_loss_match_band_follows_the_control():
 
 def test_one_stall_dominates_a_plain_cv_but_not_the_robust_spread():
     """The extended tier's false alarm (issue 8): steady 100 ms steps with one 300 ms stall."""
-    from lora_suite.criteria import robust_spread
+    from lora_suite.measure.criteria import robust_spread
 
     times = [100.0 + (i % 5) * 0.5 for i in range(450)]
     times[200] = 300.0
@@ -51,7 +57,7 @@ def test_one_stall_dominates_a_plain_cv_but_not_the_robust_spread():
 
 def test_robust_spread_catches_a_slowed_path_on_half_the_steps():
     """A planted defect: every other step takes 30% longer (e.g. a sync plus extra work every other step)."""
-    from lora_suite.criteria import robust_spread
+    from lora_suite.measure.criteria import robust_spread
 
     times = [100.0 if i % 2 else 130.0 for i in range(450)]
     assert robust_spread(times) > 0.10
@@ -60,7 +66,7 @@ def test_robust_spread_catches_a_slowed_path_on_half_the_steps():
 def test_median_drift_and_its_noise_allowance():
     import random
 
-    from lora_suite.criteria import median_drift
+    from lora_suite.measure.criteria import median_drift
 
     rng = random.Random(0)
     steady = [1000.0 * (1 + rng.gauss(0, 0.05)) for _ in range(450)]
@@ -73,7 +79,7 @@ def test_median_drift_and_its_noise_allowance():
 
 
 def test_stalls_are_counted_beyond_a_factor_of_the_median_only():
-    from lora_suite.criteria import stall_fraction
+    from lora_suite.measure.criteria import stall_fraction
 
     jitter = [100.0 * (1 + 0.5 * ((i * 7919) % 13) / 13) for i in range(400)]  # host jitter up to +50%
     assert stall_fraction(jitter, 2.5) == 0.0
@@ -85,7 +91,7 @@ def test_stalls_are_counted_beyond_a_factor_of_the_median_only():
 
 
 def test_stall_verdict_judges_multiples_of_the_step_not_a_host_regime():
-    from lora_suite.criteria import stall_verdict
+    from lora_suite.measure.criteria import stall_verdict
 
     steps = list(range(50, 500))
     wall = [0.17 if s < 300 else 0.33 for s in steps]  # the loaded host switching regime: 2x, not a stall
@@ -95,7 +101,7 @@ def test_stall_verdict_judges_multiples_of_the_step_not_a_host_regime():
 
 
 def test_device_time_verdict_passes_jitter_and_fails_a_10_percent_slower_device_step():
-    from lora_suite.criteria import device_time_verdict
+    from lora_suite.measure.criteria import device_time_verdict
 
     early = [0.0370 * (1 + 0.002 * k) for k in (-2, -1, 0, 1, 2)]  # quiet kernels: well under 1% apart
     kw = dict(drift_max=0.05, z=3.0, source="x.yaml")
@@ -105,7 +111,7 @@ def test_device_time_verdict_passes_jitter_and_fails_a_10_percent_slower_device_
 
 
 def test_aged_vs_fresh_verdict_passes_equal_sides_and_fails_a_10_percent_costlier_aged_side():
-    from lora_suite.criteria import aged_vs_fresh_verdict
+    from lora_suite.measure.criteria import aged_vs_fresh_verdict
 
     jitter = [1 + 0.02 * ((i * 7) % 5 - 2) for i in range(40)]  # deterministic ±4% pair-to-pair noise
     kw = dict(slowdown_max=0.05, z=3.0, source="x.yaml")
@@ -118,7 +124,7 @@ def test_aged_vs_fresh_verdict_passes_equal_sides_and_fails_a_10_percent_costlie
 def test_host_normalised_drift_tells_a_slower_host_from_more_work():
     """A host slowing 30% over the run scales step and probe alike (the normalised drift stays ~0, the raw one
     does not); a step doing 30% more work on a steady host moves only the step (both drifts see it)."""
-    from lora_suite.criteria import host_normalised_drift, median_drift
+    from lora_suite.measure.criteria import host_normalised_drift, median_drift
 
     n, w = 200, 50
     ramp = [1 + 0.3 * i / (n - 1) for i in range(n)]
@@ -142,9 +148,9 @@ def test_the_extended_tier_records_host_speed_per_window(tiny_cfg):
     from pathlib import Path
     from types import SimpleNamespace
 
-    from lora_suite.environment import collect_environment
-    from lora_suite.report import RunReport
-    from lora_suite.trainer import StepRecord
+    from lora_suite.core.environment import collect_environment
+    from lora_suite.engine.trainer import StepRecord
+    from lora_suite.harness.report import RunReport
 
     path = Path(__file__).resolve().parents[2] / "tiers" / "extended" / "test_extended_tier.py"
     spec = importlib.util.spec_from_file_location("extended_tier_for_test", path)

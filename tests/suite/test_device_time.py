@@ -1,10 +1,10 @@
-"""lora_suite.device_time on the CPU: launch keys, clipping of time-sliced launches, the profiled windows."""
+"""lora_suite.measure.device_time on the CPU: launch keys, clipping of time-sliced launches, the profiled windows."""
 
 from __future__ import annotations
 
 import pytest
 
-from lora_suite.device_time import DeviceTimer, clipped_step_times, launch_keys, profile_windows, window
+from lora_suite.measure.device_time import DeviceTimer, clipped_step_times, launch_keys, profile_windows, window
 
 
 def _step(scale: float = 1.0, extra: list | None = None) -> list[tuple[str, float]]:

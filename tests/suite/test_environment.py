@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lora_suite.environment import COMMIT_ENV, collect_environment, git_state
+from lora_suite.core.environment import COMMIT_ENV, collect_environment, git_state
 
 
 def test_environment_has_versions_and_commit():

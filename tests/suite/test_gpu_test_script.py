@@ -221,13 +221,14 @@ def test_scorecard_runs_every_selected_implementation_through_the_tiers_then_bui
     out = subprocess.run(
         [
             "bash",
-            str(ROOT / "scripts" / "gpu-test.sh"),
+            str(SCRIPT),
             "scorecard",
             "--lora-impl",
             "cupy,peft-bnb",
             "--report-dir",
             str(tmp_path),
             "--check-vram",
+            "--record",
         ],
         capture_output=True,
         text=True,
@@ -236,16 +237,13 @@ def test_scorecard_runs_every_selected_implementation_through_the_tiers_then_bui
     assert out.returncode == 0, out.stderr
     lines = [line.removeprefix("would run: ") for line in out.stdout.splitlines()]
     tiers = [
-        (line.split()[1], line.split()[3])
-        for line in lines
-        if line.startswith("./scripts/gpu-test.sh") and "--lora-impl" in line
+        (line.split()[1], line.split()[3]) for line in lines if line.startswith("lora-suite") and "--lora-impl" in line
     ]
     assert tiers == [(t, i) for i in ("cupy", "peft-bnb") for t in ("quick", "convergence", "memory")]
-    assert all("--check-vram" in line for line in lines if "--lora-impl" in line)
-    assert lines[-2] == (
-        f"./scripts/gpu-test.sh bench --report-dir {tmp_path} -- -k speed_interleaved --bench-impls cupy,peft-bnb"
-    )
-    assert lines[-1].endswith(f"-m lora_suite.scorecard {tmp_path} {tmp_path}")
+    assert all("--check-vram" in line and "--record" in line for line in lines if "--lora-impl" in line)
+    assert lines[-2].startswith(f"lora-suite bench --report-dir {tmp_path} --record --ledger ")
+    assert lines[-2].endswith("-- -k speed_interleaved --bench-impls cupy,peft-bnb")
+    assert lines[-1] == f"lora-suite render-scorecard {tmp_path} {tmp_path}"
 
 
 def test_scorecard_lanes_run_implementations_at_once_each_logged_then_the_bench_alone(tmp_path):
@@ -253,7 +251,7 @@ def test_scorecard_lanes_run_implementations_at_once_each_logged_then_the_bench_
     out = subprocess.run(
         [
             "bash",
-            str(ROOT / "scripts" / "gpu-test.sh"),
+            str(SCRIPT),
             "scorecard",
             "--lora-impl",
             "cupy,peft,loralib",
@@ -269,7 +267,7 @@ def test_scorecard_lanes_run_implementations_at_once_each_logged_then_the_bench_
     assert out.returncode == 0, out.stderr
     for impl in ("cupy", "peft", "loralib"):
         log = (tmp_path / f"lane-{impl}.log").read_text().splitlines()
-        assert [line.split()[3] for line in log] == ["quick", "convergence", "memory"]  # "would run: gpu-test.sh TIER"
+        assert [line.split()[3] for line in log] == ["quick", "convergence", "memory"]  # "would run: lora-suite TIER"
         assert all(f"--lora-impl {impl} " in line for line in log)
     assert "speed_interleaved --bench-impls cupy,peft,loralib" in out.stdout.splitlines()[-2]
 
@@ -278,17 +276,17 @@ def test_scorecard_lanes_run_implementations_at_once_each_logged_then_the_bench_
     "args, message",
     [
         (["--lora-impl", "a b"], "--lora-impl must be names separated by commas, got 'a b'"),
-        (["--lora-impl"], "--lora-impl needs a comma-separated list, got ''"),
+        (["--lora-impl"], "--lora-impl needs a value (cupy, torch, peft or package.module:factory), got ''"),
         (["--report-dir", "--check-vram"], "--report-dir needs a directory, got '--check-vram'"),
-        (["--gpus", "2"], "unknown argument '--gpus'"),
-        (["--jobs", "0"], "--jobs needs a whole number >= 1, got '0'"),
+        (["--gpus", "2"], "unknown option '--gpus'"),
+        (["--jobs", "0"], "--jobs must be a positive whole number, got '0'"),
         (["--jobs"], "--jobs needs a whole number >= 1, got ''"),
-        (["--no-bench", "x"], "unknown argument 'x'"),
+        (["--no-bench", "x"], "unexpected argument 'x' for scorecard"),
     ],
 )
 def test_scorecard_refuses_bad_arguments_naming_them(args, message, tmp_path):
     out = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "scorecard.sh"), *args],
+        ["bash", str(SCRIPT), "scorecard", *args],
         capture_output=True,
         text=True,
         env={**os.environ, "SCORECARD_DRY_RUN": "1"},

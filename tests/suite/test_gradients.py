@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lora_suite import gradients as G
-from lora_suite import trainer
-from lora_suite.prepare import prepare
+from lora_suite.engine import gradients as G
+from lora_suite.engine import trainer
+from lora_suite.engine.prepare import prepare
 
 FACTOR = 4.0  # the quick tier's grad_match_factor (configs/quick.yaml)
 

@@ -1,4 +1,4 @@
-"""lora_suite.history on the CPU: from committed GPU reports and from fixture reports written here."""
+"""lora_suite.tools.history on the CPU: from committed GPU reports and from fixture reports written here."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from lora_suite.history import collect, figures_of, main, run_time
+from lora_suite.tools.history import collect, figures_of, main, run_time
 
 ROOT = Path(__file__).resolve().parents[2]
-REPORTS = ROOT / "reports"
+REPORTS = Path(__file__).resolve().parents[1] / "fixtures" / "runs"  # recorded run excerpts (README there)
 RUNS = [
     "20261122T134049Z-memory",
     "20261121T055114Z-memory",

@@ -20,10 +20,10 @@ from torch import nn
 
 from lora_core.adapters import load_peft_adapter
 from lora_suite import implementations as I
-from lora_suite.checkpoint import load_adapter_checkpoint, save_adapter_checkpoint
-from lora_suite.criteria import loss_drop
-from lora_suite.prepare import prepare
-from lora_suite.trainer import train
+from lora_suite.engine.checkpoint import load_adapter_checkpoint, save_adapter_checkpoint
+from lora_suite.engine.prepare import prepare
+from lora_suite.engine.trainer import train
+from lora_suite.measure.criteria import loss_drop
 
 
 class ToyLoRALinear(nn.Module):
@@ -338,7 +338,7 @@ def test_a_tier_config_fits_what_the_implementation_declares_and_says_so(name, e
     the implementation's own reason, and the changed config then prepares without an error."""
     import dataclasses
 
-    from lora_suite.prepare import fit_to_implementation
+    from lora_suite.engine.prepare import fit_to_implementation
 
     impl = I.resolve_implementation(name)
     cfg = dataclasses.replace(tiny_cfg, dtype="bfloat16")

@@ -20,7 +20,7 @@ def test_an_installed_package_loads_tier_configs_from_another_directory(tmp_path
     )
     assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
     code = (
-        "import lora_suite.config as c; cfg = c.load_tier_config('quick'); "
+        "import lora_suite.core.config as c, lora_suite.core.loader as l; cfg = l.load_tier_config('quick'); "
         "print(c.CONFIG_DIR); print(cfg.tier, cfg.model.name, cfg.train.steps)"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LORA_SUITE_CONFIG_DIR")}

@@ -1,4 +1,4 @@
-"""Replays of recorded extended-tier runs through lora_suite.long_run.extended_verdicts, on the CPU.
+"""Replays of recorded extended-tier runs through lora_suite.scenarios.long_run.extended_verdicts, on the CPU.
 
 Fixtures (tests/fixtures/extended_replay/, trimmed report.json files; README there says where each came from):
 - h200-2026-11-23-*: unchanged code (86cb0ab) on shared 2xH200 hosts, before issue 18. Four of the seven failed
@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from lora_suite.config import CONFIG_DIR, load_tier_config
-from lora_suite.criteria import host_time_drift
-from lora_suite.long_run import extended_verdicts, replay_report
+from lora_suite.core.config import CONFIG_DIR
+from lora_suite.core.loader import load_tier_config
+from lora_suite.measure.criteria import host_time_drift
+from lora_suite.scenarios.long_run import extended_verdicts, replay_report
 
 FIXTURES = sorted((Path(__file__).resolve().parents[1] / "fixtures" / "extended_replay").glob("*.json"))
 BEFORE_ISSUE_18 = [f for f in FIXTURES if f.name.startswith("h200-2026-11-23-")]

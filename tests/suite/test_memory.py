@@ -7,8 +7,10 @@ import dataclasses
 import pytest
 import torch
 
-from lora_suite.config import LoRASettings
-from lora_suite.memory import (
+from lora_suite.core.config import LoRASettings
+from lora_suite.engine.prepare import prepare
+from lora_suite.engine.trainer import train
+from lora_suite.measure.memory import (
     CONTEXT_BYTES,
     GIB,
     MIB,
@@ -18,8 +20,6 @@ from lora_suite.memory import (
     measured_split,
     vram_verdict,
 )
-from lora_suite.prepare import prepare
-from lora_suite.trainer import train
 from tests.conftest import TINY_ARCH
 
 
@@ -105,7 +105,7 @@ class _FakeAllocator:
 
 
 def test_peak_window_releases_workspaces_and_excludes_what_earlier_work_left(monkeypatch):
-    from lora_suite.memory import PeakWindow
+    from lora_suite.measure.memory import PeakWindow
 
     fake = _FakeAllocator(allocated=100 * MIB, workspaces=64 * MIB, peak=14 * GIB)
     fake.install(monkeypatch)
@@ -116,7 +116,7 @@ def test_peak_window_releases_workspaces_and_excludes_what_earlier_work_left(mon
 
 
 def test_peak_window_without_the_workspace_call_releases_nothing(monkeypatch):
-    from lora_suite.memory import PeakWindow
+    from lora_suite.measure.memory import PeakWindow
 
     fake = _FakeAllocator(allocated=64 * MIB, workspaces=64 * MIB, peak=GIB)
     fake.install(monkeypatch, with_clear=False)
@@ -128,7 +128,7 @@ def test_host_heap_in_use_sees_a_leak_that_reuses_freed_memory():
     """The RSS misses a leak served from memory the process freed earlier (glibc keeps it); bytes in use do not."""
     import sys
 
-    from lora_suite.memory import host_heap_bytes, host_rss_bytes
+    from lora_suite.measure.memory import host_heap_bytes, host_rss_bytes
 
     if host_heap_bytes() is None:
         pytest.skip(f"no glibc mallinfo2 on this platform ({sys.platform})")
@@ -142,7 +142,7 @@ def test_host_heap_in_use_sees_a_leak_that_reuses_freed_memory():
 
 
 def test_host_rss_is_none_where_there_is_no_statm(tmp_path):
-    from lora_suite.memory import host_rss_bytes
+    from lora_suite.measure.memory import host_rss_bytes
 
     assert host_rss_bytes(str(tmp_path / "missing")) is None
     (tmp_path / "statm").write_text("garbage")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lora_suite import multigpu as M
+from lora_suite.scenarios import multigpu as M
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_command_is_torchrun_over_the_worker_and_multicast_is_off():
     cmd = M.launch_command("c.yaml", "out", 2, implementation="cupy", steps=5)
     assert cmd[:5] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    assert cmd[5:7] == ["-m", "lora_suite.multigpu"] and "--implementation" in cmd and "cupy" in cmd
+    assert cmd[5:7] == ["-m", "lora_suite.scenarios.multigpu_worker"] and "--implementation" in cmd and "cupy" in cmd
     env = M.launch_env({"PATH": "/bin"})
     assert env["NCCL_NVLS_ENABLE"] == "0" and env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
     assert env["PATH"] == "/bin"
@@ -124,8 +124,8 @@ def test_fsdp2_on_two_gloo_ranks_trains_like_one_process_and_saves_a_peft_folder
     from safetensors.torch import load_file
 
     from lora_core.adapters import load_peft_adapter
-    from lora_suite.config import load_tier_config
-    from lora_suite.prepare import prepare
+    from lora_suite.core.loader import load_tier_config
+    from lora_suite.engine.prepare import prepare
 
     two = M.launch(short_cfg, tmp_path / "two", 2, timeout_s=240, device="cpu", mode="fsdp")
     one = M.launch(short_cfg, tmp_path / "one", 1, timeout_s=240, device="cpu", mode="fsdp")

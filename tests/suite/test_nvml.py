@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lora_suite.nvml import NvmlReader, nvml_memory
+from lora_suite.measure.nvml import NvmlReader, nvml_memory
 
 
 def test_nvml_without_gpu_is_none():

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from lora_suite.parity import UNIT_ROUNDOFF, compare, parity, random_case, tolerance
+from lora_suite.engine.parity import UNIT_ROUNDOFF, compare, parity, random_case, tolerance
 
 
 def test_tolerance_is_c_times_unit_roundoff():
@@ -40,7 +40,7 @@ def test_float64_reference_is_the_formula_and_agrees_with_autograd():
     here float64 autograd through plain F.linear checks the hand-written formula."""
     import inspect
 
-    import lora_suite.parity as P
+    import lora_suite.engine.parity as P
 
     assert "lora_linear_torch(" not in inspect.getsource(P.reference_f64)
     gen = torch.Generator().manual_seed(1)

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from lora_suite.environment import collect_environment
-from lora_suite.report import RunReport, Series, atomic_write_text, render_markdown
+from lora_suite.core.environment import collect_environment
+from lora_suite.harness.report import RunReport, Series, atomic_write_text, render_markdown
 
 
 def _report():
@@ -67,7 +67,7 @@ def test_markdown_marks_failures():
 
 
 def test_a_long_series_is_compact_in_report_md_and_whole_in_json(tmp_path):
-    from lora_suite.report import RunReport, Series, compact_rows
+    from lora_suite.harness.report import RunReport, Series, compact_rows
 
     rows = tuple((i, 10.0 - i / 100) for i in range(1000))
     shown, note = compact_rows(rows)
@@ -85,7 +85,7 @@ def test_a_long_series_is_compact_in_report_md_and_whole_in_json(tmp_path):
 
 
 def test_a_series_without_a_step_axis_is_a_table_only():
-    from lora_suite.report import Series, plottable
+    from lora_suite.harness.report import Series, plottable
 
     assert plottable(Series("t", "ratios", ("shape", "ratio"), (("a", 1.0), ("b", 2.0), ("c", 3.0)))) is None
     stepped = plottable(Series("t", "mem", ("step", "mib", "note"), ((1, 2.0, "x"), (2, 3.0, "y"), (3, 4.0, "z"))))

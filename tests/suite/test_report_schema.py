@@ -12,11 +12,12 @@ jsonschema = pytest.importorskip(
     reason="jsonschema is not installed: pip install -e .[test] (the test extra) to validate the committed reports",
 )
 
-from lora_suite.environment import collect_environment  # noqa: E402  (after the importorskip above)
-from lora_suite.report import SCHEMA_VERSION, RunReport  # noqa: E402
+from lora_suite.core.environment import collect_environment  # noqa: E402  (after the importorskip above)
+from lora_suite.harness.report import SCHEMA_VERSION, RunReport  # noqa: E402
 
 REPORTS = Path(__file__).resolve().parents[2] / "reports"
-COMMITTED = sorted(p for p in REPORTS.rglob("report.json") if "_local" not in p.parts)
+RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "runs"  # recorded run excerpts (README there)
+COMMITTED = sorted(RUNS.rglob("report.json"))
 
 
 def schema_for(version: int) -> dict:
@@ -27,7 +28,7 @@ def test_there_are_committed_reports_to_validate():
     assert len(COMMITTED) >= 10
 
 
-@pytest.mark.parametrize("path", COMMITTED, ids=[str(p.relative_to(REPORTS)) for p in COMMITTED])
+@pytest.mark.parametrize("path", COMMITTED, ids=[str(p.relative_to(RUNS)) for p in COMMITTED])
 def test_committed_report_validates(path):
     data = json.loads(path.read_text())
     jsonschema.validate(data, schema_for(data.get("schema_version", 1)))

@@ -152,7 +152,7 @@ def test_progress_lines_show_up_while_a_test_runs(pytester, monkeypatch):
         test_progress="""
         import logging
         def test_long():
-            log = logging.getLogger("lora_suite.trainer")
+            log = logging.getLogger("lora_suite.engine.trainer")
             for step in range(3):
                 log.info("step %d/3 loss 1.0 eta 0m0%ds", step + 1, 3 - step)
     """

@@ -1,4 +1,4 @@
-"""lora_suite.scorecard on the CPU, from committed GPU reports of cupy and PEFT (H100, 22ff8ab) and a bench run."""
+"""lora_suite.tools.scorecard on the CPU, from committed GPU reports of cupy and PEFT (H100, 22ff8ab) and a bench run."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import json
 import shutil
 from pathlib import Path
 
-from lora_suite.scorecard import build, cell_of, main
+from lora_suite.tools.scorecard import build, cell_of, main
 
-REPORTS = Path(__file__).resolve().parents[2] / "reports"
+REPORTS = Path(__file__).resolve().parents[1] / "fixtures" / "runs"  # recorded run excerpts (README there)
 RUNS = [
     "20261122T055613Z-quick-peft",
     "20261122T055703Z-convergence-peft",
@@ -122,7 +122,7 @@ def test_a_peer_that_stopped_in_the_benchmark_is_a_finding_in_its_own_cell(tmp_p
 
 
 def test_repeated_reasons_are_one_note_with_their_count():
-    from lora_suite.scorecard import summarise
+    from lora_suite.tools.scorecard import summarise
 
     assert summarise(["a: x", "b: y", "a: x", "a: x"]) == ["a: x (×3)", "b: y"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lora_suite.timing import TimingStats, cuda_time
+from lora_suite.measure.timing import TimingStats, cuda_time
 
 
 def test_stats_median_and_quantiles():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lora_suite.timing import PairedEstimate, measure_until_pass
+from lora_suite.measure.timing import PairedEstimate, measure_until_pass
 
 
 def test_a_transient_failure_is_remeasured_and_passes():

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from lora_core.inject import adapter_parameters
-from lora_suite.checkpoint import load_adapter_checkpoint, save_adapter_checkpoint
-from lora_suite.config import TrainSettings
-from lora_suite.criteria import loss_drop
-from lora_suite.prepare import prepare
-from lora_suite.trainer import NonFiniteError, lr_at, make_optimizer, train
+from lora_suite.core.config import TrainSettings
+from lora_suite.engine.checkpoint import load_adapter_checkpoint, save_adapter_checkpoint
+from lora_suite.engine.optimizer import lr_at, make_optimizer
+from lora_suite.engine.prepare import prepare
+from lora_suite.engine.trainer import NonFiniteError, train
+from lora_suite.measure.criteria import loss_drop
 
 
 def test_lr_schedule():
@@ -112,7 +113,7 @@ def test_the_host_probe_is_recorded_after_each_step_when_configured(tiny_cfg):
 
 # ------------------------------------------------------------------ captured steps (train.cuda_graph): the logic
 def test_a_captured_run_needs_cuda_adapters_and_says_so(tiny_cfg):
-    from lora_suite.trainer import make_optimizer
+    from lora_suite.engine.optimizer import make_optimizer
 
     cfg = dataclasses.replace(tiny_cfg.train, cuda_graph=True)
     p = prepare(tiny_cfg, "cpu")
@@ -125,8 +126,8 @@ def test_a_captured_run_needs_cuda_adapters_and_says_so(tiny_cfg):
 
 
 def test_capture_with_checkpointing_loads_and_checkpoints_without_the_rng_stash(config_dir):
-    from lora_suite.config import load_tier_config
-    from lora_suite.trainer import checkpointing_kwargs
+    from lora_suite.core.loader import load_tier_config
+    from lora_suite.engine.capture import checkpointing_kwargs
 
     path = config_dir / "tiny.yaml"
     path.write_text(
@@ -140,7 +141,7 @@ def test_capture_with_checkpointing_loads_and_checkpoints_without_the_rng_stash(
 
 
 def test_capture_with_checkpointing_refuses_a_model_with_dropout_naming_it(tiny_cfg):
-    from lora_suite.trainer import checkpointing_kwargs, random_in_training
+    from lora_suite.engine.capture import checkpointing_kwargs, random_in_training
 
     model = prepare(tiny_cfg, "cpu").model
     assert random_in_training(model) == []
@@ -157,7 +158,7 @@ def test_capture_with_checkpointing_refuses_a_model_with_dropout_naming_it(tiny_
 
 
 def test_static_batches_copy_in_and_refuse_other_shapes():
-    from lora_suite.trainer import StaticBatches
+    from lora_suite.engine.capture import StaticBatches
 
     first = [{"input_ids": torch.zeros(2, 8, dtype=torch.long), "labels": torch.zeros(2, 8, dtype=torch.long)}]
     static = StaticBatches(first)
@@ -177,7 +178,7 @@ def test_static_batches_copy_in_and_refuse_other_shapes():
 
 
 def test_set_lr_writes_into_a_tensor_lr_in_place_and_assigns_a_float():
-    from lora_suite.trainer import set_lr
+    from lora_suite.engine.optimizer import set_lr
 
     w = torch.nn.Parameter(torch.zeros(2))
     lr = torch.tensor(1e-3)
@@ -196,7 +197,8 @@ def test_eager_records_say_they_were_not_replayed(tiny_cfg):
 
 
 def test_the_graph_warm_up_must_leave_steps_to_capture_only_when_capturing(config_dir):
-    from lora_suite.config import ConfigError, load_tier_config
+    from lora_suite.core.config import ConfigError
+    from lora_suite.core.loader import load_tier_config
 
     path = config_dir / "tiny.yaml"
     text = path.read_text()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lora_suite import training_bench as TB
-from lora_suite.trainer import StepRecord
+from lora_suite.engine.trainer import StepRecord
+from lora_suite.scenarios import training_bench as TB
 
 
 def test_every_applicable_run_makes_a_valid_config():
@@ -168,7 +168,7 @@ def test_take_turns_lets_the_suites_own_failure_and_a_cuda_error_through():
 
 
 def test_a_turn_run_trains_on_from_where_it_stopped_and_times_its_steps(tiny_cfg):
-    from lora_suite.prepare import prepare
+    from lora_suite.engine.prepare import prepare
 
     p = prepare(tiny_cfg, "cpu", implementation="torch")
     run = TB.TurnRun(p, tiny_cfg.train, "eager")

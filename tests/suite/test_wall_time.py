@@ -1,11 +1,11 @@
-"""lora_suite.wall_time on the CPU: the phases of a run's wall time, each measured."""
+"""lora_suite.measure.wall_time on the CPU: the phases of a run's wall time, each measured."""
 
 from __future__ import annotations
 
 import os
 import time
 
-from lora_suite import wall_time
+from lora_suite.measure import wall_time
 
 
 def test_the_process_start_is_read_from_proc_and_lies_before_now():

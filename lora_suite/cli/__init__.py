@@ -1,0 +1,190 @@
+"""``lora-suite`` (and ``python -m lora_suite``): one subcommand per target, ``--help`` on each.
+
+    lora-suite TARGET [options] [-- extra pytest args]
+
+Targets: every tier of the tier registry (``configs/<tier>.yaml`` with a ``suite:`` section, run from
+``tiers/<tier>/``), ``all``, ``bench``, ``selftest``, ``selftest-gpu``, ``scorecard``, ``render-scorecard``,
+``history``, ``compare`` and ``ledger``. Exit codes: 0 passed, 1 a target failed (or a regression was found),
+2 bad usage, 130 interrupted. ``scripts/gpu-test.sh`` sets up ``.venv`` where needed and hands over to this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+
+from lora_suite.cli import targets
+from lora_suite.cli.usage import UsageError, check_values
+
+TOOLS = {
+    "selftest": "the framework's own CPU tests (a checkout's tests/; what CI runs)",
+    "selftest-gpu": "planted defects each criterion must catch: the suite's own sensitivity, on a GPU",
+    "bench": "pytest-benchmark: the layer forward+backward against the base layer and PEFT, NF4 kernels against "
+    "bitsandbytes, training steps end to end",
+    "scorecard": "every selected (default: installed) implementation through quick, convergence and memory, then the "
+    "interleaved training benchmark; writes scorecard.md / .html / .json",
+    "render-scorecard": "the scorecard rebuilt from run folders and/or the ledger, without running anything",
+    "history": "every judged figure over time from the ledger (and run folders), per GPU, implementation and tier",
+    "compare": "the night-to-night regression gate between two run folders (exit 1 on a regression)",
+    "ledger": "the results ledger: record run folders' judged figures as rows, or show rows",
+}
+IMPL_SPEC = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*(:[A-Za-z_][A-Za-z0-9_]*)?")
+
+
+EPILOG = """run options (tiers, all, bench, selftest-gpu; `lora-suite TARGET --help` lists each target's):
+  --check-vram / --strict-vram   the LoRA-aware memory estimate against NVML free memory first; skip (or fail) if short
+  --continue-on-error            run the remaining targets after a failure (the exit code is still 1)
+  --report-dir DIR               runs go to DIR/<run-id>/ (default reports/, ignored by git: CI keeps them as artifacts)
+  --lora-impl NAME|MODULE:FACTORY   the implementation under test (default cupy)
+  --weights auto|pretrained|random  --gpus N  --baseline DIR|auto  -v/--verbose
+  --record [--ledger FILE]       append each run's judged figures to the ledger (default reports/ledger.jsonl)
+
+Exit codes: 0 all passed (GPU tests skip, with a reason, without a GPU), 1 a target failed or a regression was found,
+2 bad usage, 130 interrupted (scripts/gpu-test.sh adds 3: the Python environment could not be set up)."""
+
+
+def registry_names() -> list[str]:
+    from lora_suite.core.registry import registry
+
+    return list(registry())
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with the suite's usage errors: one line naming the bad value, then where help is; exit 2."""
+
+    def error(self, message):
+        raise UsageError(message)
+
+
+def _run_options(p: argparse.ArgumentParser, tier: bool = True) -> None:
+    g = p.add_argument_group("run options")
+    if tier:
+        g.add_argument(
+            "--check-vram",
+            action="store_true",
+            help="compare the LoRA-aware memory estimate with NVML free memory before each tier; skip when short",
+        )
+        g.add_argument("--strict-vram", action="store_true", help="with --check-vram: fail instead of skipping")
+        g.add_argument("--weights", choices=("auto", "pretrained", "random"), help="override the tiers' weights mode")
+        g.add_argument("--gpus", type=_positive_int("--gpus"), help="multigpu: processes (GPUs) per torchrun job")
+    g.add_argument("--continue-on-error", action="store_true", help="run the remaining targets after a failure")
+    g.add_argument("--report-dir", help="run reports go to DIR/<run-id>/ (default: reports/, ignored by git)")
+    g.add_argument(
+        "--lora-impl",
+        type=_impl,
+        help="the implementation under test: cupy (default), torch, peft, "
+        "peft-bnb, loralib, torchtune, an entry point, or package.module:factory",
+    )
+    g.add_argument(
+        "--baseline",
+        help="compare each target's run with DIR/<target> (auto: reports/baselines/<GPU>); a regression fails it",
+    )
+    g.add_argument("--record", action="store_true", help="append each finished run's judged figures to the ledger")
+    g.add_argument("--ledger", help="the ledger --record appends to (default: reports/ledger.jsonl)")
+    g.add_argument("-v", "--verbose", action="store_true", help="verbose pytest output with live progress lines")
+    g.add_argument("--backend", help=argparse.SUPPRESS)
+
+
+def _positive_int(flag: str):
+    def parse(text: str) -> int:
+        if not re.fullmatch(r"[1-9][0-9]*", text):
+            raise argparse.ArgumentTypeError(f"{flag} must be a positive whole number, got {text!r}")
+        return int(text)
+
+    return parse
+
+
+def _impl(text: str) -> str:
+    if not IMPL_SPEC.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"--lora-impl must be a name or package.module:factory, got {text!r}")
+    return text
+
+
+def build_parser() -> Parser:
+    from lora_suite.core.registry import registry
+
+    tiers = registry()
+    p = Parser(
+        prog="lora-suite",
+        description="The LoRA GPU validation suite: one subcommand per target, --help on each.",
+        formatter_class=argparse.RawTextHelpFormatter,
+        epilog=EPILOG,
+    )
+    sub = p.add_subparsers(dest="target", metavar="TARGET", parser_class=Parser)
+    for name, t in tiers.items():
+        desc = t.entry.description.replace("%", "%%")  # argparse formats help with %
+        _run_options(sub.add_parser(name, help=desc, description=desc))
+    names = ", ".join(n for n, t in tiers.items() if t.entry.in_all)
+    _run_options(
+        sub.add_parser(
+            "all",
+            help=f"the tiers of the registry in order ({names}); those needing more GPUs only where they are visible",
+        )
+    )
+    _run_options(sub.add_parser("bench", help=TOOLS["bench"]), tier=False)
+    _run_options(sub.add_parser("selftest-gpu", help=TOOLS["selftest-gpu"]), tier=False)
+    _run_options(sub.add_parser("selftest", help=TOOLS["selftest"]), tier=False)
+    s = sub.add_parser("scorecard", help=TOOLS["scorecard"])
+    s.add_argument("--lora-impl", dest="impls", help="implementations, comma-separated (default: every one installed)")
+    s.add_argument("--report-dir", help="where the scorecard's runs go (default: reports/<stamp>-scorecard)")
+    s.add_argument("--check-vram", action="store_true")
+    s.add_argument("--jobs", type=_positive_int("--jobs"), default=1, help="implementations run at once (lanes)")
+    s.add_argument("--no-bench", action="store_true", help="the tiers only, no training benchmark")
+    s.add_argument("--record", action="store_true", help="append every run's figures to the ledger")
+    s.add_argument("--ledger", help="the ledger --record appends to (default: reports/ledger.jsonl)")
+    r = sub.add_parser("render-scorecard", help=TOOLS["render-scorecard"])
+    r.add_argument("out", help="folder for scorecard.md / .html / .json")
+    r.add_argument("dirs", nargs="*", help="run folders to read (report.json under them)")
+    r.add_argument("--ledger", help="read the ledger too (default: none unless --group is given)")
+    r.add_argument("--group", help="only the ledger's runs of this group (a campaign folder's name)")
+    h = sub.add_parser("history", help=TOOLS["history"])
+    h.add_argument("dirs", nargs="*", help="run folders to read besides the ledger")
+    h.add_argument("--ledger", help="the ledger (default: reports/ledger.jsonl)")
+    h.add_argument("--no-ledger", action="store_true", help="run folders only")
+    h.add_argument("--html", help="the page to write (default: reports/history/history.html)")
+    c = sub.add_parser("compare", help=TOOLS["compare"])
+    c.add_argument("runs", nargs="*", metavar="BASELINE RUN", help="two run folders (or their report/benchmark JSON)")
+    lg = sub.add_parser("ledger", help=TOOLS["ledger"])
+    lsub = lg.add_subparsers(dest="action", metavar="ACTION", parser_class=Parser, required=True)
+    rec = lsub.add_parser("record", help="append the judged figures of run folders (report.json) to the ledger")
+    rec.add_argument("runs", nargs="+", help="run folders, or folders holding them")
+    rec.add_argument("--ledger", help="default: reports/ledger.jsonl")
+    rec.add_argument("--group", help="the group the runs belong to (default: the folder holding each run)")
+    show = lsub.add_parser("show", help="print the ledger's rows, filtered")
+    show.add_argument("--ledger", help="default: reports/ledger.jsonl")
+    show.add_argument("--run", help="only this run id (a prefix is enough)")
+    show.add_argument("--check", help="only checks whose name contains this text")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, extra = argv[:i], argv[i + 1 :]
+    try:
+        parser = build_parser()
+        if not argv:
+            raise UsageError("no target given (" + ", ".join(parser._subparsers._group_actions[0].choices) + ")")
+        if argv[0] in ("-h", "--help"):
+            parser.print_help()
+            return 0
+        choices = parser._subparsers._group_actions[0].choices
+        if not argv[0].startswith("-") and argv[0] not in choices:
+            raise UsageError(f"unknown target {argv[0]!r} (expected one of: {', '.join(choices)})")
+        check_values(argv)
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:
+            first = unknown[0]
+            if first.startswith("-"):
+                raise UsageError(f"unknown option {first!r}")
+            if args.target in ("all", *registry_names()):
+                raise UsageError(f"only one target allowed, got {argv[0]!r} and {first!r}")
+            raise UsageError(f"unexpected argument {first!r} for {args.target}")
+        return targets.dispatch(args, extra)
+    except UsageError as exc:
+        print(f"lora-suite: {exc}", file=sys.stderr)
+        print("Run 'lora-suite --help' (or 'lora-suite TARGET --help') for usage.", file=sys.stderr)
+        return 2

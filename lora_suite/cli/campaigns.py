@@ -1,0 +1,147 @@
+"""The subcommands that are not one pytest run: the scorecard campaign (each implementation through the tiers in
+lanes, then the interleaved benchmark alone, then the scorecard), and the offline tools over run folders and the
+ledger (render-scorecard, history, ledger)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from lora_suite.cli.targets import default_ledger, default_reports, python
+from lora_suite.cli.usage import UsageError
+from lora_suite.tools import history as history_tool
+from lora_suite.tools import ledger
+from lora_suite.tools import scorecard as scorecard_tool
+
+SCORECARD_TIERS = ("quick", "convergence", "memory")
+
+
+def _suite(*args: str) -> list[str]:
+    return [python(), "-m", "lora_suite", *args]
+
+
+def scorecard(args) -> int:
+    """Every selected implementation through quick, convergence and memory (``--jobs N`` lanes at once, each its
+    own process and log: the tiers judge no timing, each process measures its own peak), then the interleaved
+    benchmark alone, then the scorecard from every run under the folder. A failing tier is a finding: the next runs.
+    ``SCORECARD_DRY_RUN=1`` prints the commands instead."""
+    import re
+
+    from lora_suite.implementations import installed_names
+
+    impls = args.impls if args.impls is not None else ",".join(installed_names())
+    if not re.fullmatch(r"[A-Za-z0-9_.:,-]+", impls or ""):
+        raise UsageError(f"--lora-impl must be names separated by commas, got {impls!r}")
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    out = Path(args.report_dir) if args.report_dir else default_reports() / f"{stamp}-scorecard"
+    dry = os.environ.get("SCORECARD_DRY_RUN") == "1"
+    out.mkdir(parents=True, exist_ok=True)
+    record = ["--record", "--ledger", str(args.ledger or default_ledger())] if args.record else []
+
+    def lane(impl: str) -> list[list[str]]:
+        vram = ["--check-vram"] if args.check_vram else []
+        return [_suite(t, "--lora-impl", impl, "--report-dir", str(out), *vram, *record) for t in SCORECARD_TIERS]
+
+    def show(cmd):
+        return "would run: lora-suite " + " ".join(cmd[3:])
+
+    running: list[tuple[subprocess.Popen, object]] = []
+    for impl in impls.split(","):
+        if args.jobs == 1:
+            for cmd in lane(impl):
+                print(show(cmd)) if dry else subprocess.run(cmd)
+            continue
+        while len([p for p, _ in running if p.poll() is None]) >= args.jobs:
+            time.sleep(0.5)
+        print(f"scorecard: {impl}'s tiers started (output: {out / f'lane-{impl}.log'})", flush=True)
+        log = open(out / f"lane-{impl}.log", "w")  # noqa: SIM115  (closed when the lane ends)
+        script = " && ".join(
+            ("echo " + repr(show(c))) if dry else " ".join(map(_quote, c)) + " ; true" for c in lane(impl)
+        )
+        running.append((subprocess.Popen(["bash", "-c", script], stdout=log, stderr=subprocess.STDOUT), log))
+    for p, log in running:
+        p.wait()
+        log.close()
+    if not args.no_bench:
+        cmd = _suite(
+            "bench", "--report-dir", str(out), *record, "--", "-k", "speed_interleaved", "--bench-impls", impls
+        )
+        print(show(cmd)) if dry else subprocess.run(cmd)
+    cmd = _suite("render-scorecard", str(out), str(out))
+    if dry:
+        print(show(cmd))
+        return 0
+    return subprocess.run(cmd).returncode
+
+
+def _quote(s: str) -> str:
+    import shlex
+
+    return shlex.quote(s)
+
+
+def render_scorecard(args) -> int:
+    try:
+        rows = ledger.rows_of_runs([Path(d) for d in args.dirs]) if args.dirs else []
+        if args.group or args.ledger:
+            rows += ledger.select(ledger.read(Path(args.ledger) if args.ledger else default_ledger()), group=args.group)
+        losses = scorecard_tool.loss_curves([Path(d) for d in args.dirs]) if args.dirs else {}
+    except ledger.LedgerError as exc:
+        print(f"scorecard: {exc}", file=sys.stderr)
+        return 2
+    card = scorecard_tool.build_rows(_dedupe(rows), losses)
+    if not card.matrix:
+        print(f"scorecard: no run found in {args.dirs or ''} {args.group or ''}".rstrip(), file=sys.stderr)
+        return 2
+    scorecard_tool.write(Path(args.out), card)
+    print(f"scorecard: {len(card.matrix)} implementation(s); {Path(args.out) / 'scorecard.md'}")
+    return 0
+
+
+def _dedupe(rows: list[dict]) -> list[dict]:
+    """A run both in the ledger and in a folder given: the folder's rows (read first) win."""
+    first: dict[str, tuple] = {}
+    out = []
+    for r in rows:
+        key = first.setdefault(r["run_id"], (r["group"],))
+        if key == (r["group"],):
+            out.append(r)
+    return out
+
+
+def history(args) -> int:
+    html = Path(args.html) if args.html else default_reports() / "history" / "history.html"
+    if html.suffix != ".html":
+        raise UsageError(f"--html needs a path ending in .html, got {args.html!r}")
+    try:
+        dirs = ledger.run_folders([Path(d) for d in args.dirs]) if args.dirs else []
+        rows = ledger.rows_of_runs(dirs) if dirs else []
+        if not args.no_ledger:
+            rows += ledger.read(Path(args.ledger) if args.ledger else default_ledger())
+        if not rows:
+            raise ledger.LedgerError("nothing to draw: the ledger is empty and no run folder was given")
+        groups = history_tool.collect_rows(_dedupe(rows), {d.name: d for d in dirs})
+    except (ledger.LedgerError, ValueError) as exc:
+        print(f"history: {exc}", file=sys.stderr)
+        return 2
+    md = history_tool.write(html, groups)
+    print(f"history: {sum(len(g.runs) for g in groups)} runs in {len(groups)} groups; {html} and {md}")
+    return 0
+
+
+def ledger_command(args) -> int:
+    path = Path(args.ledger) if args.ledger else default_ledger()
+    try:
+        if args.action == "record":
+            added = ledger.record(path, [Path(r) for r in args.runs], args.group)
+            print(f"ledger: {added} row(s) appended to {path}" + ("" if added else " (those runs are in it already)"))
+            return 0
+        rows = ledger.select(ledger.read(path), run=args.run, check=args.check)
+    except ledger.LedgerError as exc:
+        print(f"ledger: {exc}", file=sys.stderr)
+        return 2
+    print(ledger.format_rows(rows) if rows else f"ledger: no row of {path} matches")
+    return 0

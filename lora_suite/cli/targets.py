@@ -1,0 +1,279 @@
+"""Running targets: each tier, ``all``, ``bench``, ``selftest`` and ``selftest-gpu`` as a pytest run in its own
+folder (``<report root>/<UTC stamp>-<target>[-<impl>]``, made atomically so that two runs never share one), then the
+baseline comparison and the ledger record when asked, and a summary table; the offline tools in-process."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import lora_suite
+from lora_suite.cli.usage import UsageError
+
+PACKAGE = Path(lora_suite.__file__).resolve().parent
+
+
+def checkout_root() -> Path | None:
+    """The repository root when running from a checkout (its pyproject.toml and tests/ beside the package)."""
+    root = PACKAGE.parent
+    return root if (root / "pyproject.toml").is_file() and (root / "tests").is_dir() else None
+
+
+def default_reports() -> Path:
+    return (checkout_root() or Path.cwd()) / "reports"
+
+
+def default_ledger() -> Path:
+    return default_reports() / "ledger.jsonl"
+
+
+def python() -> str:
+    """The interpreter of the runs: $PYTHON where set (gpu-test.sh passes the one it chose), else this one."""
+    return os.environ.get("PYTHON") or sys.executable
+
+
+def gpu_count() -> int:
+    if os.environ.get("GPU_TEST_GPU_COUNT"):  # tests of `all` without GPUs
+        return int(os.environ["GPU_TEST_GPU_COUNT"])
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return 0
+    out = subprocess.run([smi, "-L"], capture_output=True, text=True)
+    return sum(line.startswith("GPU") for line in out.stdout.splitlines()) if out.returncode == 0 else 0
+
+
+def gpu_line() -> str | None:
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    q = "--query-gpu=name,memory.total,memory.used,memory.free,driver_version"
+    out = subprocess.run([smi, q, "--format=csv,noheader"], capture_output=True, text=True)
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+
+
+def new_run_dir(root: Path, stamp: str, name: str) -> Path:
+    """``root/<stamp>-<name>``, or ``-2``, ``-3``...: mkdir is atomic, so runs started in one second never share."""
+    root.mkdir(parents=True, exist_ok=True)
+    n = 1
+    while True:
+        d = root / (f"{stamp}-{name}" if n == 1 else f"{stamp}-{name}-{n}")
+        try:
+            d.mkdir()
+            return d
+        except FileExistsError:
+            n += 1
+
+
+def writable_dir(path: Path) -> bool:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+        return True
+    except OSError:
+        return False
+
+
+def pytest_args(target: str, args, run_dir: Path | None, tiers: dict) -> list[str]:
+    """The pytest command line of one target."""
+    from lora_suite.core.registry import find_tiers_dir
+
+    root = checkout_root()
+    base = [python(), "-m", "pytest", "-p", "no:cacheprovider"]
+    base += (
+        ["--rootdir", str(root)]
+        if root
+        else [
+            "-c",
+            str(PACKAGE / "harness" / "pytest-installed.ini"),
+            "--rootdir",
+            str(PACKAGE),
+            "-p",
+            "lora_suite.harness.pytest_plugin",
+        ]
+    )
+    if getattr(args, "verbose", False):
+        base += ["-v", "-o", "log_cli=true", "--log-cli-level=INFO"]
+    for flag, value in (
+        ("--lora-impl", args.lora_impl),
+        ("--weights", getattr(args, "weights", None)),
+        ("--gpus", getattr(args, "gpus", None)),
+    ):
+        if value is not None:
+            base += [flag, str(value)]
+    report = [f"--report-dir={run_dir}", f"--junitxml={run_dir / 'junit.xml'}"] if run_dir else []
+    tiers_dir = root / "tiers" if root else find_tiers_dir()
+    if target == "selftest":
+        return base + [str(root / "tests")]
+    if target == "bench":
+        bench = root / "benchmarks" if root else PACKAGE / "benchmarks"
+        return base + [str(bench), "-m", "benchmark", f"--benchmark-json={run_dir / 'benchmark.json'}"] + report
+    if target == "selftest-gpu":
+        return base + [str(tiers_dir), "-m", "selftest_gpu"] + report
+    t = tiers[target]
+    out = base + [str(t.tests_dir if not root else tiers_dir / t.tests_dir.name), "-m", t.marker] + report
+    if args.check_vram:
+        out.append("--check-vram")
+    if args.strict_vram:
+        out.append("--strict-vram")
+    return out
+
+
+def verdict_of(rc: int) -> str:
+    return {0: "PASS", 5: "FAIL (no tests collected)", 6: "FAIL (regression vs baseline)"}.get(rc, f"FAIL (exit {rc})")
+
+
+def run_targets(args, extra: list[str]) -> int:
+    from lora_suite.core.registry import registry
+
+    tiers = registry()
+    target = args.target
+    if getattr(args, "strict_vram", False) and not args.check_vram:
+        raise UsageError("--strict-vram only makes sense with --check-vram")
+    if args.backend:
+        raise UsageError("--backend was replaced by --lora-impl (cupy, torch, peft or package.module:factory)")
+    if args.baseline and args.baseline != "auto" and not Path(args.baseline).is_dir():
+        raise UsageError(f"--baseline {args.baseline} is not a directory")
+    if target == "selftest" and checkout_root() is None:
+        raise UsageError("selftest runs the CPU tests of a checkout (tests/ is not installed with the package)")
+    report_root = Path(args.report_dir).resolve() if args.report_dir else default_reports()
+    if args.report_dir and not writable_dir(report_root):  # before anything runs, not after a tier ran for minutes
+        raise UsageError(f"--report-dir {args.report_dir} is not a writable directory")
+    names = [target]
+    if target == "all":
+        names, found = [n for n, t in tiers.items() if t.entry.in_all and t.entry.gpus <= 1], gpu_count()
+        for n, t in tiers.items():
+            if t.entry.in_all and t.entry.gpus > 1:
+                if found >= t.entry.gpus:
+                    names.append(n)
+                else:
+                    print(f"{n}: not part of this 'all' run (it needs {t.entry.gpus} or more GPUs; found {found})")
+    if os.environ.get("GPU_TEST_DRY_RUN") == "1":  # the CPU tests of target selection
+        print(f"targets: {' '.join(names)}")
+        return 0
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")  # progress lines appear as they happen in CI logs
+    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")  # no network at run time: local weights only
+    have_gpu = target == "selftest" or _announce_gpu(target)
+    return _run(names, args, extra, tiers, report_root, have_gpu)
+
+
+def _announce_gpu(target: str) -> bool:
+    line = gpu_line()
+    if line:
+        print(f"GPU: {line}  (name, total, used, free, driver)")
+        return True
+    print("No NVIDIA GPU found (no nvidia-smi / NVML device).")
+    print(f"The GPU tests of '{target}' will be skipped with that reason (the CPU self-tests are 'selftest').")
+    return False
+
+
+def _run(names, args, extra, tiers, report_root: Path, have_gpu: bool) -> int:
+    from lora_suite.tools import compare, ledger
+
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    impl = "".join(c if c.isalnum() else "_" for c in args.lora_impl) if args.lora_impl else ""
+    baseline = Path(args.baseline) if args.baseline and args.baseline != "auto" else None
+    if args.baseline == "auto":
+        gpu = (gpu_line() or "none").split(",")[0]
+        baseline = (
+            (checkout_root() or Path.cwd())
+            / "reports"
+            / "baselines"
+            / "".join(c if c.isalnum() else "_" for c in gpu).rstrip("_")
+        )
+    rows, failed, interrupted = [], False, False
+    for t in names:
+        run_dir = (
+            None
+            if t == "selftest"
+            else new_run_dir(report_root, stamp, t + (f"-{impl}" if impl and t not in ("selftest-gpu",) else ""))
+        )
+        cmd = pytest_args(t, args, run_dir, tiers) + extra
+        print(f"\n=== {t} ===  {' '.join(cmd)}", flush=True)
+        start = time.time()
+        proc = subprocess.Popen(cmd, env=_child_env())
+        try:
+            rc = proc.wait()
+        except KeyboardInterrupt:  # Ctrl-C reached pytest too: let it write its report, then stop the whole run
+            interrupted = True
+            rc = _wait_after_interrupt(proc)
+        if baseline and run_dir and not interrupted:
+            base = next(
+                (
+                    d
+                    for d in (baseline / t, baseline)
+                    if (d / "report.json").is_file() or (d / "benchmark.json").is_file()
+                ),
+                None,
+            )
+            if base is None:
+                print(f"no baseline for {t} under {baseline}: not compared")
+            else:
+                print(f"--- {t} vs baseline {base} ---", flush=True)
+                crc = compare.main([str(base), str(run_dir)])
+                rc = 6 if crc == 1 else (2 if crc == 2 and rc == 0 else rc)
+        if args.record and run_dir and not interrupted and (run_dir / "report.json").is_file():
+            led = Path(args.ledger) if args.ledger else default_ledger()
+            added = ledger.record(led, [run_dir], group=run_dir.parent.name)
+            print(f"ledger: {added} row(s) of {run_dir.name} appended to {led}")
+        verdict = "INTERRUPTED" if interrupted else verdict_of(rc)
+        rows.append(f"{t:<12} {verdict:<30} {int(time.time() - start):>6}s  {run_dir or '-'}")
+        if interrupted:
+            break
+        if rc != 0:
+            failed = True
+            if not args.continue_on_error and len(names) > 1:
+                print(f"{t} failed; stopping (use --continue-on-error to run the rest).")
+                break
+    print("\nSummary" + (" (no GPU: GPU tests were skipped)" if not have_gpu else ""))
+    print(f"{'target':<12} {'result':<30} {'time':>7}  report")
+    print("\n".join(rows))
+    if interrupted:
+        print("Interrupted (Ctrl-C): the targets after it did not run.")
+        return 130
+    return 1 if failed else 0
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    root = checkout_root()
+    if root:  # a checkout's package wins over an installed copy in the runs too
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    return env
+
+
+def _wait_after_interrupt(proc: subprocess.Popen) -> int:
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not leave pytest's report half written
+    try:
+        return proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def dispatch(args, extra: list[str]) -> int:
+    from lora_suite.cli import campaigns
+
+    if args.target in ("scorecard",):
+        return campaigns.scorecard(args)
+    if args.target == "render-scorecard":
+        return campaigns.render_scorecard(args)
+    if args.target == "history":
+        return campaigns.history(args)
+    if args.target == "compare":
+        from lora_suite.tools import compare
+
+        if len(args.runs) != 2:
+            raise UsageError(f"compare needs two run directories: compare BASELINE RUN, got {len(args.runs)}")
+        return compare.main(args.runs)
+    if args.target == "ledger":
+        return campaigns.ledger_command(args)
+    return run_targets(args, extra)

@@ -1,0 +1,33 @@
+"""Usage errors that name the bad value: an option's value must not be another flag (``--report-dir --check-vram``
+is a mistake, not a folder), and retired flags say what replaced them."""
+
+from __future__ import annotations
+
+VALUE_OF = {  # option -> what it needs
+    "--report-dir": "a directory",
+    "--lora-impl": "a value (cupy, torch, peft or package.module:factory)",
+    "--weights": "a value (auto, pretrained or random)",
+    "--baseline": "a directory",
+    "--gpus": "a number of GPUs (2 or more)",
+    "--ledger": "a ledger file",
+    "--jobs": "a whole number >= 1",
+    "--html": "a path ending in .html",
+    "--group": "a group name",
+}
+
+
+class UsageError(Exception):
+    """Bad usage: the message names the value and what was expected (exit 2)."""
+
+
+def check_values(argv: list[str]) -> None:
+    for i, arg in enumerate(argv):
+        if arg == "--backend" or arg.startswith("--backend="):
+            raise UsageError("--backend was replaced by --lora-impl (cupy, torch, peft or package.module:factory)")
+        flag, eq, value = arg.partition("=")
+        if flag not in VALUE_OF:
+            continue
+        if not eq:
+            value = argv[i + 1] if i + 1 < len(argv) else ""
+        if not value or value.startswith("-"):
+            raise UsageError(f"{flag} needs {VALUE_OF[flag]}, got {value!r}")

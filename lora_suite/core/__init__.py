@@ -1,0 +1,1 @@
+"""Shared types and configs: the frozen dataclasses, the strict YAML loader, the tier registry."""

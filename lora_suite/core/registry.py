@@ -1,0 +1,64 @@
+"""The tier registry: every YAML in configs/ with a ``suite:`` section is a tier (``SuiteEntry``), run from its test
+folder under tiers/ with its pytest marker. Adding a tier is one YAML and one test folder; the command line
+(``lora-suite <tier>``), ``all``, ``--help`` and the plugin's markers all read this registry.
+
+Where tiers are found: ``$LORA_SUITE_TIERS_DIR`` if set; else a checkout's ``tiers/`` beside the package; else
+the copy shipped inside the installed package (``lora_suite/tiers``), as configs are (``core.config``).
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from lora_suite.core.config import CONFIG_DIR, ConfigError, SuiteEntry
+from lora_suite.core.loader import _read_yaml, load_tier_config
+
+TIERS_ENV = "LORA_SUITE_TIERS_DIR"
+
+
+def find_tiers_dir() -> Path:
+    if os.environ.get(TIERS_ENV):
+        return Path(os.environ[TIERS_ENV])
+    checkout = Path(__file__).resolve().parents[2] / "tiers"
+    if checkout.is_dir():
+        return checkout
+    return Path(str(importlib.resources.files("lora_suite") / "tiers"))
+
+
+@dataclass(frozen=True)
+class RegisteredTier:
+    name: str
+    entry: SuiteEntry
+    config: Path  # its YAML
+    tests_dir: Path  # its test folder
+
+    @property
+    def marker(self) -> str:
+        return self.entry.marker or self.name
+
+
+def registry(config_dir: Path | None = None, tiers_dir: Path | None = None) -> dict[str, RegisteredTier]:
+    """name -> tier, in ``order`` (then name). A tier whose test folder is missing is an error naming both."""
+    config_dir = Path(config_dir or CONFIG_DIR)
+    tiers_dir = Path(tiers_dir or find_tiers_dir())
+    found = []
+    for path in sorted(config_dir.glob("*.yaml")):
+        raw = _read_yaml(path)
+        if not isinstance(raw, dict) or "suite" not in raw:
+            continue
+        cfg = load_tier_config(path, config_dir)
+        entry = cfg.suite
+        tests_dir = tiers_dir / (entry.tests or cfg.tier)
+        if not tests_dir.is_dir():
+            raise ConfigError(
+                f"{path}.suite.tests: the tier {cfg.tier!r} runs the tests in {tests_dir}, which is not a folder; "
+                "a tier is its YAML plus one test folder under tiers/"
+            )
+        if cfg.tier != path.stem:
+            raise ConfigError(f"{path}.tier: {cfg.tier!r}; a tier's YAML is named for it: expected {path.stem!r}")
+        found.append(RegisteredTier(cfg.tier, entry, path, tests_dir))
+    found.sort(key=lambda t: (t.entry.order, t.name))
+    return {t.name: t for t in found}

@@ -1,0 +1,1 @@
+"""The training engine: models, data, prepare, trainer, optimizer, checkpoint, gradients, parity."""

@@ -1,0 +1,206 @@
+"""Build the model a tier trains: a real checkpoint from local files, or the same architecture, random.
+
+Weights modes: ``pretrained`` loads the checkpoint from ``local_path`` or the local Hugging Face cache
+(offline, never the network) and raises ``CheckpointNotFound`` with the download command when absent;
+``random`` builds the architecture with random initialisation; ``auto`` tries ``pretrained`` and falls
+back to ``random`` (saying so in ``BuiltModel.weights``, which every report prints).
+
+Random initialisation is done here, not by transformers: the model is created on the ``meta`` device,
+then each piece is materialised directly on the target device in the training dtype and initialised as
+Llama is (Linear and Embedding N(0, 0.02²), RMSNorm weight 1). Pieces are materialised one decoder
+layer at a time and handed to ``on_layer`` before the next, so a caller can quantise or wrap each layer
+while at most one 16-bit layer exists (a 7B model never exists in 16 bits as a whole).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from lora_suite.core.config import LlamaArchitecture, ModelConfig
+
+INIT_STD = 0.02  # Llama's initializer_range
+
+
+class CheckpointNotFound(FileNotFoundError):
+    """``weights: pretrained`` but no local checkpoint; the message gives the command that fetches it."""
+
+
+@dataclass
+class BuiltModel:
+    model: nn.Module
+    tokenizer: object | None  # a transformers tokenizer when the checkpoint has one, else None
+    weights: str  # "pretrained" or "random" (what was actually built)
+    source: str  # where the weights came from, in words
+    build_seconds: float
+
+
+def hf_config(arch: LlamaArchitecture):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        hidden_size=arch.hidden_size,
+        intermediate_size=arch.intermediate_size,
+        num_hidden_layers=arch.num_hidden_layers,
+        num_attention_heads=arch.num_attention_heads,
+        num_key_value_heads=arch.num_key_value_heads,
+        vocab_size=arch.vocab_size,
+        tie_word_embeddings=arch.tie_word_embeddings,
+        rope_theta=arch.rope_theta,
+        max_position_embeddings=arch.max_position_embeddings,
+        rms_norm_eps=arch.rms_norm_eps,
+        initializer_range=INIT_STD,
+        attn_implementation="sdpa",
+    )
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype):
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def find_local_checkpoint(cfg: ModelConfig) -> Path | None:
+    """``local_path`` if it holds a config.json, else the local HF cache snapshot of ``checkpoint``."""
+    if cfg.local_path:
+        path = Path(cfg.local_path).expanduser()
+        return path if (path / "config.json").exists() else None
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+    except ImportError:
+        return None
+    try:
+        path = Path(snapshot_download(cfg.checkpoint, local_files_only=True))
+    except (LocalEntryNotFoundError, OSError, ValueError):
+        return None
+    return path if (path / "config.json").exists() else None
+
+
+def download_command(cfg: ModelConfig) -> str:
+    return f"hf download {cfg.checkpoint}   # or: huggingface-cli download {cfg.checkpoint}"
+
+
+def build_model(
+    cfg: ModelConfig,
+    weights: str,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    *,
+    seed: int = 0,
+    on_layer: Callable[[nn.Module], None] | None = None,
+) -> BuiltModel:
+    """Build per ``weights`` (auto | pretrained | random); see the module docstring."""
+    if weights not in ("auto", "pretrained", "random"):
+        raise ValueError(f"weights={weights!r} is not one of auto, pretrained, random")
+    start = time.perf_counter()
+    if weights in ("auto", "pretrained"):
+        path = find_local_checkpoint(cfg)
+        if path is not None:
+            model, tokenizer = _load_pretrained(cfg, path, dtype, device, on_layer)
+            return BuiltModel(model, tokenizer, "pretrained", f"checkpoint {path}", time.perf_counter() - start)
+        if weights == "pretrained":
+            where = f"local_path {cfg.local_path}" if cfg.local_path else f"the local HF cache ({cfg.checkpoint})"
+            raise CheckpointNotFound(
+                f"weights: pretrained, but no checkpoint of {cfg.name} in {where}; "
+                f"fetch it with: {download_command(cfg)}"
+            )
+    model = build_random(cfg.architecture, dtype, device, seed=seed, on_layer=on_layer)
+    note = "" if weights == "random" else " (auto: no local checkpoint found)"
+    return BuiltModel(
+        model,
+        None,
+        "random",
+        f"random init (seed {seed}) of the {cfg.name} architecture{note}",
+        time.perf_counter() - start,
+    )
+
+
+def build_random(
+    arch: LlamaArchitecture,
+    dtype: torch.dtype,
+    device,
+    *,
+    seed: int = 0,
+    on_layer: Callable[[nn.Module], None] | None = None,
+) -> nn.Module:
+    from transformers import LlamaForCausalLM
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    device = torch.device(device)
+    config = hf_config(arch)
+    with torch.device("meta"), _default_dtype(dtype):
+        model = LlamaForCausalLM(config)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    pieces = [model.model.embed_tokens, model.model.norm] + ([] if arch.tie_word_embeddings else [model.lm_head])
+    for piece in pieces:
+        _materialise(piece, device, gen)
+    for layer in model.model.layers:
+        _materialise(layer, device, gen)
+        if on_layer is not None:
+            on_layer(layer)
+    with torch.device(device):  # inv_freq is computed in __init__: build it where it will live, in fp32
+        model.model.rotary_emb = LlamaRotaryEmbedding(config=config)
+    if arch.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    leftovers = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
+    assert not leftovers, f"not materialised: {leftovers[:5]}"
+    return model.eval()
+
+
+@torch.no_grad()
+def _materialise(module: nn.Module, device: torch.device, gen: torch.Generator) -> None:
+    module.to_empty(device=device)
+    for sub in module.modules():
+        if isinstance(sub, (nn.Linear, nn.Embedding)):
+            sub.weight.normal_(0.0, INIT_STD, generator=gen)
+            if getattr(sub, "bias", None) is not None:
+                sub.bias.zero_()
+        elif hasattr(sub, "weight") and isinstance(sub.weight, torch.Tensor) and sub.weight.dim() == 1:
+            sub.weight.fill_(1.0)  # RMSNorm
+
+
+def _load_pretrained(cfg: ModelConfig, path: Path, dtype, device, on_layer):
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    # With a per-layer hook, load into host memory and move one decoder layer at a time, so that the hook
+    # (NF4 quantisation) runs before the next 16-bit layer reaches the GPU.
+    target = torch.device(device)
+    model = LlamaForCausalLM.from_pretrained(
+        path, dtype=dtype, device_map="cpu" if on_layer else str(target), local_files_only=True
+    )
+    got, want = model.config, cfg.architecture
+    for key in (
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "vocab_size",
+    ):
+        if getattr(got, key) != getattr(want, key):
+            raise ValueError(
+                f"checkpoint {path} has {key}={getattr(got, key)}, but configs/models/{cfg.name}.yaml "
+                f"says {getattr(want, key)}"
+            )
+    if on_layer is not None:
+        for piece in (model.model.embed_tokens, model.model.norm, model.model.rotary_emb, model.lm_head):
+            piece.to(target)
+        for layer in model.model.layers:
+            layer.to(target)
+            on_layer(layer)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError):
+        tokenizer = None  # weights without tokenizer files: the byte-level tokenizer is used
+    return model.eval(), tokenizer

@@ -1,0 +1,185 @@
+"""A tier's model, adapters and data from its config: the part every tier shares before training.
+
+``prepare(cfg, device)`` builds the base model (``models.build_model``, honouring the weights mode),
+injects LoRA into the configured targets with the implementation under test (``cfg.implementation`` or the
+one given), and returns it with its adapters, the batch source and what was built, in words, for the
+report. The torch dtype names of the YAML are resolved here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from lora_suite.core.config import TierConfig
+from lora_suite.engine.data import Batches, tokenizer_for
+from lora_suite.engine.models import BuiltModel, build_model
+from lora_suite.implementations import (
+    AdapterSpec,
+    ImplementationError,
+    LoRAImplementation,
+    adapted_modules,
+    resolve_implementation,
+)
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@dataclass
+class Prepared:
+    built: BuiltModel
+    model: nn.Module
+    batches: Batches
+    replaced: list[str]  # module names that received adapters
+    quantize: str | None  # the base storage actually used (None: 16-bit)
+    implementation: LoRAImplementation
+    adapters: dict[str, nn.Parameter]  # canonical name (<module path>.lora_A / .lora_B) -> parameter
+
+    def describe(self, cfg: TierConfig) -> str:
+        lora = cfg.lora
+        return (
+            f"{cfg.model.name}: {self.built.source}; weights={self.built.weights}; {cfg.dtype} base"
+            f"{' stored as NF4' if self.quantize else ''}; LoRA r={lora.r} alpha={lora.alpha} on {list(lora.targets)} "
+            f"({len(self.replaced)} layers, {lora.adapter_dtype} adapters, implementation "
+            f"{self.implementation.name}); data {cfg.data.source} "
+            f"{cfg.data.batch_size}x{cfg.data.seq_len}"
+        )
+
+
+def fit_to_implementation(
+    cfg: TierConfig, impl: LoRAImplementation, source: str
+) -> tuple[TierConfig, list[tuple[str, str]]]:
+    """``cfg`` changed where ``impl`` declares it cannot do what ``cfg`` (read from ``source``) asks, with one
+    (what is not applicable and what runs instead, the implementation's reason) per change, for the report:
+
+    - an NF4 base and ``nf4_base`` n/a: the 16-bit base;  a 16-bit base and ``bf16_base`` n/a: an NF4 base;
+    - fp32 adapters on a 16-bit base and ``fp32_adapters_on_16bit_base`` n/a: adapters in the base's dtype;
+    - rsLoRA and ``rslora`` n/a: alpha / r;  captured steps and ``cuda_graph_capture`` n/a: eager steps.
+    A tier records each pair as not applicable, so nothing runs differently without the report saying so."""
+    why = impl.reason_not_applicable
+    lora, train, notes = cfg.lora, cfg.train, []
+    if lora.quantize and why("nf4_base"):
+        notes.append(
+            (f"{lora.quantize} base ({source} lora.quantize); the tier runs on the {cfg.dtype} base", why("nf4_base"))
+        )
+        lora = dataclasses.replace(lora, quantize=None)
+    elif not lora.quantize and why("bf16_base"):
+        notes.append(
+            (f"{cfg.dtype} base ({source} lora.quantize: null); the tier runs on an NF4 base", why("bf16_base"))
+        )
+        lora = dataclasses.replace(lora, quantize="nf4")
+    if lora.adapter_dtype == "float32" and cfg.dtype in ("bfloat16", "float16") and why("fp32_adapters_on_16bit_base"):
+        notes.append(
+            (
+                f"float32 adapters on the {cfg.dtype} base ({source} lora.adapter_dtype); the tier runs "
+                f"{cfg.dtype} adapters",
+                why("fp32_adapters_on_16bit_base"),
+            )
+        )
+        lora = dataclasses.replace(lora, adapter_dtype=cfg.dtype)
+    if lora.use_rslora and why("rslora"):
+        notes.append((f"rsLoRA ({source} lora.use_rslora); the tier scales by alpha / r", why("rslora")))
+        lora = dataclasses.replace(lora, use_rslora=False)
+    if train.cuda_graph and why("cuda_graph_capture"):
+        notes.append(
+            (
+                f"captured training steps ({source} train.cuda_graph); the tier runs its steps eagerly",
+                why("cuda_graph_capture"),
+            )
+        )
+        train = dataclasses.replace(train, cuda_graph=False)
+    return dataclasses.replace(cfg, lora=lora, train=train), notes
+
+
+def adapter_spec(cfg: TierConfig, quantize: str | None) -> AdapterSpec:
+    lora = cfg.lora
+    return AdapterSpec(
+        tuple(lora.targets),
+        lora.r,
+        lora.alpha,
+        use_rslora=lora.use_rslora,
+        adapter_dtype=DTYPES[lora.adapter_dtype],
+        quantize=quantize,
+    )
+
+
+def prepare(
+    cfg: TierConfig,
+    device: torch.device | str,
+    *,
+    implementation: LoRAImplementation | str | None = None,
+    seed: int | None = None,
+    quantize: str | None | bool = True,
+    base_from: LoRAImplementation | None = None,
+) -> Prepared:
+    """Build, inject and batch per ``cfg``. ``quantize=True`` means the config's own setting.
+
+    ``base_from``: with an NF4 base, the implementation whose own 4-bit storage the base gets before
+    ``implementation`` injects (``LoRAImplementation.quantize_base``; peft-bnb: bitsandbytes' ``Linear4bit``),
+    so a comparison run shares the quantised weights of the implementation under test. One without its own
+    storage changes nothing.
+
+    An implementation that injects per layer (``inject_per_layer``: lora_core's) gets each decoder layer as
+    the model is built, so a QLoRA 7B model never exists in 16 bits as a whole; others get the whole model.
+    """
+    seed = cfg.train.seed if seed is None else seed
+    quantize = cfg.lora.quantize if quantize is True else quantize
+    impl = (
+        implementation
+        if isinstance(implementation, LoRAImplementation)
+        else resolve_implementation(implementation or cfg.implementation)
+    )
+    spec = adapter_spec(cfg, quantize)
+    no_capture = impl.reason_not_applicable("cuda_graph_capture")
+    if cfg.train.cuda_graph and no_capture:
+        raise ImplementationError(
+            f"train.cuda_graph: true, but implementation {impl.name!r} cannot be captured: {no_capture}"
+        )
+    mixed = impl.reason_not_applicable("fp32_adapters_on_16bit_base")
+    if mixed and cfg.dtype in ("bfloat16", "float16") and spec.adapter_dtype == torch.float32:
+        raise ImplementationError(
+            f"lora.adapter_dtype: float32 on a {cfg.dtype} base, but implementation {impl.name!r} cannot: {mixed}"
+        )
+    no_16bit = impl.reason_not_applicable("bf16_base")
+    if no_16bit and quantize is None:
+        raise ImplementationError(
+            f"lora.quantize: null (a 16-bit base), but implementation {impl.name!r} cannot: {no_16bit}"
+        )
+    per_layer = impl.inject_per_layer
+    # Whose 4-bit storage the base gets, layer by layer as the model is built (as transformers quantises while it
+    # loads: a QLoRA model never exists in 16 bits as a whole, so its build does not set its peak): base_from's,
+    # else the implementation's own (quantize_base returns False where it has none and injects per layer).
+    quantizer = None if quantize is None else (base_from if base_from is not None else impl)
+
+    def on_layer(layer: nn.Module) -> None:
+        if quantizer is not None:
+            quantizer.quantize_base(layer)
+        if per_layer:
+            impl.inject(layer, spec)
+
+    torch.manual_seed(seed)  # adapter init (kaiming A) is the same for the same seed on every backend
+    built = build_model(
+        cfg.model,
+        cfg.weights,
+        DTYPES[cfg.dtype],
+        device,
+        seed=seed,
+        on_layer=on_layer if per_layer or quantizer is not None else None,
+    )
+    if not per_layer:
+        impl.inject(built.model, spec)
+    adapters = impl.adapter_parameters(built.model)
+    if not adapters:
+        raise ValueError(
+            f"implementation {impl.name!r} put no adapters into {cfg.model.name} for targets {list(spec.targets)}"
+        )
+    adapter_ids = {id(a) for a in adapters.values()}
+    for p in built.model.parameters():  # embeddings, norms, LM head: frozen
+        if id(p) not in adapter_ids:
+            p.requires_grad_(False)
+    replaced = adapted_modules(adapters)
+    batches = Batches(cfg.data, tokenizer_for(built.tokenizer), cfg.model.architecture.vocab_size, device)
+    return Prepared(built, built.model, batches, replaced, quantize, impl, adapters)

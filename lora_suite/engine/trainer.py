@@ -1,0 +1,363 @@
+"""The training loop of every tier: AdamW over the adapters only, warm-up then decay, accumulation, records.
+
+One visible loop (``train``). Each optimizer step records loss, gradient norm, learning rate, tokens/s,
+host step time, GPU step time (CUDA events around the step on the current stream) and memory (torch
+allocated / reserved / peak, NVML used). A non-finite loss or gradient stops the run with
+``NonFiniteError`` naming the offending parameters, instead of training on NaN. Records go into the
+caller's ``records`` list as they are made, so a run that stops (NaN, an error, Ctrl-C) keeps them.
+
+Host CPU time: each record also carries the process CPU time of the step (``time.process_time``, all
+threads, the autograd engine's included). A loaded host preempts the process and stretches the step's wall
+time and event span (2x within one run, seen on an H100 under load); CPU time does not count the time the
+process waits for a core. It does count the host's own work and the time it spins in CUDA
+synchronisations (CUDA's default schedule spins while there are fewer GPU contexts than cores), so more
+GPU work per step shows in it too.
+
+Gradient accumulation over k micro-batches is token-weighted, so that it equals one k-times batch:
+    L = Σ_i Σ_{t∈T_i} ℓ_t / Σ_i |T_i|,   each micro-batch contributes  mean_i · |T_i| / Σ_j |T_j|
+where T_i are the tokens with a label in micro-batch i (the model's loss is the mean over its T_i).
+Dividing by k instead is only right when every |T_i| is equal (it is not with prompt-masked data).
+
+Captured steps (``train.cuda_graph``): after ``graph_warmup_steps`` eager steps on a side stream (they allocate
+the optimizer state and the libraries' workspaces, as CUDA graph capture requires), one step (forward and
+backward over the micro-batches, clipping, AdamW) is captured into a CUDA graph with static input buffers and
+replayed for every later step: each step copies its micro-batches into the buffers, writes the learning rate
+into the optimizer's lr tensor (a capturable AdamW) and replays. The gradients live in the graph's memory and
+are overwritten, never zeroed, by each replay. The loss and gradient norm are read back after the replay; so
+the non-finite guard stops the run one update later than in eager mode (the update of the non-finite step is
+already applied; the error says so). Records say which steps were replayed (``StepRecord.captured``).
+
+The optimizer, the learning-rate schedule and clipping live in ``lora_suite.engine.optimizer``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from lora_core.inject import adapter_parameters
+from lora_suite.core.config import TrainSettings
+from lora_suite.engine.capture import StaticBatches, checkpointing_kwargs
+from lora_suite.engine.optimizer import check_capturable, clip_gradients, lr_at, make_optimizer, set_lr
+from lora_suite.measure.device_time import DeviceTimer
+from lora_suite.measure.memory import MIB, host_heap_bytes, host_rss_bytes
+from lora_suite.measure.nvml import NvmlReader
+
+log = logging.getLogger("lora_suite.engine.trainer")
+
+
+class NonFiniteError(FloatingPointError):
+    """Loss or gradients became NaN/Inf; the message names the step and the parameters."""
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    step: int
+    loss: float
+    grad_norm: float
+    lr: float
+    tokens_per_s: float
+    step_time_s: float  # host wall time of the whole step (synchronised at its end)
+    allocated_mib: float
+    reserved_mib: float
+    peak_allocated_mib: float
+    nvml_used_mib: float | None
+    gpu_time_s: float | None = None  # CUDA-event time from the step's first launch to its last (None on CPU)
+    cpu_time_s: float | None = None  # process CPU time of the step, all threads (module docstring)
+    host_probe_s: float | None = None  # process CPU time of the fixed host probe run after the step (host_probe)
+    captured: bool = False  # replayed from the captured CUDA graph (train.cuda_graph)
+    host_rss_mib: float | None = None  # the process's resident set size after the step (memory.host_rss_bytes)
+    host_heap_mib: float | None = None  # C heap in use after the step (memory.host_heap_bytes): the host leak series
+    # Summed duration of the step's GPU launches, for the steps a DeviceTimer profiled (lora_suite.measure.device_time)
+    device_time_s: float | None = None
+
+    @property
+    def profiled(self) -> bool:
+        return self.device_time_s is not None
+
+
+@dataclass
+class TrainResult:
+    records: list[StepRecord]
+    optimizer: torch.optim.Optimizer
+    run: TrainingRun | None = None  # the run's state, to drive it further (aged-vs-fresh comparison)
+
+    @property
+    def losses(self) -> list[float]:
+        return [r.loss for r in self.records]
+
+
+def host_probe(ops: int) -> float:
+    """Process CPU time of ``ops`` in-place adds on a 16-element CPU tensor: a fixed amount of the same kind of
+    host work a step's Python and dispatch do, so that the host's own speed (clock, a neighbour's load on
+    shared cores and caches) can be told apart from more work per step (criteria.host_normalised_drift)."""
+    t = torch.zeros(16)
+    c0 = time.process_time()
+    for _ in range(ops):
+        t.add_(1.0)
+    return time.process_time() - c0
+
+
+class CapturedStep:
+    """One optimizer step (accumulation, clipping, AdamW) captured in a CUDA graph; ``run`` replays it."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        params: list[nn.Parameter],
+        micro: list[dict[str, torch.Tensor]],
+        max_norm: float,
+    ):
+        self.static = StaticBatches(micro)
+        self.graph = torch.cuda.CUDAGraph()
+        optimizer.zero_grad(set_to_none=True)  # the captured backward then assigns (not adds to) the gradients
+        torch.cuda.synchronize()
+        with torch.cuda.graph(self.graph):
+            self.loss = accumulate_gradients(model, self.static.buffers)
+            self.grad_norm = clip_gradients(params, max_norm)
+            optimizer.step()
+
+    def run(self, micro: list[dict[str, torch.Tensor]], step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self.static.load(micro, step)
+        self.graph.replay()
+        return self.loss, self.grad_norm
+
+
+def label_tokens(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Number of tokens that carry a loss in a causal-LM batch (labels shifted by one, -100 ignored)."""
+    return (batch["labels"][:, 1:] != -100).sum()
+
+
+def accumulate_gradients(model: nn.Module, micro_batches: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+    """Forward and backward over the micro-batches, token-weighted (module docstring); returns the loss.
+
+    Gradients add into ``.grad``; the returned loss (a detached 0-d tensor, no sync) is the loss of the
+    micro-batches taken together as one batch.
+    """
+    counts = [label_tokens(b) for b in micro_batches]
+    total = torch.stack(counts).sum().clamp_min(1)
+    loss_sum = None
+    for batch, count in zip(micro_batches, counts):
+        out = model(input_ids=batch["input_ids"], labels=batch["labels"])
+        weighted = out.loss * (count / total)
+        weighted.backward()
+        loss_sum = weighted.detach() if loss_sum is None else loss_sum + weighted.detach()
+    return loss_sum
+
+
+@contextlib.contextmanager
+def frozen_heap():
+    """Move every live object out of the cyclic collector's reach for the duration (``gc.freeze``).
+
+    A full collection over a model's large object graph stalls a step for hundreds of ms (seen once in an
+    extended-tier run on the H200): noise in step-time statistics, not a property of the code under test.
+    """
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+class TrainingRun:
+    """The state of one training run (model, batches, optimizer, records, a captured graph) and its ``step``.
+
+    ``train`` drives one run from its start to its stop; the extended tier's aged-vs-fresh comparison
+    (``lora_suite.scenarios.aged_vs_fresh``) drives two runs in turns, a step of one then a step of the other. A run is
+    used inside ``with run:`` (training mode, an NVML reader), which may be entered again later.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        batches: Callable[[int], dict[str, torch.Tensor]],
+        s: TrainSettings,
+        *,
+        optimizer: torch.optim.Optimizer | None = None,
+        start_step: int = 0,
+        adapters: dict[str, nn.Parameter] | None = None,
+        records: list[StepRecord] | None = None,
+        step_hook: Callable[[int], None] | None = None,
+        device_timer: DeviceTimer | None = None,
+    ):
+        self.model, self.batches, self.s = model, batches, s
+        self.named = adapter_parameters(model) if adapters is None else adapters
+        self.optimizer = optimizer or make_optimizer(model, s, self.named)
+        self.params = list(self.named.values())
+        self.cuda = self.params[0].is_cuda
+        self.records = [] if records is None else records
+        self.step_hook, self.device_timer = step_hook, device_timer
+        if s.cuda_graph:
+            check_capturable(self.params)
+            if not any(torch.is_tensor(g["lr"]) for g in self.optimizer.param_groups):
+                raise ValueError(
+                    "train.cuda_graph: true needs a capturable optimizer with a tensor lr "
+                    "(make_optimizer builds one from the same settings)"
+                )
+        self.capture_at = start_step + s.graph_warmup_steps if s.cuda_graph else None
+        self.side = torch.cuda.Stream() if s.cuda_graph else None  # the warm-up steps run here, as capture requires
+        if self.side is not None:
+            self.side.wait_stream(torch.cuda.current_stream())
+        self.captured: CapturedStep | None = None
+        if s.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpointing_kwargs(model, s))
+        self.nvml: NvmlReader | None = None
+
+    def __enter__(self) -> TrainingRun:
+        self.model.train()
+        if self.cuda and self.nvml is None:
+            self.nvml = NvmlReader()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.nvml is not None:
+            self.nvml.close()
+            self.nvml = None
+        self.model.eval()
+
+    def step(self, step: int, *, record: bool = True) -> StepRecord:
+        """Optimizer step ``step`` (micro-batches ``step * grad_accum ...``), timed and recorded (module docstring)."""
+        s, cuda = self.s, self.cuda
+        if self.captured is None and self.capture_at is not None and step == self.capture_at:
+            torch.cuda.current_stream().wait_stream(self.side)  # the warm-up is over: back on the main stream
+            self.side = None
+        stream_ctx = torch.cuda.stream(self.side) if self.side is not None else contextlib.nullcontext()
+        timer = self.device_timer.measure(step, cuda) if self.device_timer else contextlib.nullcontext()
+        with timer, stream_ctx:
+            t0, c0 = time.perf_counter(), time.process_time()
+            if cuda:
+                ev_start, ev_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                ev_start.record()
+            lr = lr_at(step, s)
+            set_lr(self.optimizer, lr)
+            micro = [self.batches(step * s.grad_accum + i) for i in range(s.grad_accum)]
+            n_tokens = sum(b["input_ids"].numel() for b in micro)
+            max_norm = s.max_grad_norm if s.max_grad_norm is not None else math.inf
+            replayed = self.capture_at is not None and step >= self.capture_at
+            if replayed:
+                if self.captured is None:
+                    self.captured = CapturedStep(self.model, self.optimizer, self.params, micro, max_norm)
+                loss_t, norm_t = self.captured.run(micro, step)
+                grad_norm, loss = float(norm_t), float(loss_t)  # sync after the replay
+                if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                    raise NonFiniteError(
+                        _non_finite_message(step, loss, grad_norm, self.named)
+                        + " (captured step: its update is already applied)"
+                    )
+            else:
+                self.optimizer.zero_grad(set_to_none=True)
+                loss_t = accumulate_gradients(self.model, micro)
+                grad_norm = float(clip_gradients(self.params, max_norm))  # syncs
+                loss = float(loss_t)
+                if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                    raise NonFiniteError(_non_finite_message(step, loss, grad_norm, self.named))
+                self.optimizer.step()
+            if self.step_hook is not None:
+                self.step_hook(step)
+            if cuda:
+                ev_end.record()  # on the stream the step ran on (the side stream during a graph's warm-up)
+                torch.cuda.synchronize()
+            dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+        probe = host_probe(s.host_probe_ops) if s.host_probe_ops else None
+        nvml_used = self.nvml.used() if self.nvml is not None else None
+        rss, heap = host_rss_bytes(), host_heap_bytes()
+        launches = self.device_timer.launches.get(step) if self.device_timer else None
+        rec = StepRecord(
+            step=step,
+            loss=loss,
+            grad_norm=grad_norm,
+            lr=lr,
+            tokens_per_s=n_tokens / dt,
+            step_time_s=dt,
+            allocated_mib=torch.cuda.memory_allocated() / MIB if cuda else 0.0,
+            reserved_mib=torch.cuda.memory_reserved() / MIB if cuda else 0.0,
+            peak_allocated_mib=torch.cuda.max_memory_allocated() / MIB if cuda else 0.0,
+            nvml_used_mib=None if nvml_used is None else nvml_used / MIB,
+            gpu_time_s=ev_start.elapsed_time(ev_end) / 1e3 if cuda else None,
+            cpu_time_s=cpu,
+            host_probe_s=probe,
+            captured=replayed,
+            host_rss_mib=None if rss is None else rss / MIB,
+            host_heap_mib=None if heap is None else heap / MIB,
+            device_time_s=None if launches is None else sum(d for _, d in launches) / 1e6,
+        )
+        if record:
+            self.records.append(rec)
+        return rec
+
+
+def train(
+    model: nn.Module,
+    batches: Callable[[int], dict[str, torch.Tensor]],
+    s: TrainSettings,
+    *,
+    optimizer: torch.optim.Optimizer | None = None,
+    start_step: int = 0,
+    stop_step: int | None = None,
+    adapters: dict[str, nn.Parameter] | None = None,
+    records: list[StepRecord] | None = None,
+    step_hook: Callable[[int], None] | None = None,
+    device_timer: DeviceTimer | None = None,
+) -> TrainResult:
+    """Run optimizer steps ``start_step .. stop_step`` (default: to ``s.steps``); batches(i) gives micro-batch i.
+
+    ``records``: a list the step records are appended to as they are made (it survives an exception).
+    ``step_hook(step)``: called inside each timed step after the optimizer step (the suite's planted-defect
+    self-tests slow or leak through it; tiers pass nothing).
+    ``device_timer``: profiles the steps it names (``lora_suite.measure.device_time``); their records carry
+    ``device_time_s`` and ``profiled``.
+    """
+    stop_step = s.steps if stop_step is None else stop_step
+    run = TrainingRun(
+        model,
+        batches,
+        s,
+        optimizer=optimizer,
+        start_step=start_step,
+        adapters=adapters,
+        records=records,
+        step_hook=step_hook,
+        device_timer=device_timer,
+    )
+    began = time.perf_counter()
+    with run, frozen_heap():
+        for step in range(start_step, stop_step):
+            rec = run.step(step)
+            if (step + 1) % s.log_every == 0 or step == stop_step - 1 or step == start_step:
+                done = step + 1 - start_step
+                eta = (time.perf_counter() - began) / done * (stop_step - step - 1)
+                log.info(
+                    "step %d/%d loss %.4f grad_norm %.3g lr %.2e %.0f tok/s %.0f ms alloc %.2f GiB nvml %s eta %s",
+                    step + 1,
+                    s.steps,
+                    rec.loss,
+                    rec.grad_norm,
+                    rec.lr,
+                    rec.tokens_per_s,
+                    rec.step_time_s * 1e3,
+                    rec.allocated_mib / 1024,
+                    "-" if rec.nvml_used_mib is None else f"{rec.nvml_used_mib / 1024:.2f} GiB",
+                    f"{eta // 60:.0f}m{eta % 60:02.0f}s",
+                )
+    return TrainResult(run.records, run.optimizer, run)
+
+
+def _non_finite_message(step: int, loss: float, grad_norm: float, named: dict[str, nn.Parameter]) -> str:
+    """Name the adapters whose values are non-finite (the usual root cause) and those whose gradients are."""
+    values = [n for n, p in named.items() if not torch.isfinite(p).all()]
+    grads = [n for n, p in named.items() if p.grad is not None and not torch.isfinite(p.grad).all()]
+    return (
+        f"non-finite values at step {step}: loss {loss}, grad norm {grad_norm}; adapters with NaN/Inf values: "
+        f"{values[:10]}{' ...' if len(values) > 10 else ''}; adapters with NaN/Inf gradients: {grads[:10]}"
+        f"{' ...' if len(grads) > 10 else ''} ({len(grads)} of {len(named)})"
+    )

@@ -1,0 +1,1 @@
+"""The pytest plugin, the Tier a tier test uses, the run report."""

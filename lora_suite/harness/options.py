@@ -1,0 +1,72 @@
+"""The suite's command-line options, as pytest sees them (the plugin registers this hook; README lists them)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("lora-gpu-suite")
+    group.addoption(
+        "--check-vram",
+        action="store_true",
+        help="before each tier, compare the LoRA-aware VRAM estimate with NVML free memory; skip if short",
+    )
+    group.addoption(
+        "--strict-vram",
+        action="store_true",
+        help="with --check-vram: fail instead of skip when the estimate exceeds free memory",
+    )
+    group.addoption(
+        "--report-dir", default=None, help="write report.json / report.md (+ plots) of this run into this directory"
+    )
+    group.addoption(
+        "--lora-impl",
+        default=None,
+        metavar="NAME|MODULE:FACTORY",
+        help="the LoRA implementation under test: cupy (default), torch, peft, an entry point of the "
+        "group lora_suite.implementations, or package.module:factory",
+    )
+    group.addoption(
+        "--bench-impls",
+        default=None,
+        type=_impl_list,
+        metavar="A,B,...",
+        help="the interleaved training benchmark: the implementations that take turns (PEFT always "
+        "joins first: the ratios are to it); default peft,torch,cupy",
+    )
+    group.addoption(
+        "--weights",
+        default=None,
+        choices=("auto", "pretrained", "random"),
+        help="override every tier's model weights mode",
+    )
+    group.addoption(
+        "--gpus",
+        default=None,
+        type=int,
+        metavar="N",
+        help="multigpu tier: GPUs (torchrun processes) per job; default every visible GPU",
+    )
+    group.addoption(
+        "--plant-repeats",
+        default=1,
+        type=_positive_int,
+        metavar="N",
+        help="selftest-gpu: run each repeatable planted defect N times (each must be caught every time)",
+    )
+
+
+def _impl_list(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(","))
+    if not text.strip() or not all(re.fullmatch(r"[A-Za-z0-9_.:-]+", n) for n in names):
+        raise argparse.ArgumentTypeError(f"expected implementation names separated by commas, got {text!r}")
+    return names
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"expected a whole number >= 1, got {text!r}")
+    return value

@@ -1,0 +1,400 @@
+"""The suite's pytest plugin: options, the implementation under test, checks, GPU skips, CUDA-error stop,
+seeding, cleanup and the run report. The repository's root ``conftest.py`` only loads it.
+
+Options (see README): --lora-impl, --check-vram, --strict-vram, --report-dir, --weights.
+Tests that need a GPU carry the ``gpu`` marker and skip with a reason when torch sees no CUDA device.
+A CUDA error (illegal address, device-side assert, a failed cuBLAS call) leaves the CUDA context
+unusable: the session stops there, with a message, instead of failing every later test in confusion.
+
+Checks: a test records every criterion with the ``check`` fixture, ``check(name, value, op, threshold,
+unit=, source=, detail=)``. Every check is recorded in the report, also after one has failed; a test with a
+failed check fails when it ends, with each failed check and the line of the test that made it. A check the
+implementation under test cannot take by design is recorded with ``check.not_applicable(name, reason)``;
+a test that only makes sense with a feature carries ``@pytest.mark.needs_feature("<feature>")`` and is
+recorded as not applicable (and skipped) when the implementation declares the feature unavailable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import gc
+import logging
+import os
+import random
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from lora_suite.core.config import CONFIG_DIR
+from lora_suite.core.environment import collect_environment
+from lora_suite.core.loader import load_tier_config
+from lora_suite.core.registry import registry
+from lora_suite.harness.checks import Checker, CheckFailed
+from lora_suite.harness.cuda_errors import is_cuda_error
+from lora_suite.harness.options import pytest_addoption  # noqa: F401  (a hook: pytest finds it here)
+from lora_suite.harness.progress import ProgressLines
+from lora_suite.harness.report import Outcome, RunReport, Series
+from lora_suite.implementations import (
+    DEFAULT,
+    FEATURES,
+    ImplementationError,
+    LoRAImplementation,
+    implementation_record,
+    resolve_implementation,
+)
+from lora_suite.measure import wall_time
+
+_REPORT_KEY = pytest.StashKey[RunReport]()
+_SUMMARY_KEY = pytest.StashKey[list]()  # lines for the terminal summary (report path, wall-time failure)
+_IMPL_KEY = pytest.StashKey[LoRAImplementation]()
+_FAILED_KEY = pytest.StashKey[list]()  # a test's failed checks: (check, "file:line")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a CI job's timeout, a scheduler) turned into pytest's own interruption path, so that the
+    session finishes its hooks and the run report is written with status ``terminated``."""
+
+
+def _on_sigterm(signum, frame):
+    _RUN["terminated"] = True
+    raise Terminated(f"received signal {signum} (SIGTERM)")
+
+
+def pytest_configure(config):
+    _RUN["configured"] = time.time()
+    config.addinivalue_line(
+        "markers",
+        "needs_feature(name): needs a feature of the LoRA implementation under test "
+        "(lora_suite.implementations.FEATURES); not applicable where it declares it "
+        "unavailable",
+    )
+    for tier in _tiers().values():  # the tier registry's markers: a new tier needs no edit of any Python or ini
+        config.addinivalue_line("markers", f"{tier.marker}: {tier.entry.description}")
+    selection = config.getoption("markexpr") or "all"
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    run_id = f"{now}-{re.sub(r'[^A-Za-z0-9]+', '_', selection)}"
+    config.stash[_REPORT_KEY] = report = RunReport(
+        run_id=run_id, selection=selection, environment=collect_environment()
+    )
+    spec = config.getoption("lora_impl") or DEFAULT
+    try:
+        impl = resolve_implementation(spec)
+    except ImplementationError as exc:
+        raise pytest.UsageError(f"--lora-impl {spec}: {exc}") from None
+    config.stash[_IMPL_KEY] = impl
+    report.implementation = implementation_record(impl, spec)
+    if config.getoption("report_dir"):
+        check_report_dir(config.getoption("report_dir"))
+    if not hasattr(config, "workerinput"):  # the controlling process (not an xdist worker)
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    if not config.getini("log_cli") and not config.getoption("log_cli_level", None):
+        handler = ProgressLines(config)
+        logger = logging.getLogger("lora_suite")  # the trainer logs as lora_suite.engine.trainer
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        config.add_cleanup(lambda: logger.removeHandler(handler))
+
+
+def pytest_report_header(config):
+    env = config.stash[_REPORT_KEY].environment
+    if env.gpu_name is None:
+        gpu = "no CUDA GPU found (torch.cuda.is_available() is False): tests marked 'gpu' will be skipped"
+    else:
+        gpu = f"GPU {env.gpu_name} (sm {env.compute_capability}, {env.gpu_memory_gib} GiB, driver {env.driver})"
+    impl = config.stash[_IMPL_KEY]
+    return [
+        f"lora-gpu-suite: {gpu}",
+        f"lora-gpu-suite: LoRA implementation under test: {impl.describe()}",
+        f"lora-gpu-suite: torch {env.torch} (CUDA {env.cuda}), cupy {env.cupy}, nvmath {env.nvmath}, transformers "
+        f"{env.transformers}, peft {env.peft}, commit {env.git_commit[:12]}{' (dirty)' if env.git_dirty else ''}",
+    ]
+
+
+def _tiers() -> dict:
+    if "tiers" not in _RUN:
+        _RUN["tiers"] = registry()
+    return _RUN["tiers"]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test in a registered tier's folder carries the tier's marker (and ``gpu``); GPU tests skip without one."""
+    folders = {t.tests_dir.resolve(): t.marker for t in _tiers().values()}
+    for item in items:
+        marker = folders.get(Path(item.path).resolve().parent)
+        if marker and item.get_closest_marker(marker) is None:
+            item.add_marker(getattr(pytest.mark, marker))
+            item.add_marker(pytest.mark.gpu)
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU: none found (torch.cuda.is_available() is False)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def pytest_runtest_setup(item):
+    """A test marked ``needs_feature(f)`` is not applicable to an implementation that declares f unavailable."""
+    impl = item.config.stash[_IMPL_KEY]
+    for mark in item.iter_markers("needs_feature"):
+        feature = mark.args[0]
+        if feature not in FEATURES:
+            raise pytest.UsageError(f"{item.nodeid}: needs_feature({feature!r}) is not one of {sorted(FEATURES)}")
+        reason = impl.reason_not_applicable(feature)
+        if reason:
+            item.config.stash[_REPORT_KEY].mark_not_applicable(
+                item.nodeid, f"every check of this test ({FEATURES[feature]})", reason
+            )
+            pytest.skip(f"not applicable to --lora-impl {impl.name}: {reason}")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """Fail a test whose recorded checks failed, after it ran to its end (every check is in the report)."""
+    __tracebackhide__ = True
+    result = yield
+    failed = item.stash.get(_FAILED_KEY, [])
+    if failed:
+        lines = [
+            f"{where}: {c.name}: {c.value}{c.unit} is not {c.op} {c.threshold}{c.unit}"
+            + (f" ({c.detail})" if c.detail else "")
+            for c, where in failed
+        ]
+        raise CheckFailed(f"{len(failed)} check(s) failed:\n" + "\n".join(lines), failed[0][1])
+    return result
+
+
+@pytest.fixture(autouse=True)
+def _seed_and_cleanup():
+    """Every test starts from the same seeds and leaves no cached GPU memory behind for the next.
+
+    A full ``gc.collect()`` walks every tracked object (300k after importing torch and transformers, 470k
+    once torch.compile has run: 0.15-0.25 s each time), which after every test was 15 s of the quick tier's
+    37 s (reports/20261122T080902Z-quick, junit times minus call times). So the collection runs only when it
+    can matter: when the test leaves more GPU memory allocated than it found (memory that only a cycle may
+    still hold). Tests that measure memory collect before they measure (tiers/conftest.py).
+    """
+    random.seed(0)
+    torch.manual_seed(0)
+    cuda = torch.cuda.is_available()
+    allocated_before = torch.cuda.memory_allocated() if cuda else 0
+    yield
+    if cuda:
+        torch.cuda.synchronize()
+        if torch.cuda.memory_allocated() > allocated_before:
+            gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if call.excinfo is not None and isinstance(call.excinfo.value, CheckFailed):
+        report.user_properties.append(("first_failed_check", call.excinfo.value.where))
+    if call.excinfo is not None and is_cuda_error(call.excinfo.value):
+        item.session.shouldstop = (
+            f"CUDA error in {item.nodeid}: {call.excinfo.typename}: {str(call.excinfo.value)[:300]} -- the CUDA "
+            "context is no longer trustworthy, so the session stops here instead of cascading"
+        )
+    return report
+
+
+# pytest_runtest_logreport gets no config: the session's report and start time are kept here.
+_RUN: dict[str, object] = {}
+
+
+def pytest_runtest_logreport(report):
+    run = _RUN.get("report")
+    if run is None:
+        return
+    if report.when == "call" or (report.when != "call" and report.outcome != "passed"):
+        outcome = report.outcome if report.when == "call" else ("skipped" if report.skipped else "error")
+        reason, location = "", ""
+        if report.skipped and isinstance(report.longrepr, tuple):
+            reason = report.longrepr[2]
+        elif report.failed:
+            reason, location = failure_text(report)
+        run.outcomes.append(Outcome(report.nodeid, outcome, round(report.duration, 3), reason, location))
+        if _RUN.get("report_dir"):  # report.json after every test: a killed run still leaves what it did
+            run.write_json(Path(_RUN["report_dir"]))
+
+
+def failure_text(report) -> tuple[str, str]:
+    """The whole failure message (an assertion's full text, not only its type) and where it was raised
+    (for failed checks: the test line of the first one)."""
+    where = dict(report.user_properties).get("first_failed_check")
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if crash is not None and where:
+        return crash.message, where
+    if crash is not None:
+        return crash.message, f"{crash.path}:{crash.lineno}"
+    text = report.longreprtext.strip()
+    return text[-4000:], ""
+
+
+def pytest_sessionstart(session):
+    _RUN["session_start"] = time.time()
+    _RUN["cuda_context_s"] = None
+    if torch.cuda.is_available():  # created here on its own, so the wall-time breakdown can name it
+        start = time.perf_counter()
+        torch.zeros(1, device="cuda")
+        torch.cuda.synchronize()
+        _RUN["cuda_context_s"] = time.perf_counter() - start
+    _RUN["report"] = session.config.stash[_REPORT_KEY]
+    _RUN["start"] = time.perf_counter()
+    _RUN["terminated"] = False
+    _RUN["report_dir"] = session.config.getoption("report_dir")
+    if _RUN["report_dir"]:
+        _RUN["report"].write_json(Path(_RUN["report_dir"]))  # status "running" from the first second
+
+
+def check_report_dir(path: str) -> None:
+    """Fail before anything runs when the report directory cannot be created or written."""
+    target = Path(path)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        probe = target / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise pytest.UsageError(f"--report-dir {path}: not a writable directory ({exc.strerror or exc})") from None
+
+
+def _check_tier_wall_time(session, run: RunReport) -> None:
+    """For ``-m <tier>`` runs whose config sets criteria.tier_seconds_max, the whole session must fit it."""
+    tier = session.config.getoption("markexpr")
+    path = CONFIG_DIR / f"{tier}.yaml"
+    if not tier or not path.exists() or not torch.cuda.is_available() or session.testscollected == 0:
+        return
+    limit = load_tier_config(path).criteria.tier_seconds_max
+    if limit is None:
+        return
+    elapsed = round(time.perf_counter() - _RUN["start"], 1)
+    c = run.check(
+        f"session:{tier}",
+        f"whole {tier} tier wall time",
+        elapsed,
+        "<=",
+        limit,
+        unit=" s",
+        source=f"{path.name} criteria.tier_seconds_max",
+    )
+    if not c.passed:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        session.config.stash[_SUMMARY_KEY].append(f"FAILED: {tier} tier took {elapsed} s, over its {limit} s budget")
+
+
+def _drop_unfinished_benchmarks(config, run: RunReport) -> None:
+    """A benchmark stopped by a signal before its first round finished has no timings: pytest-benchmark would
+    fail computing their statistics while it saves (``min() iterable argument is empty``) and lose every other
+    benchmark's too. Drop it from the session, and name it in the report's notes."""
+    bench = getattr(config, "_benchmarksession", None)
+    if bench is None:
+        return
+    kept = []
+    for b in bench.benchmarks:  # pytest_benchmark.stats.Metadata: .stats is its Stats, .stats.data its timings
+        data = getattr(getattr(b, "stats", None), "data", None)
+        if data is not None and len(data) == 0:
+            run.notes.append(
+                f"benchmark {b.fullname} stopped before its first round finished: no figures "
+                "(left out of benchmark.json)"
+            )
+        else:
+            kept.append(b)
+    bench.benchmarks[:] = kept
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_sessionfinish(session, exitstatus):
+    """Before pytest-benchmark saves (its own wrapper runs inside this one): unfinished benchmarks out; after it,
+    whatever it did, the run report is written."""
+    _drop_unfinished_benchmarks(session.config, session.config.stash[_REPORT_KEY])
+    try:
+        return (yield)
+    finally:
+        _finish_report(session, session.exitstatus)
+
+
+def _add_wall_time_breakdown(run: RunReport) -> None:
+    """GPU runs: where the wall time went (lora_suite.measure.wall_time), as a series of the report."""
+    if _RUN.get("cuda_context_s") is None or "session_start" not in _RUN:
+        return
+    interop = sys.modules.get("lora_core.ops.cupy_interop")
+    t0 = os.environ.get("GPU_TEST_T0")
+    rows = wall_time.breakdown(
+        script_start=float(t0) if t0 else None,
+        process_start=wall_time.process_start_epoch(),
+        configured=_RUN["configured"],
+        session_start=_RUN["session_start"],
+        cuda_context_s=_RUN["cuda_context_s"],
+        test_seconds=[(o.test, o.duration_s) for o in run.outcomes],
+        kernel_loads=dict(getattr(interop, "KERNEL_LOAD_SECONDS", {})),
+    )
+    run.add_series(
+        Series(
+            "session",
+            "wall-time breakdown",
+            ("phase", "seconds", "detail"),
+            tuple((p, None if v is None else round(v, 2), d) for p, v, d in rows),
+        )
+    )
+
+
+def _finish_report(session, exitstatus):
+    report_dir = session.config.getoption("report_dir")
+    run = session.config.stash[_REPORT_KEY]
+    _add_wall_time_breakdown(run)
+    if _RUN.get("terminated"):
+        run.status = "terminated"
+    elif exitstatus == pytest.ExitCode.INTERRUPTED:
+        run.status = "interrupted"
+    else:
+        run.status = "complete"
+    session.config.stash[_SUMMARY_KEY] = []
+    _check_tier_wall_time(session, run)
+    if report_dir:
+        session.config.stash[_SUMMARY_KEY].append(f"report: {run.write(Path(report_dir))}")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    run = config.stash[_REPORT_KEY]
+    s = run.summary()
+    tr = terminalreporter
+    tr.section("lora-gpu-suite")
+    if run.environment.gpu_name is None:
+        skipped_gpu = sum(1 for o in run.outcomes if o.outcome == "skipped" and "CUDA GPU" in o.reason)
+        tr.write_line(
+            f"No CUDA GPU was found: {skipped_gpu} GPU test(s) skipped; "
+            f"{s.get('passed', 0)} passed and {s.get('failed', 0)} failed on the CPU."
+        )
+    tr.write_line(f"checks: {s['checks_passed']} passed, {s['checks_failed']} failed")
+    for line in config.stash.get(_SUMMARY_KEY, []):
+        tr.write_line(line, red=line.startswith("FAILED"))
+
+
+def pytest_benchmark_update_machine_info(config, machine_info):
+    """pytest-benchmark's JSON carries the GPU name, versions and git commit of the run."""
+    machine_info["lora_gpu_suite"] = dataclasses.asdict(config.stash[_REPORT_KEY].environment)
+
+
+@pytest.fixture(scope="session")
+def run_report(request) -> RunReport:
+    return request.config.stash[_REPORT_KEY]
+
+
+@pytest.fixture
+def check(run_report, request) -> Checker:
+    failed = request.node.stash.setdefault(_FAILED_KEY, [])
+    return Checker(run_report, request.node.nodeid, failed)
+
+
+@pytest.fixture(scope="session")
+def lora_impl(request) -> LoRAImplementation:
+    """The LoRA implementation under test (--lora-impl, default cupy)."""
+    return request.config.stash[_IMPL_KEY]

@@ -1,0 +1,104 @@
+"""The contract every LoRA implementation meets (the package docstring, ``lora_suite.implementations``, says
+what each method promises), the features it may declare it cannot do, and its errors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+ENTRY_POINT_GROUP = "lora_suite.implementations"
+DEFAULT = "cupy"
+
+# What an implementation may declare it cannot do (key -> what it means).
+FEATURES = {
+    "nf4_base": "a 4-bit NF4 base weight under the adapters (QLoRA)",
+    "op_call_count": "a count of LoRA op calls, to prove the path under test served them",
+    "lora_core_ops": "lora_core's own op and kernels, tested below the model level",
+    "cuda_graph_capture": "training steps captured in a CUDA graph (train.cuda_graph)",
+    "fp32_adapters_on_16bit_base": "fp32 adapters over a 16-bit base (PEFT's default mixed precision)",
+    "rslora": "rank-stabilised scaling s = alpha / sqrt(r)",
+    "bf16_base": "a 16-bit base weight (lora.quantize: null)",
+}
+
+
+class ImplementationError(ValueError):
+    """An implementation that cannot be found, built, or that breaks the contract."""
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    targets: tuple[str, ...]  # projection names or ("all-linear",)
+    r: int
+    alpha: float
+    use_rslora: bool = False
+    adapter_dtype: torch.dtype | None = torch.float32  # None: the base weight's dtype
+    quantize: str | None = None  # None (16-bit base) or "nf4"
+
+
+class LoRAImplementation:
+    """Base class of the contract above. Subclasses set ``name``, ``expected_path`` and implement the methods."""
+
+    name: str = ""
+    expected_path: str = ""  # what served_by() returns when every adapted layer ran the path under test
+    not_applicable: dict[str, str] = {}  # feature (FEATURES) -> why this implementation cannot do it
+    # True: inject() may be given each decoder layer as the model is built (a quantised base then never exists
+    # in 16 bits as a whole); False: it is given the whole model once built.
+    inject_per_layer: bool = False
+
+    def describe(self) -> str:
+        return self.name
+
+    def inject(self, model: nn.Module, spec: AdapterSpec) -> list[str]:
+        raise NotImplementedError
+
+    def adapter_parameters(self, model: nn.Module) -> dict[str, nn.Parameter]:
+        raise NotImplementedError
+
+    def save_adapter(self, model: nn.Module, path: str | Path) -> Path:
+        raise NotImplementedError
+
+    def load_adapter(self, model: nn.Module, path: str | Path) -> None:
+        raise NotImplementedError
+
+    def served_by(self, model: nn.Module) -> str:
+        raise NotImplementedError
+
+    def op_calls(self) -> int | None:
+        return None
+
+    def served_by_adapted_layers(self, model: nn.Module, wrong_layer, inactive) -> str:
+        """A ``served_by`` for implementations whose layers are counted by a forward hook (``count_call``):
+        ``expected_path`` when every adapted layer is the right kind (``wrong_layer(m)`` is None), active
+        (``inactive(m)`` is None) and has run a forward; else what each offending layer is, joined."""
+        kinds = set()
+        for path in adapted_modules(self.adapter_parameters(model)):
+            m = model.get_submodule(path)
+            if (wrong := wrong_layer(m)) is not None:
+                kinds.add(wrong)
+            elif (why := inactive(m)) is not None:
+                kinds.add(f"{self.name}, {why}")
+            elif not getattr(m, "_lora_suite_calls", 0):
+                kinds.add(f"{self.name} layers that never ran")
+            else:
+                kinds.add(self.expected_path)
+        return ",".join(sorted(kinds))
+
+    def quantize_base(self, model: nn.Module) -> bool:
+        """Put this implementation's own 4-bit storage into ``model``'s linears (all but the LM head), as its
+        ``inject`` does for ``quantize="nf4"``, and return True; False (nothing done) where its NF4 base, if any,
+        is lora_core's. Comparison runs (the torch reference, the control) are built on the same quantised
+        weights this way (``prepare(..., base_from=)``), so they judge the LoRA layer and not two quantisers."""
+        return False
+
+    def reason_not_applicable(self, feature: str) -> str | None:
+        if feature not in FEATURES:
+            raise ValueError(f"feature {feature!r} is not one of {sorted(FEATURES)}")
+        return self.not_applicable.get(feature)
+
+
+def adapted_modules(adapters: dict[str, nn.Parameter]) -> list[str]:
+    """The module paths holding the adapters, in the adapters' order (``<path>.lora_A`` -> ``<path>``)."""
+    return list(dict.fromkeys(name.rsplit(".", 1)[0] for name in adapters))

@@ -1,0 +1,161 @@
+"""How the implementation under test is chosen: the built-ins, the bundled peers, the entry-point group and
+``package.module:factory`` specs; the contract check a resolved implementation must pass."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import re
+
+from lora_suite.implementations.contract import (
+    DEFAULT,
+    ENTRY_POINT_GROUP,
+    FEATURES,
+    ImplementationError,
+    LoRAImplementation,
+)
+from lora_suite.implementations.lora_core_impl import LoraCoreImplementation
+from lora_suite.implementations.peft_impl import PeftImplementation
+
+
+def _builtin(name: str) -> LoRAImplementation | None:
+    if name in ("cupy", "torch"):
+        return LoraCoreImplementation(name)
+    if name == "peft":
+        try:
+            import peft  # noqa: F401
+        except ImportError as exc:
+            raise ImplementationError(
+                f"--lora-impl peft: peft does not import ({exc}); install lora-gpu-suite[peft]"
+            ) from None
+        return PeftImplementation()
+    return None
+
+
+BUILTINS = ("cupy", "torch", "peft")
+# Peers bundled with the suite (lora_suite/peers): the same specs as pyproject's entry points, so that a source
+# checkout on PYTHONPATH (a lent GPU machine runs the suite uninstalled) finds them by name too.
+BUNDLED = {
+    "loralib": "lora_suite.implementations.loralib_impl:LoralibImplementation",
+    "torchtune": "lora_suite.implementations.torchtune_impl:TorchtuneImplementation",
+    "peft-bnb": "lora_suite.implementations.peft_bnb_impl:PeftBnbImplementation",
+}
+
+
+def entry_point_names() -> list[str]:
+    """Names of the entry points of ``ENTRY_POINT_GROUP`` and of the bundled peers."""
+    return sorted({ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)} | set(BUNDLED))
+
+
+def installed_names() -> list[str]:
+    """Every implementation that can be built here: the built-ins, then the entry points and bundled peers whose
+    library imports (the scorecard's default selection)."""
+    names = ["cupy", "torch"] + (["peft"] if importlib.util.find_spec("peft") else [])
+    for name in entry_point_names():
+        try:
+            resolve_implementation(name)
+        except ImplementationError:
+            continue
+        names.append(name)
+    return names
+
+
+def resolve_implementation(spec: str | None) -> LoRAImplementation:
+    """The implementation ``spec`` names: a built-in, an entry point of ``ENTRY_POINT_GROUP``, or ``module:factory``."""
+    spec = DEFAULT if spec is None else spec
+    if not isinstance(spec, str) or not spec.strip():
+        raise ImplementationError(
+            f"LoRA implementation {spec!r}: expected a name ({', '.join(BUILTINS)}, an entry "
+            f"point of {ENTRY_POINT_GROUP!r}) or 'package.module:factory'"
+        )
+    impl = _builtin(spec)
+    if impl is None and ":" in spec:
+        module_name, _, attr = spec.partition(":")
+        if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", module_name) or not re.fullmatch(r"[A-Za-z_]\w*", attr):
+            raise ImplementationError(
+                f"LoRA implementation {spec!r}: expected 'package.module:factory' (a dotted "
+                "module path, a colon, a Python name)"
+            )
+        try:
+            factory = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ImplementationError(
+                f"LoRA implementation {spec!r}: cannot load {attr!r} from module "
+                f"{module_name!r} ({type(exc).__name__}: {exc})"
+            ) from None
+        impl = _call_factory(factory, spec)
+    elif impl is None:
+        eps = {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+        if spec not in eps and spec in BUNDLED:
+            return check_contract(resolve_implementation(BUNDLED[spec]), spec)
+        if spec not in eps:
+            raise ImplementationError(
+                f"LoRA implementation {spec!r} is not known: built-ins {list(BUILTINS)}, entry points of "
+                f"{ENTRY_POINT_GROUP!r} {sorted(eps)}, or give 'package.module:factory'"
+            )
+        factory = eps[spec].load()
+        impl = _call_factory(factory, spec)
+    return check_contract(impl, spec)
+
+
+def require_module(impl: str, module: str):
+    """``module`` imported for implementation ``impl``, or an ImplementationError naming the extra to install
+    (the bundled peers' libraries are optional extras named after them)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ImplementationError(
+            f"--lora-impl {impl}: {module} does not import ({exc}); install lora-gpu-suite[{impl}]"
+        ) from None
+
+
+def _call_factory(factory, spec: str):
+    """The factory's implementation; a factory that fails to build one is named with its error."""
+    if not callable(factory) or isinstance(factory, type) and not issubclass(factory, LoRAImplementation):
+        return factory  # check_contract names what it is instead
+    try:
+        return factory()
+    except ImplementationError:
+        raise
+    except Exception as exc:
+        raise ImplementationError(
+            f"LoRA implementation {spec!r}: its factory {getattr(factory, '__name__', factory)!r} "
+            f"raised {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def implementation_record(impl: LoRAImplementation, spec: str | None = None) -> dict:
+    """What a report says about the implementation under test (``RunReport.implementation``)."""
+    return {
+        "name": impl.name,
+        "spec": spec or impl.name,
+        "description": impl.describe(),
+        "not_applicable": dict(impl.not_applicable),
+    }
+
+
+def check_contract(impl, spec: str) -> LoRAImplementation:
+    """Refuse, at selection time, an object that does not meet the contract (naming what is missing)."""
+    if not isinstance(impl, LoRAImplementation):
+        raise ImplementationError(
+            f"LoRA implementation {spec!r} gave a {type(impl).__name__}, not a "
+            "lora_suite.implementations.LoRAImplementation"
+        )
+    missing = [
+        m
+        for m in ("inject", "adapter_parameters", "save_adapter", "load_adapter", "served_by")
+        if getattr(type(impl), m) is getattr(LoRAImplementation, m)
+    ]
+    if missing or not impl.name or not impl.expected_path:
+        raise ImplementationError(
+            f"LoRA implementation {spec!r} ({type(impl).__name__}) does not meet the contract: "
+            f"methods not implemented {missing}, name={impl.name!r}, "
+            f"expected_path={impl.expected_path!r}"
+        )
+    unknown = sorted(set(impl.not_applicable) - set(FEATURES))
+    if unknown:
+        raise ImplementationError(
+            f"LoRA implementation {spec!r} declares unknown features {unknown}; known: {sorted(FEATURES)}"
+        )
+    return impl

@@ -1,0 +1,73 @@
+"""Microsoft's ``loralib`` (the LoRA paper's reference code, Hu et al. 2021): ``loralib.Linear`` on the targets.
+
+How it is put in, and why:
+- each target ``nn.Linear`` becomes a ``loralib.Linear`` built on the meta device, whose ``weight`` and ``bias``
+  are then the original (shared, frozen) tensors, so no second copy of the base exists; ``lora_A`` (r, in) and
+  ``lora_B`` (out, r) are new parameters initialised as loralib does (kaiming-uniform A with a = √5, zero B);
+- ``merge_weights=False``: with loralib's default, ``model.eval()`` adds s·B·A into the base weight in place and
+  ``train()`` subtracts it again, which would change the frozen base the suite checks and round it each time;
+- dropout 0, ``fan_in_fan_out=False``; y = x Wᵀ + b + s · (x Aᵀ) Bᵀ with s = alpha / r (loralib's ``scaling``).
+Not applicable, by design of loralib (its forward is its own): fp32 adapters on a 16-bit base (the adapters
+must have the activations' dtype: ``x @ lora_A.T`` mixes dtypes otherwise), rsLoRA (s is alpha / r), an NF4
+base, a count of op calls (served_by checks the layer types and a forward hook), lora_core's own ops.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from lora_suite.implementations import require_module
+from lora_suite.implementations.wrapped import WrappedLinearPeer
+
+
+class LoralibImplementation(WrappedLinearPeer):
+    name = expected_path = "loralib"
+    not_applicable = {
+        "fp32_adapters_on_16bit_base": "loralib's forward computes x @ lora_A.T in the activations' dtype; "
+        "adapters must share the base's dtype (set lora.adapter_dtype to it)",
+        "rslora": "loralib's scaling is alpha / r",
+        "nf4_base": "loralib has no quantised base",
+        "op_call_count": "loralib's layers keep no call counter; served_by() checks the layer types instead",
+        "lora_core_ops": "these tests call lora_core's cupy op and kernels directly, which loralib does not use",
+    }
+
+    def __init__(self):
+        self.layer_type = require_module(self.name, "loralib").Linear
+
+    def describe(self) -> str:
+        import importlib.metadata
+
+        return (
+            f"loralib: Microsoft loralib {importlib.metadata.version('loralib')} loralib.Linear "
+            f"(merge_weights=False), eager torch ops"
+        )
+
+    def wrap(self, linear, spec):
+        base = linear.weight
+        layer = self.layer_type(
+            linear.in_features,
+            linear.out_features,
+            r=spec.r,
+            lora_alpha=spec.alpha,
+            lora_dropout=0.0,
+            merge_weights=False,
+            bias=linear.bias is not None,
+            device="meta",
+        )
+        layer.weight, layer.bias = base, linear.bias
+        layer.lora_A = nn.Parameter(torch.empty(spec.r, linear.in_features, device=base.device, dtype=base.dtype))
+        layer.lora_B = nn.Parameter(torch.zeros(linear.out_features, spec.r, device=base.device, dtype=base.dtype))
+        nn.init.kaiming_uniform_(layer.lora_A, a=math.sqrt(5))
+        return layer
+
+    def adapters_of(self, layer):
+        return layer.lora_A, layer.lora_B
+
+    def rank_alpha(self, layer):
+        return layer.r, layer.lora_alpha
+
+    def inactive(self, layer):
+        return "merged" if layer.merged else None

@@ -1,0 +1,167 @@
+"""The built-in ``peft``: PEFT's LoRA layers, and the PEFT-format adapter files every implementation reads
+and writes."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from lora_suite.implementations.contract import ImplementationError, LoRAImplementation, adapted_modules
+
+_PEFT_PARAM = re.compile(r"^(?P<path>.+)\.(?P<which>lora_[AB])\.default\.weight$")
+
+
+class PeftImplementation(LoRAImplementation):
+    """PEFT's LoRA layers, put into the model with ``peft.inject_adapter_in_model`` (adapter name ``default``).
+
+    The model stays the Hugging Face model (no ``PeftModel`` wrapper), so the trainer and the checks treat it
+    like any other. Dropout 0 and PEFT's default initialisation; adapters cast to the spec's dtype.
+    """
+
+    name = expected_path = "peft"
+    not_applicable = {
+        "nf4_base": "PEFT builds a 4-bit base only through bitsandbytes (not on the lent GPU machine, and not "
+        "wired here); lora_core's NF4 storage is not a layer PEFT can wrap",
+        "op_call_count": "PEFT's layers keep no call counter; served_by() checks the layer types instead",
+        "lora_core_ops": "these tests call lora_core's cupy op and kernels directly, which PEFT does not use",
+    }
+
+    def describe(self) -> str:
+        import peft
+
+        return f"peft: PEFT {peft.__version__} LoRA layers (peft.tuners.lora), eager torch ops"
+
+    def inject(self, model, spec):
+        import peft
+
+        if spec.quantize is not None:
+            raise ImplementationError(
+                f"peft: quantize={spec.quantize!r} is not supported: {self.not_applicable['nf4_base']}"
+            )
+        targets = "all-linear" if tuple(spec.targets) == ("all-linear",) else list(spec.targets)
+        config = peft.LoraConfig(
+            r=spec.r,
+            lora_alpha=spec.alpha,
+            target_modules=targets,
+            lora_dropout=0.0,
+            use_rslora=spec.use_rslora,
+            bias="none",
+        )
+        for p in model.parameters():
+            p.requires_grad_(False)
+        peft.inject_adapter_in_model(config, model)
+        model._lora_suite_peft_config = config  # for save_adapter
+        adapters = self.adapter_parameters(model)
+        if not adapters:
+            raise ImplementationError(f"peft: targets {list(spec.targets)} adapted no layer of {type(model).__name__}")
+        for path in adapted_modules(adapters):  # served_by() evidence: each layer's forward calls
+            layer = model.get_submodule(path)
+            layer._lora_suite_calls = 0
+            layer.register_forward_hook(count_call)
+        with torch.no_grad():
+            for p in adapters.values():
+                if spec.adapter_dtype is not None and p.dtype != spec.adapter_dtype:
+                    p.data = p.data.to(spec.adapter_dtype)
+                p.requires_grad_(True)
+        return adapted_modules(adapters)
+
+    def adapter_parameters(self, model):
+        out = {}
+        for name, p in model.named_parameters():
+            m = _PEFT_PARAM.match(name)
+            if m:
+                out[f"{m['path']}.{m['which']}"] = p
+        return out
+
+    def save_adapter(self, model, path):
+        from safetensors.torch import save_file
+
+        from lora_core.adapters import PREFIX, WEIGHTS_FILE
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        config = getattr(model, "_lora_suite_peft_config", None)
+        if config is None:
+            raise ImplementationError("peft: the model was not injected by this implementation (no LoRA config)")
+        config.save_pretrained(str(path))
+        tensors = {
+            f"{PREFIX}{name}.weight": p.detach().to("cpu").contiguous()
+            for name, p in self.adapter_parameters(model).items()
+        }
+        save_file(tensors, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
+        return path
+
+    def load_adapter(self, model, path):
+        load_peft_tensors(self.name, self.adapter_parameters(model), path)
+
+    def wrong_layer(self, m: nn.Module) -> str | None:
+        """Why ``m`` is not the layer this implementation puts in, or None."""
+        from peft.tuners.lora import LoraLayer
+
+        return None if isinstance(m, LoraLayer) else f"{type(m).__name__} (not a PEFT LoRA layer)"
+
+    def served_by(self, model):
+        """``name`` when every adapted layer is the implementation's PEFT layer (``wrong_layer``), active (not
+        merged, not disabled) and has run a forward (counted by a hook put there at injection); else what each
+        offending layer is."""
+
+        def inactive(m):
+            return f"merged={m.merged} disabled={m.disable_adapters}" if m.merged or m.disable_adapters else None
+
+        return self.served_by_adapted_layers(model, self.wrong_layer, inactive)
+
+
+def load_peft_tensors(who: str, adapters: dict[str, nn.Parameter], path: str | Path) -> None:
+    """Copy a PEFT folder's tensors into ``adapters`` (canonical names), refusing keys that fit no adapter,
+    adapters without a key and shapes that differ, each named; the config must parse."""
+    from safetensors.torch import load_file
+
+    from lora_core.adapters import CONFIG_FILE, PREFIX, WEIGHTS_FILE
+
+    path = Path(path)
+    if not (path / CONFIG_FILE).is_file():
+        raise ImplementationError(f"{who}: {path} has no {CONFIG_FILE}: not a PEFT folder")
+    try:
+        json.loads((path / CONFIG_FILE).read_text())  # a broken config is an error here, not later
+    except json.JSONDecodeError as exc:
+        raise ImplementationError(f"{who}: {path / CONFIG_FILE} is not valid JSON ({exc})") from None
+    tensors = load_file(str(path / WEIGHTS_FILE))
+    by_key = {f"{PREFIX}{name}.weight": p for name, p in adapters.items()}
+    unknown = sorted(set(tensors) - set(by_key))
+    missing = sorted(set(by_key) - set(tensors))
+    if unknown or missing:
+        raise ImplementationError(
+            f"{who}: {path}: keys that fit no adapter {unknown[:5]}, adapters without a key {missing[:5]}"
+        )
+    with torch.no_grad():
+        for key, p in by_key.items():
+            if tensors[key].shape != p.shape:
+                raise ImplementationError(
+                    f"{who}: {key} has shape {tuple(tensors[key].shape)}, the model's adapter {tuple(p.shape)}"
+                )
+            p.copy_(tensors[key])
+
+
+def save_peft_tensors(adapters: dict[str, nn.Parameter], config: dict, path: str | Path) -> Path:
+    """Write ``adapters`` (canonical names) and ``config`` as a PEFT folder (PEFT's key names)."""
+    from safetensors.torch import save_file
+
+    from lora_core.adapters import CONFIG_FILE, PREFIX, WEIGHTS_FILE
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / CONFIG_FILE).write_text(json.dumps(config, indent=2))
+    save_file(
+        {f"{PREFIX}{name}.weight": p.detach().to("cpu").contiguous() for name, p in adapters.items()},
+        str(path / WEIGHTS_FILE),
+        metadata={"format": "pt"},
+    )
+    return path
+
+
+def count_call(module, args, output) -> None:
+    module._lora_suite_calls += 1

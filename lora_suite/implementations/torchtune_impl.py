@@ -1,0 +1,72 @@
+"""torchtune's ``torchtune.modules.peft.LoRALinear`` swapped into the Hugging Face model's target linears.
+
+How it is put in, and why:
+- each target ``nn.Linear`` becomes a ``LoRALinear`` built on the meta device (no second base is allocated),
+  whose ``weight`` and ``bias`` are then the original shared, frozen tensors; its ``lora_a`` / ``lora_b``
+  (``nn.Linear`` without bias) are materialised on the base's device with ``to_empty`` and initialised by
+  torchtune's own ``initialize_parameters`` (kaiming-uniform A, zero B);
+- canonical names: ``<path>.lora_A`` is ``lora_a.weight`` (r, in), ``<path>.lora_B`` is ``lora_b.weight``
+  (out, r); y = x Wᵀ + b + (alpha / r) · B A x, dropout 0.
+Not applicable: fp32 adapters on a 16-bit base (``lora_a`` is an ``nn.Linear`` applied to the activations, whose
+dtype must match), rsLoRA (torchtune scales by alpha / r), an NF4 base (torchtune's QLoRA quantises with
+torchao's ``to_nf4`` when the layer is constructed; this adapter does not build that path yet), a count of op
+calls, lora_core's own ops.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lora_suite.implementations import require_module
+from lora_suite.implementations.wrapped import WrappedLinearPeer
+
+
+class TorchtuneImplementation(WrappedLinearPeer):
+    name = expected_path = "torchtune"
+    not_applicable = {
+        "fp32_adapters_on_16bit_base": "torchtune's lora_a is an nn.Linear applied to the activations; adapters "
+        "must share the base's dtype (set lora.adapter_dtype to it)",
+        "rslora": "torchtune's LoRALinear scales by alpha / rank",
+        "nf4_base": "torchtune's QLoRA quantises the base with torchao's to_nf4 inside LoRALinear's constructor; "
+        "this adapter does not build that path yet",
+        "op_call_count": "torchtune's layers keep no call counter; served_by() checks the layer types instead",
+        "lora_core_ops": "these tests call lora_core's cupy op and kernels directly, which torchtune does not use",
+    }
+
+    def __init__(self):
+        self.layer_type = require_module(self.name, "torchtune.modules.peft").LoRALinear
+
+    def describe(self) -> str:
+        import importlib.metadata
+
+        return (
+            f"torchtune: torchtune {importlib.metadata.version('torchtune')} modules.peft.LoRALinear, eager torch ops"
+        )
+
+    def wrap(self, linear, spec):
+        with torch.device("meta"):
+            layer = self.layer_type(
+                linear.in_features,
+                linear.out_features,
+                rank=spec.r,
+                alpha=spec.alpha,
+                dropout=0.0,
+                use_bias=linear.bias is not None,
+            )
+        layer.weight, layer.bias = linear.weight, linear.bias
+        layer.to_empty(device=linear.weight.device)  # torchtune's own: materialises lora_a and lora_b only
+        layer.lora_a.to(linear.weight.dtype)  # nn.Module.to casts in place
+        layer.lora_b.to(linear.weight.dtype)
+        with torch.no_grad():
+            layer.initialize_parameters()
+        return layer
+
+    def adapters_of(self, layer):
+        return layer.lora_a.weight, layer.lora_b.weight
+
+    def rank_alpha(self, layer):
+        return layer.rank, layer.alpha
+
+    def inactive(self, layer):
+        merged = getattr(layer, "merged", False)
+        return f"disabled={layer.disabled} merged={merged}" if layer.disabled or merged else None

@@ -1,0 +1,1 @@
+"""Long runs, aged-vs-fresh, multi-GPU workers, the interleaved training benchmark."""

@@ -1,0 +1,88 @@
+"""Aged vs fresh: does a run's own accumulated state make its steps cost more host time?
+
+At the end of a long run (the aged run), a fresh run is built from the same config and seed (model, adapters,
+optimizer, trainer state). After ``warmup`` unpaired steps of the fresh run (allocations, first-use caches), the
+two take turns for ``pairs`` pairs: pair i runs one step of each, aged first in even pairs and fresh first in odd
+ones (so that neither side always follows the other). Per pair, the ratio of the two steps' process CPU times
+
+    ρ_i = c_aged,i / c_fresh,i
+
+Noise model: the two steps of a pair run within a fraction of a second of each other in the same process, so
+the host's speed at that moment (clock, neighbours' load on shared cores and caches, a GPU neighbour) moves both
+alike and cancels in ρ_i; what is left is step-to-step jitter, which the median over the pairs and its standard
+error (criteria.median_se) absorb; a noisy host gets more pairs (``run_pairs``). State that grows with the run (a history that every step walks, a cache that
+never empties, per-step Python objects kept alive) costs only the aged side. criteria.aged_vs_fresh_verdict
+judges median(ρ) − 1 against an allowance.
+
+Limitation: state that grows process-wide (a module-level cache shared by both runs) costs both sides alike
+and cancels too; if it holds memory, the resident-set-size slope sees it, and if it moves GPU work, the
+device-time drift does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from lora_suite.engine.trainer import TrainingRun, frozen_heap
+
+
+@dataclass(frozen=True)
+class Pair:
+    index: int
+    aged_step: int
+    fresh_step: int
+    aged_first: bool
+    aged_cpu_s: float
+    fresh_cpu_s: float
+    aged_span_s: float | None  # CUDA-event spans: diagnostic (a loaded host's preemption moves them)
+    fresh_span_s: float | None
+
+    @property
+    def ratio(self) -> float:
+        return self.aged_cpu_s / self.fresh_cpu_s
+
+
+def run_pairs(
+    aged: TrainingRun,
+    fresh: TrainingRun,
+    *,
+    aged_start: int,
+    pairs: int,
+    warmup: int,
+    max_pairs: int | None = None,
+    resolved: Callable[[list[Pair]], bool] | None = None,
+    block: int = 20,
+) -> list[Pair]:
+    """Alternate steps of the two runs (module docstring); the aged run goes on from step ``aged_start``.
+
+    ``pairs`` are always run; then, while ``resolved(pairs)`` is false and fewer than ``max_pairs`` ran, ``block``
+    more (a noisy host needs more pairs for the same resolution: the standard error falls as 1/√n; stopping on
+    the standard error, never on the estimate, leaves the verdict's false-alarm rate alone). The steps are not
+    appended to either run's records (the aged run's per-step series stays the tier's run).
+    """
+    max_pairs = pairs if max_pairs is None else max_pairs
+    if pairs < 2 or warmup < 0 or max_pairs < pairs or block < 2:
+        raise ValueError(
+            f"aged vs fresh needs pairs >= 2, warmup >= 0, max_pairs >= pairs and block >= 2, got "
+            f"pairs={pairs}, warmup={warmup}, max_pairs={max_pairs}, block={block}"
+        )
+    out: list[Pair] = []
+
+    def one(i: int) -> Pair:
+        a_step, f_step = aged_start + i, warmup + i
+        if i % 2 == 0:
+            a = aged.step(a_step, record=False)
+            f = fresh.step(f_step, record=False)
+        else:
+            f = fresh.step(f_step, record=False)
+            a = aged.step(a_step, record=False)
+        return Pair(i, a_step, f_step, i % 2 == 0, a.cpu_time_s, f.cpu_time_s, a.gpu_time_s, f.gpu_time_s)
+
+    with aged, fresh, frozen_heap():
+        for step in range(warmup):
+            fresh.step(step, record=False)
+        out += [one(i) for i in range(pairs)]
+        while len(out) < max_pairs and resolved is not None and not resolved(out):
+            out += [one(i) for i in range(len(out), min(len(out) + block, max_pairs))]
+    return out

@@ -1,0 +1,266 @@
+"""The extended tier's verdicts on a long run, computed from what the run recorded.
+
+The tier (tiers/extended), the planted-defect self-test (tiers/selftest_gpu) and the CPU replay tests
+(tests/suite/test_long_run.py, on recorded GPU series) all judge a run with ``extended_verdicts``.
+
+What is judged, and the noise each criterion absorbs (after ``fit_after_step`` warm-up steps):
+- leaks: least-squares slope of torch's allocated and reserved memory, NVML's used memory and the process's
+  C heap in use (host memory, memory.host_heap_bytes; the resident set size is fitted as a diagnostic), MiB per
+  step, each against its bar. Allocator caching and a one-off jump
+  move a slope over 450 steps little; a per-step leak moves it by its size.
+- loss: 50-step window means non-increasing within a slack, last below first (sampling noise ~1%).
+- stalls: the share of steps whose CUDA-event span exceeds factor × the median span. A loaded host stretches
+  steps by tens of percent (worst seen 2.05×); a stall multiplies them. Profiled steps are left out (the
+  profiler adds host time to them).
+- device time: the step's GPU work, early vs late window (lora_suite/measure/device_time.py). The host's speed does not
+  enter the durations of launches; a GPU neighbour's time slices are clipped away.
+- aged vs fresh: the host side's cost of the run's own state, in alternating pairs (lora_suite/scenarios/aged_vs_fresh.py).
+  The host's speed moves both sides of a pair alike.
+Diagnostics, never judged: the process-CPU-time drift (the criterion until issue 18, which judged the host),
+and where the step's time goes (device busy time / event span per window: below ~0.5 the step is host-bound).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from dataclasses import dataclass, field
+
+from lora_suite.core.config import TierConfig
+from lora_suite.engine.trainer import StepRecord
+from lora_suite.measure.criteria import (
+    Verdict,
+    aged_vs_fresh_verdict,
+    device_time_verdict,
+    host_time_drift,
+    is_non_increasing,
+    median_se,
+    stall_verdict,
+    windowed_means,
+)
+from lora_suite.measure.device_time import DeviceWindow
+from lora_suite.measure.memory import fit_slope
+from lora_suite.scenarios.aged_vs_fresh import Pair
+
+NOISE_MODELS = (  # (criterion, measured on, noise it absorbs, what moves it): the report's table of the timed verdicts
+    (
+        "stalls",
+        "CUDA-event span of each unprofiled step after warm-up",
+        "host preemption and jitter (tens of percent; worst seen 2.05x the median)",
+        "a step taking 2.5x the median or more",
+    ),
+    (
+        "device time drift",
+        "summed GPU launch durations (CUPTI) of 5 profiled steps early and late, outlying launches at "
+        "their window median",
+        "the host's speed (it does not enter launch durations); a GPU neighbour's time slices "
+        "(clipped); kernel jitter (3 SE of the window medians); clock changes (5%)",
+        "more GPU work per step as the run goes on",
+    ),
+    (
+        "aged vs fresh",
+        "process CPU time of alternating steps of this run and a fresh one, per-pair ratio",
+        "the host's speed, which moves both steps of a pair alike; step jitter (3 SE of the median ratio, pairs added "
+        "until that resolves 9%); what two models in one process may differ in (3%)",
+        "host work that grows with the run's own state (model, optimizer, trainer)",
+    ),
+    (
+        "leak slopes",
+        "torch allocated and reserved, NVML used, C heap in use, per step after warm-up",
+        "allocator caching; one-off allocations (a 75 MiB jump moves a 450-step slope < 0.25)",
+        "memory kept per step",
+    ),
+)
+LEAK_SERIES = ("allocated_mib", "reserved_mib", "nvml_used_mib", "host_heap_mib")
+DIAGNOSTIC_SLOPES = ("host_rss_mib",)  # fitted and shown, not judged (memory.host_heap_bytes says why)
+
+
+@dataclass
+class LongRunVerdicts:
+    verdicts: list[Verdict] = field(default_factory=list)
+    fits: list[tuple] = field(default_factory=list)  # (series, slope, intercept, r2, min, max)
+    missing: list[str] = field(default_factory=list)  # criteria the config asks for but the run gave no data for
+    diagnostics: list[str] = field(default_factory=list)
+
+    def by_name(self) -> dict[str, Verdict]:
+        """The verdicts by their criterion's short name: the name up to ' after', ' slope' or ','."""
+        return {v.name.split(" after")[0].split(" slope")[0].split(",")[0]: v for v in self.verdicts}
+
+
+def extended_verdicts(
+    cfg: TierConfig,
+    records: list[StepRecord],
+    windows: dict[str, DeviceWindow] | None = None,
+    pairs: list[Pair] | None = None,
+) -> LongRunVerdicts:
+    crit, source = cfg.criteria, f"configs/{cfg.tier}.yaml"
+    out = LongRunVerdicts()
+    after = [r for r in records if r.step >= crit.fit_after_step]
+    steps = [r.step for r in after]
+    for name in LEAK_SERIES:
+        bar, key = (
+            (crit.host_leak_slope_max_mib_per_step, "host_leak_slope_max_mib_per_step")
+            if name == "host_heap_mib"
+            else (crit.leak_slope_max_mib_per_step, "leak_slope_max_mib_per_step")
+        )
+        if bar is None:
+            continue
+        values = [getattr(r, name) for r in after]
+        if any(v is None for v in values):
+            out.missing.append(
+                f"{name} slope: no readings ({'no NVML' if name == 'nvml_used_mib' else 'no glibc mallinfo2'})"
+            )
+            continue
+        fit = fit_slope(steps, values)
+        out.fits.append((name, fit.slope, fit.intercept, fit.r2, min(values), max(values)))
+        out.verdicts.append(
+            Verdict(
+                f"{name} slope after step {crit.fit_after_step}",
+                round(fit.slope, 5),
+                "<=",
+                bar,
+                f"{source} {key}",
+                f"from {values[0]:.1f} to {values[-1]:.1f} MiB, r2 {fit.r2:.3f}",
+            )
+        )
+    for name in DIAGNOSTIC_SLOPES:
+        values = [getattr(r, name) for r in after]
+        if len(values) >= 2 and all(v is not None for v in values):
+            fit = fit_slope(steps, values)
+            out.fits.append((f"{name} (diagnostic)", fit.slope, fit.intercept, fit.r2, min(values), max(values)))
+    if crit.smooth_slack is not None:
+        means = windowed_means([r.loss for r in records], crit.smooth_window)
+        out.verdicts.append(
+            Verdict(
+                f"smoothed loss keeps falling (each window <= previous x (1 + {crit.smooth_slack}))",
+                float(is_non_increasing(means, crit.smooth_slack)),
+                ">=",
+                1.0,
+                f"{source} smooth_slack",
+                f"window means {[round(m, 4) for m in means]}",
+            )
+        )
+        out.verdicts.append(
+            Verdict("last window mean loss < first window mean", round(means[-1], 4), "<", round(means[0], 4))
+        )
+    unprofiled = [r for r in after if not r.profiled]
+    if crit.stall_fraction_max is not None and unprofiled and unprofiled[0].gpu_time_s is not None:
+        out.verdicts.append(
+            stall_verdict(
+                [r.gpu_time_s for r in unprofiled],
+                factor=crit.stall_factor,
+                stall_max=crit.stall_fraction_max,
+                source=source,
+            )
+        )
+    if crit.device_time_drift_max is not None:
+        if not windows or "early" not in windows or "late" not in windows:
+            out.missing.append("device time drift: no early and late profiled windows (CUPTI through torch.profiler)")
+        else:
+            out.verdicts.append(
+                device_time_verdict(
+                    windows["early"].clipped_s,
+                    windows["late"].clipped_s,
+                    drift_max=crit.device_time_drift_max,
+                    z=crit.drift_noise_z,
+                    source=source,
+                )
+            )
+    if crit.aged_vs_fresh_slowdown_max is not None:
+        if not pairs:
+            out.missing.append("aged vs fresh: no alternating pairs were run")
+        else:
+            out.verdicts.append(
+                aged_vs_fresh_verdict(
+                    [p.ratio for p in pairs],
+                    slowdown_max=crit.aged_vs_fresh_slowdown_max,
+                    z=crit.drift_noise_z,
+                    source=source,
+                )
+            )
+    tokens = cfg.data.batch_size * cfg.data.seq_len * cfg.train.grad_accum
+    cpu = [r.cpu_time_s for r in unprofiled]
+    if cpu and cpu[0] is not None and len(cpu) >= 2 * crit.smooth_window:
+        d = host_time_drift(cpu, tokens, crit.smooth_window)
+        out.diagnostics.append(
+            f"tokens per process CPU-second drift (diagnostic, not judged: it follows the host's "
+            f"speed): {d.drift:.4f} (SE {d.noise_se:.4f}), first {d.first_median:.0f}, last "
+            f"{d.last_median:.0f}"
+        )
+    return out
+
+
+def aged_vs_fresh_resolved(pairs: list[Pair], crit) -> bool:
+    """Whether the pairs so far resolve a slowdown of ``aged_vs_fresh_resolution``: slowdown_max + z·SE at most that
+    (always true without a resolution target)."""
+    if crit.aged_vs_fresh_resolution is None or crit.aged_vs_fresh_slowdown_max is None:
+        return True
+    _, se = median_se([p.ratio for p in pairs])
+    return crit.aged_vs_fresh_slowdown_max + crit.drift_noise_z * se <= crit.aged_vs_fresh_resolution
+
+
+def time_budget_rows(records: list[StepRecord], windows: dict[str, DeviceWindow]) -> list[tuple]:
+    """Per profiled window: median event span, median summed and clipped device time, and device busy share
+    (clipped device time / span): where a step's time goes, and whether it was host-bound."""
+    spans = {r.step: r.gpu_time_s for r in records}
+    rows = []
+    for name, w in windows.items():
+        span = statistics.median(spans[s] for s in w.steps if spans.get(s) is not None)
+        clipped = statistics.median(w.clipped_s)
+        rows.append(
+            (
+                name,
+                f"{w.steps[0]}-{w.steps[-1]}",
+                round(span * 1e3, 2),
+                round(statistics.median(w.summed_s) * 1e3, 2),
+                round(clipped * 1e3, 2),
+                round(statistics.median(w.launches)),
+                round(clipped / span, 3),
+            )
+        )
+    return rows
+
+
+def replay_report(report: dict) -> tuple[list[StepRecord], dict[str, DeviceWindow] | None, list[Pair] | None]:
+    """What ``extended_verdicts`` needs, rebuilt from an extended-tier report.json (its recorded series), so that
+    any run's verdicts, a false alarm's included, can be replayed on a CPU. Series a report lacks (reports made
+    before issue 18 have no device windows or pairs) come back as None."""
+    series = {s["name"]: s for s in report["series"]}
+    if "extended: loss" not in series:
+        raise ValueError(f"report {report.get('run_id')!r} has no 'extended: loss' series (not an extended-tier run?)")
+    steps = series["extended: loss"]
+    fields = {f.name for f in dataclasses.fields(StepRecord)}
+    records = [StepRecord(**{c: v for c, v in zip(steps["columns"], row) if c in fields}) for row in steps["rows"]]
+    windows = None
+    dev = series.get("device time of the profiled steps (lora_suite/device_time.py)")
+    if dev is not None:
+        by_name: dict[str, list] = {}
+        for name, step, summed, clipped, n, _span in dev["rows"]:
+            by_name.setdefault(name, []).append((step, summed / 1e3, clipped / 1e3, n))
+        windows = {
+            name: DeviceWindow(
+                name,
+                tuple(r[0] for r in rows),
+                tuple(r[1] for r in rows),
+                tuple(r[2] for r in rows),
+                tuple(r[3] for r in rows),
+            )
+            for name, rows in by_name.items()
+        }
+    pairs = None
+    ab = series.get("aged vs fresh: alternating pairs (process CPU ms, event span ms)")
+    if ab is not None:
+        pairs = [
+            Pair(
+                i,
+                a,
+                f,
+                first,
+                ac / 1e3,
+                fc / 1e3,
+                None if asp is None else asp / 1e3,
+                None if fsp is None else fsp / 1e3,
+            )
+            for i, a, f, first, ac, fc, _ratio, asp, fsp in ab["rows"]
+        ]
+    return records, windows, pairs

@@ -1,0 +1,162 @@
+"""convergence tier: the implementation under test trains SmolLM2-135M (architecture) and follows the reference.
+
+Four runs from the same base weights, the same initial adapters and the same batches:
+  ours      the implementation under test (--lora-impl, cupy by default)
+  reference the torch reference backend
+  control   the torch reference backend with lora_A perturbed elementwise by a relative ±control_perturbation
+            (bf16 unit roundoff): how far rounding-level noise alone moves the loss curve
+  peft      PEFT's LoRA (when peft imports and is not itself under test), from the same adapter weights
+
+Tolerance at step t (relative loss gap to the reference): max(factor·e(t), floor), where e(t) is the
+running max of the control's relative gap up to t. A correct implementation differs from the reference by
+rounding, so its gap stays within a small multiple of what rounding noise produces; a wrong gradient
+(missing scale, wrong transpose, stale activations) changes the trajectory at the scale of the learning
+signal itself, orders of magnitude above (tests/test_convergence_criterion.py shows such a bug caught on
+the CPU). The floor covers the first steps, where the control's gap is still exactly 0 (B = 0).
+The arithmetic is ``lora_suite.measure.criteria.loss_match``.
+
+Captured vs eager (``train.cuda_graph: true`` in the YAML: the four runs above are captured): the
+implementation under test also trains eagerly from the same start, and its captured losses must stay in the
+same band around the eager ones. Derivation: a replay runs the kernels recorded at capture on the same
+buffers, so the only arithmetic that differs is AdamW's (capturable: the step count, bias corrections and lr
+live on the device in fp32, where the eager optimizer computes its step size on the host in fp64), a relative
+difference of order 2^-24 in each update: far below the bf16 unit roundoff (2^-8) by which the control run
+perturbs lora_A, so a correct capture stays within max(factor·e(t), floor). A capture that replays stale
+inputs or skips a kernel (the failures capture can cause) changes the trajectory at the scale of the learning
+signal, like a wrong gradient does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+
+import pytest
+import torch
+
+from lora_suite.engine.gradients import copy_adapters, perturb_lora_a
+from lora_suite.engine.trainer import train
+from lora_suite.harness.report import Series
+from lora_suite.implementations import ImplementationError, resolve_implementation
+from lora_suite.measure.criteria import loss_drop, loss_match
+
+pytestmark = [pytest.mark.gpu, pytest.mark.convergence]
+
+
+def _run(tier, cfg, implementation, init, perturb=0.0):
+    """Train from the adapters ``init`` (canonical names) with ``implementation`` (a name or the one under test)."""
+    prepared = tier.prepare(cfg, implementation=implementation)
+    copy_adapters(prepared.adapters, init)
+    if perturb:
+        perturb_lora_a(prepared.adapters, perturb)
+    result = train(prepared.model, prepared.batches, cfg.train, adapters=prepared.adapters)
+    if prepared.implementation is tier.impl:
+        tier.check_served(prepared)
+    del prepared
+    gc.collect()
+    torch.cuda.empty_cache()
+    return result
+
+
+def test_convergence_and_match_to_reference(tier):
+    cfg = tier.config("convergence")
+    crit = cfg.criteria
+    name = tier.impl.name
+    # The initial adapters every run starts from: those of the first injection (seeded).
+    first = tier.prepare(cfg)
+    init = {n: p.detach().clone() for n, p in first.adapters.items()}
+    del first
+    ours = _run(tier, cfg, None, init)
+    ref = _run(tier, cfg, "torch", init)
+    control = _run(tier, cfg, "torch", init, perturb=crit.control_perturbation)
+    peft_run = None
+    peft_check = "steps where PEFT leaves the tolerance band"
+    if name == "peft":
+        tier.check.not_applicable(peft_check, "PEFT is the implementation under test: its own check above")
+    else:
+        try:
+            peft_impl = resolve_implementation("peft")
+        except ImplementationError as exc:  # peft does not import here
+            tier.check.not_applicable(peft_check, str(exc))
+        else:
+            no_nf4 = cfg.lora.quantize and peft_impl.reason_not_applicable("nf4_base")
+            if no_nf4:  # peft-bnb under test is PEFT on this base; PEFT alone has no NF4 base to compare on
+                tier.check.not_applicable(peft_check, f"the base is {cfg.lora.quantize}: {no_nf4}")
+            else:
+                peft_run = _run(tier, cfg, peft_impl, init)
+
+    captured_check = "steps where captured training leaves the band around eager training"
+    ours_eager = None
+    if cfg.train.cuda_graph:
+        ours_eager = _run(
+            tier, dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, cuda_graph=False)), None, init
+        )
+        replayed = sum(r.captured for r in ours.records)
+        tier.check(
+            f"{name}: steps replayed from the captured graph",
+            replayed,
+            "==",
+            cfg.train.steps - cfg.train.graph_warmup_steps,
+            source="train.cuda_graph: the mode ran",
+        )
+    else:
+        tier.check.not_applicable(
+            captured_check,
+            "train.cuda_graph is off for this run (configs/convergence.yaml or the implementation's declaration)",
+        )
+
+    rows, beyond = loss_match(ours.losses, ref.losses, control.losses, crit.loss_match_factor, crit.loss_match_floor)
+    beyond_peft = []
+    if peft_run is not None:
+        peft_rows, beyond_peft = loss_match(
+            peft_run.losses, ref.losses, control.losses, crit.loss_match_factor, crit.loss_match_floor
+        )
+        rows = [row + (prow[2], prow[3]) for row, prow in zip(rows, peft_rows)]
+    cols = ("step", "reference (torch)", f"ours ({name})", "rel diff", "control envelope e(t)", "tolerance")
+    if peft_run is not None:
+        cols += ("peft", "peft rel diff")
+    tier.report.add_series(
+        Series(
+            tier.nodeid,
+            "per-step loss: reference vs ours (and PEFT)",
+            cols,
+            tuple(rows),
+            plot_x="step",
+            plot_y=cols[1:3] + (("peft",) if peft_run is not None else ()),
+        )
+    )
+    tier.record_steps(f"convergence ({name})", ours.records)
+    drop = loss_drop(ours.losses, crit.loss_window)
+    source = "max(loss_match_factor*e(t), loss_match_floor): configs/convergence.yaml"
+    tier.check(
+        f"loss drop, mean of first {crit.loss_window} vs last {crit.loss_window} steps",
+        round(drop, 4),
+        ">=",
+        crit.loss_drop_min,
+        source="configs/convergence.yaml loss_drop_min",
+    )
+    tier.check(
+        f"steps where {name} leaves the tolerance band (first: {beyond[:5]})", len(beyond), "==", 0, source=source
+    )
+    if peft_run is not None:
+        tier.check(f"{peft_check} (first: {beyond_peft[:5]})", len(beyond_peft), "==", 0, source=source)
+    if ours_eager is not None:
+        cap_rows, beyond_cap = loss_match(
+            ours.losses, ours_eager.losses, control.losses, crit.loss_match_factor, crit.loss_match_floor
+        )
+        tier.report.add_series(
+            Series(
+                tier.nodeid,
+                f"per-step loss: {name} captured vs {name} eager",
+                ("step", "eager", "captured", "rel diff", "control envelope e(t)", "tolerance"),
+                tuple(cap_rows),
+                plot_x="step",
+                plot_y=("eager", "captured"),
+            )
+        )
+        identical = sum(a == b for a, b in zip(ours.losses, ours_eager.losses))
+        tier.report.notes.append(
+            f"{tier.nodeid}: captured and eager losses bitwise equal on {identical} of "
+            f"{len(ours.losses)} steps; max relative gap {max(r[3] for r in cap_rows):.3g}"
+        )
+        tier.check(f"{captured_check} (first: {beyond_cap[:5]})", len(beyond_cap), "==", 0, source=source)

@@ -1,0 +1,64 @@
+"""quick tier: whole-model gradients at step 0 against an fp32 copy of the model (lora_suite/engine/gradients.py).
+
+Three runs on the same batch and adapters, each judged per adapter against the fp32 reference with the
+16-bit torch reference's own error as the yardstick: the implementation under test, the trainer's gradient
+accumulation over k micro-batches, and activation checkpointing. The reference is the same base model with
+the same adapter values on lora_core's torch reference backend, whatever the implementation under test.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lora_suite.engine import gradients as G
+from lora_suite.harness.report import Series
+
+pytestmark = [pytest.mark.gpu, pytest.mark.quick]
+
+
+def test_whole_model_gradients_match_the_fp32_reference(tier):
+    cfg = tier.config("quick")
+    crit = cfg.criteria
+    prepared = tier.prepare(cfg)
+    G.randomize_lora_b(prepared.model, std=0.02, seed=cfg.train.seed, adapters=prepared.adapters)
+    reference = tier.prepare(cfg, implementation="torch")  # same seed: the same base weights
+    G.copy_adapters(reference.adapters, {n: p.detach() for n, p in prepared.adapters.items()})
+    batch = prepared.batches(0)
+    assert not torch.backends.cuda.matmul.allow_tf32, "the fp32 reference must not run in TF32"
+    results = G.whole_model_checks(
+        prepared.model,
+        batch,
+        label=tier.impl.name,
+        adapters=prepared.adapters,
+        reference=reference.model,
+        reference_adapters=reference.adapters,
+        k=crit.grad_accum_k,
+        factor=crit.grad_match_factor,
+    )
+    tier.check_served(prepared)
+    source = "err <= grad_match_factor * max(err_16bit_ref, median): configs/quick.yaml, lora_suite/engine/gradients.py"
+    for res in results:
+        tier.report.add_series(
+            Series(
+                tier.nodeid,
+                f"step-0 adapter gradients vs fp32: {res.label}",
+                ("adapter", "rel err", "16-bit ref rel err", "tolerance", "verdict"),
+                tuple((r.name, r.err, r.err_base, r.tol, "ok" if r.ok else "FAIL") for r in res.rows),
+            )
+        )
+        tier.check(
+            f"{res.label}: adapters beyond tolerance (of {len(res.rows)})",
+            res.n_bad,
+            "==",
+            0,
+            source=source,
+            detail=G.describe_failures(res.rows),
+        )
+        tier.check(
+            f"{res.label}: |loss - fp32 loss| / fp32 loss",
+            res.loss_gap,
+            "<=",
+            res.loss_tol(crit.grad_match_factor, crit.grad_loss_floor),
+            source="grad_match_factor * max(16-bit ref gap, grad_loss_floor): configs/quick.yaml",
+        )

@@ -1,0 +1,1 @@
+"""Offline tools that read reports and the ledger, never run models: ledger, compare, history, scorecard, acceptance."""

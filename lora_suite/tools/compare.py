@@ -1,0 +1,236 @@
+"""Night-to-night regression gate: compare a run with a baseline run, noise-aware; exit 1 on a regression.
+
+    python -m lora_suite.tools.compare BASELINE RUN      (or ./scripts/gpu-test.sh compare BASELINE RUN)
+
+BASELINE and RUN are run directories (report.json and/or benchmark.json, pytest-benchmark's own format)
+or those files themselves. What counts as a regression:
+
+- a test that passed in the baseline and fails (or errors) in the run;
+- a check that passed in the baseline and fails in the run, or that the run no longer has (a verdict
+  that disappears is a verdict lost);
+- a benchmark row whose median time rose by more than its noise threshold
+
+      rise = t_run / t_base − 1 > max(MIN_REL, Z · √(s_base² + s_run²))
+
+  where t is the CUDA-event median (``extra_info.cuda_median_ms``; pytest-benchmark's host median when a
+  row has none) and s the row's relative spread, (p80 − p20) / (1.683·median): p80 − p20 = 1.683σ for
+  Gaussian noise, so s estimates σ/median from the row's own samples. MIN_REL (10%) is the smallest change
+  the gate reports as real: medians of the same code move a few percent between runs on a shared machine
+  (GPU_NOTES.md); a planted 20% slowdown must and does exceed it. Faster rows are listed, never failed.
+
+Host-clocked rows follow the suite's standard for timed verdicts (issue 18: judge what the code controls, in
+pairs the host's speed cannot move). A row whose ``extra_info.clock`` is ``"host"`` (an eager training step:
+its time is the host's, 15-30% of it on the device) carries each night's host speed; its moves are listed as
+``host-clocked`` and never fail. What is judged for those steps instead are the in-run ratios of the
+interleaved benchmark (``extra_info["<run>_speed_vs_<reference>"]`` with its ``_se``: tokens/s of a run ÷ the
+reference's, the runs taking turns in one process): a ratio of two runs of the same mode (eager ÷ eager,
+captured ÷ captured) that fell by more than max(MIN_REL, Z · √((se_base/r_base)² + (se_run/r_run)²)) is a
+regression. A ratio across modes (captured ÷ eager) keeps the host's speed in it (cupy captured ÷ PEFT eager read
+5.68 and 4.09 on two hosts) and is listed, not judged.
+
+Checks retired by an issue (``RETIRED_CHECKS``) are not counted missing: a baseline recorded before the
+retirement still compares with a run after it.
+
+The printed table lists every row that moved beyond its threshold, then a one-line verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+MIN_REL = 0.10
+Z = 3.0
+P80_MINUS_P20_IN_SIGMA = 1.683
+
+
+RETIRED_CHECKS = {  # name prefix -> why it is gone (compare_reports does not count it missing)
+    "tokens per process CPU-second drift": "retired by issue 18: it judged the host's speed; a diagnostic now",
+}
+SPEED_KEY = "_speed_vs_"
+
+
+@dataclass(frozen=True)
+class Change:
+    kind: str  # test | check | benchmark | ratio | retired
+    name: str
+    before: str
+    after: str
+    threshold: str
+    regression: bool
+    note: str = ""  # why a listed change is not a regression (host-clocked, retired)
+
+
+def _load(path: Path, name: str) -> dict | None:
+    path = Path(path)
+    target = path / name if path.is_dir() else (path if path.name == name else None)
+    if target is None or not target.exists():
+        return None
+    try:
+        return json.loads(target.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{target} is not valid JSON ({exc}): not a run's {name}") from None
+
+
+def compare_reports(base: dict, run: dict) -> list[Change]:
+    out = []
+    base_tests = {o["test"]: o["outcome"] for o in base.get("outcomes", [])}
+    for o in run.get("outcomes", []):
+        before = base_tests.get(o["test"])
+        if before == "passed" and o["outcome"] in ("failed", "error"):
+            out.append(Change("test", o["test"], before, o["outcome"], "passed", True))
+    base_checks = {(c["test"], c["name"]): c for c in base.get("checks", [])}
+    run_checks = {(c["test"], c["name"]): c for c in run.get("checks", [])}
+    for key, c in base_checks.items():
+        r = run_checks.get(key)
+        if r is None:
+            why = next((w for prefix, w in RETIRED_CHECKS.items() if key[1].startswith(prefix)), None)
+            if why is not None:
+                out.append(Change("retired", f"{key[0]}: {key[1]}", str(c["value"]), "(retired)", "-", False, why))
+            elif c["passed"]:
+                out.append(Change("check", f"{key[0]}: {key[1]}", str(c["value"]), "(missing)", "present", True))
+            continue
+        if c["passed"] and not r["passed"]:
+            out.append(
+                Change(
+                    "check",
+                    f"{key[0]}: {key[1]}",
+                    str(c["value"]),
+                    str(r["value"]),
+                    f"{r['op']} {r['threshold']}",
+                    True,
+                )
+            )
+    return out
+
+
+def _row_stats(row: dict) -> tuple[float, float]:
+    """(median, relative spread) of a pytest-benchmark row, CUDA-event figures when present."""
+    info = row.get("extra_info") or {}
+    if "cuda_median_ms" in info:
+        med = info["cuda_median_ms"]
+        p20, p80 = info.get("cuda_p20_ms", med), info.get("cuda_p80_ms", med)
+    else:
+        stats = row["stats"]
+        med, p20, p80 = stats["median"], stats.get("q1", stats["median"]), stats.get("q3", stats["median"])
+    spread = (p80 - p20) / (P80_MINUS_P20_IN_SIGMA * med) if med > 0 else math.inf
+    return med, spread
+
+
+def compare_benchmarks(base: dict, run: dict) -> list[Change]:
+    out = []
+    base_rows = {b["fullname"]: b for b in base.get("benchmarks", [])}
+    for row in run.get("benchmarks", []):
+        b = base_rows.get(row["fullname"])
+        if b is None:
+            continue
+        (t0, s0), (t1, s1) = _row_stats(b), _row_stats(row)
+        threshold = max(MIN_REL, Z * math.hypot(s0, s1))
+        rise = t1 / t0 - 1 if t0 > 0 else math.inf
+        host = (row.get("extra_info") or {}).get("clock") == "host"
+        if abs(rise) > threshold:
+            out.append(
+                Change(
+                    "benchmark",
+                    row["fullname"],
+                    f"{t0:.4g}",
+                    f"{t1:.4g} ({rise:+.1%})",
+                    f"±{threshold:.1%}",
+                    rise > threshold and not host,
+                    "host-clocked: judged by the interleaved ratios" if host and rise > threshold else "",
+                )
+            )
+        out += compare_speed_ratios(row["fullname"], b.get("extra_info") or {}, row.get("extra_info") or {})
+    return out
+
+
+def compare_speed_ratios(fullname: str, base: dict, run: dict) -> list[Change]:
+    """The in-run speed ratios of an interleaved row (module docstring): a fall beyond the threshold regresses."""
+    out = []
+    for key, r1 in run.items():
+        if SPEED_KEY not in key or key.endswith("_se") or key not in base:
+            continue
+        r0, se0, se1 = base[key], base.get(f"{key}_se", 0.0), run.get(f"{key}_se", 0.0)
+        if not (r0 > 0 and r1 > 0):
+            continue
+        threshold = max(MIN_REL, Z * math.hypot(se0 / r0, se1 / r1))
+        fall = 1 - r1 / r0
+        name, ref = key.split(SPEED_KEY, 1)
+        mixed = name.rsplit("-", 1)[-1] != ref.rsplit("-", 1)[-1]  # eager vs captured: the host's speed stays in
+        if abs(fall) > threshold:
+            out.append(
+                Change(
+                    "ratio",
+                    f"{fullname} {key}",
+                    f"{r0:.4g}",
+                    f"{r1:.4g} ({-fall:+.1%})",
+                    f"±{threshold:.1%}",
+                    fall > threshold and not mixed,
+                    "eager vs captured: a host-clocked over a device-clocked run" if mixed and fall > threshold else "",
+                )
+            )
+    return out
+
+
+def _implementation(report: dict) -> str:
+    """The implementation a report judged (reports before schema 3 are the cupy implementation's)."""
+    return (report.get("implementation") or {}).get("name", "cupy")
+
+
+def compare_runs(baseline: Path, run: Path) -> list[Change]:
+    changes, found = [], False
+    for name, fn in (("report.json", compare_reports), ("benchmark.json", compare_benchmarks)):
+        b, r = _load(baseline, name), _load(run, name)
+        if b is not None and r is not None:
+            found = True
+            if name == "report.json" and _implementation(b) != _implementation(r):
+                raise ValueError(
+                    f"{baseline} judged the LoRA implementation {_implementation(b)!r} and {run} "
+                    f"{_implementation(r)!r}: a baseline only compares with runs of the same one"
+                )
+            changes += fn(b, r)
+    if not found:
+        raise FileNotFoundError(
+            f"nothing to compare: {baseline} and {run} share neither report.json nor benchmark.json"
+        )
+    return changes
+
+
+def render(changes: list[Change]) -> str:
+    if not changes:
+        return "No row moved beyond its noise threshold."
+    lines = [f"{'kind':<10} {'verdict':<11} {'before':>12} {'after':>22} {'threshold':>12}  name"]
+    for c in sorted(changes, key=lambda c: (not c.regression, c.kind, c.name)):
+        verdict = "REGRESSION" if c.regression else ("not judged" if c.note else "improved")
+        lines.append(
+            f"{c.kind:<10} {verdict:<11} {c.before:>12} {c.after:>22} {c.threshold:>12}  {c.name}"
+            + (f"  ({c.note})" if c.note else "")
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        print("usage: python -m lora_suite.tools.compare BASELINE RUN", file=sys.stderr)
+        return 2
+    try:
+        changes = compare_runs(Path(argv[0]), Path(argv[1]))
+    except (FileNotFoundError, json.JSONDecodeError, KeyError, ValueError) as exc:
+        print(f"compare: {exc}", file=sys.stderr)
+        return 2
+    print(render(changes))
+    regressions = sum(c.regression for c in changes)
+    print(
+        f"{regressions} regression(s) of {argv[1]} against {argv[0]}"
+        if regressions
+        else f"no regression of {argv[1]} against {argv[0]}"
+    )
+    return 1 if regressions else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,366 @@
+"""History: every judged figure and benchmark row of many runs, over time, as a page you can look at (issue 20).
+
+``python -m lora_suite.tools.history OUT_HTML DIR [DIR ...]`` (``./scripts/gpu-test.sh history [DIR…] [--html OUT]``)
+reads every ``report.json`` under the directories and writes ``OUT_HTML`` (self-contained: the plots are
+embedded PNGs) and ``history.md`` beside it (the plots as PNG files next to it), atomically:
+
+- runs are grouped by GPU model, LoRA implementation and tier (a report's ``selection``): figures of different
+  GPUs or implementations are never drawn on one line;
+- a **figure** is a check with a numeric value and a numeric threshold under ``<=``, ``<``, ``>=`` or ``>`` (its
+  name's run-specific tail, "(first: …)", left out so that nights line up), or a benchmark row's
+  ``÷ PEFT eager`` / ``step ms`` / ``peak GiB`` / ``ratio (median)`` cell, named "<table>: <row>";
+- each group's plot draws every figure over the run time (x labelled with the commit), the allowance as a
+  shaded band (the side of the threshold that passes), failed checks as red points, and a run that the compare
+  gate (``lora_suite.tools.compare.compare_runs``) finds regressed against the group's previous run as a red line;
+- the Markdown lists, per group, each figure's latest value, its threshold, its range over the runs and how
+  many runs it has; the plots show at most ``MAX_PLOTTED`` figures per group, those closest to their threshold.
+Nothing is written half: a directory without any report is an error naming it (exit 2).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import html
+import io
+import math
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lora_suite.harness.report import atomic_write_text
+from lora_suite.tools import ledger
+from lora_suite.tools.ledger import RUN_TAIL
+
+MAX_PLOTTED = 9
+_ORDERED = {"<=", "<", ">=", ">"}
+
+
+@dataclass
+class Point:
+    when: dt.datetime
+    run: str  # the run directory's name
+    commit: str
+    value: float
+    threshold: float | None = None
+    op: str = ""
+    passed: bool = True
+
+
+@dataclass
+class Group:
+    gpu: str
+    implementation: str
+    tier: str
+    figures: dict[str, list[Point]] = field(default_factory=dict)
+    runs: list[tuple[dt.datetime, str]] = field(default_factory=list)  # time-ordered run ids
+    commits: dict[str, str] = field(default_factory=dict)  # run id -> short commit
+    verdicts: dict[str, dict[str, bool]] = field(default_factory=dict)  # run id -> check name -> passed
+    regressions: dict[str, list[str]] = field(default_factory=dict)  # run name -> what the gate found
+
+    @property
+    def title(self) -> str:
+        return f"{self.gpu} · {self.implementation} · {self.tier}"
+
+
+def run_time(report: dict, run_dir: Path) -> dt.datetime:
+    """The run's time: its run id's leading UTC stamp (``20261124T055553Z-…``), else the environment's."""
+    env = report.get("environment") or {}
+    return row_time(
+        {"run_id": report.get("run_id", "") or run_dir.name, "time": env.get("timestamp_utc") or ""}, run_dir.name
+    )
+
+
+def row_time(row: dict, fallback: str = "") -> dt.datetime:
+    for text in (row.get("run_id", ""), fallback):
+        m = re.match(r"(\d{8}T\d{6}Z)", text)
+        if m:
+            return dt.datetime.strptime(m.group(1), "%Y%m%dT%H%M%SZ").replace(tzinfo=dt.timezone.utc)
+    if row.get("time"):
+        return dt.datetime.fromisoformat(row["time"].replace("Z", "+00:00"))
+    raise ValueError(
+        f"{fallback or row.get('run_id')}: no run time (its run_id, its directory name and environment.timestamp_utc "
+        "carry none)"
+    )
+
+
+def _number(v) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+def figure_of(row: dict) -> tuple[str, float, float | None, str, bool] | None:
+    """A ledger row as a figure (the module docstring), or None: (name, value, threshold, op, passed)."""
+    value = _number(row["value"])
+    if value is None:
+        return None
+    if row["kind"] == "bench":
+        return row["check"], value, None, "", True
+    threshold = _number(row["threshold"])
+    if row["kind"] != "check" or threshold is None or row["op"] not in _ORDERED:
+        return None
+    return RUN_TAIL.sub("", row["check"]), value, threshold, row["op"], row["verdict"] == "pass"
+
+
+def figures_of(report: dict) -> dict[str, tuple[float, float | None, str, bool]]:
+    """name -> (value, threshold, op, passed) for every figure of one report (see the module docstring)."""
+    figs = (figure_of(r) for r in ledger.rows_of_report(report, str(report.get("run_id", ""))))
+    return {f[0]: f[1:] for f in figs if f}
+
+
+def collect_rows(rows: list[dict], run_dirs: dict[str, Path] | None = None) -> list[Group]:
+    """Groups of figures from ledger rows; ``run_dirs`` (run id -> folder) lets the compare gate judge pairs of
+    runs whose folders are at hand (benchmark timings included), the others by their checks' verdicts."""
+    groups: dict[tuple[str, str, str], Group] = {}
+    seen: dict[tuple, set] = {}
+    for r in rows:
+        key = (r["gpu"], r["implementation"], r["tier"])
+        group = groups.setdefault(key, Group(*key))
+        when = row_time(r, r["run_id"])
+        if r["run_id"] not in seen.setdefault(key, set()):
+            seen[key].add(r["run_id"])
+            group.runs.append((when, r["run_id"]))
+            group.commits[r["run_id"]] = str(r["commit"])[:7]
+            group.verdicts[r["run_id"]] = {}
+        if r["kind"] == "check":
+            group.verdicts[r["run_id"]][RUN_TAIL.sub("", r["check"])] = r["verdict"] == "pass"
+        f = figure_of(r)
+        if f:
+            group.figures.setdefault(f[0], []).append(Point(when, r["run_id"], str(r["commit"])[:7], *f[1:]))
+    for group in groups.values():
+        group.runs.sort()
+        for pts in group.figures.values():
+            pts.sort(key=lambda p: p.when)
+        _flag_regressions(group, run_dirs or {})
+    return sorted(groups.values(), key=lambda g: (g.gpu, g.implementation, g.tier))
+
+
+def collect(dirs: list[Path]) -> list[Group]:
+    """Groups of figures from every report.json under the run folders."""
+    for d in dirs:
+        if not d.is_dir():
+            raise FileNotFoundError(f"report directory {d} does not exist")
+    try:
+        folders = ledger.run_folders(dirs)
+        rows = ledger.rows_of_runs(folders)
+    except ledger.LedgerError as exc:
+        raise ValueError(str(exc)) from None
+    return collect_rows(rows, {d.name: d for d in folders})
+
+
+def _flag_regressions(group: Group, run_dirs: dict[str, Path]) -> None:
+    """Each run against the group's previous run: by the compare gate where both folders are at hand, else by the
+    gate's rule for checks (one that passed and now fails, or is gone, is a regression)."""
+    from lora_suite.tools.compare import compare_runs
+
+    for (_, before), (_, after) in zip(group.runs, group.runs[1:]):
+        if before in run_dirs and after in run_dirs:
+            try:
+                changes = compare_runs(run_dirs[before], run_dirs[after])
+            except (ValueError, FileNotFoundError, KeyError):
+                continue  # runs the gate cannot pair (different shapes of report): no verdict, none drawn
+            found = [f"{c.kind} {c.name}: {c.before} -> {c.after}" for c in changes if c.regression]
+        else:
+            old, new = group.verdicts[before], group.verdicts[after]
+            found = [
+                f"check {n}: passed -> {'failed' if n in new else 'missing'}"
+                for n, ok in old.items()
+                if ok and not new.get(n, False)
+            ]
+        if found:
+            group.regressions[after] = found
+
+
+def margin(points: list[Point]) -> float:
+    """How close the latest point is to its threshold (0 at it, larger is safer); inf without a threshold."""
+    p = points[-1]
+    if p.threshold is None:
+        return math.inf
+    scale = abs(p.threshold) or 1.0
+    return (p.threshold - p.value) / scale if p.op in ("<=", "<") else (p.value - p.threshold) / scale
+
+
+def _rank(points: list[Point]) -> tuple:
+    """Plot order: figures that ever failed, then those that moved between runs, closest to their threshold
+    first; a figure that never moved (a count that must equal its bound) says little drawn over time."""
+    moved = len({p.value for p in points}) > 1
+    return (all(p.passed for p in points), not moved, margin(points))
+
+
+def plotted(group: Group) -> list[str]:
+    """The figures a group's plot draws (``_rank``), at most ``MAX_PLOTTED``."""
+    return sorted(group.figures, key=lambda n: (_rank(group.figures[n]), n))[:MAX_PLOTTED]
+
+
+def plot_group(group: Group) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = plotted(group)
+    cols = min(3, len(names)) or 1
+    rows = math.ceil(len(names) / cols) or 1
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 2.8 * rows), squeeze=False, sharex=True)
+    regressed = {when for when, run in group.runs if run in group.regressions}
+    for ax, name in zip(axes.flat, names):
+        pts = group.figures[name]
+        xs = [p.when for p in pts]
+        ax.plot(xs, [p.value for p in pts], marker="o", ms=3, lw=1)
+        bad = [p for p in pts if not p.passed]
+        if bad:
+            ax.plot([p.when for p in bad], [p.value for p in bad], "o", color="red", ms=5, label="failed")
+        last = pts[-1]
+        if last.threshold is not None:
+            lo, hi = ax.get_ylim()
+            lo, hi = min(lo, last.threshold), max(hi, last.threshold)
+            if last.op in ("<=", "<"):
+                ax.axhspan(lo, last.threshold, color="green", alpha=0.08)
+            else:
+                ax.axhspan(last.threshold, hi, color="green", alpha=0.08)
+            ax.axhline(last.threshold, color="green", lw=0.8, ls="--")
+        for when in regressed:
+            ax.axvline(when, color="red", lw=1)
+        ax.set_title(name[:70], fontsize=7)
+        ax.tick_params(axis="x", labelsize=6)
+        ax.tick_params(axis="y", labelsize=6)
+    for ax in list(axes.flat)[len(names) :]:
+        ax.axis("off")
+    first, last = group.runs[0], group.runs[-1]  # one time axis for the group: its first and latest run
+    for ax in axes.flat:
+        ax.set_xticks([first[0], last[0]] if first[0] != last[0] else [first[0]])
+        ax.set_xticklabels(
+            [
+                f"{w:%m-%d %H:%M}\n{group.commits.get(d, '')}"
+                for w, d in ([first, last] if first[0] != last[0] else [first])
+            ],
+            fontsize=6,
+        )
+    fig.suptitle(group.title, fontsize=9)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=72)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:60]
+
+
+def _fmt(v: float | None) -> str:
+    return "" if v is None else f"{v:.4g}"
+
+
+def render_md(groups: list[Group], images: dict[str, str]) -> str:
+    runs = sum(len(g.runs) for g in groups)
+    lines = [
+        "# LoRA GPU suite history",
+        "",
+        f"{runs} runs in {len(groups)} groups (GPU · implementation · tier). Each plot draws the figures "
+        "closest to their thresholds, the allowance shaded; red points failed, red lines are runs the "
+        "compare gate found regressed against the group's previous run.",
+        "",
+    ]
+    for g in groups:
+        lines += [f"## {g.title}", "", f"{len(g.runs)} runs, {g.runs[0][0]:%Y-%m-%d} to {g.runs[-1][0]:%Y-%m-%d}.", ""]
+        for run, found in sorted(g.regressions.items()):
+            lines.append(f"- **regression** in `{run}`: {'; '.join(found)[:400]}")
+        if g.regressions:
+            lines.append("")
+        if _slug(g.title) in images:
+            lines += [f"![{g.title}]({images[_slug(g.title)]})", ""]
+        if g.figures:
+            lines += [
+                "| figure | latest | threshold | range over the runs | runs | latest commit |",
+                "|---|---|---|---|---|---|",
+            ]
+            for name in sorted(g.figures, key=lambda n: (margin(g.figures[n]), n)):
+                pts = g.figures[name]
+                last = pts[-1]
+                values = [p.value for p in pts]
+                verdict = "" if last.passed else " **FAIL**"
+                lines.append(
+                    f"| {name.replace('|', '/')} | {_fmt(last.value)}{verdict} | "
+                    f"{last.op} {_fmt(last.threshold)} | {_fmt(min(values))} – {_fmt(max(values))} | "
+                    f"{len(pts)} | {last.commit} |"
+                )
+            lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def render_html(groups: list[Group], pngs: dict[str, bytes], md: str) -> str:
+    parts = [
+        "<!doctype html><meta charset=utf-8><title>LoRA GPU suite history</title>",
+        "<style>body{font-family:sans-serif;max-width:1400px}td,th{border:1px solid #bbb;padding:2px 6px;"
+        "font-size:12px}table{border-collapse:collapse}</style><h1>LoRA GPU suite history</h1>",
+    ]
+    for g in groups:
+        parts.append(f"<h2>{html.escape(g.title)}</h2><p>{len(g.runs)} runs</p>")
+        for run, found in sorted(g.regressions.items()):
+            parts.append(
+                f"<p style='color:#b00'><b>regression</b> in {html.escape(run)}: "
+                f"{html.escape('; '.join(found)[:400])}</p>"
+            )
+        png = pngs.get(_slug(g.title))
+        if png:
+            parts.append(
+                f'<img alt="{html.escape(g.title)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+            )
+        rows = []
+        for name in sorted(g.figures, key=lambda n: (margin(g.figures[n]), n)):
+            pts = g.figures[name]
+            last = pts[-1]
+            style = "" if last.passed else " style='background:#f8d0d0'"
+            rows.append(
+                f"<tr{style}><td>{html.escape(name)}</td><td>{_fmt(last.value)}</td><td>"
+                f"{html.escape(last.op)} {_fmt(last.threshold)}</td><td>{len(pts)}</td><td>{last.commit}</td></tr>"
+            )
+        if rows:
+            parts.append(
+                "<table><tr><th>figure</th><th>latest</th><th>threshold</th><th>runs</th><th>commit</th></tr>"
+                + "".join(rows)
+                + "</table>"
+            )
+    return "".join(parts) + "\n"
+
+
+def write(out_html: Path, groups: list[Group]) -> Path:
+    out_dir = out_html.parent
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pngs = {_slug(g.title): plot_group(g) for g in groups if g.figures}
+    images = {}
+    for slug, data in pngs.items():
+        name = f"history-{slug}.png"
+        tmp = out_dir / f".{name}.tmp"
+        tmp.write_bytes(data)
+        tmp.replace(out_dir / name)
+        images[slug] = name
+    md = render_md(groups, images)
+    atomic_write_text(out_dir / "history.md", md)
+    atomic_write_text(out_html, render_html(groups, pngs, md))
+    return out_dir / "history.md"
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2:
+        print("usage: python -m lora_suite.tools.history OUT_HTML REPORT_DIR [REPORT_DIR ...]", file=sys.stderr)
+        return 2
+    out = Path(argv[0])
+    if out.suffix != ".html":
+        print(f"history: the output must be an .html file, got {argv[0]!r}", file=sys.stderr)
+        return 2
+    try:
+        groups = collect([Path(a) for a in argv[1:]])
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"history: {exc}", file=sys.stderr)
+        return 2
+    md = write(out, groups)
+    print(f"history: {sum(len(g.runs) for g in groups)} runs in {len(groups)} groups; {out} and {md}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,235 @@
+"""The results ledger: the project's GPU evidence kept as data, one JSON object a line (``reports/ledger.jsonl``).
+
+Run folders are outputs, ignored by git and archived as CI artifacts; what stays is one row per judged figure per
+run, appended by ``lora-suite ledger record RUN...`` (or ``--record`` on a run). Each row carries:
+
+    run_id, time (UTC), group (the folder that held the run: a campaign, a baseline set), commit, gpu, driver,
+    cuda, torch, implementation, tier, kind, check, value, op, threshold, unit, verdict, source, detail
+
+``kind`` is one of
+- ``run``: one per run; ``value`` the run's status, ``verdict`` pass | fail | n/a | its status (error,
+  interrupted, terminated), ``detail`` the base the memory tier stored ("NF4 base" / "16-bit base");
+- ``check``: every check the run recorded, ``verdict`` pass | fail;
+- ``n/a``: a check the implementation declared not applicable, ``detail`` the reason;
+- ``bench``: a benchmark figure (a table cell of ``BENCH_COLUMNS``), ``verdict`` measured; ``check`` is
+  "<table>: <row>: <column>";
+- ``stopped``: a benchmark run that stopped, ``value`` what stopped it, ``verdict`` fail.
+Commits are kept to 12 hex digits. A run already in the ledger is not appended twice (its run id and group identify it). The ledger is written
+atomically (a temporary file beside it, then renamed): an interruption leaves the old one whole.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from pathlib import Path
+
+BENCH_COLUMNS = ("÷ PEFT eager", "step ms", "peak GiB", "ratio (median)")
+LABEL_COLUMNS = ("case", "run", "implementation", "mode", "shape")
+FIELDS = (
+    "run_id",
+    "time",
+    "group",
+    "commit",
+    "gpu",
+    "driver",
+    "cuda",
+    "torch",
+    "implementation",
+    "tier",
+    "kind",
+    "check",
+    "value",
+    "op",
+    "threshold",
+    "unit",
+    "verdict",
+    "source",
+    "detail",
+)
+KINDS = ("run", "check", "n/a", "bench", "stopped")
+NF4_NOTE = "stored as NF4"  # Prepared.describe's words in a run's notes when the base was quantised
+
+
+class LedgerError(ValueError):
+    """A ledger line or a report that cannot become rows; the message names the file and line."""
+
+
+def _scalar(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    return json.dumps(v)[:200]
+
+
+def _run_verdict(report: dict) -> str:
+    checks, summary = report.get("checks", []), report.get("summary", {})
+    if report.get("status") != "complete":
+        return str(report.get("status"))
+    if any(not c.get("passed") for c in checks) or summary.get("failed"):
+        return "fail"
+    if not checks and report.get("not_applicable"):
+        return "n/a"
+    return "pass"
+
+
+def rows_of_report(report: dict, run: str, group: str = "") -> list[dict]:
+    """Every judged figure of one run's report.json as ledger rows (the module docstring)."""
+    if not isinstance(report, dict):
+        raise LedgerError(f"{run}: report.json holds {type(report).__name__}, expected a JSON object")
+    env = report.get("environment") or {}
+    commit = str(env.get("git_commit") or "unknown").split()[0][:12]  # 12 hex digits name a commit
+    head = {
+        "run_id": report.get("run_id") or run,
+        "time": env.get("timestamp_utc") or "",
+        "group": group,
+        "commit": commit,
+        "gpu": env.get("gpu_name") or "no GPU",
+        "driver": env.get("driver"),
+        "cuda": env.get("cuda"),
+        "torch": env.get("torch"),
+        "implementation": (report.get("implementation") or {}).get("name") or "cupy",
+        "tier": str(report.get("selection") or "all"),
+    }
+
+    def row(kind, check, value, verdict, op="", threshold=None, unit="", source="", detail=""):
+        return {
+            **head,
+            "kind": kind,
+            "check": check,
+            "value": _scalar(value),
+            "op": op,
+            "threshold": _scalar(threshold),
+            "unit": unit,
+            "verdict": verdict,
+            "source": source,
+            "detail": str(detail)[:300],
+        }
+
+    base = "NF4 base" if any(NF4_NOTE in n for n in report.get("notes", [])) else "16-bit base"
+    out = [row("run", "run", report.get("status"), _run_verdict(report), detail=base)]
+    for c in report.get("checks", []):
+        out.append(
+            row(
+                "check",
+                c["name"],
+                c.get("value"),
+                "pass" if c.get("passed") else "fail",
+                c.get("op", ""),
+                c.get("threshold"),
+                c.get("unit", ""),
+                c.get("source", ""),
+                c.get("detail", ""),
+            )
+        )
+    for item in report.get("not_applicable") or []:
+        name = item.get("name") or item.get("test", "") if isinstance(item, dict) else str(item)
+        reason = item.get("reason", "") if isinstance(item, dict) else ""
+        out.append(row("n/a", name, None, "n/a", detail=reason))
+    for s in report.get("series", []):
+        cols = list(s.get("columns", []))
+        keys = [i for i, c in enumerate(cols) if c in LABEL_COLUMNS]
+        for r in s.get("rows", []):
+            label = " ".join(str(r[i]) for i in keys) or str(r[0])
+            if "what stopped it" in cols:
+                out.append(row("stopped", f"{s['name'][:60]}: {label}", r[cols.index("what stopped it")], "fail"))
+            for c in (c for c in BENCH_COLUMNS if c in cols):
+                v = r[cols.index(c)]
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                    out.append(row("bench", f"{s['name'][:60]}: {label}: {c}", v, "measured"))
+    return out
+
+
+def run_folders(paths: list[Path]) -> list[Path]:
+    """Each path that holds a report.json, or every run folder under it (sorted)."""
+    out = []
+    for p in map(Path, paths):
+        if not p.is_dir():
+            raise LedgerError(f"report directory {p} does not exist")
+        found = [p] if (p / "report.json").is_file() else sorted(q.parent for q in p.rglob("report.json"))
+        if not found:
+            raise LedgerError(f"no report.json under {p}")
+        out += found
+    return out
+
+
+def rows_of_runs(paths: list[Path], group: str | None = None) -> list[dict]:
+    rows = []
+    for d in run_folders(paths):
+        try:
+            report = json.loads((d / "report.json").read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise LedgerError(f"{d / 'report.json'}: not a readable report.json ({exc})") from None
+        rows += rows_of_report(report, d.name, d.parent.name if group is None else group)
+    return rows
+
+
+def read(path: Path) -> list[dict]:
+    """Every row of the ledger; a line that is not a row is an error naming the file and the line."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise LedgerError(f"{path}:{n}: not JSON ({exc})") from None
+        if not isinstance(r, dict) or set(r) != set(FIELDS) or r["kind"] not in KINDS:
+            raise LedgerError(f"{path}:{n}: not a ledger row (expected the keys {list(FIELDS)}, kind one of {KINDS})")
+        rows.append(r)
+    return rows
+
+
+def append(path: Path, rows: list[dict]) -> int:
+    """Append the rows of runs not yet in the ledger (by run id and group); returns how many rows were added."""
+    path = Path(path)
+    old = read(path)
+    have = {(r["run_id"], r["group"]) for r in old}
+    new = [r for r in rows if (r["run_id"], r["group"]) not in have]
+    if not new:
+        return 0
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = path.read_text() if path.exists() else ""
+    if text and not text.endswith("\n"):
+        text += "\n"
+    text += "".join(
+        json.dumps({k: r[k] for k in FIELDS}, ensure_ascii=False, separators=(",", ":")) + "\n" for r in new
+    )
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    return len(new)
+
+
+def record(path: Path, runs: list[Path], group: str | None = None) -> int:
+    return append(path, rows_of_runs(runs, group))
+
+
+def select(rows: list[dict], run: str | None = None, check: str | None = None, group: str | None = None) -> list[dict]:
+    return [
+        r
+        for r in rows
+        if (not run or r["run_id"].startswith(run))
+        and (not check or check in r["check"])
+        and (not group or r["group"] == group)
+    ]
+
+
+def format_rows(rows: list[dict]) -> str:
+    lines = []
+    for r in rows:
+        t = "" if r["threshold"] is None else f" {r['op']} {r['threshold']}"
+        lines.append(
+            f"{r['run_id']}  {r['gpu']}  {r['implementation']}  {r['tier']}  {r['kind']}  "
+            f"{r['check']}: {r['value']}{t}  [{r['verdict']}]  {r['commit'][:7]}"
+        )
+    return "\n".join(lines)
+
+
+RUN_TAIL = re.compile(r"\s*\((first|of \d+|max at)[^)]*\)\s*$")  # a check name's run-specific tail
