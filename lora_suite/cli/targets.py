@@ -174,7 +174,7 @@ def _announce_gpu(target: str) -> bool:
 
 
 def _run(names, args, extra, tiers, report_root: Path, have_gpu: bool) -> int:
-    from lora_suite.tools import compare, ledger
+    from lora_suite.tools import compare
 
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     impl = "".join(c if c.isalnum() else "_" for c in args.lora_impl) if args.lora_impl else ""
@@ -219,9 +219,7 @@ def _run(names, args, extra, tiers, report_root: Path, have_gpu: bool) -> int:
                 crc = compare.main([str(base), str(run_dir)])
                 rc = 6 if crc == 1 else (2 if crc == 2 and rc == 0 else rc)
         if args.record and run_dir and not interrupted and (run_dir / "report.json").is_file():
-            led = Path(args.ledger) if args.ledger else default_ledger()
-            added = ledger.record(led, [run_dir], group=run_dir.parent.name)
-            print(f"ledger: {added} row(s) of {run_dir.name} appended to {led}")
+            print(_record(Path(args.ledger) if args.ledger else default_ledger(), run_dir))
         verdict = "INTERRUPTED" if interrupted else verdict_of(rc)
         rows.append(f"{t:<12} {verdict:<30} {int(time.time() - start):>6}s  {run_dir or '-'}")
         if interrupted:
@@ -238,6 +236,19 @@ def _run(names, args, extra, tiers, report_root: Path, have_gpu: bool) -> int:
         print("Interrupted (Ctrl-C): the targets after it did not run.")
         return 130
     return 1 if failed else 0
+
+
+def _record(path: Path, run_dir: Path) -> str:
+    """Append a finished run's rows to the ledger; a run that saw no GPU judged nothing there and is not recorded."""
+    import json
+
+    from lora_suite.tools import ledger
+
+    report = json.loads((run_dir / "report.json").read_text())
+    if not (report.get("environment") or {}).get("gpu_name"):
+        return f"ledger: {run_dir.name} not recorded: it saw no GPU (its GPU tests skipped; nothing was judged on one)"
+    added = ledger.record(path, [run_dir], group=run_dir.parent.name)
+    return f"ledger: {added} row(s) of {run_dir.name} appended to {path}"
 
 
 def _child_env() -> dict[str, str]:
