@@ -1,36 +1,95 @@
-"""`pip install .` ships the tier configs as package data: an installed lora_suite loads them from anywhere."""
+"""The suite as a product: the built wheel installed into a fresh virtual environment outside the checkout judges a
+third party's implementation (``lora-suite quick --lora-impl their_module:factory``) from that party's directory."""
 
 from __future__ import annotations
 
 import os
+import site
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
+TOY = '''
+from lora_suite.implementations import LoRAImplementation
 
-def test_an_installed_package_loads_tier_configs_from_another_directory(tmp_path):
-    target = tmp_path / "site"
+
+class ToyImplementation(LoRAImplementation):
+    """A third party's LoRA stack, as small as the contract allows."""
+
+    name = "toy"
+    expected_path = "toy"
+
+    def inject(self, model, spec):
+        raise NotImplementedError
+
+    def adapter_parameters(self, model):
+        return {}
+
+    def save_adapter(self, model, path):
+        raise NotImplementedError
+
+    def load_adapter(self, model, path):
+        raise NotImplementedError
+
+    def served_by(self, model):
+        return "toy"
+
+
+def make():
+    return ToyImplementation()
+'''
+
+
+def test_the_built_wheel_judges_a_third_party_implementation_from_its_own_directory(tmp_path):
+    wheels = tmp_path / "wheels"
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(ROOT)],
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
-    code = (
-        "import lora_suite.core.config as c, lora_suite.core.loader as l; cfg = l.load_tier_config('quick'); "
-        "print(c.CONFIG_DIR); print(cfg.tier, cfg.model.name, cfg.train.steps)"
+    (wheel,) = wheels.glob("lora_gpu_suite-*.whl")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    purelib = subprocess.run(
+        [py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    # The dependencies (torch, transformers, ...) come from this interpreter's site-packages: a .pth, not a copy.
+    Path(purelib, "deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    inst = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps", str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LORA_SUITE_CONFIG_DIR")}
-    env["PYTHONPATH"] = str(target)
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
+    assert inst.returncode == 0, inst.stderr[-2000:]
+    project = tmp_path / "their_project"
+    project.mkdir()
+    (project / "their_lora.py").write_text(TOY)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "PYTHON", "LORA_SUITE_CONFIG_DIR", "LORA_SUITE_TIERS_DIR")
+    }
+    env["PYTHONPATH"] = str(project)
     out = subprocess.run(
-        [sys.executable, "-c", code], cwd=elsewhere, capture_output=True, text=True, timeout=120, env=env
+        [venv / "bin" / "lora-suite", "quick", "--lora-impl", "their_lora:make"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
     )
-    assert out.returncode == 0, out.stderr[-2000:]
-    config_dir, summary = out.stdout.strip().splitlines()
-    assert config_dir.startswith(str(target)), f"configs came from {config_dir}, not the installed package"
-    assert summary == "quick smollm2-135m 10"
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "quick        PASS" in out.stdout
+    report = next((project / "reports").glob("*-quick-their_lora_make/report.json"))
+    text = report.read_text()
+    assert '"name": "toy"' in text and str(ROOT) not in text.split('"outcomes"')[0], "judged from the checkout"
+    assert "site-packages/lora_suite/tiers/quick" in out.stdout  # the shipped tiers ran, not the checkout's

@@ -1,0 +1,93 @@
+"""lora-suite: every target in --help, and a tier added as one YAML plus one test folder, with no Python edited."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SMOKE_YAML = """tier: smoke
+suite:
+  description: "a tier added by a test: one YAML and one test folder"
+  order: 5
+model: smollm2-135m
+lora:
+  targets: [q_proj]
+  r: 4
+  alpha: 8
+"""
+SMOKE_TEST = """
+def test_the_new_tier_runs(run_report):
+    assert run_report is not None
+"""
+
+
+def lora_suite(*args, cwd=ROOT, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", "lora_suite", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300
+    )
+
+
+def test_help_lists_every_target():
+    out = lora_suite("--help")
+    assert out.returncode == 0
+    for target in (
+        "quick",
+        "convergence",
+        "memory",
+        "extended",
+        "full",
+        "multigpu",
+        "all",
+        "bench",
+        "selftest",
+        "selftest-gpu",
+        "scorecard",
+        "render-scorecard",
+        "history",
+        "compare",
+        "ledger",
+    ):
+        assert f"\n    {target} " in out.stdout or f"\n    {target}\n" in out.stdout, target
+    assert lora_suite("ledger", "--help").returncode == 0
+
+
+def test_a_tier_is_one_yaml_and_one_test_folder(tmp_path):
+    copy = tmp_path / "checkout"
+    shutil.copytree(ROOT, copy, symlinks=True, ignore=shutil.ignore_patterns(".venv", ".git", "reports", ".whl"))
+    (copy / "configs" / "smoke.yaml").write_text(SMOKE_YAML)
+    (copy / "tiers" / "smoke").mkdir()
+    (copy / "tiers" / "smoke" / "test_smoke_tier.py").write_text(SMOKE_TEST)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHON")}
+    help_ = lora_suite("--help", cwd=copy, env=env)
+    assert "smoke" in help_.stdout and "a tier added by a test" in help_.stdout
+    out = lora_suite("smoke", "--report-dir", str(tmp_path / "r"), cwd=copy, env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    # selected by the marker the registry registered; a tier's tests need a GPU, so here it skips saying so
+    assert "1 skipped" in out.stdout and "smoke        PASS" in out.stdout and "needs a CUDA GPU" in out.stdout
+    report = next((tmp_path / "r").glob("*-smoke/report.json")).read_text()
+    assert '"selection": "smoke"' in report  # the tier's marker, registered from the YAML, selected the test
+    env["GPU_TEST_DRY_RUN"] = "1"
+    assert lora_suite("all", cwd=copy, env=env).stdout.splitlines()[-1].startswith("targets: smoke quick")
+
+
+def test_a_plain_run_leaves_git_status_clean(tmp_path):
+    """Runs go to reports/ (ignored): only --record changes a tracked file (the ledger)."""
+    before = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
+    out = lora_suite("quick", "--", "-k", "nothing_matches_this")
+    assert out.returncode == 1 and "FAIL (no tests collected)" in out.stdout  # a run folder was written all the same
+    after = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
+    assert after == before
+    run = out.stdout.split("FAIL (no tests collected)")[1].split()[1]
+    shutil.rmtree(run)
+
+
+def test_the_tree_is_linted():
+    ruff = shutil.which("ruff") or str(Path(sys.executable).parent / "ruff")
+    for cmd in ([ruff, "check", "."], [ruff, "format", "--check", "."]):
+        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        assert out.returncode == 0, f"{' '.join(cmd[1:])}:\n{out.stdout[-3000:]}{out.stderr[-1000:]}"

@@ -1,0 +1,70 @@
+"""lora_suite.tools.ledger: run folders become rows; the history page and the scorecard render from rows alone."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from lora_suite.cli import main
+from lora_suite.tools import ledger
+
+RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "runs"  # recorded run excerpts (README there)
+SCORECARD_RUNS = [
+    "20261122T055613Z-quick-peft",
+    "20261122T055703Z-convergence-peft",
+    "20261122T055903Z-memory-peft",
+    "20261122T055507Z-quick",
+    "20261122T061557Z-memory",
+    "20261122T061702Z-convergence",
+    "20261122T134747Z-bench",
+]
+
+
+def test_rows_carry_every_judged_figure_with_its_provenance():
+    report = json.loads((RUNS / "20261122T061557Z-memory" / "report.json").read_text())
+    rows = ledger.rows_of_report(report, "20261122T061557Z-memory", "reports")
+    assert all(set(r) == set(ledger.FIELDS) for r in rows)
+    run = [r for r in rows if r["kind"] == "run"]
+    assert len(run) == 1 and run[0]["verdict"] == "pass" and run[0]["gpu"] == report["environment"]["gpu_name"]
+    checks = [r for r in rows if r["kind"] == "check"]
+    assert len(checks) == len(report["checks"])
+    peak = next(r for r in checks if r["check"] == "peak allocated VRAM")
+    assert peak["op"] == "<=" and isinstance(peak["threshold"], float) and peak["source"]
+
+
+def test_record_appends_once_and_history_and_scorecard_render_from_the_ledger(tmp_path, capsys):
+    runs = tmp_path / "campaign"
+    for name in SCORECARD_RUNS:
+        shutil.copytree(RUNS / name, runs / name)
+    led = tmp_path / "ledger.jsonl"
+    assert main(["ledger", "record", str(runs), "--ledger", str(led)]) == 0
+    n = len(ledger.read(led))
+    assert n > 100 and main(["ledger", "record", str(runs), "--ledger", str(led)]) == 0
+    assert len(ledger.read(led)) == n, "a run already in the ledger is not appended twice"
+    shutil.rmtree(runs)  # from here on only the ledger is at hand
+    assert main(["render-scorecard", str(tmp_path / "card"), "--ledger", str(led), "--group", "campaign"]) == 0
+    md = (tmp_path / "card" / "scorecard.md").read_text()
+    assert "| peft | pass [" in md and "| cupy | pass" in md and "peft-captured" in md
+    assert main(["history", "--ledger", str(led), "--html", str(tmp_path / "h" / "history.html")]) == 0
+    page = (tmp_path / "h" / "history.md").read_text()
+    assert "## NVIDIA H100 80GB HBM3 · cupy · memory" in page and "| peak allocated VRAM |" in page
+    assert main(["ledger", "show", "--ledger", str(led), "--check", "peak allocated VRAM"]) == 0
+    assert "peak allocated VRAM" in capsys.readouterr().out
+
+
+def test_a_broken_ledger_line_is_named(tmp_path, capsys):
+    led = tmp_path / "ledger.jsonl"
+    led.write_text('{"run_id": "x"}\n')
+    with pytest.raises(ledger.LedgerError, match=r"ledger.jsonl:1: not a ledger row"):
+        ledger.read(led)
+    assert main(["history", "--ledger", str(led), "--html", str(tmp_path / "h.html")]) == 2
+    assert "not a ledger row" in capsys.readouterr().err
+
+
+def test_the_committed_ledger_is_whole_and_holds_the_readme_runs():
+    rows = ledger.read(Path(__file__).resolve().parents[2] / "reports" / "ledger.jsonl")
+    runs = {r["run_id"] for r in rows}
+    assert {"20261124T162716Z-quick", "20261124T163037Z-memory"} <= runs  # cited in README.md
