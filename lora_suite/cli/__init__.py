@@ -66,7 +66,7 @@ def _run_options(p: argparse.ArgumentParser, tier: bool = True) -> None:
             help="compare the LoRA-aware memory estimate with NVML free memory before each tier; skip when short",
         )
         g.add_argument("--strict-vram", action="store_true", help="with --check-vram: fail instead of skipping")
-        g.add_argument("--weights", choices=("auto", "pretrained", "random"), help="override the tiers' weights mode")
+        g.add_argument("--weights", type=_weights, help="auto, pretrained or random: override the tiers' weights mode")
         g.add_argument("--gpus", type=_positive_int("--gpus"), help="multigpu: processes (GPUs) per torchrun job")
     g.add_argument("--continue-on-error", action="store_true", help="run the remaining targets after a failure")
     g.add_argument("--report-dir", help="run reports go to DIR/<run-id>/ (default: reports/, ignored by git)")
@@ -93,6 +93,12 @@ def _positive_int(flag: str):
         return int(text)
 
     return parse
+
+
+def _weights(text: str) -> str:
+    if text not in ("auto", "pretrained", "random"):
+        raise argparse.ArgumentTypeError(f"--weights must be auto, pretrained or random, got {text!r}")
+    return text
 
 
 def _impl(text: str) -> str:

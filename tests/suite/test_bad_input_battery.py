@@ -245,11 +245,11 @@ CLI_CASES = [
     (["quick", "--frobnicate"], "unknown option '--frobnicate'"),
     (["compare", "onlyone"], "compare needs two run directories"),
     (["all", "extra"], "only one target allowed, got 'all' and 'extra'"),
-    (["scorecard", "--jobs", "0"], "--jobs needs a whole number >= 1, got '0'"),
+    (["scorecard", "--jobs", "0"], "--jobs must be a positive whole number, got '0'"),
     (["scorecard", "--lora-impl", "a b"], "--lora-impl must be names separated by commas, got 'a b'"),
-    (["scorecard", "--gpus", "2"], "unknown argument '--gpus'"),
+    (["scorecard", "--gpus", "2"], "unknown option '--gpus'"),
     (["history", "--html", "page.md"], "--html needs a path ending in .html, got 'page.md'"),
-    (["history", "/nonexistent/reports"], "'/nonexistent/reports' is not a directory of reports"),
+    (["history", "/nonexistent/reports"], "report directory /nonexistent/reports does not exist"),
     (["history", "--since", "yesterday"], "unknown option '--since'"),
 ]
 
