@@ -63,13 +63,29 @@ def test_the_built_wheel_judges_a_third_party_implementation_from_its_own_direct
     ).stdout.strip()
     # The dependencies (torch, transformers, ...) come from this interpreter's site-packages: a .pth, not a copy.
     Path(purelib, "deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    # --ignore-installed: pip must not find this checkout's own install and call the wheel "already satisfied"
+    # (installing nothing, console script included). It did under `gpu-test.sh selftest`, which puts the checkout
+    # on PYTHONPATH, and an editable install leaves lora_gpu_suite.egg-info there. Hence also no PYTHONPATH.
     inst = subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps", str(wheel)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(py),
+            "install",
+            "-q",
+            "--no-deps",
+            "--ignore-installed",
+            str(wheel),
+        ],
         capture_output=True,
         text=True,
         timeout=600,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
     )
     assert inst.returncode == 0, inst.stderr[-2000:]
+    assert (venv / "bin" / "lora-suite").exists(), "pip installed no lora-suite console script: " + inst.stdout[-2000:]
     project = tmp_path / "their_project"
     project.mkdir()
     (project / "their_lora.py").write_text(TOY)
