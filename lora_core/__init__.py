@@ -6,6 +6,7 @@ that judges it is the sibling package ``lora_suite``, which this package never i
 
 from lora_core.adapters import load_peft_adapter, merge_lora, save_peft_adapter
 from lora_core.backend import BACKENDS, CupyUnavailableError, backend_call_counts, resolve_backend
+from lora_core.fuse import FUSABLE, FuseError, fuse_lora
 from lora_core.inject import inject_lora
 from lora_core.layer import LoRALinear, NF4Linear, lora_scale
 from lora_core.nf4 import NF4Tensor, dequantize_nf4, quantize_nf4
@@ -14,6 +15,9 @@ from lora_core.ops.lora_linear import lora_linear, lora_linear_torch, nf4_linear
 __all__ = [
     "BACKENDS",
     "CupyUnavailableError",
+    "FUSABLE",
+    "FuseError",
+    "fuse_lora",
     "load_peft_adapter",
     "merge_lora",
     "save_peft_adapter",

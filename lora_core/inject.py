@@ -38,8 +38,13 @@ def inject_lora(
     use_rslora: bool = False,
     adapter_dtype: torch.dtype | None = torch.float32,
     quantize: str | None = None,
+    fuse: tuple[str, ...] | list[str] | str = (),
 ) -> list[str]:
-    """Replace the target linears in place, freeze everything else; return the replaced module names."""
+    """Replace the target linears in place, freeze everything else; return the replaced module names.
+
+    ``fuse`` (any of "mlp", "qkv", "o") then routes those parts through the fused paths (``lora_core.fuse``); a
+    part it cannot fuse is an error naming why, never an unfused run.
+    """
     targets = (targets,) if isinstance(targets, str) else tuple(targets)
     unknown = [t for t in targets if t not in TARGET_NAMES + (ALL_LINEAR,)]
     if unknown or not targets:
@@ -81,6 +86,10 @@ def inject_lora(
             replace_module(model, name, NF4Linear(module, backend=backend))
     elif quantize is not None:
         raise ValueError(f"quantize={quantize!r} is not None or 'nf4'")
+    if fuse:
+        from lora_core.fuse import fuse_lora
+
+        fuse_lora(model, fuse)
     return [name for name, _, _ in chosen]
 
 

@@ -111,7 +111,8 @@ class LoRALinear(_NF4Storage, nn.Module):
         self.r, self.alpha, self.use_rslora = r, alpha, use_rslora
         self.scale = lora_scale(r, alpha, use_rslora)
         self.backend = validate_backend_name(backend)  # requested: "cupy", "torch" or None (auto)
-        self.last_backend: str | None = None  # the backend that served the latest forward
+        self.last_backend: str | None = None  # the path that served the latest forward ("cupy", "cupy-fused-qkv")
+        self.fused_group = None  # a lora_core.fuse.QKVGroup that computes this layer with its siblings, or None
         self.quantize = quantize
         if quantize == "nf4":
             self.weight = None
@@ -178,6 +179,8 @@ class LoRALinear(_NF4Storage, nn.Module):
         nn.init.zeros_(self.lora_B)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused_group is not None:
+            return self.fused_group(self, x)
         self.last_backend = resolve_backend(self.backend, x.device)
         weight = self.nf4 if self.quantize == "nf4" else self.weight
         y = lora_linear(x, weight, self.lora_A, self.lora_B, self.scale, backend=self.last_backend)

@@ -212,7 +212,8 @@ def dequantize_nf4(q: NF4Tensor, dtype: torch.dtype | None = None, out: torch.Te
     """Dequantise into a torch-allocated tensor (``out`` if given): RawKernel on the GPU, reference on the CPU."""
     dtype = dtype or q.dtype
     if not q.packed.is_cuda:
-        return dequantize_nf4_reference(q, dtype)
+        ref = dequantize_nf4_reference(q, dtype)
+        return ref if out is None else out.copy_(ref)
     if dtype not in _DTYPES:
         raise ValueError(f"dequantize_nf4: dtype {dtype} is not one of {_DTYPES}")
     if out is None:

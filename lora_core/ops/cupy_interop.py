@@ -185,10 +185,12 @@ class on_torch_stream:
         alpha: float = 1.0,
         beta: float = 0.0,
     ) -> torch.Tensor:
-        """``out = alpha * op(a) @ op(b) + beta * out`` on row-major contiguous 2-D tensors (cublasGemmEx).
+        """``out = alpha * op(a) @ op(b) + beta * out`` on row-major 2-D tensors (cublasGemmEx).
 
         op(t) is t or tᵀ. ``a`` and ``b`` share one dtype (fp32, fp16 or bf16); ``out`` has that dtype or
-        fp32 (cuBLAS accumulates in fp32 either way: CUBLAS_COMPUTE_32F).
+        fp32 (cuBLAS accumulates in fp32 either way: CUBLAS_COMPUTE_32F). Each tensor is contiguous or a
+        column slice of a contiguous one (unit stride along its rows, ``t[:, i:j]``): its row stride is the
+        leading dimension, so the fused paths write and read the parts of one buffer without copies.
 
         Row-major to column-major: cuBLAS sees each row-major tensor t as tᵀ, so we ask it for
         outᵀ = op(b)ᵀ · op(a)ᵀ, i.e. its "A" is our b and its "B" is our a, with the same transposes.
@@ -198,7 +200,7 @@ class on_torch_stream:
         m_rows, k = (a.shape[1], a.shape[0]) if trans_a else (a.shape[0], a.shape[1])
         k_b, n_cols = (b.shape[1], b.shape[0]) if trans_b else (b.shape[0], b.shape[1])
         assert k == k_b and tuple(out.shape) == (m_rows, n_cols), (a.shape, b.shape, out.shape, trans_a, trans_b)
-        assert a.is_contiguous() and b.is_contiguous() and out.is_contiguous()
+        lda, ldb, ldc = _row_stride(a), _row_stride(b), _row_stride(out)
         assert a.dtype == b.dtype and out.dtype in (a.dtype, torch.float32), (a.dtype, b.dtype, out.dtype)
         if m_rows == 0 or n_cols == 0:
             return out
@@ -215,14 +217,14 @@ class on_torch_stream:
             _host_scalar(alpha),
             b.data_ptr(),
             in_type,
-            b.shape[1],
+            ldb,
             a.data_ptr(),
             in_type,
-            a.shape[1],
+            lda,
             _host_scalar(beta),
             out.data_ptr(),
             out_type,
-            n_cols,
+            ldc,
             _CUBLAS_COMPUTE_32F,
             _CUBLAS_GEMM_DEFAULT,
         )
@@ -244,6 +246,17 @@ class on_torch_stream:
         """
         kernel = _kernel(source_name, name_expressions, kernel_name, self.index)
         kernel(grid, block, tuple(_pack(arg) for arg in args), stream=self.stream)
+
+
+def _row_stride(t: torch.Tensor) -> int:
+    """The leading dimension cuBLAS reads ``t`` with: its row stride, once its rows are unit-stride."""
+    rows, cols = t.shape
+    if cols > 1 and t.stride(1) != 1 or rows > 1 and t.stride(0) < cols:
+        raise ValueError(
+            f"gemm operand of shape {tuple(t.shape)} has strides {t.stride()}: expected unit stride along a row "
+            "(a contiguous tensor or a column slice of one)"
+        )
+    return max(t.stride(0), cols, 1) if rows > 1 else max(cols, 1)
 
 
 _host_scalars: dict[float, tuple[np.ndarray, int]] = {}

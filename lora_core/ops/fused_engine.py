@@ -1,0 +1,122 @@
+"""What the fused LoRA paths run on: the cupy engine (cuBLAS + RawKernels, the system under test) or the torch
+engine (the same calls as plain torch ops: the reference the CPU tests run, and ``backend="torch"``).
+
+Both engines take the same calls, so one autograd Function (``fused_mlp``, ``fused_qkv``) holds the whole GEMM
+plan, its buffers and its in-place steps, and the CPU tests exercise that plan, not a copy of it:
+
+    gemm(out, a, b, trans_a=, trans_b=, alpha=, beta=)   out = alpha·op(a)·op(b) + beta·out, column slices allowed
+    stack_cast(eng, tensors, dtype)                      one buffer holding every tensor in ``dtype``, back to back
+    swiglu_forward(eng, gu) -> act                       act = silu(g)·u        (gu = [g | u], (N, 2I))
+    swiglu_backward_(eng, dact, gu)                      in place: gu <- [dg | du], dact <- act (recomputed)
+
+Math of the SwiGLU steps (σ the logistic function, computed in fp32, rounded once to the activation dtype):
+    silu(g) = g σ(g),   silu'(g) = σ(g) (1 + g (1 - σ(g))),   dg = d · u · silu'(g),   du = d · silu(g).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lora_core.ops import cupy_interop as cx
+
+_CAST_KERNELS = tuple(f"cast_stack_from_f32<{cx.CUDA_TYPE_NAME[d]}>" for d in (torch.bfloat16, torch.float16))
+_SWIGLU_TYPES = (torch.float32, torch.bfloat16, torch.float16)
+_SWIGLU_FWD = tuple(f"swiglu_forward<{cx.CUDA_TYPE_NAME[d]}>" for d in _SWIGLU_TYPES)
+_SWIGLU_BWD = tuple(f"swiglu_backward_inplace<{cx.CUDA_TYPE_NAME[d]}>" for d in _SWIGLU_TYPES)
+_BLOCK = 256
+_MAX_GRID = 8192  # grid-stride kernels: more blocks buy nothing
+
+
+class TorchEngine:
+    """The torch engine: ``gemm`` with cuBLAS's meaning (fp32 accumulation, fp64 for fp64 inputs)."""
+
+    def __enter__(self) -> TorchEngine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    @staticmethod
+    def gemm(out, a, b, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
+        acc = torch.promote_types(torch.promote_types(a.dtype, out.dtype), torch.float32)
+        prod = torch.matmul((a.t() if trans_a else a).to(acc), (b.t() if trans_b else b).to(acc))
+        prod = prod.mul_(alpha) if beta == 0 else prod.mul_(alpha).add_(out.to(acc), alpha=beta)
+        out.copy_(prod)
+        return out
+
+
+def engine(backend: str, device: torch.device):
+    """The engine for ``backend`` ("cupy" or "torch"), as a context (the cupy one binds torch's stream)."""
+    return cx.on_torch_stream(device) if backend == "cupy" else TorchEngine()
+
+
+def stack_cast(eng, tensors: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """One contiguous 1-D buffer holding ``tensors`` (each flattened) in ``dtype``, back to back.
+
+    On the cupy engine, fp32 sources into a 16-bit dtype take one launch of ``cast_stack_from_f32`` (at most six
+    sources); otherwise ``torch.cat`` (a copy in the same dtype is still a copy: the buffer never aliases).
+    """
+    if isinstance(eng, cx.on_torch_stream) and dtype in (torch.bfloat16, torch.float16):
+        if len(tensors) <= 6 and all(t.dtype == torch.float32 for t in tensors):
+            srcs = [t.detach().contiguous() for t in tensors]
+            ends, total = [], 0
+            for t in srcs:
+                total += t.numel()
+                ends.append(total)
+            srcs += [srcs[-1]] * (6 - len(srcs))
+            ends += [total] * (6 - len(ends))
+            out = torch.empty(total, dtype=dtype, device=srcs[0].device)
+            name = f"cast_stack_from_f32<{cx.CUDA_TYPE_NAME[dtype]}>"
+            grid = (min(cx.ceil_div(total, _BLOCK), _MAX_GRID),)
+            eng.launch("cast.cu", _CAST_KERNELS, name, grid, (_BLOCK,), (*srcs, out, *ends))
+            return out
+    return torch.cat([t.detach().reshape(-1).to(dtype) for t in tensors])
+
+
+def split_views(buffer: torch.Tensor, shapes: list[tuple[int, int]]) -> list[torch.Tensor]:
+    """Contiguous views of ``buffer`` with ``shapes``, in order (the inverse of ``stack_cast``)."""
+    views, start = [], 0
+    for rows, cols in shapes:
+        views.append(buffer[start : start + rows * cols].view(rows, cols))
+        start += rows * cols
+    return views
+
+
+def _silu_parts(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    sig = torch.sigmoid(g)
+    return sig, g * sig
+
+
+def swiglu_forward(eng, gu: torch.Tensor) -> torch.Tensor:
+    """act (N, I) = silu(g)·u for gu = [g | u] (N, 2I), contiguous."""
+    n, two_i = gu.shape
+    inter = two_i // 2
+    act = torch.empty((n, inter), dtype=gu.dtype, device=gu.device)
+    if isinstance(eng, cx.on_torch_stream):
+        if n * inter:
+            name = f"swiglu_forward<{cx.CUDA_TYPE_NAME[gu.dtype]}>"
+            grid = (min(cx.ceil_div(n * inter, _BLOCK), _MAX_GRID),)
+            eng.launch("swiglu.cu", _SWIGLU_FWD, name, grid, (_BLOCK,), (gu, act, n, inter))
+        return act
+    acc = torch.promote_types(gu.dtype, torch.float32)
+    g, u = gu[:, :inter].to(acc), gu[:, inter:].to(acc)
+    act.copy_(_silu_parts(g)[1] * u)
+    return act
+
+
+def swiglu_backward_(eng, dact: torch.Tensor, gu: torch.Tensor) -> None:
+    """In place: gu <- [dg | du] and dact <- act = silu(g)·u (recomputed, for the down projection's dA)."""
+    n, inter = dact.shape
+    if isinstance(eng, cx.on_torch_stream):
+        if n * inter:
+            name = f"swiglu_backward_inplace<{cx.CUDA_TYPE_NAME[gu.dtype]}>"
+            grid = (min(cx.ceil_div(n * inter, _BLOCK), _MAX_GRID),)
+            eng.launch("swiglu.cu", _SWIGLU_BWD, name, grid, (_BLOCK,), (dact, gu, n, inter))
+        return
+    acc = torch.promote_types(gu.dtype, torch.float32)
+    g, u, d = gu[:, :inter].to(acc), gu[:, inter:].to(acc), dact.to(acc)
+    sig, silu = _silu_parts(g)
+    dg, du, act = d * u * sig * (1 + g * (1 - sig)), d * silu, silu * u  # all read before any is written:
+    gu[:, :inter].copy_(dg)  # g, u and d may be views of the buffers written here
+    gu[:, inter:].copy_(du)
+    dact.copy_(act)

@@ -1,0 +1,188 @@
+"""The fused LoRA MLP: ``y = down(silu(gate(x)) · up(x))`` with LoRA on all three, as one autograd Function.
+
+Each projection p is ``x W_pᵀ + s·(x A_pᵀ) B_pᵀ`` (W frozen, 16-bit or NF4). Shapes: x (N, K), W_g, W_u (I, K),
+W_d (H, I) with H = K, A_g, A_u (r, K), B_g, B_u (I, r), A_d (r, I), B_d (H, r); s for gate and up, s_d for down.
+
+Forward (gate and up share every read of x: W_gu = [W_g; W_u] (2I, K), A_gu = [A_g; A_u] (2r, K)):
+    h_gu = x A_guᵀ                                   (N, 2r)   one GEMM
+    gu   = [s·h_g B_gᵀ | s·h_u B_uᵀ] + x W_guᵀ        (N, 2I)   two rank-r GEMMs into the halves, one base GEMM
+    act  = silu(g) · u                               (N, I)    swiglu.cu
+    h_d  = act A_dᵀ,  y = s_d·h_d B_dᵀ + act W_dᵀ     (N, H)
+Saved: x, gu, h_gu, h_d; not act (the backward recomputes it from gu), not a 16-bit copy of an NF4 base.
+
+Backward:
+    dh_d = dY B_d,  dB_d = s_d·dYᵀ h_d,  dact = s_d·dh_d A_d + dY W_d
+    [dg | du], act = swiglu backward in place over gu and dact (silu'(g) = σ(1 + g(1 - σ)))
+    dA_d = s_d·dh_dᵀ act
+    dh_gu = [dg B_g | du B_u]                        (N, 2r)
+    dB_g = s·dgᵀ h_g,  dB_u = s·duᵀ h_u,  dA_gu = s·dh_guᵀ x  -> dA_g, dA_u
+    dx = s·dh_gu A_gu + [dg | du] W_gu               one buffer: the gate and up contributions in two GEMMs
+
+The backward overwrites the saved gu, so it runs once per forward (a second backward through the same graph is
+refused by name). Limits, refused by ``lora_core.fuse``: no LoRA dropout, no bias, SiLU-gated MLPs only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from lora_core.backend import count_call, resolve_backend
+from lora_core.nf4 import NF4Tensor, dequantize_nf4
+from lora_core.ops import fused_engine as fe
+from lora_core.ops.lora_linear import ACTIVATION_DTYPES, REFERENCE_ONLY_DTYPES
+
+
+@dataclass(frozen=True)
+class MLPBases:
+    """The frozen bases: 16-bit ``w_gu`` [W_g; W_u] (2I, K) and ``w_d`` (H, I), or NF4 ``nf4`` (gate, up, down)."""
+
+    w_gu: torch.Tensor | None = None
+    w_d: torch.Tensor | None = None
+    nf4: tuple[NF4Tensor, NF4Tensor, NF4Tensor] | None = None
+
+    def gate_up(self, dtype: torch.dtype) -> torch.Tensor:
+        """[W_g; W_u] in ``dtype``: the stored one, or NF4 dequantised into the two halves of one scratch buffer."""
+        if self.nf4 is None:
+            return self.w_gu if self.w_gu.dtype == dtype else self.w_gu.to(dtype)
+        g, u, _ = self.nf4
+        out = torch.empty((g.shape[0] + u.shape[0], g.shape[1]), dtype=dtype, device=g.device)
+        dequantize_nf4(g, dtype, out=out[: g.shape[0]])
+        dequantize_nf4(u, dtype, out=out[g.shape[0] :])
+        return out
+
+    def down(self, dtype: torch.dtype) -> torch.Tensor:
+        if self.nf4 is None:
+            return self.w_d if self.w_d.dtype == dtype else self.w_d.to(dtype)
+        return dequantize_nf4(self.nf4[2], dtype)
+
+    def shapes(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        if self.nf4 is None:
+            return tuple(self.w_gu.shape), tuple(self.w_d.shape)
+        g, u, d = self.nf4
+        return (g.shape[0] + u.shape[0], g.shape[1]), tuple(d.shape)
+
+
+def lora_mlp(x, bases: MLPBases, adapters, scale: float, scale_down: float, *, backend: str | None = None):
+    """``down(silu(gate(x)) · up(x))`` with LoRA; ``adapters`` = (A_g, B_g, A_u, B_u, A_d, B_d).
+
+    ``backend``: "cupy" (the system under test) or "torch" (the same plan on torch ops), resolved as for
+    ``lora_linear``; every call is counted under the backend that ran.
+    """
+    device_type = x.device.type
+    if x.is_floating_point() and torch.is_autocast_enabled(device_type):
+        x = x.to(torch.get_autocast_dtype(device_type))
+    name = resolve_backend(backend, x.device)
+    _check(x, bases, adapters, name)
+    count_call(name)
+    return FusedLoRAMLP.apply(x, *adapters, bases, float(scale), float(scale_down), name)
+
+
+def _check(x, bases: MLPBases, adapters, backend: str) -> None:
+    """Each error names the bad value and what was expected."""
+    (two_i, k), (h, inter) = bases.shapes()
+    a_g, b_g, a_u, b_u, a_d, b_d = adapters
+    allowed = ACTIVATION_DTYPES + (REFERENCE_ONLY_DTYPES if backend == "torch" else ())
+    if x.dtype not in allowed:
+        raise ValueError(f"x has dtype {x.dtype}, expected one of {allowed} for backend={backend!r}")
+    if x.dim() < 1 or x.shape[-1] != k or two_i != 2 * inter or h != k:
+        raise ValueError(
+            f"x {tuple(x.shape)} and bases gate+up {(two_i, k)}, down {(h, inter)} do not fit an MLP "
+            "(expected x (..., K), gate and up (I, K) each, down (K, I))"
+        )
+    r = a_g.shape[0]
+    want = {"A_gate": (r, k), "B_gate": (inter, r), "A_up": (r, k), "B_up": (inter, r), "A_down": (r, inter)}
+    want["B_down"] = (h, r)
+    for (what, shape), t in zip(want.items(), adapters):
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{what} has shape {tuple(t.shape)}, expected {shape} (one rank r={r} for the MLP)")
+    dtypes = {t.dtype for t in adapters}
+    ok = (x.dtype,) + ((torch.float32,) if x.dtype in (torch.float16, torch.bfloat16) else ())
+    if len(dtypes) != 1 or not dtypes <= set(ok):
+        raise ValueError(f"adapters have dtypes {sorted(map(str, dtypes))}, expected one of {ok} for x {x.dtype}")
+    if bases.nf4 is None and (bases.w_gu.requires_grad or bases.w_d.requires_grad):
+        raise ValueError("a base weight of the MLP requires grad; the LoRA base is frozen (requires_grad_(False))")
+
+
+class FusedLoRAMLP(torch.autograd.Function):
+    """The plan in the module docstring, on the engine of the resolved backend (``fused_engine``)."""
+
+    @staticmethod
+    def forward(ctx, x, a_g, b_g, a_u, b_u, a_d, b_d, bases, scale, scale_d, backend):
+        dtype = x.dtype
+        x2 = x.reshape(-1, x.shape[-1]).contiguous()  # (N, K)
+        n, r = x2.shape[0], a_g.shape[0]
+        inter, h_out = b_g.shape[0], b_d.shape[0]
+        shapes = [tuple(t.shape) for t in (a_g, a_u, b_g, b_u, a_d, b_d)]
+        w_gu = bases.gate_up(dtype)
+        with fe.engine(backend, x.device) as eng:
+            stacked = fe.stack_cast(eng, [a_g, a_u, b_g, b_u, a_d, b_d], dtype)
+            a_g_c, a_u_c, b_g_c, b_u_c, a_d_c, b_d_c = fe.split_views(stacked, shapes)
+            a_gu = stacked[: 2 * r * a_g.shape[1]].view(2 * r, -1)  # [A_g; A_u] (2r, K)
+            h_gu = torch.empty((n, 2 * r), dtype=dtype, device=x.device)
+            eng.gemm(h_gu, x2, a_gu, trans_b=True)
+            gu = torch.empty((n, 2 * inter), dtype=dtype, device=x.device)
+            eng.gemm(gu[:, :inter], h_gu[:, :r], b_g_c, trans_b=True, alpha=scale)
+            eng.gemm(gu[:, inter:], h_gu[:, r:], b_u_c, trans_b=True, alpha=scale)
+            eng.gemm(gu, x2, w_gu, trans_b=True, beta=1.0)
+            del w_gu  # an NF4 base's scratch is freed here
+            act = fe.swiglu_forward(eng, gu)
+            h_d = torch.empty((n, r), dtype=dtype, device=x.device)
+            eng.gemm(h_d, act, a_d_c, trans_b=True)
+            y = torch.empty((n, h_out), dtype=dtype, device=x.device)
+            eng.gemm(y, h_d, b_d_c, trans_b=True, alpha=scale_d)
+            eng.gemm(y, act, bases.down(dtype), trans_b=True, beta=1.0)
+        ctx.save_for_backward(x2, gu, h_gu, h_d, stacked)
+        ctx.bases, ctx.scale, ctx.scale_d, ctx.backend = bases, scale, scale_d, backend
+        ctx.shapes, ctx.x_shape, ctx.adapter_dtype, ctx.used = shapes, x.shape, a_g.dtype, False
+        return y.view(*x.shape[:-1], h_out)
+
+    @staticmethod
+    def backward(ctx, dy):
+        if ctx.used:
+            raise RuntimeError(
+                "the fused LoRA MLP's backward overwrites its saved gate/up buffer, so it runs once per forward; "
+                "a second backward through the same graph (retain_graph=True) is not supported"
+            )
+        ctx.used = True
+        x2, gu, h_gu, h_d, stacked = ctx.saved_tensors
+        a_g_c, a_u_c, b_g_c, b_u_c, a_d_c, b_d_c = fe.split_views(stacked, ctx.shapes)
+        n, k = x2.shape
+        r, inter, h_out = a_g_c.shape[0], b_g_c.shape[0], b_d_c.shape[0]
+        s, s_d, acc_dtype = ctx.scale, ctx.scale_d, ctx.adapter_dtype
+        dy2 = dy.reshape(-1, h_out).contiguous()
+        dtype, dev = dy2.dtype, dy2.device
+        with fe.engine(ctx.backend, dev) as eng:
+            dh_d = torch.empty((n, r), dtype=dtype, device=dev)
+            eng.gemm(dh_d, dy2, b_d_c)
+            db_d = torch.empty((h_out, r), dtype=acc_dtype, device=dev)
+            eng.gemm(db_d, dy2, h_d, trans_a=True, alpha=s_d)
+            dact = torch.empty((n, inter), dtype=dtype, device=dev)
+            eng.gemm(dact, dh_d, a_d_c, alpha=s_d)
+            eng.gemm(dact, dy2, ctx.bases.down(dtype), beta=1.0)
+            swiglu_backward_(eng, dact, gu)  # gu <- [dg | du]; dact <- act
+            da_d = torch.empty((r, inter), dtype=acc_dtype, device=dev)
+            eng.gemm(da_d, dh_d, dact, trans_a=True, alpha=s_d)
+            del dact
+            dh_gu = torch.empty((n, 2 * r), dtype=dtype, device=dev)
+            eng.gemm(dh_gu[:, :r], gu[:, :inter], b_g_c)
+            eng.gemm(dh_gu[:, r:], gu[:, inter:], b_u_c)
+            db_g = torch.empty((inter, r), dtype=acc_dtype, device=dev)
+            eng.gemm(db_g, gu[:, :inter], h_gu[:, :r], trans_a=True, alpha=s)
+            db_u = torch.empty((inter, r), dtype=acc_dtype, device=dev)
+            eng.gemm(db_u, gu[:, inter:], h_gu[:, r:], trans_a=True, alpha=s)
+            da_gu = torch.empty((2 * r, k), dtype=acc_dtype, device=dev)
+            eng.gemm(da_gu, dh_gu, x2, trans_a=True, alpha=s)
+            dx = None
+            if ctx.needs_input_grad[0]:
+                dx = torch.empty((n, k), dtype=dtype, device=dev)
+                eng.gemm(dx, dh_gu, stacked[: 2 * r * k].view(2 * r, k), alpha=s)
+                eng.gemm(dx, gu, ctx.bases.gate_up(dtype), beta=1.0)
+                dx = dx.view(ctx.x_shape)
+        return dx, da_gu[:r], db_g, da_gu[r:], db_u, da_d, db_d, None, None, None, None
+
+
+def swiglu_backward_(eng, dact, gu):
+    """The SwiGLU backward step of the plan (a module-level name, so selftest-gpu can plant a defect in it)."""
+    fe.swiglu_backward_(eng, dact, gu)

@@ -1,0 +1,154 @@
+"""The fused LoRA QKV projection: q, k and v (each ``x W_pᵀ + s·(x A_pᵀ) B_pᵀ``) from one read of x.
+
+Shapes: x (N, K), W_qkv = [W_q; W_k; W_v] (O_q + O_k + O_v, K) frozen (16-bit, or three NF4 weights dequantised
+into the parts of one scratch buffer), A_qkv = [A_q; A_k; A_v] (3r, K), B_p (O_p, r); one scale s.
+
+Forward:
+    h   = x A_qkvᵀ                                   (N, 3r)        one GEMM
+    out = [s·h_q B_qᵀ | s·h_k B_kᵀ | s·h_v B_vᵀ] + x W_qkvᵀ   (N, ΣO)  three rank-r GEMMs into the parts, one base GEMM
+    q, k, v = the column parts of out (views: no copy; the attention reshapes them per head)
+Saved: x, h.
+
+Backward (dq, dk, dv as the attention hands them back; a part with no gradient counts as zero):
+    dh   = [dq B_q | dk B_k | dv B_v]                (N, 3r)
+    dB_p = s·dpᵀ h_p,   dA_qkv = s·dhᵀ x  -> dA_q, dA_k, dA_v
+    dx   = s·dh A_qkv + dq W_q + dk W_k + dv W_v      one buffer, accumulated (beta = 1) GEMM after GEMM
+Limits, refused by ``lora_core.fuse``: no LoRA dropout, no bias.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from lora_core.backend import count_call, resolve_backend
+from lora_core.nf4 import NF4Tensor, dequantize_nf4
+from lora_core.ops import fused_engine as fe
+from lora_core.ops.lora_linear import ACTIVATION_DTYPES, REFERENCE_ONLY_DTYPES
+
+
+@dataclass(frozen=True)
+class QKVBases:
+    """The frozen bases: 16-bit ``w_qkv`` [W_q; W_k; W_v] (ΣO, K) with ``sizes`` (O_q, O_k, O_v), or ``nf4``."""
+
+    sizes: tuple[int, int, int]
+    w_qkv: torch.Tensor | None = None
+    nf4: tuple[NF4Tensor, NF4Tensor, NF4Tensor] | None = None
+
+    def weight(self, dtype: torch.dtype) -> torch.Tensor:
+        if self.nf4 is None:
+            return self.w_qkv if self.w_qkv.dtype == dtype else self.w_qkv.to(dtype)
+        first = self.nf4[0]
+        out = torch.empty((sum(self.sizes), first.shape[1]), dtype=dtype, device=first.device)
+        start = 0
+        for q in self.nf4:
+            dequantize_nf4(q, dtype, out=out[start : start + q.shape[0]])
+            start += q.shape[0]
+        return out
+
+    @property
+    def in_features(self) -> int:
+        return self.w_qkv.shape[1] if self.nf4 is None else self.nf4[0].shape[1]
+
+
+def lora_qkv(x, bases: QKVBases, adapters, scale: float, *, backend: str | None = None):
+    """(q, k, v) with LoRA on each; ``adapters`` = (A_q, B_q, A_k, B_k, A_v, B_v). See ``lora_mlp`` for backend."""
+    device_type = x.device.type
+    if x.is_floating_point() and torch.is_autocast_enabled(device_type):
+        x = x.to(torch.get_autocast_dtype(device_type))
+    name = resolve_backend(backend, x.device)
+    _check(x, bases, adapters, name)
+    count_call(name)
+    return FusedLoRAQKV.apply(x, *adapters, bases, float(scale), name)
+
+
+def _check(x, bases: QKVBases, adapters, backend: str) -> None:
+    k = bases.in_features
+    allowed = ACTIVATION_DTYPES + (REFERENCE_ONLY_DTYPES if backend == "torch" else ())
+    if x.dtype not in allowed:
+        raise ValueError(f"x has dtype {x.dtype}, expected one of {allowed} for backend={backend!r}")
+    if x.dim() < 1 or x.shape[-1] != k:
+        raise ValueError(f"x has shape {tuple(x.shape)}, expected (..., {k}) to match the q/k/v bases")
+    r = adapters[0].shape[0]
+    for i, part in enumerate("qkv"):
+        a, b = adapters[2 * i], adapters[2 * i + 1]
+        if tuple(a.shape) != (r, k) or tuple(b.shape) != (bases.sizes[i], r):
+            raise ValueError(
+                f"A_{part} {tuple(a.shape)}, B_{part} {tuple(b.shape)}: expected ({r}, {k}) and "
+                f"({bases.sizes[i]}, {r}) (one rank r={r} for q, k and v)"
+            )
+    dtypes = {t.dtype for t in adapters}
+    ok = (x.dtype,) + ((torch.float32,) if x.dtype in (torch.float16, torch.bfloat16) else ())
+    if len(dtypes) != 1 or not dtypes <= set(ok):
+        raise ValueError(f"adapters have dtypes {sorted(map(str, dtypes))}, expected one of {ok} for x {x.dtype}")
+    if bases.nf4 is None and bases.w_qkv.requires_grad:
+        raise ValueError("the q/k/v base weight requires grad; the LoRA base is frozen (requires_grad_(False))")
+
+
+class FusedLoRAQKV(torch.autograd.Function):
+    """The plan in the module docstring, on the engine of the resolved backend (``fused_engine``)."""
+
+    @staticmethod
+    def forward(ctx, x, a_q, b_q, a_k, b_k, a_v, b_v, bases, scale, backend):
+        dtype, dev = x.dtype, x.device
+        x2 = x.reshape(-1, x.shape[-1]).contiguous()
+        n, k, r = x2.shape[0], x2.shape[1], a_q.shape[0]
+        sizes = bases.sizes
+        shapes = [tuple(t.shape) for t in (a_q, a_k, a_v, b_q, b_k, b_v)]
+        with fe.engine(backend, dev) as eng:
+            stacked = fe.stack_cast(eng, [a_q, a_k, a_v, b_q, b_k, b_v], dtype)
+            bs = fe.split_views(stacked, shapes)[3:]
+            h = torch.empty((n, 3 * r), dtype=dtype, device=dev)
+            eng.gemm(h, x2, stacked[: 3 * r * k].view(3 * r, k), trans_b=True)
+            out = torch.empty((n, sum(sizes)), dtype=dtype, device=dev)
+            starts = (0, sizes[0], sizes[0] + sizes[1])
+            for i in range(3):
+                part = out[:, starts[i] : starts[i] + sizes[i]]
+                eng.gemm(part, h[:, i * r : (i + 1) * r], bs[i], trans_b=True, alpha=scale)
+            eng.gemm(out, x2, bases.weight(dtype), trans_b=True, beta=1.0)
+        ctx.save_for_backward(x2, h, stacked)
+        ctx.bases, ctx.scale, ctx.backend, ctx.shapes, ctx.x_shape = bases, scale, backend, shapes, x.shape
+        ctx.adapter_dtype = a_q.dtype
+        lead = x.shape[:-1]
+        return tuple(out[:, starts[i] : starts[i] + sizes[i]].view(*lead, sizes[i]) for i in range(3))
+
+    @staticmethod
+    def backward(ctx, dq, dk, dv):
+        x2, h, stacked = ctx.saved_tensors
+        n, k = x2.shape
+        r = ctx.shapes[0][0]
+        bs = fe.split_views(stacked, ctx.shapes)[3:]
+        sizes, s, acc_dtype = ctx.bases.sizes, ctx.scale, ctx.adapter_dtype
+        dtype, dev = x2.dtype, x2.device
+        grads = [None if d is None else d.reshape(-1, sizes[i]).contiguous() for i, d in enumerate((dq, dk, dv))]
+        with fe.engine(ctx.backend, dev) as eng:
+            dh = torch.empty((n, 3 * r), dtype=dtype, device=dev)
+            dbs = []
+            for i, d in enumerate(grads):
+                if d is None:
+                    dh[:, i * r : (i + 1) * r].zero_()
+                    dbs.append(torch.zeros((sizes[i], r), dtype=acc_dtype, device=dev))
+                    continue
+                eng.gemm(dh[:, i * r : (i + 1) * r], d, bs[i])
+                db = torch.empty((sizes[i], r), dtype=acc_dtype, device=dev)
+                dbs.append(eng.gemm(db, d, h[:, i * r : (i + 1) * r], trans_a=True, alpha=s))
+            da = torch.empty((3 * r, k), dtype=acc_dtype, device=dev)
+            eng.gemm(da, dh, x2, trans_a=True, alpha=s)
+            dx = None
+            if ctx.needs_input_grad[0]:
+                dx = torch.empty((n, k), dtype=dtype, device=dev)
+                eng.gemm(dx, dh, stacked[: 3 * r * k].view(3 * r, k), alpha=s)
+                w = ctx.bases.weight(dtype)
+                start = 0
+                for i, d in enumerate(grads):
+                    if d is not None:
+                        accumulate_dx(eng, dx, d, w[start : start + sizes[i]])
+                    start += sizes[i]
+                dx = dx.view(ctx.x_shape)
+        return dx, da[:r], dbs[0], da[r : 2 * r], dbs[1], da[2 * r :], dbs[2], None, None, None
+
+
+def accumulate_dx(eng, dx, d_part, w_part):
+    """dx += d_p W_p for one of q, k, v (a module-level name, so selftest-gpu can plant a defect in it)."""
+    eng.gemm(dx, d_part, w_part, beta=1.0)
