@@ -73,7 +73,7 @@ def _run_options(p: argparse.ArgumentParser, tier: bool = True) -> None:
     g.add_argument(
         "--lora-impl",
         type=_impl,
-        help="the implementation under test: cupy (default), torch, peft, "
+        help="the implementation under test: cupy (default), cupy-fused, torch, peft, "
         "peft-bnb, loralib, torchtune, an entry point, or package.module:factory",
     )
     g.add_argument(

@@ -199,7 +199,7 @@ class TierConfig:
     model: ModelConfig
     weights: str = "auto"
     dtype: str = "bfloat16"
-    # The LoRA implementation under test (lora_suite/implementations.py): cupy (default), torch, peft, an
+    # The LoRA implementation under test (lora_suite/implementations.py): cupy (default), cupy-fused, torch, peft, an
     # entry point of lora_suite.implementations, or package.module:factory. --lora-impl overrides it.
     implementation: str = "cupy"
     lora: LoRASettings = field(default_factory=LoRASettings)

@@ -25,7 +25,7 @@ def pytest_addoption(parser):
         "--lora-impl",
         default=None,
         metavar="NAME|MODULE:FACTORY",
-        help="the LoRA implementation under test: cupy (default), torch, peft, an entry point of the "
+        help="the LoRA implementation under test: cupy (default), cupy-fused, torch, peft, an entry point of the "
         "group lora_suite.implementations, or package.module:factory",
     )
     group.addoption(

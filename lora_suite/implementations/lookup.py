@@ -15,13 +15,15 @@ from lora_suite.implementations.contract import (
     ImplementationError,
     LoRAImplementation,
 )
-from lora_suite.implementations.lora_core_impl import LoraCoreImplementation
+from lora_suite.implementations.lora_core_impl import FusedLoraCoreImplementation, LoraCoreImplementation
 from lora_suite.implementations.peft_impl import PeftImplementation
 
 
 def _builtin(name: str) -> LoRAImplementation | None:
     if name in ("cupy", "torch"):
         return LoraCoreImplementation(name)
+    if name == "cupy-fused":
+        return FusedLoraCoreImplementation()
     if name == "peft":
         try:
             import peft  # noqa: F401
@@ -33,7 +35,7 @@ def _builtin(name: str) -> LoRAImplementation | None:
     return None
 
 
-BUILTINS = ("cupy", "torch", "peft")
+BUILTINS = ("cupy", "cupy-fused", "torch", "peft")
 # Peers bundled with the suite (lora_suite/peers): the same specs as pyproject's entry points, so that a source
 # checkout on PYTHONPATH (a lent GPU machine runs the suite uninstalled) finds them by name too.
 BUNDLED = {
@@ -51,7 +53,7 @@ def entry_point_names() -> list[str]:
 def installed_names() -> list[str]:
     """Every implementation that can be built here: the built-ins, then the entry points and bundled peers whose
     library imports (the scorecard's default selection)."""
-    names = ["cupy", "torch"] + (["peft"] if importlib.util.find_spec("peft") else [])
+    names = ["cupy", "cupy-fused", "torch"] + (["peft"] if importlib.util.find_spec("peft") else [])
     for name in entry_point_names():
         try:
             resolve_implementation(name)

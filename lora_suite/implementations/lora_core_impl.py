@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lora_suite.implementations.contract import LoRAImplementation
+from lora_suite.implementations.contract import ImplementationError, LoRAImplementation
 
 
 class LoraCoreImplementation(LoRAImplementation):
@@ -56,3 +56,68 @@ class LoraCoreImplementation(LoRAImplementation):
         import lora_core
 
         return lora_core.backend_call_counts()[self.name]
+
+
+class FusedLoraCoreImplementation(LoraCoreImplementation):
+    """``cupy-fused``: lora_core on the cupy backend with the fused LoRA paths (``lora_core.fuse``): the MLP
+    (gate and up from one read of x, SwiGLU in a RawKernel, down) and q/k/v from one read of x, wherever the
+    targets cover a whole group; o_proj's LoRA linear already is one Function (reported as ``cupy``).
+
+    ``served_by`` is ``cupy-fused`` only when every adapted layer ran the path its group should: a fusable group
+    that ran unfused, or a layer outside one that did not run ``cupy``, is named instead.
+    """
+
+    GROUPS = {"mlp": ("gate_proj", "up_proj", "down_proj"), "qkv": ("q_proj", "k_proj", "v_proj")}
+
+    def __init__(self):
+        super().__init__("cupy")
+        self.name = self.expected_path = "cupy-fused"
+
+    def describe(self) -> str:
+        return "cupy-fused: lora_core.LoRALinear on the cupy backend with the fused MLP (SwiGLU) and QKV paths"
+
+    def parts(self, targets: tuple[str, ...]) -> tuple[str, ...]:
+        """The groups these targets cover whole (and "o" when o_proj is a target)."""
+        from lora_core.inject import ALL_LINEAR
+
+        covered = set(targets) | (set(sum(self.GROUPS.values(), ())) | {"o_proj"} if ALL_LINEAR in targets else set())
+        parts = tuple(g for g, members in self.GROUPS.items() if set(members) <= covered)
+        return parts + (("o",) if "o_proj" in covered else ())
+
+    def inject(self, model, spec):
+        from lora_core.inject import inject_lora
+
+        parts = self.parts(tuple(spec.targets))
+        if not any(p in self.GROUPS for p in parts):
+            raise ImplementationError(
+                f"cupy-fused: targets {list(spec.targets)} cover no whole group to fuse (the MLP needs "
+                f"{list(self.GROUPS['mlp'])}, the attention {list(self.GROUPS['qkv'])}); run cupy for these targets"
+            )
+        return inject_lora(
+            model,
+            spec.targets,
+            spec.r,
+            spec.alpha,
+            backend="cupy",
+            use_rslora=spec.use_rslora,
+            adapter_dtype=spec.adapter_dtype,
+            quantize=spec.quantize,
+            fuse=parts,
+        )
+
+    def served_by(self, model):
+        from lora_core.inject import lora_modules
+
+        fused_leaf = {leaf: f"cupy-fused-{g}" for g, members in self.GROUPS.items() for leaf in members}
+        wrong = []
+        for name, m in lora_modules(model).items():
+            grouped = m.fused_group is not None or type(_parent(model, name)).__name__ == "LoRAMLP"
+            want = fused_leaf.get(name.rsplit(".", 1)[-1], "cupy") if grouped else "cupy"
+            if m.last_backend != want:
+                wrong.append(f"{name}: {m.last_backend} (expected {want})")
+        return self.expected_path if not wrong else "; ".join(wrong[:3]) + (" ..." if len(wrong) > 3 else "")
+
+
+def _parent(model, name: str):
+    parent, _, _ = name.rpartition(".")
+    return model.get_submodule(parent) if parent else model

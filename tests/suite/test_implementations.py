@@ -151,7 +151,7 @@ class _Half(I.LoRAImplementation):
 @pytest.mark.parametrize(
     "spec,message",
     [
-        ("triton", r"'triton' is not known: built-ins \['cupy', 'torch', 'peft'\]"),
+        ("triton", r"'triton' is not known: built-ins \['cupy', 'cupy-fused', 'torch', 'peft'\]"),
         ("no_such_module:make", r"cannot load 'make' from module 'no_such_module' \(ModuleNotFoundError"),
         (f"{__name__}:no_such_factory", r"cannot load 'no_such_factory'"),
         (f"{__name__}:SPEC", r"gave a str, not a lora_suite.implementations.LoRAImplementation"),
@@ -424,3 +424,32 @@ def test_a_peer_whose_library_does_not_import_names_the_extra_to_install():
         r"\(.*\); install lora-gpu-suite\[torchtune\]",
     ):
         I.require_module("torchtune", "no_such_module_xyz")
+
+
+def test_cupy_fused_fuses_the_groups_the_targets_cover_and_refuses_when_none():
+    from lora_suite.implementations.contract import AdapterSpec
+
+    impl = I.resolve_implementation("cupy-fused")
+    assert impl.parts(("all-linear",)) == ("mlp", "qkv", "o")
+    assert impl.parts(("q_proj", "k_proj", "v_proj", "gate_proj")) == ("qkv",)
+    with pytest.raises(I.ImplementationError, match=r"targets \['q_proj', 'v_proj'\] cover no whole group to fuse"):
+        impl.inject(torch.nn.Linear(2, 2), AdapterSpec(targets=("q_proj", "v_proj"), r=2, alpha=4))
+
+
+def test_cupy_fused_served_by_names_each_layer_that_did_not_run_its_fused_path():
+    from lora_core import inject_lora
+    from lora_core.inject import lora_modules
+    from lora_suite.engine.models import build_random
+    from tests.conftest import TINY_ARCH
+
+    model = build_random(TINY_ARCH, torch.float32, "cpu")
+    inject_lora(model, "all-linear", r=2, backend="torch", fuse=("mlp", "qkv", "o"))
+    model(input_ids=torch.zeros(1, 4, dtype=torch.long))
+    impl = I.resolve_implementation("cupy-fused")
+    served = impl.served_by(model)
+    assert "model.layers.0.self_attn.q_proj: torch-fused-qkv (expected cupy-fused-qkv)" in served
+    for m in lora_modules(model).values():  # what a cupy run of the fused model records
+        m.last_backend = m.last_backend.replace("torch", "cupy")
+    assert impl.served_by(model) == "cupy-fused"
+    model.model.layers[1].mlp.up_proj.last_backend = "cupy"  # one layer of a fused group ran unfused
+    assert impl.served_by(model) == "model.layers.1.mlp.up_proj: cupy (expected cupy-fused-mlp)"

@@ -11,6 +11,7 @@ Each fixture is then planted with a 10% drift (or a leak, or stalls) per criteri
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 from pathlib import Path
 
@@ -21,21 +22,21 @@ from lora_suite.core.loader import load_tier_config
 from lora_suite.measure.criteria import host_time_drift
 from lora_suite.scenarios.long_run import extended_verdicts, replay_report
 
-FIXTURES = sorted((Path(__file__).resolve().parents[1] / "fixtures" / "extended_replay").glob("*.json"))
+FIXTURES = sorted((Path(__file__).resolve().parents[1] / "fixtures" / "extended_replay").glob("*.json.gz"))
 BEFORE_ISSUE_18 = [f for f in FIXTURES if f.name.startswith("h200-2026-11-23-")]
 WITH_NEW_SERIES = [f for f in FIXTURES if not f.name.startswith("h200-2026-11-23-")]
 CFG = load_tier_config(CONFIG_DIR / "extended.yaml")
 
 
 def _load(path: Path):
-    return replay_report(json.loads(path.read_text()))
+    return replay_report(json.loads(gzip.decompress(path.read_bytes())))
 
 
 def test_the_fixtures_are_there():
     assert len(BEFORE_ISSUE_18) == 7, [f.name for f in FIXTURES]
 
 
-@pytest.mark.parametrize("path", BEFORE_ISSUE_18, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", BEFORE_ISSUE_18, ids=lambda p: p.name.removesuffix(".json.gz"))
 def test_runs_before_issue_18_pass_what_they_carry_and_their_old_false_alarm_was_the_host(path):
     records, windows, pairs = _load(path)
     assert windows is None and pairs is None
@@ -58,7 +59,7 @@ def _plant(records, field: str, fn):
     return [dataclasses.replace(r, **{field: fn(r.step, getattr(r, field))}) for r in records]
 
 
-@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.name.removesuffix(".json.gz"))
 def test_planted_leaks_and_stalls_fail_on_every_fixture(path):
     records, windows, pairs = _load(path)
     leak = _plant(records, "allocated_mib", lambda step, v: v + 0.5 * step)  # 0.5 MiB/step, bar 0.1
@@ -77,7 +78,7 @@ def test_planted_leaks_and_stalls_fail_on_every_fixture(path):
     )
 
 
-@pytest.mark.parametrize("path", WITH_NEW_SERIES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", WITH_NEW_SERIES, ids=lambda p: p.name.removesuffix(".json.gz"))
 def test_issue_18_runs_pass_every_criterion(path):
     records, windows, pairs = _load(path)
     judged = extended_verdicts(CFG, records, windows, pairs)
@@ -86,7 +87,7 @@ def test_issue_18_runs_pass_every_criterion(path):
     assert not failed, failed
 
 
-@pytest.mark.parametrize("path", WITH_NEW_SERIES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", WITH_NEW_SERIES, ids=lambda p: p.name.removesuffix(".json.gz"))
 def test_a_10_percent_drift_planted_in_a_recorded_run_fails_its_criterion(path):
     records, windows, pairs = _load(path)
     late = windows["late"]

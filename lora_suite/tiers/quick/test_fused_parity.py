@@ -1,0 +1,280 @@
+"""GPU parity of lora_core's fused LoRA paths (``lora_core.ops.fused_mlp`` / ``fused_qkv``) on the cupy engine:
+every output and gradient against float64 over dtypes and 2-D / 3-D / non-contiguous inputs, NF4 bases, captured
+replays bitwise equal to eager, and a whole model's step-0 gradients against the fp32 reference.
+
+Reference: the unfused layers composed by autograd in float64 (``lora_linear_torch``, F.silu), independent of
+the fused code. Tolerance: ``FUSED_STAGES · tolerance(dtype, k)`` with k the largest inner dimension, where
+``tolerance`` is the single LoRA op's bound (``lora_suite/engine/parity.py``). Why 3 stages: the longest chain
+(dx of the MLP) stores three rounded intermediates of its own scale, each within one op's bound: dact (the
+down projection's backward), d(gu) (the SwiGLU backward, its inputs rounded) and dx (gate and up's backward);
+the forward chain has two (gu, y). The random inputs are unit-variance with 1/√k weights, so each stage's scale
+is comparable to the next (no amplification to budget for). A dropped SwiGLU derivative term or a q/k/v part
+not accumulated gives errors of order 1 (selftest-gpu plants both).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lora_core.nf4 import dequantize_nf4, quantize_nf4
+from lora_core.ops.fused_mlp import MLPBases, lora_mlp
+from lora_core.ops.fused_qkv import QKVBases, lora_qkv
+from lora_core.ops.lora_linear import lora_linear_torch
+from lora_suite.engine import gradients as G
+from lora_suite.engine.parity import compare, tolerance
+from lora_suite.harness.report import Series
+
+pytestmark = [pytest.mark.gpu, pytest.mark.quick, pytest.mark.needs_feature("lora_core_ops")]
+
+DEV = "cuda"
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+DTYPE_CONFIGS = {"fp32": (F32, F32), "bf16": (BF16, BF16), "fp16-act+fp32-adapters": (F16, F32)}
+DTYPE_CONFIGS["bf16-act+fp32-adapters"] = (BF16, F32)
+FUSED_STAGES = 3
+SCALE = 2.0
+MLP_SHAPES = ((576, 1536), (333, 1000))  # (K, I): SmolLM2-135M's MLP, and odd sizes
+QKV_SHAPES = ((576, (576, 192, 192)), (333, (333, 64, 96)))  # (K, (O_q, O_k, O_v)): GQA widths, and odd ones
+N_TOKENS = (1, 37, 2048)
+
+
+def _randn(shape, dtype, gen, std=1.0):
+    return (torch.randn(shape, device=DEV, generator=gen, dtype=F32) * std).to(dtype)
+
+
+def _x(n, k, dtype, layout, gen):
+    if layout == "3d":
+        lead = (2, n // 2) if n % 2 == 0 else (1, n)
+        return _randn((*lead, k), dtype, gen)
+    if layout == "noncontig":
+        return _randn((n, 2 * k), dtype, gen)[:, ::2]
+    return _randn((n, k), dtype, gen)
+
+
+def _adapter_pair(out_f, in_f, r, dtype, gen):
+    return _randn((r, in_f), dtype, gen, 1 / math.sqrt(in_f)), _randn((out_f, r), dtype, gen, 1 / math.sqrt(r))
+
+
+def _run(fn, x, adapters, dy):
+    """Outputs and the gradients of x and every adapter for upstream gradient(s) dy."""
+    x = x.detach().clone().requires_grad_(True)
+    adapters = [a.detach().clone().requires_grad_(True) for a in adapters]
+    out = fn(x, adapters)
+    outs = out if isinstance(out, tuple) else (out,)
+    dys = dy if isinstance(dy, tuple) else (dy,)
+    grads = torch.autograd.grad(outs, [x, *adapters], dys)
+    return [o.detach() for o in outs], list(grads)
+
+
+def _mlp_case(n, k, inter, r, dtype, adapter_dtype, layout, gen):
+    w_g, w_u = _randn((inter, k), dtype, gen, 1 / math.sqrt(k)), _randn((inter, k), dtype, gen, 1 / math.sqrt(k))
+    w_d = _randn((k, inter), dtype, gen, 1 / math.sqrt(inter))
+    adapters = [t for o, i in ((inter, k), (inter, k), (k, inter)) for t in _adapter_pair(o, i, r, adapter_dtype, gen)]
+    x = _x(n, k, dtype, layout, gen)
+    return x, (w_g, w_u, w_d), adapters, _randn((*x.shape[:-1], k), dtype, gen)
+
+
+def _mlp_reference(x, weights, adapters, dy):
+    d = [t.double() for t in weights]
+
+    def fn(x, a):
+        g = lora_linear_torch(x, d[0], a[0], a[1], SCALE)
+        u = lora_linear_torch(x, d[1], a[2], a[3], SCALE)
+        return lora_linear_torch(F.silu(g) * u, d[2], a[4], a[5], SCALE)
+
+    return _run(fn, x.double(), [a.double() for a in adapters], dy.double())
+
+
+def _mlp_fused(x, weights, adapters, dy, bases=None):
+    bases = bases or MLPBases(w_gu=torch.cat(weights[:2]), w_d=weights[2])
+    return _run(lambda x, a: lora_mlp(x, bases, tuple(a), SCALE, SCALE, backend="cupy"), x, adapters, dy)
+
+
+def _judge(names, got, want, tol):
+    return [compare(n, g, w, tol) for n, g, w in zip(names, got, want)]
+
+
+MLP_NAMES = ("y", "dx", "dA_gate", "dB_gate", "dA_up", "dB_up", "dA_down", "dB_down")
+QKV_NAMES = ("q", "k", "v", "dx", "dA_q", "dB_q", "dA_k", "dB_k", "dA_v", "dB_v")
+
+
+def _grid_check(what, config, layout, cases, run_report, check):
+    rows, failures = [], []
+    for label, errs in cases:
+        ok = all(e.ok for e in errs)
+        worst = max(errs, key=lambda e: e.scaled_err / e.tol if e.tol else math.inf)
+        rows.append((label, worst.name, worst.scaled_err, worst.tol, "ok" if ok else "FAIL"))
+        failures += [f"{label}: {e.describe()}" for e in errs if not e.ok]
+    run_report.add_series(
+        Series(
+            test=f"fused {what} parity {config} {layout}",
+            name=f"cupy fused {what} vs float64, {config}, x {layout}",
+            columns=("case", "worst tensor", "max err / max ref", "tol", "verdict"),
+            rows=tuple(rows),
+        )
+    )
+    n_tensors = sum(len(errs) for _, errs in cases)
+    check(
+        f"fused {what} {config} {layout}: tensors beyond tolerance (of {n_tensors})",
+        len(failures),
+        "==",
+        0,
+        source=f"tol = {FUSED_STAGES}·8·(u_dtype + u_fp32·√k); lora_suite/tiers/quick/test_fused_parity.py",
+        detail="; ".join(failures[:4]),
+    )
+
+
+@pytest.mark.parametrize("layout", ["2d", "3d", "noncontig"])
+@pytest.mark.parametrize("config", list(DTYPE_CONFIGS))
+def test_fused_mlp_matches_float64(config, layout, run_report, check):
+    dtype, adapter_dtype = DTYPE_CONFIGS[config]
+    gen = torch.Generator(device=DEV).manual_seed(2027)
+    ranks = (1, 16, 64) if layout == "2d" else (16,)
+    cases = []
+    for n, (k, inter), r in itertools.product(N_TOKENS, MLP_SHAPES, ranks):
+        x, weights, adapters, dy = _mlp_case(n, k, inter, r, dtype, adapter_dtype, layout, gen)
+        got_o, got_g = _mlp_fused(x, weights, adapters, dy)
+        ref_o, ref_g = _mlp_reference(x, weights, adapters, dy)
+        errs = _judge(MLP_NAMES, got_o + got_g, ref_o + ref_g, FUSED_STAGES * tolerance(dtype, max(k, inter)))
+        cases.append((f"N={n} K={k} I={inter} r={r}", errs))
+    _grid_check("MLP", config, layout, cases, run_report, check)
+
+
+def _qkv_case(n, k, sizes, r, dtype, adapter_dtype, layout, gen):
+    weights = [_randn((o, k), dtype, gen, 1 / math.sqrt(k)) for o in sizes]
+    adapters = [t for o in sizes for t in _adapter_pair(o, k, r, adapter_dtype, gen)]
+    x = _x(n, k, dtype, layout, gen)
+    return x, weights, adapters, tuple(_randn((*x.shape[:-1], o), dtype, gen) for o in sizes)
+
+
+def _qkv_reference(x, weights, adapters, dy):
+    d = [t.double() for t in weights]
+
+    def fn(x, a):
+        return tuple(lora_linear_torch(x, d[i], a[2 * i], a[2 * i + 1], SCALE) for i in range(3))
+
+    return _run(fn, x.double(), [a.double() for a in adapters], tuple(t.double() for t in dy))
+
+
+def _qkv_fused(x, weights, adapters, dy, bases=None):
+    bases = bases or QKVBases(tuple(w.shape[0] for w in weights), w_qkv=torch.cat(weights))
+    return _run(lambda x, a: lora_qkv(x, bases, tuple(a), SCALE, backend="cupy"), x, adapters, dy)
+
+
+@pytest.mark.parametrize("layout", ["2d", "3d", "noncontig"])
+@pytest.mark.parametrize("config", list(DTYPE_CONFIGS))
+def test_fused_qkv_matches_float64(config, layout, run_report, check):
+    dtype, adapter_dtype = DTYPE_CONFIGS[config]
+    gen = torch.Generator(device=DEV).manual_seed(2028)
+    ranks = (1, 16, 64) if layout == "2d" else (16,)
+    cases = []
+    for n, (k, sizes), r in itertools.product(N_TOKENS, QKV_SHAPES, ranks):
+        x, weights, adapters, dy = _qkv_case(n, k, sizes, r, dtype, adapter_dtype, layout, gen)
+        got_o, got_g = _qkv_fused(x, weights, adapters, dy)
+        ref_o, ref_g = _qkv_reference(x, weights, adapters, dy)
+        errs = _judge(QKV_NAMES, got_o + got_g, ref_o + ref_g, FUSED_STAGES * tolerance(dtype, k))
+        cases.append((f"N={n} K={k} O={sizes} r={r}", errs))
+    _grid_check("QKV", config, layout, cases, run_report, check)
+
+
+def test_fused_paths_on_nf4_bases_match_float64_of_the_dequantised_weights(run_report, check):
+    """QLoRA: the fused paths dequantise their NF4 bases into one scratch buffer per pass; the reference uses the
+    same dequantised values in float64, so the comparison judges the fused LoRA math, not NF4's rounding."""
+    gen = torch.Generator(device=DEV).manual_seed(2029)
+    cases = []
+    for n in (37, 2048):
+        x, weights, adapters, dy = _mlp_case(n, 576, 1536, 16, BF16, F32, "3d", gen)
+        q = [quantize_nf4(w) for w in weights]
+        deq = [dequantize_nf4(t, BF16) for t in q]
+        got_o, got_g = _mlp_fused(x, weights, adapters, dy, bases=MLPBases(nf4=tuple(q)))
+        ref_o, ref_g = _mlp_reference(x, deq, adapters, dy)
+        cases.append(
+            (f"MLP N={n}", _judge(MLP_NAMES, got_o + got_g, ref_o + ref_g, FUSED_STAGES * tolerance(BF16, 1536)))
+        )
+        x, weights, adapters, dy = _qkv_case(n, 576, (576, 192, 192), 16, BF16, F32, "3d", gen)
+        q = [quantize_nf4(w) for w in weights]
+        deq = [dequantize_nf4(t, BF16) for t in q]
+        got_o, got_g = _qkv_fused(x, weights, adapters, dy, bases=QKVBases((576, 192, 192), nf4=tuple(q)))
+        ref_o, ref_g = _qkv_reference(x, deq, adapters, dy)
+        cases.append(
+            (f"QKV N={n}", _judge(QKV_NAMES, got_o + got_g, ref_o + ref_g, FUSED_STAGES * tolerance(BF16, 576)))
+        )
+    _grid_check("NF4", "bf16-act+fp32-adapters", "3d", cases, run_report, check)
+
+
+@pytest.mark.parametrize("what", ["mlp", "qkv"])
+def test_captured_fused_step_replays_bitwise_equal_to_eager(what, check):
+    """Forward and backward of the fused path captured in one CUDA graph: replay equals an eager run bitwise."""
+    gen = torch.Generator(device=DEV).manual_seed(2030)
+    if what == "mlp":
+        x, weights, adapters, dy = _mlp_case(2048, 576, 1536, 16, BF16, F32, "2d", gen)
+        bases = MLPBases(w_gu=torch.cat(weights[:2]), w_d=weights[2])
+        fn = lambda x, a: (lora_mlp(x, bases, tuple(a), SCALE, SCALE, backend="cupy"),)  # noqa: E731
+        dys = (dy,)
+    else:
+        x, weights, adapters, dys = _qkv_case(2048, 576, (576, 192, 192), 16, BF16, F32, "2d", gen)
+        bases = QKVBases((576, 192, 192), w_qkv=torch.cat(weights))
+        fn = lambda x, a: lora_qkv(x, bases, tuple(a), SCALE, backend="cupy")  # noqa: E731
+    xs = x.detach().clone().requires_grad_(True)
+    params = [a.detach().clone().requires_grad_(True) for a in adapters]
+
+    def step():
+        outs = fn(xs, params)
+        return [o.detach() for o in outs] + list(torch.autograd.grad(outs, [xs, *params], dys))
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step()
+    graph.replay()
+    eager = step()
+    torch.cuda.synchronize()
+    differing = [i for i, (s, e) in enumerate(zip(static, eager)) if not torch.equal(s, e)]
+    check(f"fused {what}: captured replay tensors that differ from eager (of {len(eager)})", len(differing), "==", 0)
+
+
+def test_fused_model_gradients_match_the_fp32_reference(tier):
+    """The quick tier's whole-model gradient check (SmolLM2-135M, step 0) with every linear adapted and the MLP and
+    QKV fused: the same judge, factor and reference as test_model_gradients.py."""
+    cfg = tier.config("quick")
+    cfg = dataclasses.replace(cfg, lora=dataclasses.replace(cfg.lora, targets=("all-linear",)))
+    crit = cfg.criteria
+    prepared = tier.prepare(cfg, implementation="cupy-fused")
+    G.randomize_lora_b(prepared.model, std=0.02, seed=cfg.train.seed, adapters=prepared.adapters)
+    reference = tier.prepare(cfg, implementation="torch")
+    G.copy_adapters(reference.adapters, {n: p.detach() for n, p in prepared.adapters.items()})
+    results = G.whole_model_checks(
+        prepared.model,
+        prepared.batches(0),
+        label="cupy-fused",
+        adapters=prepared.adapters,
+        reference=reference.model,
+        reference_adapters=reference.adapters,
+        k=crit.grad_accum_k,
+        factor=crit.grad_match_factor,
+    )
+    tier.check(
+        "code path that served every LoRA layer (cupy-fused)",
+        prepared.implementation.served_by(prepared.model),
+        "==",
+        "cupy-fused",
+    )
+    for res in results:
+        tier.check(
+            f"{res.label}: adapters beyond tolerance (of {len(res.rows)})",
+            res.n_bad,
+            "==",
+            0,
+            source="err <= grad_match_factor * max(err_16bit_ref, median): configs/quick.yaml",
+            detail=G.describe_failures(res.rows),
+        )

@@ -1,0 +1,95 @@
+"""selftest-gpu, the fused LoRA paths: each test plants one defect in ``lora_core.ops.fused_mlp`` or ``fused_qkv``
+(a monkeypatch here, never in shipped code) and asserts that the quick tier's fused parity criterion
+(``tiers/quick/test_fused_parity.py``) fails on it, recording by how much."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.selftest_gpu]
+PARITY = Path(__file__).resolve().parents[1] / "quick" / "test_fused_parity.py"
+
+
+def _parity_module():
+    spec = importlib.util.spec_from_file_location("fused_parity_plant", PARITY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _fused_parity_failures(what: str) -> tuple[int, str]:
+    """Tensors beyond tolerance in one bf16 case of the quick tier's fused parity test (test_fused_parity.py)."""
+    fp = _parity_module()
+    gen = torch.Generator(device="cuda").manual_seed(2031)
+    if what == "mlp":
+        x, weights, adapters, dy = fp._mlp_case(512, 576, 1536, 16, torch.bfloat16, torch.float32, "3d", gen)
+        got, ref, names, k = (
+            fp._mlp_fused(x, weights, adapters, dy),
+            fp._mlp_reference(x, weights, adapters, dy),
+            fp.MLP_NAMES,
+            1536,
+        )
+    else:
+        x, weights, adapters, dy = fp._qkv_case(512, 576, (576, 192, 192), 16, torch.bfloat16, torch.float32, "3d", gen)
+        got, ref, names, k = (
+            fp._qkv_fused(x, weights, adapters, dy),
+            fp._qkv_reference(x, weights, adapters, dy),
+            fp.QKV_NAMES,
+            576,
+        )
+    errs = fp._judge(names, got[0] + got[1], ref[0] + ref[1], fp.FUSED_STAGES * fp.tolerance(torch.bfloat16, k))
+    bad = [e for e in errs if not e.ok]
+    return len(bad), "; ".join(e.describe() for e in bad[:3])
+
+
+@pytest.mark.needs_feature("lora_core_ops")
+def test_a_dropped_swiglu_derivative_term_is_caught(tier, monkeypatch):
+    """The fused MLP's SwiGLU backward uses silu'(g) = σ(g), dropping the g·σ(1 - σ) term."""
+    from lora_core.ops import fused_mlp
+
+    real = fused_mlp.swiglu_backward_
+
+    def planted(eng, dact, gu):
+        inter = dact.shape[1]
+        g, u, d = gu[:, :inter].float(), gu[:, inter:].float(), dact.float()
+        real(eng, dact, gu)
+        gu[:, :inter].copy_(d * u * torch.sigmoid(g))
+
+    monkeypatch.setattr(fused_mlp, "swiglu_backward_", planted)
+    n_bad, detail = _fused_parity_failures("mlp")
+    tier.check(
+        "planted dropped silu' term: fused MLP tensors beyond tolerance",
+        n_bad,
+        ">",
+        0,
+        source="quick tier's fused parity test",
+        detail=detail,
+    )
+
+
+@pytest.mark.needs_feature("lora_core_ops")
+def test_dx_of_k_not_accumulated_is_caught(tier, monkeypatch):
+    """The fused QKV backward leaves k's contribution dk·W_k out of dx."""
+    from lora_core.ops import fused_qkv
+
+    real, calls = fused_qkv.accumulate_dx, []
+
+    def planted(eng, dx, d_part, w_part):
+        calls.append(1)
+        if len(calls) % 3 != 2:  # q, k, v in that order: skip k
+            real(eng, dx, d_part, w_part)
+
+    monkeypatch.setattr(fused_qkv, "accumulate_dx", planted)
+    n_bad, detail = _fused_parity_failures("qkv")
+    tier.check(
+        "planted dx missing dk·W_k: fused QKV tensors beyond tolerance",
+        n_bad,
+        ">",
+        0,
+        source="quick tier's fused parity test",
+        detail=detail,
+    )
