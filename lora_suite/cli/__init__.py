@@ -74,7 +74,13 @@ def _run_options(p: argparse.ArgumentParser, tier: bool = True) -> None:
         "--lora-impl",
         type=_impl,
         help="the implementation under test: cupy (default), cupy-fused, torch, peft, "
-        "peft-bnb, loralib, torchtune, an entry point, or package.module:factory",
+        "peft-bnb, loralib, torchtune, axolotl, peft-liger, an entry point, or package.module:factory",
+    )
+    g.add_argument(
+        "--fused-ops",
+        choices=("liger",),
+        help="apply fused non-LoRA ops to the model under test: liger (Liger-Kernel's RMSNorm, RoPE, SwiGLU, fused "
+        "linear cross-entropy)",
     )
     g.add_argument(
         "--baseline",

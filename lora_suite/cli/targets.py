@@ -104,6 +104,7 @@ def pytest_args(target: str, args, run_dir: Path | None, tiers: dict) -> list[st
         ("--lora-impl", args.lora_impl),
         ("--weights", getattr(args, "weights", None)),
         ("--gpus", getattr(args, "gpus", None)),
+        ("--fused-ops", getattr(args, "fused_ops", None)),
     ):
         if value is not None:
             base += [flag, str(value)]

@@ -57,7 +57,8 @@ def fit_to_implementation(
 
     - an NF4 base and ``nf4_base`` n/a: the 16-bit base;  a 16-bit base and ``bf16_base`` n/a: an NF4 base;
     - fp32 adapters on a 16-bit base and ``fp32_adapters_on_16bit_base`` n/a: adapters in the base's dtype;
-    - rsLoRA and ``rslora`` n/a: alpha / r;  captured steps and ``cuda_graph_capture`` n/a: eager steps.
+    - rsLoRA and ``rslora`` n/a: alpha / r;  captured steps and ``cuda_graph_capture`` n/a: eager steps;
+    - targets covering part of a fusable group (q and v) and ``partial_groups`` n/a: the whole group (q, k, v).
     A tier records each pair as not applicable, so nothing runs differently without the report saying so."""
     why = impl.reason_not_applicable
     lora, train, notes = cfg.lora, cfg.train, []
@@ -83,6 +84,15 @@ def fit_to_implementation(
     if lora.use_rslora and why("rslora"):
         notes.append((f"rsLoRA ({source} lora.use_rslora); the tier scales by alpha / r", why("rslora")))
         lora = dataclasses.replace(lora, use_rslora=False)
+    widened = _whole_groups(lora.targets) if why("partial_groups") else tuple(lora.targets)
+    if widened != tuple(lora.targets):
+        notes.append(
+            (
+                f"LoRA on {list(lora.targets)} only ({source} lora.targets); the tier adapts {list(widened)}",
+                why("partial_groups"),
+            )
+        )
+        lora = dataclasses.replace(lora, targets=widened)
     if train.cuda_graph and why("cuda_graph_capture"):
         notes.append(
             (
@@ -92,6 +102,18 @@ def fit_to_implementation(
         )
         train = dataclasses.replace(train, cuda_graph=False)
     return dataclasses.replace(cfg, lora=lora, train=train), notes
+
+
+GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj", "down_proj"))
+
+
+def _whole_groups(targets) -> tuple[str, ...]:
+    """``targets`` with every fusable group they touch completed (q and v -> q, k, v), in the groups' order."""
+    out = list(targets)
+    for group in GROUPS:
+        if any(t in targets for t in group):
+            out += [t for t in group if t not in out]
+    return tuple(out)
 
 
 def adapter_spec(cfg: TierConfig, quantize: str | None) -> AdapterSpec:

@@ -29,6 +29,13 @@ def pytest_addoption(parser):
         "group lora_suite.implementations, or package.module:factory",
     )
     group.addoption(
+        "--fused-ops",
+        default=None,
+        choices=("liger",),
+        help="apply fused non-LoRA ops to the model under test: liger (Liger-Kernel's RMSNorm, RoPE, SwiGLU where the "
+        "MLP is not fused already, fused linear cross-entropy)",
+    )
+    group.addoption(
         "--bench-impls",
         default=None,
         type=_impl_list,

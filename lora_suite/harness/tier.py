@@ -90,8 +90,15 @@ class Tier:
             prepared = prepare(cfg, "cuda", implementation=implementation or self.impl, **kw)
         except CheckpointNotFound as exc:
             pytest.skip(str(exc))
+        fused_ops = self.request.config.getoption("fused_ops", None)
+        ops = ""
+        if fused_ops and prepared.implementation is self.impl:  # the stack under test only: references stay plain
+            from lora_suite.implementations.liger_ops import apply_liger_ops, describe_liger
+
+            apply_liger_ops(prepared.model)
+            ops = f"; --fused-ops {fused_ops}: {describe_liger(prepared.model)}"
         self.report.notes.append(
-            f"{self.nodeid}: {prepared.describe(cfg)} (built in {prepared.built.build_seconds:.1f} s)"
+            f"{self.nodeid}: {prepared.describe(cfg)} (built in {prepared.built.build_seconds:.1f} s){ops}"
         )
         return prepared
 

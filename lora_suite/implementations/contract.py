@@ -21,6 +21,7 @@ FEATURES = {
     "fp32_adapters_on_16bit_base": "fp32 adapters over a 16-bit base (PEFT's default mixed precision)",
     "rslora": "rank-stabilised scaling s = alpha / sqrt(r)",
     "bf16_base": "a 16-bit base weight (lora.quantize: null)",
+    "partial_groups": "LoRA on part of a fusable group of projections (q and v without k)",
 }
 
 

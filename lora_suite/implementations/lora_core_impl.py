@@ -72,6 +72,10 @@ class FusedLoraCoreImplementation(LoraCoreImplementation):
     def __init__(self):
         super().__init__("cupy")
         self.name = self.expected_path = "cupy-fused"
+        self.not_applicable = {
+            "partial_groups": "the fused paths adapt whole groups: q, k and v together, gate, up and down together "
+            "(a tier that targets q and v runs q, k and v)"
+        }
 
     def describe(self) -> str:
         return "cupy-fused: lora_core.LoRALinear on the cupy backend with the fused MLP (SwiGLU) and QKV paths"

@@ -91,3 +91,15 @@ def test_the_tree_is_linted():
     for cmd in ([ruff, "check", "."], [ruff, "format", "--check", "."]):
         out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         assert out.returncode == 0, f"{' '.join(cmd[1:])}:\n{out.stdout[-3000:]}{out.stderr[-1000:]}"
+
+
+def test_fused_ops_reaches_pytest_and_only_its_one_value_is_taken():
+    from lora_suite.cli import build_parser
+    from lora_suite.cli.targets import pytest_args
+    from lora_suite.core.registry import registry
+
+    args = build_parser().parse_args(["quick", "--fused-ops", "liger", "--lora-impl", "cupy-fused"])
+    cmd = pytest_args("quick", args, None, registry())
+    assert cmd[cmd.index("--fused-ops") + 1] == "liger" and cmd[cmd.index("--lora-impl") + 1] == "cupy-fused"
+    out = lora_suite("quick", "--fused-ops", "triton")
+    assert out.returncode == 2 and "--fused-ops" in out.stderr and "'triton'" in out.stderr

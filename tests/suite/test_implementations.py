@@ -8,6 +8,7 @@ in PEFT format and reloads it, and its adapters must agree with lora_core's torc
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import importlib.util
 import math
@@ -453,3 +454,22 @@ def test_cupy_fused_served_by_names_each_layer_that_did_not_run_its_fused_path()
     assert impl.served_by(model) == "cupy-fused"
     model.model.layers[1].mlp.up_proj.last_backend = "cupy"  # one layer of a fused group ran unfused
     assert impl.served_by(model) == "model.layers.1.mlp.up_proj: cupy (expected cupy-fused-mlp)"
+
+
+def test_a_tier_targeting_part_of_a_group_runs_the_whole_group_under_cupy_fused_and_says_so(tiny_cfg):
+    from lora_suite.engine.prepare import fit_to_implementation
+
+    impl = I.resolve_implementation("cupy-fused")
+    cfg = dataclasses.replace(tiny_cfg, lora=dataclasses.replace(tiny_cfg.lora, targets=("q_proj", "v_proj")))
+    fitted, notes = fit_to_implementation(cfg, impl, "configs/x.yaml")
+    assert fitted.lora.targets == ("q_proj", "v_proj", "k_proj")
+    assert notes == [
+        (
+            "LoRA on ['q_proj', 'v_proj'] only (configs/x.yaml lora.targets); the tier adapts "
+            "['q_proj', 'v_proj', 'k_proj']",
+            impl.not_applicable["partial_groups"],
+        )
+    ]
+    whole = dataclasses.replace(cfg, lora=dataclasses.replace(cfg.lora, targets=("all-linear",)))
+    assert fit_to_implementation(whole, impl, "configs/x.yaml")[1] == []
+    assert fit_to_implementation(cfg, I.resolve_implementation("cupy"), "configs/x.yaml")[1] == []

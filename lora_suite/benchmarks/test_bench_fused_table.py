@@ -1,0 +1,183 @@
+"""The fused-stack table of issue 27 (lora_suite/scenarios/fused_table.py says how each figure is measured):
+forward / backward / step device time and peak memory of PEFT, PEFT + Axolotl's kernels, PEFT + Liger, cupy,
+cupy + Liger, cupy-fused and cupy-fused + Liger at GPU-bound batches (eager), the tiers' batches captured, and the
+full tier's 7B QLoRA step captured. A stack whose package is missing is recorded as not applicable with the
+exact reason. The last test writes the ratios the issue's targets are written against; they are figures to read,
+not timed assertions.
+
+Run: ``lora-suite bench -- -k fused_table``.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+import torch
+
+from lora_suite.engine.trainer import train
+from lora_suite.implementations import ImplementationError, resolve_implementation
+from lora_suite.scenarios import fused_table as FT
+from lora_suite.scenarios import training_bench as TB
+
+pytestmark = [pytest.mark.gpu, pytest.mark.benchmark]
+WARMUP, MEASURED = 3, 10
+EAGER = "fused table, eager (GPU-bound batches): median ms per step part, peak GiB"
+CAPTURED = "fused table, captured (the tiers' batches): median ms per step, peak GiB"
+_eager: dict[tuple[str, str], list] = {}
+_captured: dict[tuple[str, str], list] = {}
+_na: dict[str, str] = {}
+
+
+def _available(stack: str) -> str | None:
+    impl, liger = FT.STACKS[stack]
+    try:
+        resolve_implementation(impl)
+    except ImplementationError as exc:
+        return str(exc)
+    if liger:
+        import importlib.util
+
+        if importlib.util.find_spec("liger_kernel") is None:
+            return "liger_kernel not installed (install lora-gpu-suite[liger])"
+    return None
+
+
+def _skip_if_missing(stack, check):
+    reason = _na.setdefault(stack, _available(stack) or "")
+    if reason:
+        check.not_applicable(f"fused table: {stack}", reason)
+        pytest.skip(f"not applicable: {reason}")
+
+
+EAGER_RUNS = FT.schedule(FT.EAGER_CASES, FT.STACKS)
+
+
+@pytest.mark.parametrize("case,rnd,stack", EAGER_RUNS, ids=[f"{c.name}-r{r}-{s}" for c, r, s in EAGER_RUNS])
+def test_fused_table_eager(case, rnd, stack, run_report, check):
+    _skip_if_missing(stack, check)
+    cfg = FT.stack_config(case, stack, "eager", warmup=WARMUP, measured=MEASURED)
+    try:
+        with FT.stack_model(cfg, stack) as prepared:
+            fig = FT.eager_run(prepared, cfg, warmup=WARMUP, measured=MEASURED)
+    except torch.OutOfMemoryError as exc:
+        check.not_applicable(f"fused table: {case.name} {stack}", f"out of memory at this batch: {exc}"[:300])
+        pytest.skip("out of memory")
+    _eager.setdefault((case.name, stack), []).append(fig)
+    run_report.add_row(
+        "benchmarks",
+        EAGER,
+        ("case", "round", "stack", "fwd ms", "bwd ms", "step ms", "peak GiB", "served by", "fused ops"),
+        (
+            case.name,
+            rnd,
+            stack,
+            round(fig.fwd_ms, 2),
+            round(fig.bwd_ms, 2),
+            round(fig.step_ms, 2),
+            round(fig.peak_gib, 3),
+            fig.served_by,
+            fig.fused_ops,
+        ),
+    )
+    check(
+        f"fused table {case.name} {stack} r{rnd}: code path that served every LoRA layer",
+        fig.served_by,
+        "==",
+        resolve_implementation(FT.STACKS[stack][0]).expected_path,
+    )
+
+
+CAPTURED_RUNS = FT.schedule(FT.CAPTURED_CASES + (FT.FULL_TIER_CASE,), ("peft", "peft+axolotl", "cupy", "cupy-fused"))
+
+
+@pytest.mark.parametrize("case,rnd,stack", CAPTURED_RUNS, ids=[f"{c.name}-r{r}-{s}" for c, r, s in CAPTURED_RUNS])
+def test_fused_table_captured(case, rnd, stack, run_report, check):
+    _skip_if_missing(stack, check)
+    qlora = case is FT.FULL_TIER_CASE
+    if qlora and not stack.startswith("cupy"):
+        check.not_applicable(f"fused table: {case.name} {stack}", "the full tier's NF4 base is lora_core's storage")
+        pytest.skip("NF4 base: lora_core stacks only")
+    cfg = FT.stack_config(case, stack, "captured", warmup=5, measured=20, quantize="nf4" if qlora else None)
+    try:
+        with FT.stack_model(cfg, stack) as prepared:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            records = train(prepared.model, prepared.batches, cfg.train, adapters=prepared.adapters).records
+            fig = TB.figures(records, case.batch_size * case.seq_len, 5, torch.cuda.max_memory_allocated())
+            replayed = sum(r.captured for r in records)
+            served = prepared.implementation.served_by(prepared.model)
+    except (ImplementationError, RuntimeError) as exc:
+        check.not_applicable(f"fused table captured: {case.name} {stack}", f"{type(exc).__name__}: {exc}"[:300])
+        pytest.skip("capture not possible")
+    _captured.setdefault((case.name, stack), []).append(fig)
+    run_report.add_row(
+        "benchmarks",
+        CAPTURED,
+        ("case", "round", "stack", "step ms", "peak GiB", "replayed", "served by"),
+        (case.name, rnd, stack, round(fig.step_ms, 2), round(fig.peak_gib, 3), replayed, served),
+    )
+    check(
+        f"fused table captured {case.name} {stack} r{rnd}: steps replayed",
+        replayed,
+        "==",
+        25 - cfg.train.graph_warmup_steps,
+    )
+
+
+def _med(runs: dict, key, attr):
+    figs = runs.get(key)
+    return None if not figs else statistics.median(getattr(f, attr) for f in figs)
+
+
+def test_fused_table_summary(run_report):
+    """The medians of the rounds and the ratios the issue's targets are written against (figures, not asserts)."""
+    cols = ("case", "stack", "fwd ms", "bwd ms", "step ms", "peak GiB")
+    for case in FT.EAGER_CASES:
+        for stack in FT.STACKS:
+            key = (case.name, stack)
+            if key in _eager:
+                run_report.add_row(
+                    "benchmarks",
+                    "fused table: medians of the rounds",
+                    cols,
+                    (
+                        case.name,
+                        stack,
+                        *(round(_med(_eager, key, a), 2) for a in ("fwd_ms", "bwd_ms", "step_ms", "peak_gib")),
+                    ),
+                )
+    targets = []
+    for case in FT.EAGER_CASES:
+        f = lambda s, a, c=case.name: _med(_eager, (c, s), a)  # noqa: E731
+        for base, what in (
+            ("cupy+liger", "step"),
+            ("peft+axolotl", "step"),
+            ("peft", "fwd"),
+            ("peft", "bwd"),
+            ("peft", "step"),
+        ):
+            for fused in ("cupy-fused", "cupy-fused+liger"):
+                speed = FT.ratio(f(base, f"{what}_ms"), f(fused, f"{what}_ms"))
+                peak = FT.ratio(f(fused, "peak_gib"), f(base, "peak_gib"))
+                targets.append(
+                    (
+                        case.name,
+                        fused,
+                        base,
+                        what,
+                        None if speed is None else round(speed, 3),
+                        None if peak is None else round(peak, 3),
+                    )
+                )
+    for case in FT.CAPTURED_CASES + (FT.FULL_TIER_CASE,):
+        g = lambda s, c=case.name: _med(_captured, (c, s), "step_ms")  # noqa: E731
+        speed = FT.ratio(g("cupy"), g("cupy-fused"))
+        targets.append(
+            (case.name, "cupy-fused", "cupy", "captured step", None if speed is None else round(speed, 3), None)
+        )
+    cols = ("case", "fused stack", "against", "part", "speed-up", "peak ratio")
+    for row in targets:
+        run_report.add_row(
+            "benchmarks", "fused table: speed-up (base ms / fused ms), peak ratio (fused / base)", cols, row
+        )

@@ -1,0 +1,152 @@
+"""The fused-kernel LoRA stacks judged beside lora_core: ``axolotl`` and ``peft-liger``, both over PEFT's layers.
+
+- ``axolotl``: PEFT's LoRA layers driven by Axolotl's kernels (``axolotl.kernels.lora``), applied the way its
+  ``lora_mlp_kernel`` / ``lora_qkv_kernel`` / ``lora_o_kernel`` flags apply them: each decoder layer's MLP
+  forward becomes ``apply_lora_mlp_swiglu`` (its LoRA_MLP Function with a Triton SwiGLU), q/k/v come from one
+  ``apply_lora_qkv`` call per input, and o_proj from ``apply_lora_o``. Installed with ``pip install --no-deps
+  axolotl`` plus triton and bitsandbytes, which its kernel module imports. Axolotl patches the attention
+  class's forward source to call ``apply_qkv``; here the three projections hand their call to one group
+  instead (the attention code is not touched), which runs the same Function on the same input.
+- ``peft-liger``: PEFT's LoRA layers with Liger-Kernel's fused RMSNorm, RoPE, SwiGLU and fused linear
+  cross-entropy (``lora_suite.implementations.liger_ops``).
+
+``served_by`` names the path: each stack is its name only when every adapted layer ran through it.
+"""
+
+from __future__ import annotations
+
+import types
+
+from lora_suite.implementations.contract import ImplementationError
+from lora_suite.implementations.peft_impl import PeftImplementation
+
+
+def _import(module: str, who: str, hint: str):
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001  (an import that fails for any reason: say which and why)
+        raise ImplementationError(f"{who}: {module} does not import ({type(exc).__name__}: {exc}); {hint}") from None
+
+
+class _QKVCall:
+    """q, k and v of one attention from one Axolotl ``apply_lora_qkv`` call on the same input."""
+
+    def __init__(self, attn, apply_qkv):
+        self.attn, self.apply_qkv = attn, apply_qkv
+        self.x, self.pending = None, {}
+
+    def take(self, role: int, x):
+        if self.x is not x or role not in self.pending:
+            self.x, self.pending = x, dict(enumerate(self.apply_qkv(self.attn, x)))
+        out = self.pending.pop(role)
+        if not self.pending:
+            self.x = None
+        return out
+
+
+def _require_installed(who: str, modules: tuple[str, ...], hint: str) -> None:
+    """Refuse at selection (not mid-run) when a package the stack needs is absent, naming it."""
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ImplementationError(f"--lora-impl {who}: {', '.join(missing)} not installed; {hint}")
+
+
+def _count(*layers):
+    for layer in layers:
+        layer._axolotl_calls = getattr(layer, "_axolotl_calls", 0) + 1
+
+
+class AxolotlImplementation(PeftImplementation):
+    name = expected_path = "axolotl"
+    not_applicable = dict(PeftImplementation.not_applicable)
+
+    def __init__(self):
+        _require_installed(
+            "axolotl",
+            ("peft", "axolotl", "triton", "bitsandbytes"),
+            "pip install peft triton bitsandbytes and pip install --no-deps axolotl",
+        )
+
+    def describe(self) -> str:
+        ax = _import("axolotl", "axolotl", "pip install --no-deps axolotl")
+        return f"axolotl: PEFT layers driven by Axolotl {getattr(ax, '__version__', '?')}'s LoRA MLP/QKV/O kernels"
+
+    def inject(self, model, spec):
+        kernels = _import(
+            "axolotl.kernels.lora",
+            "axolotl",
+            "pip install --no-deps axolotl, with triton and bitsandbytes (what axolotl.kernels.lora imports)",
+        )
+        adapted = super().inject(model, spec)
+        for module in model.modules():
+            if all(hasattr(module, p) for p in ("gate_proj", "up_proj", "down_proj")):
+
+                def mlp_forward(self, x, _k=kernels):
+                    _count(self.gate_proj, self.up_proj, self.down_proj)
+                    return _k.apply_lora_mlp_swiglu(self, x)
+
+                module.forward = types.MethodType(mlp_forward, module)
+            if all(hasattr(module, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")):
+                call = _QKVCall(module, kernels.apply_lora_qkv)
+                for role, proj in enumerate((module.q_proj, module.k_proj, module.v_proj)):
+
+                    def proj_forward(self, x, _call=call, _role=role):
+                        _count(self)
+                        return _call.take(_role, x)
+
+                    proj.forward = types.MethodType(proj_forward, proj)
+
+                def o_forward(self, x, _attn=module, _k=kernels):
+                    _count(self)
+                    return _k.apply_lora_o(_attn, x)
+
+                module.o_proj.forward = types.MethodType(o_forward, module.o_proj)
+        return adapted
+
+    def served_by(self, model):
+        """``axolotl`` when every adapted layer ran through an Axolotl kernel and never through PEFT's own forward
+        (whose call counter, put there by the peft injection, then stays at 0); else the offending layers."""
+        wrong = []
+        for path in sorted({n.rsplit(".", 1)[0] for n in self.adapter_parameters(model)}):
+            layer = model.get_submodule(path)
+            ax, own = getattr(layer, "_axolotl_calls", 0), getattr(layer, "_lora_suite_calls", 0)
+            if ax == 0 or own:
+                wrong.append(f"{path}: axolotl kernel calls {ax}, PEFT forward calls {own}")
+        return self.expected_path if not wrong else "; ".join(wrong[:3]) + (" ..." if len(wrong) > 3 else "")
+
+
+class PeftLigerImplementation(PeftImplementation):
+    name = expected_path = "peft-liger"
+    not_applicable = dict(PeftImplementation.not_applicable)
+
+    def __init__(self):
+        _require_installed("peft-liger", ("peft", "liger_kernel"), "install lora-gpu-suite[liger]")
+
+    def describe(self) -> str:
+        lk = _import("liger_kernel", "peft-liger", "pip install liger-kernel")
+        return f"peft-liger: PEFT layers with Liger-Kernel {getattr(lk, '__version__', '?')}'s fused non-LoRA ops"
+
+    def inject(self, model, spec):
+        from lora_suite.implementations.liger_ops import FusedOpsError, apply_liger_ops
+
+        _import("liger_kernel.transformers", "peft-liger", "pip install liger-kernel")
+        adapted = super().inject(model, spec)
+        if type(model).__name__ == "LlamaForCausalLM":  # the whole model (PEFT injects it whole, not per layer)
+            try:
+                apply_liger_ops(model)
+            except FusedOpsError as exc:
+                raise ImplementationError(f"peft-liger: {exc}") from None
+        return adapted
+
+    def served_by(self, model):
+        from lora_suite.implementations.liger_ops import describe_liger
+
+        peft_path = super().served_by(model)
+        liger = describe_liger(model)
+        if peft_path != "peft-liger":  # PeftImplementation reports its own name when every layer served
+            return peft_path
+        return self.expected_path if liger != "none" else "PEFT layers without Liger's ops"

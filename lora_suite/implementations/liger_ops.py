@@ -1,0 +1,77 @@
+"""Fused non-LoRA ops under any implementation: Liger-Kernel's RMSNorm, RoPE, SwiGLU and fused linear
+cross-entropy (the loss over the vocabulary without materialising the logits), applied to one model instance.
+
+``liger_ops(model, swiglu=...)`` is a context manager: Liger patches some of transformers' module-level names
+(``apply_rotary_pos_emb``, ``LlamaRMSNorm``, ``LlamaMLP``) besides the instance, so the names are put back on
+exit and a model of another stack built later in the same process runs transformers' own ops. ``swiglu=False``
+where the MLP is already fused (lora_core's ``LoRAMLP``). ``describe_liger(model)`` says what is in place, for
+``served_by`` and the reports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+
+from torch import nn
+
+FUSED_OPS = ("liger",)
+_PATCHED_NAMES = ("apply_rotary_pos_emb", "LlamaRMSNorm", "LlamaMLP")
+
+
+class FusedOpsError(RuntimeError):
+    """The fused ops asked for cannot be applied here; the message names the missing package or the model."""
+
+
+def _liger():
+    try:
+        return importlib.import_module("liger_kernel.transformers")
+    except ImportError as exc:
+        raise FusedOpsError(
+            f"--fused-ops liger needs Liger-Kernel, which does not import ({exc}); pip install liger-kernel"
+        ) from exc
+
+
+@contextlib.contextmanager
+def liger_ops(model: nn.Module, *, swiglu: bool | None = None):
+    """Apply Liger's RMSNorm, RoPE, fused linear cross-entropy (and SwiGLU unless the MLP is fused) to ``model``.
+
+    ``swiglu=None``: Liger's SwiGLU wherever every MLP is still transformers' own ``LlamaMLP`` (an MLP that is
+    already fused, lora_core's ``LoRAMLP``, keeps its own)."""
+    liger = _liger()
+    from transformers.models.llama import modeling_llama
+
+    if type(model).__name__ != "LlamaForCausalLM":
+        raise FusedOpsError(f"--fused-ops liger: a LlamaForCausalLM is expected, got {type(model).__name__}")
+    if swiglu is None:
+        swiglu = all(  # not an MLP already fused, nor one whose forward a stack replaced (axolotl's)
+            type(layer.mlp).__name__ == "LlamaMLP" and "forward" not in vars(layer.mlp) for layer in model.model.layers
+        )
+    saved = {name: getattr(modeling_llama, name) for name in _PATCHED_NAMES}
+    try:
+        liger.apply_liger_kernel_to_llama(
+            rope=True, rms_norm=True, swiglu=swiglu, cross_entropy=False, fused_linear_cross_entropy=True, model=model
+        )
+        yield model
+    finally:
+        for name, value in saved.items():
+            setattr(modeling_llama, name, value)
+
+
+def apply_liger_ops(model: nn.Module, *, swiglu: bool | None = None) -> nn.Module:
+    """``liger_ops`` without the restore, for a process that runs one stack (a tier run, a scorecard lane)."""
+    ctx = liger_ops(model, swiglu=swiglu)
+    ctx.__enter__()
+    return model
+
+
+def describe_liger(model: nn.Module) -> str:
+    """Which Liger ops the model holds (Liger renames what it patches: ``_get_name()``); "none" when there are none."""
+    names = [m._get_name() for m in model.modules()]
+    norms = sum(n == "LigerRMSNorm" for n in names)
+    mlps = sum(n == "LigerSwiGLUMLP" for n in names)
+    forward = getattr(model.forward, "__func__", model.forward)
+    lce = "lce" in getattr(forward, "__name__", "")
+    if not (norms or mlps or lce):
+        return "none"
+    return f"liger: rms_norm x{norms}, swiglu x{mlps}, fused linear cross-entropy {'on' if lce else 'off'}"

@@ -1,0 +1,159 @@
+"""The fused-stack table (issue 27): each LoRA stack's forward, backward and whole-step device time and its peak
+memory, on random-initialised Llama-family architectures, all-linear r16, bf16 base, fp32 adapters, AdamW.
+
+Stacks (row -> implementation, whether Liger-Kernel's non-LoRA ops are applied on top):
+
+    peft              PEFT's LoRA layers
+    peft+axolotl      PEFT's layers driven by Axolotl's LoRA MLP / QKV / O kernels (implementation ``axolotl``)
+    peft-liger        PEFT with Liger's RMSNorm, RoPE, SwiGLU, fused linear cross-entropy
+    cupy              lora_core, one LoRA linear per projection
+    cupy+liger        cupy with Liger's ops
+    cupy-fused        lora_core's fused MLP and QKV
+    cupy-fused+liger  cupy-fused with Liger's RMSNorm, RoPE and fused linear cross-entropy (its SwiGLU is its own)
+
+Eager runs (GPU-bound batches) time each step with four CUDA events: forward (through the loss), backward,
+optimizer step; the figures are medians over the measured steps. Captured runs (the tiers' batches, where an
+eager step is host-bound) go through the project's trainer with ``train.cuda_graph`` and report the whole step.
+Peak: ``torch.cuda.max_memory_allocated`` over the run, weights included (the same base for every stack).
+Each case runs its stacks in two rounds, the second in reverse order, and takes the median of the rounds, so
+that a drift of the host or the GPU across a case does not favour the stacks that ran first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import statistics
+
+import torch
+
+from lora_suite.scenarios.training_bench import Case, run_config
+
+STACKS: dict[str, tuple[str, bool]] = {
+    "peft": ("peft", False),
+    "peft+axolotl": ("axolotl", False),
+    "peft-liger": ("peft-liger", False),
+    "cupy": ("cupy", False),
+    "cupy+liger": ("cupy", True),
+    "cupy-fused": ("cupy-fused", False),
+    "cupy-fused+liger": ("cupy-fused", True),
+}
+EAGER_CASES = (
+    Case("smollm2-all-r16-32x1024", "smollm2-135m", ("all-linear",), 16, 32, 1024),
+    Case("tinyllama-all-r16-16x1024", "tinyllama-1.1b", ("all-linear",), 16, 16, 1024),
+    Case("llama3.1-8b-all-r16-2x1024", "llama-3.1-8b", ("all-linear",), 16, 2, 1024),
+    Case("llama2-7b-all-r16-2x1024", "llama-2-7b", ("all-linear",), 16, 2, 1024),
+)
+CAPTURED_CASES = (
+    Case("smollm2-all-r16-8x512", "smollm2-135m", ("all-linear",), 16, 8, 512),
+    Case("tinyllama-all-r16-4x512", "tinyllama-1.1b", ("all-linear",), 16, 4, 512),
+)
+# The full tier's step (configs/full.yaml): Llama-2-7B, NF4 base, q/k/v/o r8, 1x512, checkpointing, captured.
+FULL_TIER_CASE = Case(
+    "llama2-7b-qlora-qkvo-r8-1x512-ckpt",
+    "llama-2-7b",
+    ("q_proj", "k_proj", "v_proj", "o_proj"),
+    8,
+    1,
+    512,
+    gradient_checkpointing=True,
+)
+ROUNDS = 2
+
+
+def schedule(cases, stacks, rounds: int = ROUNDS) -> list[tuple[Case, int, str]]:
+    """(case, round, stack) in run order: per case, round 0 in stack order, round 1 reversed, and so on."""
+    names = list(stacks)
+    return [(c, r, s) for c in cases for r in range(rounds) for s in (names if r % 2 == 0 else names[::-1])]
+
+
+@dataclasses.dataclass(frozen=True)
+class EagerFigures:
+    fwd_ms: float
+    bwd_ms: float
+    step_ms: float  # forward + backward + optimizer step
+    peak_gib: float
+    served_by: str
+    fused_ops: str
+
+
+def stack_config(case: Case, stack: str, mode: str, *, warmup: int, measured: int, quantize: str | None = None):
+    impl, _ = STACKS[stack]
+    cfg = run_config(case, impl, mode, warmup=warmup, measured=measured)
+    if quantize:
+        cfg = dataclasses.replace(cfg, lora=dataclasses.replace(cfg.lora, quantize=quantize))
+    return cfg
+
+
+@contextlib.contextmanager
+def stack_model(cfg, stack: str):
+    """The prepared model of ``stack`` (Liger's ops applied when the stack says so); transformers' module-level
+    names that Liger patches are put back afterwards, and the model's memory is released."""
+    from transformers.models.llama import modeling_llama
+
+    from lora_suite.engine.prepare import prepare
+    from lora_suite.implementations.liger_ops import liger_ops
+
+    impl, with_liger = STACKS[stack]
+    saved = {n: getattr(modeling_llama, n) for n in ("apply_rotary_pos_emb", "LlamaRMSNorm", "LlamaMLP")}
+    prepared = None
+    try:
+        prepared = prepare(cfg, "cuda", implementation=impl)
+        if with_liger:
+            with liger_ops(prepared.model):
+                yield prepared
+        else:
+            yield prepared
+    finally:
+        for n, v in saved.items():
+            setattr(modeling_llama, n, v)
+        del prepared
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def eager_run(prepared, cfg, *, warmup: int, measured: int) -> EagerFigures:
+    """Forward, backward and optimizer step timed apart with CUDA events; medians over the measured steps."""
+    from lora_suite.implementations.liger_ops import describe_liger
+
+    model = prepared.model
+    model.train()
+    if cfg.train.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    params = list(prepared.adapters.values())
+    opt = torch.optim.AdamW(params, lr=cfg.train.lr, fused=True)
+    batch = prepared.batches(0)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(warmup + measured):
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+        ev[0].record()
+        loss = model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
+        ev[1].record()
+        loss.backward()
+        ev[2].record()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        ev[3].record()
+        times.append(ev)
+    torch.cuda.synchronize()
+    spans = [(a.elapsed_time(b), b.elapsed_time(c), a.elapsed_time(d)) for a, b, c, d in times[warmup:]]
+    fwd, bwd, step = (statistics.median(s[i] for s in spans) for i in range(3))
+    return EagerFigures(
+        fwd,
+        bwd,
+        step,
+        torch.cuda.max_memory_allocated() / 2**30,
+        prepared.implementation.served_by(model),
+        describe_liger(model),
+    )
+
+
+def median_of_rounds(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else a / b
