@@ -24,31 +24,37 @@ template <> __device__ __forceinline__ float from_f<float>(float v) { return v; 
 template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
 
+// Grid: x over the columns of a row, y over rows (grid-stride both ways), so no thread divides an index.
 template <typename T>
 __global__ void swiglu_forward(const T* __restrict__ gu, T* __restrict__ act, long long n_rows, long long inter) {
-    long long total = n_rows * inter, stride = (long long)gridDim.x * blockDim.x;
-    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += stride) {
-        long long row = idx / inter, col = idx - row * inter;
-        float g = to_f<T>(gu[row * 2 * inter + col]);
-        float u = to_f<T>(gu[row * 2 * inter + inter + col]);
-        float sig = 1.0f / (1.0f + expf(-g));
-        act[idx] = from_f<T>(g * sig * u);
+    long long col_stride = (long long)gridDim.x * blockDim.x;
+    for (long long row = blockIdx.y; row < n_rows; row += gridDim.y) {
+        const T* g = gu + row * 2 * inter;
+        const T* u = g + inter;
+        T* a = act + row * inter;
+        for (long long col = (long long)blockIdx.x * blockDim.x + threadIdx.x; col < inter; col += col_stride) {
+            float gv = to_f<T>(g[col]);
+            float sig = 1.0f / (1.0f + expf(-gv));
+            a[col] = from_f<T>(gv * sig * to_f<T>(u[col]));
+        }
     }
 }
 
 template <typename T>
-__global__ void swiglu_backward_inplace(T* __restrict__ dact, T* __restrict__ gu, long long n_rows,
-                                        long long inter) {
-    long long total = n_rows * inter, stride = (long long)gridDim.x * blockDim.x;
-    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += stride) {
-        long long row = idx / inter, col = idx - row * inter;
-        long long gi = row * 2 * inter + col, ui = gi + inter;
-        float g = to_f<T>(gu[gi]), u = to_f<T>(gu[ui]), d = to_f<T>(dact[idx]);
-        float sig = 1.0f / (1.0f + expf(-g));
-        float silu = g * sig;
-        float dsilu = sig * (1.0f + g * (1.0f - sig));
-        gu[gi] = from_f<T>(d * u * dsilu);
-        gu[ui] = from_f<T>(d * silu);
-        dact[idx] = from_f<T>(silu * u);
+__global__ void swiglu_backward_inplace(T* __restrict__ dact, T* __restrict__ gu, long long n_rows, long long inter) {
+    long long col_stride = (long long)gridDim.x * blockDim.x;
+    for (long long row = blockIdx.y; row < n_rows; row += gridDim.y) {
+        T* g = gu + row * 2 * inter;
+        T* u = g + inter;
+        T* d = dact + row * inter;
+        for (long long col = (long long)blockIdx.x * blockDim.x + threadIdx.x; col < inter; col += col_stride) {
+            float gv = to_f<T>(g[col]), uv = to_f<T>(u[col]), dv = to_f<T>(d[col]);
+            float sig = 1.0f / (1.0f + expf(-gv));
+            float silu = gv * sig;
+            float dsilu = sig * (1.0f + gv * (1.0f - sig));
+            g[col] = from_f<T>(dv * uv * dsilu);
+            u[col] = from_f<T>(dv * silu);
+            d[col] = from_f<T>(silu * uv);
+        }
     }
 }

@@ -25,6 +25,12 @@ _SWIGLU_FWD = tuple(f"swiglu_forward<{cx.CUDA_TYPE_NAME[d]}>" for d in _SWIGLU_T
 _SWIGLU_BWD = tuple(f"swiglu_backward_inplace<{cx.CUDA_TYPE_NAME[d]}>" for d in _SWIGLU_TYPES)
 _BLOCK = 256
 _MAX_GRID = 8192  # grid-stride kernels: more blocks buy nothing
+_MAX_ROWS = 16384  # grid y of the SwiGLU kernels (rows, grid-stride beyond it; the hardware's limit is 65535)
+
+
+def _swiglu_grid(n: int, inter: int) -> tuple[int, int]:
+    """x: blocks across a row's I columns, y: rows; about one thread per element up to the caps."""
+    return (min(cx.ceil_div(inter, _BLOCK), 64), min(n, _MAX_ROWS))
 
 
 class TorchEngine:
@@ -95,8 +101,7 @@ def swiglu_forward(eng, gu: torch.Tensor) -> torch.Tensor:
     if isinstance(eng, cx.on_torch_stream):
         if n * inter:
             name = f"swiglu_forward<{cx.CUDA_TYPE_NAME[gu.dtype]}>"
-            grid = (min(cx.ceil_div(n * inter, _BLOCK), _MAX_GRID),)
-            eng.launch("swiglu.cu", _SWIGLU_FWD, name, grid, (_BLOCK,), (gu, act, n, inter))
+            eng.launch("swiglu.cu", _SWIGLU_FWD, name, _swiglu_grid(n, inter), (_BLOCK,), (gu, act, n, inter))
         return act
     acc = torch.promote_types(gu.dtype, torch.float32)
     g, u = gu[:, :inter].to(acc), gu[:, inter:].to(acc)
@@ -110,8 +115,7 @@ def swiglu_backward_(eng, dact: torch.Tensor, gu: torch.Tensor) -> None:
     if isinstance(eng, cx.on_torch_stream):
         if n * inter:
             name = f"swiglu_backward_inplace<{cx.CUDA_TYPE_NAME[gu.dtype]}>"
-            grid = (min(cx.ceil_div(n * inter, _BLOCK), _MAX_GRID),)
-            eng.launch("swiglu.cu", _SWIGLU_BWD, name, grid, (_BLOCK,), (dact, gu, n, inter))
+            eng.launch("swiglu.cu", _SWIGLU_BWD, name, _swiglu_grid(n, inter), (_BLOCK,), (dact, gu, n, inter))
         return
     acc = torch.promote_types(gu.dtype, torch.float32)
     g, u, d = gu[:, :inter].to(acc), gu[:, inter:].to(acc), dact.to(acc)

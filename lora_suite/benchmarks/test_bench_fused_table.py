@@ -181,3 +181,32 @@ def test_fused_table_summary(run_report):
         run_report.add_row(
             "benchmarks", "fused table: speed-up (base ms / fused ms), peak ratio (fused / base)", cols, row
         )
+
+
+PROFILED = (FT.EAGER_CASES[1], ("cupy+liger", "cupy-fused+liger", "cupy", "cupy-fused"))
+
+
+@pytest.mark.parametrize("stack", PROFILED[1])
+def test_fused_table_kernel_profile(stack, run_report, check):
+    """Where a step's device time goes, by kernel kind (TinyLlama 16x1024): why a speed target is met or not."""
+    _skip_if_missing(stack, check)
+    case = PROFILED[0]
+    cfg = FT.stack_config(case, stack, "eager", warmup=WARMUP, measured=MEASURED)
+    with FT.stack_model(cfg, stack) as prepared:
+        total, kinds, kernels = FT.profile_steps(prepared, cfg)
+    cols = ("case", "stack", "kernel kind", "ms per step", "share")
+    for kind, ms in sorted(kinds.items(), key=lambda kv: -kv[1]):
+        run_report.add_row(
+            "benchmarks",
+            "fused table: kernel time by kind",
+            cols,
+            (case.name, stack, kind, round(ms, 2), round(ms / total, 3)),
+        )
+    cols = ("case", "stack", "kernel", "launches per step", "ms per step")
+    for k in kernels[:12]:
+        run_report.add_row(
+            "benchmarks",
+            "fused table: top kernels",
+            cols,
+            (case.name, stack, k.name[:120], round(k.launches, 1), round(k.ms, 3)),
+        )

@@ -108,14 +108,16 @@ class AxolotlImplementation(PeftImplementation):
         return adapted
 
     def served_by(self, model):
-        """``axolotl`` when every adapted layer ran through an Axolotl kernel and never through PEFT's own forward
-        (whose call counter, put there by the peft injection, then stays at 0); else the offending layers."""
+        """``axolotl`` when every adapted layer ran through an Axolotl kernel on every call: the peft injection's
+        forward hook counts each call of the layer (``_lora_suite_calls``), the patched forwards count the kernel's
+        (``_axolotl_calls``); a call that ran PEFT's own forward shows as more calls than kernel calls. (The MLP's
+        layers are never called: Axolotl's MLP reads their parameters, so their hook count stays 0.)"""
         wrong = []
         for path in sorted({n.rsplit(".", 1)[0] for n in self.adapter_parameters(model)}):
             layer = model.get_submodule(path)
-            ax, own = getattr(layer, "_axolotl_calls", 0), getattr(layer, "_lora_suite_calls", 0)
-            if ax == 0 or own:
-                wrong.append(f"{path}: axolotl kernel calls {ax}, PEFT forward calls {own}")
+            ax, calls = getattr(layer, "_axolotl_calls", 0), getattr(layer, "_lora_suite_calls", 0)
+            if ax == 0 or calls > ax:
+                wrong.append(f"{path}: {calls} calls, {ax} through an axolotl kernel")
         return self.expected_path if not wrong else "; ".join(wrong[:3]) + (" ..." if len(wrong) > 3 else "")
 
 

@@ -151,8 +151,52 @@ def eager_run(prepared, cfg, *, warmup: int, measured: int) -> EagerFigures:
     )
 
 
-def median_of_rounds(values: list[float]) -> float:
-    return statistics.median(values)
+KERNEL_KINDS = (  # (kind, substrings of the kernel's name), first match wins
+    ("LoRA SwiGLU (swiglu.cu)", ("swiglu_forward", "swiglu_backward_inplace")),
+    ("adapter casts (cast.cu)", ("cast_stack_from_f32", "cast_pair_from_f32")),
+    ("Liger (Triton)", ("liger", "_rms_norm", "_rope", "_swiglu", "fused_linear", "cross_entropy", "_geglu")),
+    ("attention", ("flash", "fmha", "attention", "sdpa")),
+    ("GEMM (cuBLAS)", ("gemm", "nvjet", "cutlass", "sm90_xmma", "sm80_xmma", "cublas")),
+    ("optimizer", ("adam", "multi_tensor")),
+)
+
+
+def kernel_kind(name: str) -> str:
+    low = name.lower()
+    for kind, keys in KERNEL_KINDS:
+        if any(k in low for k in keys):
+            return kind
+    return "other (elementwise, copies, reductions)"
+
+
+def profile_steps(prepared, cfg, steps: int = 3) -> tuple[float, dict[str, float], list]:
+    """(kernel ms per step, ms per kernel kind, the top kernels) of ``steps`` eager training steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from lora_suite.engine.benchmarking import kernel_profile
+
+    model = prepared.model
+    model.train()
+    opt = torch.optim.AdamW(list(prepared.adapters.values()), lr=cfg.train.lr, fused=True)
+    batch = prepared.batches(0)
+
+    def step():
+        model(input_ids=batch["input_ids"], labels=batch["labels"]).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    total, kernels = kernel_profile(prof, steps)
+    kinds: dict[str, float] = {}
+    for k in kernels:
+        kinds[kernel_kind(k.name)] = kinds.get(kernel_kind(k.name), 0.0) + k.ms
+    return total, kinds, kernels
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
