@@ -9,8 +9,8 @@
 //   du = d * silu(g)          -> written over u
 //   act = silu(g) * u         -> written over d (the down projection's dA needs it; the forward did not keep it)
 // so gu becomes d(gu), the buffer the gate and up backward GEMMs read as one operand.
-// Assumptions: contiguous gu and act/dact; any N, I (grid-stride); each element read before it is written by
-// the same thread only.
+// Assumptions: contiguous gu and act/dact, 16-byte aligned (torch's allocations are) when VEC > 1, with I a
+// multiple of VEC; any N (grid-stride); each element is read before it is written, by the same thread only.
 // Checked by: tiers/quick/test_fused_parity.py (against float64); selftest-gpu plants a dropped silu' term.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -24,37 +24,58 @@ template <> __device__ __forceinline__ float from_f<float>(float v) { return v; 
 template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
 
-// Grid: x over the columns of a row, y over rows (grid-stride both ways), so no thread divides an index.
-template <typename T>
+// sigmoid in fp32: exact expf and division for fp32 activations (the parity bar is fp32's), the fast intrinsics
+// for 16-bit ones, whose rounding (2^-8, 2^-11) is far above the intrinsics' error (about 2^-21 relative).
+template <typename T> __device__ __forceinline__ float sigmoid_f(float x) { return __frcp_rn(1.0f + __expf(-x)); }
+template <> __device__ __forceinline__ float sigmoid_f<float>(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// VEC elements per thread, moved as one aligned vector (16 bytes for VEC = 8 of a 16-bit type or 4 of fp32);
+// the launcher picks VEC = 1 when I is not a multiple of the vector width.
+template <typename T, int VEC> struct alignas(sizeof(T) * VEC) Pack { T v[VEC]; };
+
+// Grid: x over a row's I / VEC vectors, y over rows (grid-stride both ways): no thread divides an index.
+template <typename T, int VEC>
 __global__ void swiglu_forward(const T* __restrict__ gu, T* __restrict__ act, long long n_rows, long long inter) {
-    long long col_stride = (long long)gridDim.x * blockDim.x;
+    using P = Pack<T, VEC>;
+    const long long n_vec = inter / VEC, col_stride = (long long)gridDim.x * blockDim.x;
     for (long long row = blockIdx.y; row < n_rows; row += gridDim.y) {
-        const T* g = gu + row * 2 * inter;
-        const T* u = g + inter;
-        T* a = act + row * inter;
-        for (long long col = (long long)blockIdx.x * blockDim.x + threadIdx.x; col < inter; col += col_stride) {
-            float gv = to_f<T>(g[col]);
-            float sig = 1.0f / (1.0f + expf(-gv));
-            a[col] = from_f<T>(gv * sig * to_f<T>(u[col]));
+        const P* g = reinterpret_cast<const P*>(gu + row * 2 * inter);
+        const P* u = reinterpret_cast<const P*>(gu + row * 2 * inter + inter);
+        P* a = reinterpret_cast<P*>(act + row * inter);
+        for (long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x; c < n_vec; c += col_stride) {
+            P gv = g[c], uv = u[c], out;
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) {
+                float x = to_f<T>(gv.v[j]);
+                out.v[j] = from_f<T>(x * sigmoid_f<T>(x) * to_f<T>(uv.v[j]));
+            }
+            a[c] = out;
         }
     }
 }
 
-template <typename T>
+template <typename T, int VEC>
 __global__ void swiglu_backward_inplace(T* __restrict__ dact, T* __restrict__ gu, long long n_rows, long long inter) {
-    long long col_stride = (long long)gridDim.x * blockDim.x;
+    using P = Pack<T, VEC>;
+    const long long n_vec = inter / VEC, col_stride = (long long)gridDim.x * blockDim.x;
     for (long long row = blockIdx.y; row < n_rows; row += gridDim.y) {
-        T* g = gu + row * 2 * inter;
-        T* u = g + inter;
-        T* d = dact + row * inter;
-        for (long long col = (long long)blockIdx.x * blockDim.x + threadIdx.x; col < inter; col += col_stride) {
-            float gv = to_f<T>(g[col]), uv = to_f<T>(u[col]), dv = to_f<T>(d[col]);
-            float sig = 1.0f / (1.0f + expf(-gv));
-            float silu = gv * sig;
-            float dsilu = sig * (1.0f + gv * (1.0f - sig));
-            g[col] = from_f<T>(dv * uv * dsilu);
-            u[col] = from_f<T>(dv * silu);
-            d[col] = from_f<T>(silu * uv);
+        P* g = reinterpret_cast<P*>(gu + row * 2 * inter);
+        P* u = reinterpret_cast<P*>(gu + row * 2 * inter + inter);
+        P* d = reinterpret_cast<P*>(dact + row * inter);
+        for (long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x; c < n_vec; c += col_stride) {
+            P gv = g[c], uv = u[c], dv = d[c], dg, du, a;
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) {
+                float x = to_f<T>(gv.v[j]), y = to_f<T>(uv.v[j]), z = to_f<T>(dv.v[j]);
+                float sig = sigmoid_f<T>(x);
+                float silu = x * sig;
+                dg.v[j] = from_f<T>(z * y * sig * (1.0f + x * (1.0f - sig)));
+                du.v[j] = from_f<T>(z * silu);
+                a.v[j] = from_f<T>(silu * y);
+            }
+            g[c] = dg;
+            u[c] = du;
+            d[c] = a;
         }
     }
 }

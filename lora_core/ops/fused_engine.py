@@ -20,17 +20,20 @@ import torch
 from lora_core.ops import cupy_interop as cx
 
 _CAST_KERNELS = tuple(f"cast_stack_from_f32<{cx.CUDA_TYPE_NAME[d]}>" for d in (torch.bfloat16, torch.float16))
-_SWIGLU_TYPES = (torch.float32, torch.bfloat16, torch.float16)
-_SWIGLU_FWD = tuple(f"swiglu_forward<{cx.CUDA_TYPE_NAME[d]}>" for d in _SWIGLU_TYPES)
-_SWIGLU_BWD = tuple(f"swiglu_backward_inplace<{cx.CUDA_TYPE_NAME[d]}>" for d in _SWIGLU_TYPES)
+_SWIGLU_VEC = {torch.float32: 4, torch.bfloat16: 8, torch.float16: 8}  # 16 bytes per vector
+_SWIGLU_VARIANTS = [(d, v) for d, w in _SWIGLU_VEC.items() for v in (1, w)]
+_SWIGLU_FWD = tuple(f"swiglu_forward<{cx.CUDA_TYPE_NAME[d]}, {v}>" for d, v in _SWIGLU_VARIANTS)
+_SWIGLU_BWD = tuple(f"swiglu_backward_inplace<{cx.CUDA_TYPE_NAME[d]}, {v}>" for d, v in _SWIGLU_VARIANTS)
 _BLOCK = 256
 _MAX_GRID = 8192  # grid-stride kernels: more blocks buy nothing
 _MAX_ROWS = 16384  # grid y of the SwiGLU kernels (rows, grid-stride beyond it; the hardware's limit is 65535)
 
 
-def _swiglu_grid(n: int, inter: int) -> tuple[int, int]:
-    """x: blocks across a row's I columns, y: rows; about one thread per element up to the caps."""
-    return (min(cx.ceil_div(inter, _BLOCK), 64), min(n, _MAX_ROWS))
+def _swiglu_launch(dtype: torch.dtype, n: int, inter: int, kernel: str) -> tuple[str, tuple[int, int]]:
+    """The kernel variant (16-byte vectors when I allows) and its grid: x across a row's vectors, y over rows."""
+    vec = _SWIGLU_VEC[dtype] if inter % _SWIGLU_VEC[dtype] == 0 else 1
+    grid = (min(cx.ceil_div(inter // vec, _BLOCK), 64), min(n, _MAX_ROWS))
+    return f"{kernel}<{cx.CUDA_TYPE_NAME[dtype]}, {vec}>", grid
 
 
 class TorchEngine:
@@ -100,8 +103,8 @@ def swiglu_forward(eng, gu: torch.Tensor) -> torch.Tensor:
     act = torch.empty((n, inter), dtype=gu.dtype, device=gu.device)
     if isinstance(eng, cx.on_torch_stream):
         if n * inter:
-            name = f"swiglu_forward<{cx.CUDA_TYPE_NAME[gu.dtype]}>"
-            eng.launch("swiglu.cu", _SWIGLU_FWD, name, _swiglu_grid(n, inter), (_BLOCK,), (gu, act, n, inter))
+            name, grid = _swiglu_launch(gu.dtype, n, inter, "swiglu_forward")
+            eng.launch("swiglu.cu", _SWIGLU_FWD, name, grid, (_BLOCK,), (gu, act, n, inter))
         return act
     acc = torch.promote_types(gu.dtype, torch.float32)
     g, u = gu[:, :inter].to(acc), gu[:, inter:].to(acc)
@@ -114,8 +117,8 @@ def swiglu_backward_(eng, dact: torch.Tensor, gu: torch.Tensor) -> None:
     n, inter = dact.shape
     if isinstance(eng, cx.on_torch_stream):
         if n * inter:
-            name = f"swiglu_backward_inplace<{cx.CUDA_TYPE_NAME[gu.dtype]}>"
-            eng.launch("swiglu.cu", _SWIGLU_BWD, name, _swiglu_grid(n, inter), (_BLOCK,), (dact, gu, n, inter))
+            name, grid = _swiglu_launch(gu.dtype, n, inter, "swiglu_backward_inplace")
+            eng.launch("swiglu.cu", _SWIGLU_BWD, name, grid, (_BLOCK,), (dact, gu, n, inter))
         return
     acc = torch.promote_types(gu.dtype, torch.float32)
     g, u, d = gu[:, :inter].to(acc), gu[:, inter:].to(acc), dact.to(acc)

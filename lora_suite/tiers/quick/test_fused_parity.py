@@ -38,7 +38,7 @@ DTYPE_CONFIGS = {"fp32": (F32, F32), "bf16": (BF16, BF16), "fp16-act+fp32-adapte
 DTYPE_CONFIGS["bf16-act+fp32-adapters"] = (BF16, F32)
 FUSED_STAGES = 3
 SCALE = 2.0
-MLP_SHAPES = ((576, 1536), (333, 1000))  # (K, I): SmolLM2-135M's MLP, and odd sizes
+MLP_SHAPES = ((576, 1536), (333, 1000), (333, 1001))  # (K, I): SmolLM2-135M, odd sizes (1001: the unvectorised SwiGLU)
 QKV_SHAPES = ((576, (576, 192, 192)), (333, (333, 64, 96)))  # (K, (O_q, O_k, O_v)): GQA widths, and odd ones
 N_TOKENS = (1, 37, 2048)
 
