@@ -60,8 +60,8 @@ def test_fused_table_eager(case, rnd, stack, run_report, check):
     _skip_if_missing(stack, check)
     cfg = FT.stack_config(case, stack, "eager", warmup=WARMUP, measured=MEASURED)
     try:
-        with FT.stack_model(cfg, stack) as prepared:
-            fig = FT.eager_run(prepared, cfg, warmup=WARMUP, measured=MEASURED)
+        with FT.stack_model(cfg, stack) as (prepared, window):
+            fig = FT.eager_run(prepared, window, cfg, warmup=WARMUP, measured=MEASURED)
     except torch.OutOfMemoryError as exc:
         check.not_applicable(f"fused table: {case.name} {stack}", f"out of memory at this batch: {exc}"[:300])
         pytest.skip("out of memory")
@@ -69,7 +69,17 @@ def test_fused_table_eager(case, rnd, stack, run_report, check):
     run_report.add_row(
         "benchmarks",
         EAGER,
-        ("case", "round", "stack", "fwd ms", "bwd ms", "step ms", "peak GiB", "served by", "fused ops"),
+        (
+            "case",
+            "round",
+            "stack",
+            "fwd ms, round",
+            "bwd ms, round",
+            "step ms, round",
+            "peak GiB, round",
+            "served by",
+            "fused ops",
+        ),
         (
             case.name,
             rnd,
@@ -102,11 +112,9 @@ def test_fused_table_captured(case, rnd, stack, run_report, check):
         pytest.skip("NF4 base: lora_core stacks only")
     cfg = FT.stack_config(case, stack, "captured", warmup=5, measured=20, quantize="nf4" if qlora else None)
     try:
-        with FT.stack_model(cfg, stack) as prepared:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
+        with FT.stack_model(cfg, stack) as (prepared, window):
             records = train(prepared.model, prepared.batches, cfg.train, adapters=prepared.adapters).records
-            fig = TB.figures(records, case.batch_size * case.seq_len, 5, torch.cuda.max_memory_allocated())
+            fig = TB.figures(records, case.batch_size * case.seq_len, 5, window.peak())
             replayed = sum(r.captured for r in records)
             served = prepared.implementation.served_by(prepared.model)
     except (ImplementationError, RuntimeError) as exc:
@@ -116,7 +124,7 @@ def test_fused_table_captured(case, rnd, stack, run_report, check):
     run_report.add_row(
         "benchmarks",
         CAPTURED,
-        ("case", "round", "stack", "step ms", "peak GiB", "replayed", "served by"),
+        ("case", "round", "stack", "step ms, round", "peak GiB, round", "replayed", "served by"),
         (case.name, rnd, stack, round(fig.step_ms, 2), round(fig.peak_gib, 3), replayed, served),
     )
     check(
@@ -149,6 +157,13 @@ def test_fused_table_summary(run_report):
                         *(round(_med(_eager, key, a), 2) for a in ("fwd_ms", "bwd_ms", "step_ms", "peak_gib")),
                     ),
                 )
+    cols = ("case", "stack", "step ms", "peak GiB")
+    for case in FT.CAPTURED_CASES + (FT.FULL_TIER_CASE,):
+        for stack in FT.STACKS:
+            key = (case.name, stack)
+            if key in _captured:
+                row = (case.name, stack, *(round(_med(_captured, key, a), 2) for a in ("step_ms", "peak_gib")))
+                run_report.add_row("benchmarks", "fused table, captured: medians of the rounds", cols, row)
     targets = []
     for case in FT.EAGER_CASES:
         f = lambda s, a, c=case.name: _med(_eager, (c, s), a)  # noqa: E731
@@ -194,7 +209,7 @@ def test_fused_table_kernel_profile(stack, run_report, check):
     _skip_if_missing(stack, check)
     case = PROFILED[0]
     cfg = FT.stack_config(case, stack, "eager", warmup=WARMUP, measured=MEASURED)
-    with FT.stack_model(cfg, stack) as prepared:
+    with FT.stack_model(cfg, stack) as (prepared, _):
         total, kinds, kernels = FT.profile_steps(prepared, cfg)
     cols = ("case", "stack", "kernel kind", "ms per step", "share")
     for kind, ms in sorted(kinds.items(), key=lambda kv: -kv[1]):

@@ -14,7 +14,8 @@ Stacks (row -> implementation, whether Liger-Kernel's non-LoRA ops are applied o
 Eager runs (GPU-bound batches) time each step with four CUDA events: forward (through the loss), backward,
 optimizer step; the figures are medians over the measured steps. Captured runs (the tiers' batches, where an
 eager step is host-bound) go through the project's trainer with ``train.cuda_graph`` and report the whole step.
-Peak: ``torch.cuda.max_memory_allocated`` over the run, weights included (the same base for every stack).
+Peak: the run's own ``torch.cuda.max_memory_allocated`` from before its model is built (``PeakWindow``: what earlier
+runs left allocated is excluded), weights included (the same base for every stack).
 Each case runs its stacks in two rounds, the second in reverse order, and takes the median of the rounds, so
 that a drift of the host or the GPU across a case does not favour the stacks that ran first.
 """
@@ -94,17 +95,21 @@ def stack_model(cfg, stack: str):
 
     from lora_suite.engine.prepare import prepare
     from lora_suite.implementations.liger_ops import liger_ops
+    from lora_suite.measure.memory import PeakWindow
 
     impl, with_liger = STACKS[stack]
     saved = {n: getattr(modeling_llama, n) for n in ("apply_rotary_pos_emb", "LlamaRMSNorm", "LlamaMLP")}
     prepared = None
+    # This run's own peak: earlier stacks' models are collected first (Liger's and Axolotl's patches, lora_core's
+    # QKV groups make reference cycles, which only the cycle collector frees), what is still allocated is excluded.
+    window = PeakWindow.open()
     try:
         prepared = prepare(cfg, "cuda", implementation=impl)
         if with_liger:
             with liger_ops(prepared.model):
-                yield prepared
+                yield prepared, window
         else:
-            yield prepared
+            yield prepared, window
     finally:
         for n, v in saved.items():
             setattr(modeling_llama, n, v)
@@ -113,7 +118,7 @@ def stack_model(cfg, stack: str):
         torch.cuda.empty_cache()
 
 
-def eager_run(prepared, cfg, *, warmup: int, measured: int) -> EagerFigures:
+def eager_run(prepared, window, cfg, *, warmup: int, measured: int) -> EagerFigures:
     """Forward, backward and optimizer step timed apart with CUDA events; medians over the measured steps."""
     from lora_suite.implementations.liger_ops import describe_liger
 
@@ -125,7 +130,6 @@ def eager_run(prepared, cfg, *, warmup: int, measured: int) -> EagerFigures:
     opt = torch.optim.AdamW(params, lr=cfg.train.lr, fused=True)
     batch = prepared.batches(0)
     torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
     times = []
     for _ in range(warmup + measured):
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]

@@ -26,8 +26,8 @@ import os
 import re
 from pathlib import Path
 
-BENCH_COLUMNS = ("÷ PEFT eager", "step ms", "peak GiB", "ratio (median)")
-LABEL_COLUMNS = ("case", "run", "implementation", "mode", "shape")
+BENCH_COLUMNS = ("÷ PEFT eager", "step ms", "peak GiB", "ratio (median)", "fwd ms", "bwd ms", "speed-up", "peak ratio")
+LABEL_COLUMNS = ("case", "run", "implementation", "mode", "shape", "stack", "fused stack", "against", "part")
 FIELDS = (
     "run_id",
     "time",
