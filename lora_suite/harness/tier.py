@@ -56,6 +56,14 @@ class Tier:
         cfg, changes = fit_to_implementation(cfg, self.impl, f"configs/{tier}.yaml")
         for what, reason in changes:
             self.check.not_applicable(what, reason)
+        if self.request.config.getoption("fused_ops", None) and cfg.train.cuda_graph:
+            from lora_suite.implementations.liger_ops import NOT_CAPTURABLE
+
+            self.check.not_applicable(
+                f"captured training steps (configs/{tier}.yaml train.cuda_graph); the tier runs its steps eagerly",
+                f"--fused-ops liger: {NOT_CAPTURABLE}",
+            )
+            cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, cuda_graph=False))
         self._vram_precheck(cfg)
         return cfg
 

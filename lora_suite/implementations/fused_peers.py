@@ -46,6 +46,15 @@ class _QKVCall:
         return out
 
 
+def _version(dist: str) -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "(version unknown)"
+
+
 def _require_installed(who: str, modules: tuple[str, ...], hint: str) -> None:
     """Refuse at selection (not mid-run) when a package the stack needs is absent, naming it."""
     import importlib.util
@@ -72,8 +81,7 @@ class AxolotlImplementation(PeftImplementation):
         )
 
     def describe(self) -> str:
-        ax = _import("axolotl", "axolotl", "pip install --no-deps axolotl")
-        return f"axolotl: PEFT layers driven by Axolotl {getattr(ax, '__version__', '?')}'s LoRA MLP/QKV/O kernels"
+        return f"axolotl: PEFT layers driven by Axolotl {_version('axolotl')}'s LoRA MLP/QKV/O kernels"
 
     def inject(self, model, spec):
         kernels = _import(
@@ -127,10 +135,12 @@ class PeftLigerImplementation(PeftImplementation):
 
     def __init__(self):
         _require_installed("peft-liger", ("peft", "liger_kernel"), "install lora-gpu-suite[liger]")
+        from lora_suite.implementations.liger_ops import NOT_CAPTURABLE
+
+        self.not_applicable = dict(self.not_applicable, cuda_graph_capture=NOT_CAPTURABLE)
 
     def describe(self) -> str:
-        lk = _import("liger_kernel", "peft-liger", "pip install liger-kernel")
-        return f"peft-liger: PEFT layers with Liger-Kernel {getattr(lk, '__version__', '?')}'s fused non-LoRA ops"
+        return f"peft-liger: PEFT layers with Liger-Kernel {_version('liger-kernel')}'s fused non-LoRA ops"
 
     def inject(self, model, spec):
         from lora_suite.implementations.liger_ops import FusedOpsError, apply_liger_ops

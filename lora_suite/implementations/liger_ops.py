@@ -16,6 +16,12 @@ import importlib
 from torch import nn
 
 FUSED_OPS = ("liger",)
+# Seen on an H100 (Liger-Kernel 0.8.5, torch 2.11, 88062a8): the convergence tier's capture stopped inside
+# liger_kernel/ops/fused_linear_cross_entropy.py with "operation not permitted when stream is capturing".
+NOT_CAPTURABLE = (
+    "Liger's fused linear cross-entropy cannot be captured in a CUDA graph (it stopped the capture with "
+    "'operation not permitted when stream is capturing')"
+)
 _PATCHED_NAMES = ("apply_rotary_pos_emb", "LlamaRMSNorm", "LlamaMLP")
 
 

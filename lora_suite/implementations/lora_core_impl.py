@@ -11,7 +11,7 @@ class LoraCoreImplementation(LoRAImplementation):
     inject_per_layer = True
 
     def __init__(self, backend: str):
-        self.name = self.expected_path = backend
+        self.name = self.expected_path = self.backend = backend
         self.not_applicable = {}
 
     def describe(self) -> str:
@@ -26,7 +26,7 @@ class LoraCoreImplementation(LoRAImplementation):
             spec.targets,
             spec.r,
             spec.alpha,
-            backend=self.name,
+            backend=self.backend,
             use_rslora=spec.use_rslora,
             adapter_dtype=spec.adapter_dtype,
             quantize=spec.quantize,
@@ -55,7 +55,7 @@ class LoraCoreImplementation(LoRAImplementation):
     def op_calls(self):
         import lora_core
 
-        return lora_core.backend_call_counts()[self.name]
+        return lora_core.backend_call_counts()[self.backend]
 
 
 class FusedLoraCoreImplementation(LoraCoreImplementation):

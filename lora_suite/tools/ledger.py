@@ -14,7 +14,7 @@ run, appended by ``lora-suite ledger record RUN...`` (or ``--record`` on a run).
 - ``bench``: a benchmark figure (a table cell of ``BENCH_COLUMNS``), ``verdict`` measured; ``check`` is
   "<table>: <row>: <column>";
 - ``stopped``: a benchmark run that stopped, ``value`` what stopped it, ``verdict`` fail.
-Commits are kept to 12 hex digits. A run already in the ledger is not appended twice (its run id and group identify it). The ledger is written
+Commits are kept to 12 hex digits. A run already in the ledger is not appended twice (its run id, group and implementation identify it). The ledger is written
 atomically (a temporary file beside it, then renamed): an interruption leaves the old one whole.
 """
 
@@ -186,12 +186,18 @@ def read(path: Path) -> list[dict]:
     return rows
 
 
+def run_key(r: dict) -> tuple[str, str, str]:
+    """What identifies one run's rows: run id, group, implementation."""
+    return r["run_id"], r["group"], r["implementation"]
+
+
 def append(path: Path, rows: list[dict]) -> int:
-    """Append the rows of runs not yet in the ledger (by run id and group); returns how many rows were added."""
+    """Append the rows of runs not yet in the ledger (by run id, group and implementation: the lanes of a scorecard
+    start together and their runs can share a run id); returns how many rows were added."""
     path = Path(path)
     old = read(path)
-    have = {(r["run_id"], r["group"]) for r in old}
-    new = [r for r in rows if (r["run_id"], r["group"]) not in have]
+    have = {run_key(r) for r in old}
+    new = [r for r in rows if run_key(r) not in have]
     if not new:
         return 0
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -59,10 +59,10 @@ def build_rows(rows: list[dict], losses: dict | None = None) -> Scorecard:
     matrix: dict[str, dict[str, Cell]] = {}
     peaks, ratios, bases, sources = {}, {}, {}, {}
     bench_cells: dict[str, Cell] = {}  # implementation -> its cell of the interleaved benchmark
-    runs: dict[str, list[dict]] = {}
+    runs: dict[tuple, list[dict]] = {}
     for r in sorted(rows, key=lambda r: r["run_id"]):  # run ids start with their UTC stamp: newest last, it wins
-        runs.setdefault(r["run_id"], []).append(r)
-    for run, rs in runs.items():
+        runs.setdefault(ledger.run_key(r), []).append(r)  # lanes started in the same second share a run id
+    for (run, _, _), rs in runs.items():
         head = next((r for r in rs if r["kind"] == "run"), rs[0])
         impl, tier = head["implementation"], head["tier"]
         failed = [r["check"] for r in rs if r["kind"] == "check" and r["verdict"] == "fail"]

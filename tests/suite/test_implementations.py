@@ -431,6 +431,7 @@ def test_cupy_fused_fuses_the_groups_the_targets_cover_and_refuses_when_none():
     from lora_suite.implementations.contract import AdapterSpec
 
     impl = I.resolve_implementation("cupy-fused")
+    assert isinstance(impl.op_calls(), int)  # counted under the cupy backend (a KeyError on the H100 at 88062a8)
     assert impl.parts(("all-linear",)) == ("mlp", "qkv", "o")
     assert impl.parts(("q_proj", "k_proj", "v_proj", "gate_proj")) == ("qkv",)
     with pytest.raises(I.ImplementationError, match=r"targets \['q_proj', 'v_proj'\] cover no whole group to fuse"):

@@ -154,3 +154,24 @@ def test_two_bench_runs_are_never_mixed_the_first_that_measured_a_run_gives_its_
         "c torch-eager": "20261124T000000Z-bench",
         "c torchtune-eager": "20261124T010000Z-bench",
     }
+
+
+def test_lanes_that_started_in_the_same_second_keep_their_own_cells(tmp_path):
+    """A scorecard's lanes start together: two implementations' quick runs with one run id (seen on an H100 at
+    88062a8, cupy-fused and peft-liger) are two cells, and the ledger keeps both runs."""
+    from lora_suite.tools import ledger
+
+    root = tmp_path / "reports"
+    for name, impl, passed in (("r-quick-a", "impl-a", False), ("r-quick-b", "impl-b", True)):
+        report = json.loads((REPORTS / RUNS[0] / "report.json").read_text())
+        report["run_id"] = "20261124T174353Z-quick"
+        report["implementation"] = dict(report.get("implementation") or {}, name=impl)
+        report["checks"][0]["passed"] = passed
+        (root / name).mkdir(parents=True)
+        (root / name / "report.json").write_text(json.dumps(report))
+    card = build([root])
+    assert card.matrix["impl-a"]["quick"].verdict == "fail" and card.matrix["impl-b"]["quick"].verdict == "pass"
+    path = tmp_path / "ledger.jsonl"
+    added = ledger.record(path, [root / "r-quick-a"], group="sc")
+    assert added > 0 and ledger.record(path, [root / "r-quick-b"], group="sc") == added  # not taken for a, twice
+    assert ledger.record(path, [root / "r-quick-b"], group="sc") == 0
