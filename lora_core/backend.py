@@ -67,12 +67,13 @@ def resolve_backend(backend: str | None, device: torch.device) -> str:
     return name
 
 
-def count_call(backend: str) -> None:
-    _calls[backend] += 1
+def count_call(backend: str, layers: int = 1) -> None:
+    _calls[backend] += layers
 
 
 def backend_call_counts() -> dict[str, int]:
-    """How many LoRA op calls each backend has served in this process (forward passes)."""
+    """How many LoRA layer forwards each backend has served in this process: one per layer per forward pass (a
+    fused path that serves gate, up and down, or q, k and v, in one call counts its three layers)."""
     return {name: _calls[name] for name in BACKENDS}
 
 

@@ -75,7 +75,7 @@ def lora_mlp(x, bases: MLPBases, adapters, scale: float, scale_down: float, *, b
         x = x.to(torch.get_autocast_dtype(device_type))
     name = resolve_backend(backend, x.device)
     _check(x, bases, adapters, name)
-    count_call(name)
+    count_call(name, 3)  # gate, up and down
     return FusedLoRAMLP.apply(x, *adapters, bases, float(scale), float(scale_down), name)
 
 

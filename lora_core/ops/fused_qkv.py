@@ -59,7 +59,7 @@ def lora_qkv(x, bases: QKVBases, adapters, scale: float, *, backend: str | None 
         x = x.to(torch.get_autocast_dtype(device_type))
     name = resolve_backend(backend, x.device)
     _check(x, bases, adapters, name)
-    count_call(name)
+    count_call(name, 3)  # q, k and v
     return FusedLoRAQKV.apply(x, *adapters, bases, float(scale), name)
 
 

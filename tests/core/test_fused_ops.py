@@ -207,3 +207,21 @@ def test_the_torch_engine_gemm_writes_a_column_slice_and_accumulates():
     assert not out[:, :2].any() and not out[:, 4:].any()
     eng.gemm(out[:, 2:4], a, b, trans_b=True, beta=1.0)
     torch.testing.assert_close(out[:, 2:4], 3 * a @ b.t())
+
+
+def test_a_fused_call_counts_each_layer_it_serves():
+    from lora_core import backend_call_counts
+
+    gate, up, down = _mlp()
+    bases = MLPBases(w_gu=torch.cat([gate.weight, up.weight]), w_d=down.weight)
+    before = backend_call_counts()["torch"]
+    lora_mlp(torch.randn(2, K, dtype=torch.float64), bases, _adapters([gate, up, down]), 2.0, 2.0, backend="torch")
+    q, k, v = _qkv()
+    lora_qkv(
+        torch.randn(2, K, dtype=torch.float64),
+        QKVBases((16, 8, 8), w_qkv=torch.cat([q.weight, k.weight, v.weight])),
+        _adapters([q, k, v]),
+        2.0,
+        backend="torch",
+    )
+    assert backend_call_counts()["torch"] - before == 6
