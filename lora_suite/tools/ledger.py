@@ -167,12 +167,22 @@ def rows_of_runs(paths: list[Path], group: str | None = None) -> list[dict]:
     return rows
 
 
+RUN_FIELDS = ("time", "commit", "gpu", "driver", "cuda", "torch", "tier")  # the same on every row of one run
+KEY_FIELDS = ("run_id", "group", "implementation")
+DEFAULTS = {"op": "", "threshold": None, "unit": "", "source": "", "detail": "", "value": None}
+
+
 def read(path: Path) -> list[dict]:
-    """Every row of the ledger; a line that is not a row is an error naming the file and the line."""
+    """Every row of the ledger, whole; a line that is not a row is an error naming the file and the line.
+
+    A line is a whole row (every key of ``FIELDS``), or, after its run's ``run`` row, a short one: the run's key
+    (``KEY_FIELDS``), its own fields, and none of ``RUN_FIELDS`` (taken from the run row) nor the empty defaults
+    (``DEFAULTS``). ``append`` writes the short form; the file stays one JSON object a line.
+    """
     path = Path(path)
     if not path.exists():
         return []
-    rows = []
+    rows, heads = [], {}
     for n, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
@@ -180,10 +190,35 @@ def read(path: Path) -> list[dict]:
             r = json.loads(line)
         except json.JSONDecodeError as exc:
             raise LedgerError(f"{path}:{n}: not JSON ({exc})") from None
+        if isinstance(r, dict) and set(r) != set(FIELDS) and r.get("kind") != "run":
+            head = heads.get(tuple(r.get(k) for k in KEY_FIELDS)) if set(KEY_FIELDS) <= set(r) else None
+            if head is not None and set(r) <= set(FIELDS) - set(RUN_FIELDS) and {"kind", "check", "verdict"} <= set(r):
+                r = {**{k: head[k] for k in RUN_FIELDS}, **DEFAULTS, **r}
         if not isinstance(r, dict) or set(r) != set(FIELDS) or r["kind"] not in KINDS:
-            raise LedgerError(f"{path}:{n}: not a ledger row (expected the keys {list(FIELDS)}, kind one of {KINDS})")
-        rows.append(r)
+            raise LedgerError(
+                f"{path}:{n}: not a ledger row (expected the keys {list(FIELDS)}, or a short row after its run's "
+                f"run row; kind one of {KINDS})"
+            )
+        if r["kind"] == "run":
+            heads[run_key(r)] = r
+        rows.append({k: r[k] for k in FIELDS})
     return rows
+
+
+def encode(rows: list[dict], heads: dict | None = None) -> str:
+    """The lines of ``rows``: a run row whole, the rows after it short (``read`` says how)."""
+    heads = {} if heads is None else heads
+    lines = []
+    for r in rows:
+        head = heads.get(run_key(r))
+        if r["kind"] == "run" or head is None or any(head[k] != r[k] for k in RUN_FIELDS):
+            out = {k: r[k] for k in FIELDS}
+            if r["kind"] == "run":
+                heads[run_key(r)] = r
+        else:
+            out = {k: r[k] for k in FIELDS if k not in RUN_FIELDS and not (k in DEFAULTS and r[k] == DEFAULTS[k])}
+        lines.append(json.dumps(out, ensure_ascii=False, separators=(",", ":")) + "\n")
+    return "".join(lines)
 
 
 def run_key(r: dict) -> tuple[str, str, str]:
@@ -204,9 +239,7 @@ def append(path: Path, rows: list[dict]) -> int:
     text = path.read_text() if path.exists() else ""
     if text and not text.endswith("\n"):
         text += "\n"
-    text += "".join(
-        json.dumps({k: r[k] for k in FIELDS}, ensure_ascii=False, separators=(",", ":")) + "\n" for r in new
-    )
+    text += encode(new, {run_key(r): r for r in old if r["kind"] == "run"})
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text)
     tmp.replace(path)

@@ -68,3 +68,20 @@ def test_the_committed_ledger_is_whole_and_holds_the_readme_runs():
     rows = ledger.read(Path(__file__).resolve().parents[2] / "reports" / "ledger.jsonl")
     runs = {r["run_id"] for r in rows}
     assert {"20261124T162716Z-quick", "20261124T163037Z-memory"} <= runs  # cited in README.md
+
+
+def test_rows_after_their_run_row_are_written_short_and_read_whole(tmp_path):
+    """The ledger's short rows (the run's fields once, on its run row): a round trip gives every row whole, and a
+    short row with no run row before it is an error naming the line."""
+    runs = tmp_path / "campaign"
+    shutil.copytree(RUNS / SCORECARD_RUNS[0], runs / SCORECARD_RUNS[0])
+    rows = ledger.rows_of_runs([runs])
+    led = tmp_path / "ledger.jsonl"
+    ledger.append(led, rows)
+    lines = led.read_text().splitlines()
+    assert len(lines) == len(rows) and '"gpu"' in lines[0] and all('"gpu"' not in line for line in lines[1:])
+    assert sum(map(len, lines)) < 0.7 * sum(len(json.dumps(r)) for r in rows)
+    assert ledger.read(led) == [{k: r[k] for k in ledger.FIELDS} for r in rows]
+    led.write_text("\n".join(lines[1:]) + "\n")
+    with pytest.raises(ledger.LedgerError, match=r"ledger.jsonl:1: not a ledger row .*after its run's run row"):
+        ledger.read(led)
