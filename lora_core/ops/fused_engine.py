@@ -54,6 +54,30 @@ class TorchEngine:
         return out
 
 
+def enter(x: torch.Tensor, backend: str | None) -> tuple[torch.Tensor, str]:
+    """(x in the autocast dtype when autocast is on, as ``F.linear`` would run it; the resolved backend)."""
+    from lora_core.backend import resolve_backend
+
+    device_type = x.device.type
+    if x.is_floating_point() and torch.is_autocast_enabled(device_type):
+        x = x.to(torch.get_autocast_dtype(device_type))
+    return x, resolve_backend(backend, x.device)
+
+
+def check_dtypes(x: torch.Tensor, adapters, backend: str) -> None:
+    """x in an activation dtype (fp64 on the torch engine only); the adapters all in x's dtype, or fp32 under
+    16-bit activations. Each error names the bad value and what was expected."""
+    from lora_core.ops.lora_linear import ACTIVATION_DTYPES, REFERENCE_ONLY_DTYPES
+
+    allowed = ACTIVATION_DTYPES + (REFERENCE_ONLY_DTYPES if backend == "torch" else ())
+    if x.dtype not in allowed:
+        raise ValueError(f"x has dtype {x.dtype}, expected one of {allowed} for backend={backend!r}")
+    dtypes = {t.dtype for t in adapters}
+    ok = (x.dtype,) + ((torch.float32,) if x.dtype in (torch.float16, torch.bfloat16) else ())
+    if len(dtypes) != 1 or not dtypes <= set(ok):
+        raise ValueError(f"adapters have dtypes {sorted(map(str, dtypes))}, expected one of {ok} for x {x.dtype}")
+
+
 def engine(backend: str, device: torch.device):
     """The engine for ``backend`` ("cupy" or "torch"), as a context (the cupy one binds torch's stream)."""
     return cx.on_torch_stream(device) if backend == "cupy" else TorchEngine()

@@ -28,10 +28,9 @@ from dataclasses import dataclass
 
 import torch
 
-from lora_core.backend import count_call, resolve_backend
+from lora_core.backend import count_call
 from lora_core.nf4 import NF4Tensor, dequantize_nf4
 from lora_core.ops import fused_engine as fe
-from lora_core.ops.lora_linear import ACTIVATION_DTYPES, REFERENCE_ONLY_DTYPES
 
 
 @dataclass(frozen=True)
@@ -70,22 +69,17 @@ def lora_mlp(x, bases: MLPBases, adapters, scale: float, scale_down: float, *, b
     ``backend``: "cupy" (the system under test) or "torch" (the same plan on torch ops), resolved as for
     ``lora_linear``; every call is counted under the backend that ran.
     """
-    device_type = x.device.type
-    if x.is_floating_point() and torch.is_autocast_enabled(device_type):
-        x = x.to(torch.get_autocast_dtype(device_type))
-    name = resolve_backend(backend, x.device)
-    _check(x, bases, adapters, name)
+    x, name = fe.enter(x, backend)
+    fe.check_dtypes(x, adapters, name)
+    _check(x, bases, adapters)
     count_call(name, 3)  # gate, up and down
     return FusedLoRAMLP.apply(x, *adapters, bases, float(scale), float(scale_down), name)
 
 
-def _check(x, bases: MLPBases, adapters, backend: str) -> None:
+def _check(x, bases: MLPBases, adapters) -> None:
     """Each error names the bad value and what was expected."""
     (two_i, k), (h, inter) = bases.shapes()
     a_g, b_g, a_u, b_u, a_d, b_d = adapters
-    allowed = ACTIVATION_DTYPES + (REFERENCE_ONLY_DTYPES if backend == "torch" else ())
-    if x.dtype not in allowed:
-        raise ValueError(f"x has dtype {x.dtype}, expected one of {allowed} for backend={backend!r}")
     if x.dim() < 1 or x.shape[-1] != k or two_i != 2 * inter or h != k:
         raise ValueError(
             f"x {tuple(x.shape)} and bases gate+up {(two_i, k)}, down {(h, inter)} do not fit an MLP "
@@ -97,10 +91,6 @@ def _check(x, bases: MLPBases, adapters, backend: str) -> None:
     for (what, shape), t in zip(want.items(), adapters):
         if tuple(t.shape) != shape:
             raise ValueError(f"{what} has shape {tuple(t.shape)}, expected {shape} (one rank r={r} for the MLP)")
-    dtypes = {t.dtype for t in adapters}
-    ok = (x.dtype,) + ((torch.float32,) if x.dtype in (torch.float16, torch.bfloat16) else ())
-    if len(dtypes) != 1 or not dtypes <= set(ok):
-        raise ValueError(f"adapters have dtypes {sorted(map(str, dtypes))}, expected one of {ok} for x {x.dtype}")
     if bases.nf4 is None and (bases.w_gu.requires_grad or bases.w_d.requires_grad):
         raise ValueError("a base weight of the MLP requires grad; the LoRA base is frozen (requires_grad_(False))")
 

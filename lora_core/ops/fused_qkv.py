@@ -22,10 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
-from lora_core.backend import count_call, resolve_backend
+from lora_core.backend import count_call
 from lora_core.nf4 import NF4Tensor, dequantize_nf4
 from lora_core.ops import fused_engine as fe
-from lora_core.ops.lora_linear import ACTIVATION_DTYPES, REFERENCE_ONLY_DTYPES
 
 
 @dataclass(frozen=True)
@@ -54,20 +53,15 @@ class QKVBases:
 
 def lora_qkv(x, bases: QKVBases, adapters, scale: float, *, backend: str | None = None):
     """(q, k, v) with LoRA on each; ``adapters`` = (A_q, B_q, A_k, B_k, A_v, B_v). See ``lora_mlp`` for backend."""
-    device_type = x.device.type
-    if x.is_floating_point() and torch.is_autocast_enabled(device_type):
-        x = x.to(torch.get_autocast_dtype(device_type))
-    name = resolve_backend(backend, x.device)
-    _check(x, bases, adapters, name)
+    x, name = fe.enter(x, backend)
+    fe.check_dtypes(x, adapters, name)
+    _check(x, bases, adapters)
     count_call(name, 3)  # q, k and v
     return FusedLoRAQKV.apply(x, *adapters, bases, float(scale), name)
 
 
-def _check(x, bases: QKVBases, adapters, backend: str) -> None:
+def _check(x, bases: QKVBases, adapters) -> None:
     k = bases.in_features
-    allowed = ACTIVATION_DTYPES + (REFERENCE_ONLY_DTYPES if backend == "torch" else ())
-    if x.dtype not in allowed:
-        raise ValueError(f"x has dtype {x.dtype}, expected one of {allowed} for backend={backend!r}")
     if x.dim() < 1 or x.shape[-1] != k:
         raise ValueError(f"x has shape {tuple(x.shape)}, expected (..., {k}) to match the q/k/v bases")
     r = adapters[0].shape[0]
@@ -78,10 +72,6 @@ def _check(x, bases: QKVBases, adapters, backend: str) -> None:
                 f"A_{part} {tuple(a.shape)}, B_{part} {tuple(b.shape)}: expected ({r}, {k}) and "
                 f"({bases.sizes[i]}, {r}) (one rank r={r} for q, k and v)"
             )
-    dtypes = {t.dtype for t in adapters}
-    ok = (x.dtype,) + ((torch.float32,) if x.dtype in (torch.float16, torch.bfloat16) else ())
-    if len(dtypes) != 1 or not dtypes <= set(ok):
-        raise ValueError(f"adapters have dtypes {sorted(map(str, dtypes))}, expected one of {ok} for x {x.dtype}")
     if bases.nf4 is None and bases.w_qkv.requires_grad:
         raise ValueError("the q/k/v base weight requires grad; the LoRA base is frozen (requires_grad_(False))")
 
