@@ -70,9 +70,18 @@ def _load(path: Path, name: str) -> dict | None:
     if target is None or not target.exists():
         return None
     try:
-        return json.loads(target.read_text())
+        data = json.loads(target.read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"{target} is not valid JSON ({exc}): not a run's {name}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{target} holds a JSON {type(data).__name__}, expected an object: not a run's {name}")
+    if name == "report.json":
+        from lora_suite.tools.ledger import newer_schema
+
+        newer = newer_schema(data)
+        if newer:
+            raise ValueError(f"{target}: {newer}")
+    return data
 
 
 def compare_reports(base: dict, run: dict) -> list[Change]:
@@ -190,6 +199,11 @@ def compare_runs(baseline: Path, run: Path) -> list[Change]:
                 raise ValueError(
                     f"{baseline} judged the LoRA implementation {_implementation(b)!r} and {run} "
                     f"{_implementation(r)!r}: a baseline only compares with runs of the same one"
+                )
+            if name == "report.json" and not (b.get("checks") or b.get("outcomes")):
+                raise ValueError(
+                    f"the baseline {baseline} judged nothing (its report.json has no checks and no test outcomes): "
+                    "nothing to compare, and a pass here would mean nothing"
                 )
             changes += fn(b, r)
     if not found:

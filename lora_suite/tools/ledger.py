@@ -65,6 +65,19 @@ def _scalar(v):
     return json.dumps(v)[:200]
 
 
+def newer_schema(report: dict) -> str | None:
+    """Why a report cannot be read: its schema is newer than this suite's (None when it can be)."""
+    from lora_suite.harness.report import SCHEMA_VERSION
+
+    version = report.get("schema_version", 1)
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= SCHEMA_VERSION:
+        return (
+            f"report.json has schema_version {version!r}; this suite reads 1 to {SCHEMA_VERSION} (a newer suite "
+            "wrote it: upgrade lora-gpu-suite)"
+        )
+    return None
+
+
 def _run_verdict(report: dict) -> str:
     checks, summary = report.get("checks", []), report.get("summary", {})
     if report.get("status") != "complete":
@@ -80,6 +93,9 @@ def rows_of_report(report: dict, run: str, group: str = "") -> list[dict]:
     """Every judged figure of one run's report.json as ledger rows (the module docstring)."""
     if not isinstance(report, dict):
         raise LedgerError(f"{run}: report.json holds {type(report).__name__}, expected a JSON object")
+    newer = newer_schema(report)
+    if newer:
+        raise LedgerError(f"{run}: {newer}")
     env = report.get("environment") or {}
     commit = str(env.get("git_commit") or "unknown").split()[0][:12]  # 12 hex digits name a commit
     head = {

@@ -445,13 +445,25 @@ REPORT_DIR_CASES = [
     ("compare: both empty", "empty", "empty", "nothing to compare"),
     ("compare: report not JSON", "broken", "ok", "report.json"),
     ("compare: two implementations", "peft", "ok", "only compares with runs of the same one"),
+    # issue 28's battery: these passed with exit 0
+    ("compare: baseline judged nothing", "nothing", "ok", "judged nothing (its report.json has no checks"),
+    ("compare: baseline not an object", "list", "ok", "holds a JSON list, expected an object"),
+    ("compare: baseline from a newer suite", "future", "ok", "schema_version 99; this suite reads 1 to 3"),
 ]
 
 
 @pytest.mark.parametrize("what, base, run, expected", REPORT_DIR_CASES, ids=[c[0] for c in REPORT_DIR_CASES])
 def test_report_dirs_for_compare(what, base, run, expected, tmp_path):
-    ok = {"schema_version": 3, "status": "complete", "checks": [], "outcomes": [], "implementation": {"name": "cupy"}}
+    outcome = {"test": "t::x", "outcome": "passed"}
+    ok = {
+        "schema_version": 3,
+        "status": "complete",
+        "checks": [],
+        "outcomes": [outcome],
+        "implementation": {"name": "cupy"},
+    }
     kinds = {"ok": ok, "peft": {**ok, "implementation": {"name": "peft"}}, "broken": "{not json", "empty": None}
+    kinds.update(nothing={**ok, "outcomes": []}, list=[ok], future={**ok, "schema_version": 99})
 
     def make(kind, name):
         return tmp_path / f"absent-{name}" if kind == "missing" else _run_dir(tmp_path, name, kinds[kind])
@@ -471,6 +483,8 @@ HISTORY_CASES = [
     ("a directory without reports", "empty", "no report.json under"),
     ("a report that is not JSON", "broken", "not a readable report.json"),
     ("a report without a run time", "timeless", "no run time"),
+    ("a report that is not an object", "list", "holds list, expected a JSON object"),
+    ("a report from a newer suite", "future", "schema_version 7; this suite reads 1 to 3"),
 ]
 
 
@@ -484,6 +498,10 @@ def test_report_dirs_for_history(what, kind, expected, tmp_path, capsys):
         _run_dir(root, "20261120T000000Z-quick", "{not json")
     elif kind == "timeless":
         _run_dir(root, "run", {"checks": []})
+    elif kind == "list":
+        _run_dir(root, "20261120T000000Z-quick", [1, 2])
+    elif kind == "future":
+        _run_dir(root, "20261120T000000Z-quick", {"schema_version": 7, "checks": []})
     assert main([str(tmp_path / "out" / "h.html"), str(root)]) == 2
     assert expected in capsys.readouterr().err
     assert not (tmp_path / "out").exists(), "nothing written half"
