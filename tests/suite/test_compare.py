@@ -108,7 +108,8 @@ def test_runs_of_different_implementations_are_not_compared(tmp_path, capsys):
     run = _write(tmp_path / "run", report={**report, "implementation": {"name": "peft"}})
     assert compare.main([str(base), str(run)]) == 2
     assert "judged the LoRA implementation 'cupy'" in capsys.readouterr().err
-    old = _write(tmp_path / "old", report={"outcomes": [], "checks": []})  # before schema 3: cupy's
+    outcome = [{"test": "t::x", "outcome": "passed"}]  # a baseline must have judged something (issue 28)
+    old = _write(tmp_path / "old", report={"outcomes": outcome, "checks": []})  # before schema 3: cupy's
     assert compare.main([str(old), str(base)]) == 0
 
 
