@@ -46,6 +46,13 @@ def inject_lora(
     part it cannot fuse is an error naming why, never an unfused run.
     """
     targets = (targets,) if isinstance(targets, str) else tuple(targets)
+    already = [name for name, m in model.named_modules() if isinstance(m, LoRALinear)]
+    if already:
+        raise ValueError(
+            f"{type(model).__name__} already has {len(already)} LoRA layer(s) ({already[0]}, ...): inject_lora "
+            "freezes everything but the adapters it adds, so a second call would freeze these; inject once per "
+            "base model"
+        )
     unknown = [t for t in targets if t not in TARGET_NAMES + (ALL_LINEAR,)]
     if unknown or not targets:
         raise ValueError(f"targets {unknown or list(targets)} are not among {TARGET_NAMES} or {ALL_LINEAR!r}")

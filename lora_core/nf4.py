@@ -163,6 +163,12 @@ def quantize_nf4_reference(weight: torch.Tensor, blocksize: int = BLOCKSIZE, dou
 def _finish(packed, absmax, weight, blocksize, double_quant, double_quant_fn) -> NF4Tensor:
     if double_quant:
         q, scale, mean = double_quant_fn(absmax)
+        if not (math.isfinite(mean) and bool(torch.isfinite(scale).all())):
+            raise ValueError(
+                f"weight of shape {tuple(weight.shape)} has values up to {float(absmax.max()):.3g}: the double "
+                "quantisation of its block absmaxes (their mean and scales) overflows float32; scale the weight "
+                "down or pass double_quant=False"
+            )
         return NF4Tensor(packed, tuple(weight.shape), weight.dtype, blocksize, None, q, scale, mean)
     return NF4Tensor(packed, tuple(weight.shape), weight.dtype, blocksize, absmax, None, None, 0.0)
 
@@ -211,11 +217,11 @@ def _double_quant_gpu(absmax: torch.Tensor):
 def dequantize_nf4(q: NF4Tensor, dtype: torch.dtype | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """Dequantise into a torch-allocated tensor (``out`` if given): RawKernel on the GPU, reference on the CPU."""
     dtype = dtype or q.dtype
+    if dtype not in _DTYPES:
+        raise ValueError(f"dequantize_nf4: dtype {dtype} is not one of {_DTYPES}")
     if not q.packed.is_cuda:
         ref = dequantize_nf4_reference(q, dtype)
         return ref if out is None else out.copy_(ref)
-    if dtype not in _DTYPES:
-        raise ValueError(f"dequantize_nf4: dtype {dtype} is not one of {_DTYPES}")
     if out is None:
         out = torch.empty(q.shape, dtype=dtype, device=q.device)
     elif tuple(out.shape) != q.shape or out.dtype != dtype or not out.is_contiguous() or out.device != q.device:

@@ -533,6 +533,42 @@ def test_multigpu_batch_that_does_not_split_over_the_ranks():
         rank_rows({"input_ids": torch.zeros(7, 4)}, 0, 2)
 
 
+# ------------------------------------------------------------------ issue 28's findings in lora_core
+def _second_inject():
+    from lora_core import inject_lora
+    from lora_suite.engine.models import build_random
+    from tests.conftest import TINY_ARCH
+
+    model = build_random(TINY_ARCH, torch.float32, "cpu")
+    inject_lora(model, ("q_proj",), r=2, backend="torch")
+    inject_lora(model, ("v_proj",), r=2, backend="torch")
+
+
+def _nf4_near_the_float32_limit():
+    from lora_core.nf4 import quantize_nf4
+
+    quantize_nf4(torch.full((4, 64), 3.0e38))
+
+
+def _nf4_into_an_integer_dtype():
+    from lora_core.nf4 import dequantize_nf4, quantize_nf4
+
+    dequantize_nf4(quantize_nf4(torch.randn(4, 64)), torch.int32)
+
+
+CORE_CASES = [
+    ("a second inject_lora call", _second_inject, "already has 2 LoRA layer(s) (model.layers.0.self_attn.q_proj"),
+    ("NF4 weights near the float32 limit", _nf4_near_the_float32_limit, "has values up to 3e+38: the double"),
+    ("NF4 dequantised into int32", _nf4_into_an_integer_dtype, "dtype torch.int32 is not one of"),
+]
+
+
+@pytest.mark.parametrize("what, call, expected", CORE_CASES, ids=[c[0] for c in CORE_CASES])
+def test_lora_core_inputs(what, call, expected):
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        call()
+
+
 # ------------------------------------------------------------------ the count the README states
 def test_the_battery_has_150_cases(request):
     counts = {
@@ -545,6 +581,7 @@ def test_the_battery_has_150_cases(request):
         "checkpoints": len(CHECKPOINT_CASES),
         "report dirs (compare, history)": len(REPORT_DIR_CASES) + len(HISTORY_CASES),
         "multigpu launch options": 5,
+        "lora_core inputs": len(CORE_CASES),
     }
     print(json.dumps(counts), sum(counts.values()))
     assert sum(counts.values()) >= 150, counts
