@@ -96,7 +96,11 @@ class PeftImplementation(LoRAImplementation):
         return path
 
     def load_adapter(self, model, path):
-        load_peft_tensors(self.name, self.adapter_parameters(model), path)
+        config = getattr(model, "_lora_suite_peft_config", None)
+        expect = None if config is None else {"r": config.r, "lora_alpha": config.lora_alpha}
+        if expect is not None:
+            expect["use_rslora"] = bool(config.use_rslora)
+        load_peft_tensors(self.name, self.adapter_parameters(model), path, expect)
 
     def wrong_layer(self, m: nn.Module) -> str | None:
         """Why ``m`` is not the layer this implementation puts in, or None."""
@@ -115,9 +119,13 @@ class PeftImplementation(LoRAImplementation):
         return self.served_by_adapted_layers(model, self.wrong_layer, inactive)
 
 
-def load_peft_tensors(who: str, adapters: dict[str, nn.Parameter], path: str | Path) -> None:
+def load_peft_tensors(
+    who: str, adapters: dict[str, nn.Parameter], path: str | Path, expect: dict | None = None
+) -> None:
     """Copy a PEFT folder's tensors into ``adapters`` (canonical names), refusing keys that fit no adapter,
-    adapters without a key and shapes that differ, each named; the config must parse."""
+    adapters without a key and shapes that differ, each named; the config must parse, and its ``r``,
+    ``lora_alpha`` and ``use_rslora`` must be the model's (``expect``): the same tensors under another scale
+    are another model (issue 28: peft, loralib and torchtune resumed another alpha's checkpoint without a word)."""
     from safetensors.torch import load_file
 
     from lora_core.adapters import CONFIG_FILE, PREFIX, WEIGHTS_FILE
@@ -126,9 +134,23 @@ def load_peft_tensors(who: str, adapters: dict[str, nn.Parameter], path: str | P
     if not (path / CONFIG_FILE).is_file():
         raise ImplementationError(f"{who}: {path} has no {CONFIG_FILE}: not a PEFT folder")
     try:
-        json.loads((path / CONFIG_FILE).read_text())  # a broken config is an error here, not later
+        config = json.loads((path / CONFIG_FILE).read_text())  # a broken config is an error here, not later
     except json.JSONDecodeError as exc:
         raise ImplementationError(f"{who}: {path / CONFIG_FILE} is not valid JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise ImplementationError(f"{who}: {path / CONFIG_FILE} holds a JSON {type(config).__name__}, not an object")
+    for key, want in (expect or {}).items():
+        got = config.get(key, False if key == "use_rslora" else None)
+        if got is None or (float(got) != float(want) if key != "use_rslora" else bool(got) != bool(want)):
+            raise ImplementationError(
+                f"{who}: {path / CONFIG_FILE} has {key}={got!r}, the model's adapters have {key}={want!r}: "
+                "these tensors were trained under another scale"
+            )
+    if expect and (config.get("alpha_pattern") or config.get("rank_pattern")):
+        raise ImplementationError(
+            f"{who}: {path / CONFIG_FILE} has per-module rank_pattern/alpha_pattern, which this "
+            "implementation does not read: refusing rather than loading them under one scale"
+        )
     tensors = load_file(str(path / WEIGHTS_FILE))
     by_key = {f"{PREFIX}{name}.weight": p for name, p in adapters.items()}
     unknown = sorted(set(tensors) - set(by_key))

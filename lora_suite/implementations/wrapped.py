@@ -92,7 +92,12 @@ class WrappedLinearPeer(LoRAImplementation):
         return save_peft_tensors(adapters, config, path)
 
     def load_adapter(self, model, path):
-        load_peft_tensors(self.name, self.adapter_parameters(model), path)
+        layers = [m for m in model.modules() if isinstance(m, self.layer_type)]
+        expect = None
+        if layers:
+            r, alpha = self.rank_alpha(layers[0])
+            expect = {"r": r, "lora_alpha": alpha, "use_rslora": False}
+        load_peft_tensors(self.name, self.adapter_parameters(model), path, expect)
 
     def served_by(self, model):
         """``expected_path`` when every adapted layer is a ``layer_type``, active, and has run a forward."""

@@ -430,6 +430,22 @@ def tiny_prepared(tiny_cfg):
     return p.model, p.adapters, make_optimizer(p.model, tiny_cfg.train, p.adapters)
 
 
+@pytest.mark.parametrize("impl", ["peft", "loralib", "torchtune"])
+def test_an_adapter_folder_of_another_alpha(impl, tmp_path, tiny_cfg):
+    """Issue 28: these implementations resumed a folder saved with another alpha without a word (lora_core's own
+    loader refused it): the same tensors under another scale are another model."""
+    from lora_suite.engine.prepare import prepare
+    from lora_suite.implementations import ImplementationError
+
+    prepared = prepare(tiny_cfg, "cpu", implementation=impl)
+    prepared.implementation.save_adapter(prepared.model, tmp_path / "a")
+    config = json.loads((tmp_path / "a" / "adapter_config.json").read_text())
+    config["lora_alpha"] = 2 * config["lora_alpha"]
+    (tmp_path / "a" / "adapter_config.json").write_text(json.dumps(config))
+    with pytest.raises(ImplementationError, match=f"has lora_alpha={config['lora_alpha']!r}, the model's adapters"):
+        prepared.implementation.load_adapter(prepared.model, tmp_path / "a")
+
+
 # ------------------------------------------------------------------ report directories (compare, history)
 def _run_dir(root: Path, name: str, report: dict | str | None) -> Path:
     d = root / name
@@ -578,7 +594,7 @@ def test_the_battery_has_150_cases(request):
         "gpu-test.sh flags": len(CLI_CASES),
         "--lora-impl values": len(IMPL_CASES),
         "adapter folders": len(ADAPTER_CASES) + 2,
-        "checkpoints": len(CHECKPOINT_CASES),
+        "checkpoints": len(CHECKPOINT_CASES) + 3,
         "report dirs (compare, history)": len(REPORT_DIR_CASES) + len(HISTORY_CASES),
         "multigpu launch options": 5,
         "lora_core inputs": len(CORE_CASES),
