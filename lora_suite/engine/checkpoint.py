@@ -71,6 +71,14 @@ def save_adapter_checkpoint(
     adapters = implementation.adapter_parameters(model) if implementation else adapter_parameters(model)
     if not adapters:
         raise ValueError("the model has no LoRA adapters to save (inject_lora first)")
+    bad = {n: int((~torch.isfinite(p.detach())).sum()) for n, p in adapters.items()}
+    bad = {n: k for n, k in bad.items() if k}
+    if bad:
+        first = next(iter(bad))
+        raise ValueError(
+            f"not checkpointing step {step}: {len(bad)} adapter(s) hold NaN/Inf ({first}: {bad[first]} value(s)); "
+            "a checkpoint of them would resume a broken run"
+        )
     directory.parent.mkdir(parents=True, exist_ok=True)
     for stale in directory.parent.glob(f".{directory.name}.tmp-*"):  # left by a save that was killed
         shutil.rmtree(stale, ignore_errors=True)
@@ -160,6 +168,13 @@ def load_adapter_checkpoint(
     opt_path = directory / OPTIMIZER_FILE
     if optimizer is not None and not opt_path.exists():
         raise FileNotFoundError(f"resuming needs optimizer state at {opt_path}")
+    from safetensors.torch import load_file
+
+    bad = [k for k, t in load_file(str(directory / ADAPTER_FILE)).items() if not torch.isfinite(t).all()]
+    if bad:
+        raise CheckpointError(
+            f"checkpoint {directory}: {len(bad)} adapter tensor(s) hold NaN/Inf ({bad[0]}): not resumed"
+        )
     if implementation is not None:
         implementation.load_adapter(model, directory)
     else:

@@ -387,6 +387,7 @@ CHECKPOINT_CASES = [
     "adapter weights removed",
     "weights truncated",
     "optimizer state missing on resume",
+    "adapters hold NaN",  # issue 28: checkpointed and resumed without a check
 ]
 
 
@@ -413,12 +414,41 @@ def test_checkpoint(what, tmp_path, tiny_prepared):
         elif what == "weights truncated":
             data = files["adapter_model.safetensors"].read_bytes()
             files["adapter_model.safetensors"].write_bytes(data[: len(data) // 2])
+        elif what == "adapters hold NaN":
+            from safetensors.torch import load_file, save_file
+
+            from lora_suite.engine.checkpoint import MANIFEST_FILE
+
+            weights = files["adapter_model.safetensors"]
+            tensors = load_file(str(weights))
+            next(iter(tensors.values()))[0, 0] = float("nan")
+            save_file(tensors, str(weights), metadata={"format": "pt"})
+            manifest = json.loads((target / MANIFEST_FILE).read_text())
+            manifest["files"][weights.name] = {"bytes": weights.stat().st_size, "sha256": _sha(weights)}
+            (target / MANIFEST_FILE).write_text(json.dumps(manifest))
     before = {n: p.detach().clone() for n, p in adapters.items()}
     with pytest.raises(Exception) as err:
         load_adapter_checkpoint(model, target, optimizer=optimizer)
     msg = str(err.value)
     assert str(target) in msg or target.name in msg or "optimizer state" in msg, msg
     assert all(torch.equal(p, before[n]) for n, p in adapters.items()), "a refused checkpoint changed adapters"
+
+
+def _sha(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_adapters_holding_nan_are_not_checkpointed(tmp_path, tiny_prepared):
+    from lora_suite.engine.checkpoint import save_adapter_checkpoint
+
+    model, adapters, optimizer = tiny_prepared
+    with torch.no_grad():
+        next(iter(adapters.values()))[0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"not checkpointing step 7: 1 adapter\(s\) hold NaN/Inf"):
+        save_adapter_checkpoint(model, tmp_path / "ckpt", step=7, optimizer=optimizer)
+    assert not (tmp_path / "ckpt").exists()
 
 
 @pytest.fixture
@@ -594,7 +624,7 @@ def test_the_battery_has_150_cases(request):
         "gpu-test.sh flags": len(CLI_CASES),
         "--lora-impl values": len(IMPL_CASES),
         "adapter folders": len(ADAPTER_CASES) + 2,
-        "checkpoints": len(CHECKPOINT_CASES) + 3,
+        "checkpoints": len(CHECKPOINT_CASES) + 4,
         "report dirs (compare, history)": len(REPORT_DIR_CASES) + len(HISTORY_CASES),
         "multigpu launch options": 5,
         "lora_core inputs": len(CORE_CASES),
