@@ -86,13 +86,32 @@ def _coerce(hint, value, where: str):
     raise ConfigError(f"{where}: expected {getattr(hint, '__name__', hint)}, got {value!r}")
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping",
+                    node.start_mark,
+                    f"the key {key!r} is given twice (line {seen[key] + 1} and line {key_node.start_mark.line + 1}); "
+                    "YAML would keep only the last one",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read_yaml(path: Path):
     try:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError(f"cannot read config {path}: {exc}") from exc
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506  (a SafeLoader subclass)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: malformed YAML: {exc}") from exc
 
@@ -118,6 +137,8 @@ def load_tier_config(path: str | Path, config_dir: Path | None = None) -> TierCo
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(raw).__name__}")
     raw = dict(raw)
+    if "source" in raw:
+        raise ConfigError(f"{path}.source: the loader sets it to the file a config came from; remove the key")
     model_ref = raw.get("model")
     if not isinstance(model_ref, str):
         raise ConfigError(f"{path}.model: expected the name of a file in {config_dir / 'models'}, got {model_ref!r}")
@@ -243,7 +264,9 @@ def validate(cfg: TierConfig) -> None:
         ("data.pool", d.pool, d.pool >= 0, ">= 0 (0: fresh windows every step)"),
         ("data.seed", d.seed, d.seed >= 0, ">= 0"),
         ("train.steps", t.steps, t.steps >= 1, ">= 1"),
-        ("train.lr", t.lr, _finite(t.lr) and t.lr > 0, "finite, > 0"),
+        # AdamW moves each adapter value by about lr a step: above 1 no run learns (issue 28: lr 1e30 "trained"
+        # to the end with a gradient norm of 0 and no complaint)
+        ("train.lr", t.lr, _finite(t.lr) and 0 < t.lr <= 1.0, "finite, > 0 and <= 1"),
         ("train.warmup_steps", t.warmup_steps, 0 <= t.warmup_steps < t.steps, f"0 <= warmup_steps < steps={t.steps}"),
         ("train.min_lr_ratio", t.min_lr_ratio, _finite(t.min_lr_ratio) and 0 <= t.min_lr_ratio <= 1, "0 <= x <= 1"),
         ("train.grad_accum", t.grad_accum, t.grad_accum >= 1, ">= 1"),

@@ -71,6 +71,8 @@ TIER_CASES = [
     ("quick", "train.lr", 0, "0.0 is out of range"),
     ("quick", "train.lr", "fast", "expected a number, got 'fast'"),
     ("quick", "train.lr", ".nan", "is out of range"),
+    ("quick", "train.lr", 1.0e30, "1e+30 is out of range; expected finite, > 0 and <= 1"),  # issue 28
+    ("quick", "source", "elsewhere.yaml", "the loader sets it to the file a config came from"),  # issue 28
     ("quick", "train.warmup_steps", -1, "-1 is out of range; expected 0 <= warmup_steps < steps"),
     ("quick", "train.warmup_steps", 10, "10 is out of range; expected 0 <= warmup_steps < steps"),
     ("quick", "train.schedule", "zigzag", "'zigzag' is not one of ['cosine', 'linear', 'constant']"),
@@ -146,6 +148,12 @@ FILE_CASES = [
     ("a scalar at the top", "42\n", "expected a mapping at the top level, got int"),
     ("empty file", "", "expected a mapping at the top level"),
     ("binary junk", "\x00\x01\x02", "malformed YAML"),
+    # issue 28: PyYAML kept the second silently
+    (
+        "a section given twice",
+        "tier: quick\nmodel: smollm2-135m\nlora:\n  r: 4\nlora:\n  r: 8\n",
+        "'lora' is given twice",
+    ),
 ]
 
 
