@@ -106,6 +106,12 @@ def build_model(
     start = time.perf_counter()
     if weights in ("auto", "pretrained"):
         path = find_local_checkpoint(cfg)
+        if path is None and cfg.local_path and weights == "auto":  # asked for by name: never a silent random model
+            raise ValueError(
+                f"model {cfg.name}: local_path {cfg.local_path} holds no config.json (expected a Hugging Face "
+                "checkpoint folder: config.json and the weights); fix the path, or set local_path: null to build "
+                "the random-initialised architecture"
+            )
         if path is not None:
             model, tokenizer = _load_pretrained(cfg, path, dtype, device, on_layer)
             return BuiltModel(model, tokenizer, "pretrained", f"checkpoint {path}", time.perf_counter() - start)

@@ -610,10 +610,24 @@ def _nf4_into_an_integer_dtype():
     dequantize_nf4(quantize_nf4(torch.randn(4, 64)), torch.int32)
 
 
+def _local_path_without_a_config():
+    import dataclasses
+    import tempfile
+
+    from lora_suite.core.loader import load_model_config
+    from lora_suite.engine.models import build_model
+
+    empty = tempfile.mkdtemp()
+    cfg = dataclasses.replace(load_model_config("smollm2-135m", CONFIG_DIR), local_path=empty)
+    build_model(cfg, "auto", torch.float32, "cpu")
+
+
 CORE_CASES = [
     ("a second inject_lora call", _second_inject, "already has 2 LoRA layer(s) (model.layers.0.self_attn.q_proj"),
     ("NF4 weights near the float32 limit", _nf4_near_the_float32_limit, "has values up to 3e+38: the double"),
     ("NF4 dequantised into int32", _nf4_into_an_integer_dtype, "dtype torch.int32 is not one of"),
+    # issue 28: fell back to random weights without a word
+    ("a local_path without config.json", _local_path_without_a_config, "holds no config.json (expected a Hugging"),
 ]
 
 
@@ -635,7 +649,7 @@ def test_the_battery_has_150_cases(request):
         "checkpoints": len(CHECKPOINT_CASES) + 4,
         "report dirs (compare, history)": len(REPORT_DIR_CASES) + len(HISTORY_CASES),
         "multigpu launch options": 5,
-        "lora_core inputs": len(CORE_CASES),
+        "lora_core and model inputs": len(CORE_CASES),
     }
     print(json.dumps(counts), sum(counts.values()))
     assert sum(counts.values()) >= 150, counts
