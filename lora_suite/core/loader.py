@@ -11,8 +11,6 @@ import re
 import typing
 from pathlib import Path
 
-import yaml
-
 from lora_core.inject import TARGET_NAMES  # the system under test owns the target names
 from lora_suite.core.config import (
     _FLOAT_TEXT,
@@ -28,6 +26,7 @@ from lora_suite.core.config import (
     TierConfig,
     target_shapes,
 )
+from lora_suite.core.yaml_io import read_yaml
 
 
 def _build(cls, raw, where: str):
@@ -86,36 +85,6 @@ def _coerce(hint, value, where: str):
     raise ConfigError(f"{where}: expected {getattr(hint, '__name__', hint)}, got {value!r}")
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last one silently)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    "while reading a mapping",
-                    node.start_mark,
-                    f"the key {key!r} is given twice (line {seen[key] + 1} and line {key_node.start_mark.line + 1}); "
-                    "YAML would keep only the last one",
-                    key_node.start_mark,
-                )
-            seen[key] = key_node.start_mark.line
-        return super().construct_mapping(node, deep=deep)
-
-
-def _read_yaml(path: Path):
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read config {path}: {exc}") from exc
-    try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506  (a SafeLoader subclass)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: malformed YAML: {exc}") from exc
-
-
 def load_model_config(name_or_path: str | Path, config_dir: Path = CONFIG_DIR) -> ModelConfig:
     path = Path(name_or_path)
     if path.suffix not in (".yaml", ".yml"):  # a bare name (names may contain dots: tinyllama-1.1b)
@@ -123,7 +92,7 @@ def load_model_config(name_or_path: str | Path, config_dir: Path = CONFIG_DIR) -
     if not path.exists():
         known = sorted(p.stem for p in (config_dir / "models").glob("*.yaml"))
         raise ConfigError(f"model config {name_or_path!r} not found at {path}; known models: {known}")
-    model = _build(ModelConfig, _read_yaml(path), str(path))
+    model = _build(ModelConfig, read_yaml(path), str(path))
     validate_model(model, str(path))
     return model
 
@@ -133,7 +102,7 @@ def load_tier_config(path: str | Path, config_dir: Path | None = None) -> TierCo
     if path.suffix not in (".yaml", ".yml") and not path.exists():
         path = (config_dir or CONFIG_DIR) / f"{path}.yaml"
     config_dir = config_dir or path.resolve().parent
-    raw = _read_yaml(path)
+    raw = read_yaml(path)
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(raw).__name__}")
     raw = dict(raw)

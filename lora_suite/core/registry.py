@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lora_suite.core.config import CONFIG_DIR, ConfigError, SuiteEntry
-from lora_suite.core.loader import _read_yaml, load_tier_config
+from lora_suite.core.loader import load_tier_config
+from lora_suite.core.yaml_io import read_yaml
 
 TIERS_ENV = "LORA_SUITE_TIERS_DIR"
 
@@ -46,7 +47,7 @@ def registry(config_dir: Path | None = None, tiers_dir: Path | None = None) -> d
     tiers_dir = Path(tiers_dir or find_tiers_dir())
     found = []
     for path in sorted(config_dir.glob("*.yaml")):
-        raw = _read_yaml(path)
+        raw = read_yaml(path)
         if not isinstance(raw, dict) or "suite" not in raw:
             continue
         cfg = load_tier_config(path, config_dir)

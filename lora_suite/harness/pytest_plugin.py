@@ -1,10 +1,9 @@
 """The suite's pytest plugin: options, the implementation under test, checks, GPU skips, CUDA-error stop,
 seeding, cleanup and the run report. The repository's root ``conftest.py`` only loads it.
 
-Options (see README): --lora-impl, --check-vram, --strict-vram, --report-dir, --weights.
-Tests that need a GPU carry the ``gpu`` marker and skip with a reason when torch sees no CUDA device.
-A CUDA error (illegal address, device-side assert, a failed cuBLAS call) leaves the CUDA context
-unusable: the session stops there, with a message, instead of failing every later test in confusion.
+Options: ``harness/options.py``. Tests that need a GPU carry the ``gpu`` marker and skip with a reason when torch
+sees no CUDA device (a run that judged nothing says so). A CUDA error (illegal address, device-side assert, a failed
+cuBLAS call) leaves the CUDA context unusable: the session stops there instead of failing every later test.
 
 Checks: a test records every criterion with the ``check`` fixture, ``check(name, value, op, threshold,
 unit=, source=, detail=)``. Every check is recorded in the report, also after one has failed; a test with a
@@ -111,8 +110,9 @@ def pytest_report_header(config):
     return [
         f"lora-gpu-suite: {gpu}",
         f"lora-gpu-suite: LoRA implementation under test: {impl.describe()}",
-        f"lora-gpu-suite: torch {env.torch} (CUDA {env.cuda}), cupy {env.cupy}, nvmath {env.nvmath}, transformers "
-        f"{env.transformers}, peft {env.peft}, commit {env.git_commit[:12]}{' (dirty)' if env.git_dirty else ''}",
+        f"lora-gpu-suite: torch {env.torch} ({f'CUDA {env.cuda}' if env.cuda else 'a CPU build'}), cupy "
+        f"{env.cupy or 'not installed'}, nvmath {env.nvmath or 'not installed'}, transformers {env.transformers}, "
+        f"peft {env.peft or 'not installed'}, commit {env.git_commit[:12]}{' (dirty)' if env.git_dirty else ''}",
     ]
 
 
@@ -363,15 +363,15 @@ def _finish_report(session, exitstatus):
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    run = config.stash[_REPORT_KEY]
+    run, tr = config.stash[_REPORT_KEY], terminalreporter
     s = run.summary()
-    tr = terminalreporter
     tr.section("lora-gpu-suite")
     if run.environment.gpu_name is None:
         skipped_gpu = sum(1 for o in run.outcomes if o.outcome == "skipped" and "CUDA GPU" in o.reason)
+        nothing = not (s["checks_passed"] or s["checks_failed"] or s.get("passed"))
         tr.write_line(
-            f"No CUDA GPU was found: {skipped_gpu} GPU test(s) skipped; "
-            f"{s.get('passed', 0)} passed and {s.get('failed', 0)} failed on the CPU."
+            f"No CUDA GPU was found: {skipped_gpu} GPU test(s) skipped; {s.get('passed', 0)} passed and "
+            f"{s.get('failed', 0)} failed on the CPU{': nothing was judged (no check ran)' if nothing else '.'}"
         )
     tr.write_line(f"checks: {s['checks_passed']} passed, {s['checks_failed']} failed")
     for line in config.stash.get(_SUMMARY_KEY, []):

@@ -69,6 +69,7 @@ def test_a_tier_is_one_yaml_and_one_test_folder(tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     # selected by the marker the registry registered; a tier's tests need a GPU, so here it skips saying so
     assert "1 skipped" in out.stdout and "smoke        PASS" in out.stdout and "needs a CUDA GPU" in out.stdout
+    assert "PASS (no GPU: nothing judged)" in out.stdout and "nothing was judged (no check ran)" in out.stdout
     report = next((tmp_path / "r").glob("*-smoke/report.json")).read_text()
     assert '"selection": "smoke"' in report  # the tier's marker, registered from the YAML, selected the test
     env["GPU_TEST_DRY_RUN"] = "1"
