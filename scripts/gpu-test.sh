@@ -11,6 +11,7 @@ export GPU_TEST_T0="${GPU_TEST_T0:-$(date +%s.%N)}"  # the run's start: the repo
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [[ -t 1 && -z "${NO_COLOR:-}" ]]; then YELLOW=$'\e[33m'; RED=$'\e[31m'; RESET=$'\e[0m'; else YELLOW=""; RED=""; RESET=""; fi
 say() { printf '%s\n' "$*"; }
+CALLER="$PWD"  # relative paths in the arguments (--report-dir, compare's folders) are the caller's: exec from here
 cd "$ROOT"
 
 # ---------------------------------------------------------------- Python environment
@@ -63,4 +64,5 @@ if ! pick_python; then
 fi
 # The checkout's package wins over an installed copy; PYTHON tells the CLI which interpreter runs pytest.
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHON="$PY"
+cd "$CALLER" 2>/dev/null || cd "$ROOT"
 exec "$PY" -m lora_suite "$@"

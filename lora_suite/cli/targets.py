@@ -141,6 +141,8 @@ def run_targets(args, extra: list[str]) -> int:
         raise UsageError("--backend was replaced by --lora-impl (cupy, torch, peft or package.module:factory)")
     if args.baseline and args.baseline != "auto" and not Path(args.baseline).is_dir():
         raise UsageError(f"--baseline {args.baseline} is not a directory")
+    if target == "selftest" and args.report_dir:  # issue 28: it was accepted, and the folder stayed empty
+        raise UsageError("--report-dir: selftest (the CPU tests) writes no run report; it is for the GPU targets")
     if target == "selftest" and checkout_root() is None:
         raise UsageError("selftest runs the CPU tests of a checkout (tests/ is not installed with the package)")
     report_root = Path(args.report_dir).resolve() if args.report_dir else default_reports()

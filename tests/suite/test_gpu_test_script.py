@@ -292,3 +292,18 @@ def test_scorecard_refuses_bad_arguments_naming_them(args, message, tmp_path):
         env={**os.environ, "SCORECARD_DRY_RUN": "1"},
     )
     assert out.returncode == 2 and message in out.stderr
+
+
+def test_a_relative_report_dir_is_the_callers(tmp_path):
+    """Issue 28: gpu-test.sh changed to the checkout before handing over, so `--report-dir out` landed in the checkout."""
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        ["bash", str(root / "scripts" / "gpu-test.sh"), "quick", "--report-dir", "out", "--", "-k", "matches_nothing"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+        env={k: v for k, v in os.environ.items() if k != "GPU_TEST_DRY_RUN"},
+    )
+    assert out.returncode == 1 and "FAIL (no tests collected)" in out.stdout, out.stdout[-1500:] + out.stderr[-800:]
+    assert list((tmp_path / "out").glob("*-quick")), "the run folder is not under the caller's out/"
