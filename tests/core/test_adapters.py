@@ -20,9 +20,9 @@ def _base():
     return build_random(TINY_ARCH, torch.float32, "cpu", seed=0)
 
 
-def _ours(targets=("q_proj", "v_proj"), r=4, alpha=8, quantize=None):
+def _ours(targets=("q_proj", "v_proj"), r=4, alpha=8, quantize=None, use_rslora=False):
     m = _base()
-    inject_lora(m, targets, r=r, alpha=alpha, backend="torch", quantize=quantize)
+    inject_lora(m, targets, r=r, alpha=alpha, backend="torch", quantize=quantize, use_rslora=use_rslora)
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for p in adapter_parameters(m).values():
@@ -47,6 +47,24 @@ def test_our_folder_loads_in_peft_with_equal_logits(tmp_path):
     )
     theirs = peft.PeftModel.from_pretrained(_base(), str(tmp_path / "a"))
     torch.testing.assert_close(_logits(theirs), _logits(ours), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("alpha", "use_rslora"), [(5.0, False), (16, True), (3.0, True)], ids=["alpha5", "rslora16", "rslora3"]
+)
+def test_an_rslora_or_odd_alpha_folder_loads_in_peft_with_equal_logits(alpha, use_rslora, tmp_path):
+    """Issue 28's blind spot: a scale that is not the plain alpha/r relation survives the round trip into PEFT (a
+    folder written with a wrong lora_alpha or without use_rslora fails this, as the plants below show)."""
+    ours = _ours(("q_proj", "v_proj", "gate_proj"), r=4, alpha=alpha, use_rslora=use_rslora)
+    lora_core.save_peft_adapter(ours, tmp_path / "a")
+    theirs = peft.PeftModel.from_pretrained(_base(), str(tmp_path / "a"))
+    torch.testing.assert_close(_logits(theirs), _logits(ours), rtol=1e-5, atol=1e-5)
+    config_path = tmp_path / "a" / "adapter_config.json"
+    config = json.loads(config_path.read_text())
+    for planted in ({"lora_alpha": config["lora_alpha"] * 2}, {"use_rslora": not config["use_rslora"]}):
+        config_path.write_text(json.dumps({**config, **planted}))
+        wrong = peft.PeftModel.from_pretrained(_base(), str(tmp_path / "a"))
+        assert not torch.allclose(_logits(wrong), _logits(ours), rtol=1e-5, atol=1e-5), f"planted {planted} passed"
 
 
 def test_a_peft_folder_loads_into_our_layers_with_equal_logits(tmp_path):
