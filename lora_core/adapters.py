@@ -102,10 +102,18 @@ def load_peft_adapter(model: nn.Module, path: str | Path) -> list[str]:
     for name in (CONFIG_FILE, WEIGHTS_FILE):
         if not (path / name).exists():
             raise FileNotFoundError(f"{path} is not a PEFT adapter folder: {name} is missing")
-    config = json.loads((path / CONFIG_FILE).read_text())
+    try:
+        config = json.loads((path / CONFIG_FILE).read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path / CONFIG_FILE} is not valid JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path / CONFIG_FILE} holds a JSON {type(config).__name__}, expected a PEFT config object")
     if config.get("peft_type") != "LORA":
         raise ValueError(f"{path / CONFIG_FILE}: peft_type {config.get('peft_type')!r}, expected 'LORA'")
-    saved = load_file(str(path / WEIGHTS_FILE))
+    try:
+        saved = load_file(str(path / WEIGHTS_FILE))
+    except Exception as exc:  # noqa: BLE001  (safetensors raises its own error type, naming no file)
+        raise ValueError(f"{path / WEIGHTS_FILE} is not a readable safetensors file ({exc})") from None
     layers = lora_modules(model)
     wanted = {_peft_key(n, w): (n, w) for n in layers for w in ("lora_A", "lora_B")}
     # PEFT writes keys without the adapter name; tolerate ".default" from files saved with it.

@@ -127,7 +127,11 @@ def history(args) -> int:
     except (ledger.LedgerError, ValueError) as exc:
         print(f"history: {exc}", file=sys.stderr)
         return 2
-    md = history_tool.write(html, groups)
+    try:
+        md = history_tool.write(html, groups)
+    except OSError as exc:  # issue 28: a folder that cannot be created ended in a traceback
+        print(f"history: cannot write {html} ({exc.strerror or exc})", file=sys.stderr)
+        return 2
     print(f"history: {sum(len(g.runs) for g in groups)} runs in {len(groups)} groups; {html} and {md}")
     return 0
 

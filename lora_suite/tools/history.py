@@ -357,7 +357,11 @@ def main(argv: list[str]) -> int:
     except (FileNotFoundError, ValueError) as exc:
         print(f"history: {exc}", file=sys.stderr)
         return 2
-    md = write(out, groups)
+    try:
+        md = write(out, groups)
+    except OSError as exc:  # issue 28: a folder that cannot be created ended in a traceback
+        print(f"history: cannot write {out} ({exc.strerror or exc})", file=sys.stderr)
+        return 2
     print(f"history: {sum(len(g.runs) for g in groups)} runs in {len(groups)} groups; {out} and {md}")
     return 0
 

@@ -259,6 +259,7 @@ CLI_CASES = [
     (["history", "--html", "page.md"], "--html needs a path ending in .html, got 'page.md'"),
     (["history", "/nonexistent/reports"], "report directory /nonexistent/reports does not exist"),
     (["history", "--since", "yesterday"], "unknown option '--since'"),
+    (["history", "--html", "/proc/nowhere/h.html"], "history: cannot write /proc/nowhere/h.html"),  # issue 28
     (["selftest", "--report-dir", "out"], "selftest (the CPU tests) writes no run report"),  # issue 28: ignored
 ]
 
@@ -623,12 +624,42 @@ def _local_path_without_a_config():
     build_model(cfg, "auto", torch.float32, "cpu")
 
 
+def _peft_folder_of_lora_core(corrupt: str):
+    import tempfile
+
+    import lora_core
+    from lora_suite.engine.models import build_random
+    from tests.conftest import TINY_ARCH
+
+    model = build_random(TINY_ARCH, torch.float32, "cpu")
+    lora_core.inject_lora(model, ("q_proj",), r=2, backend="torch")
+    folder = Path(tempfile.mkdtemp()) / "a"
+    lora_core.save_peft_adapter(model, folder)
+    if corrupt == "weights":
+        weights = folder / "adapter_model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:100])
+    else:
+        (folder / "adapter_config.json").write_text("[1]")
+    lora_core.load_peft_adapter(model, folder)
+
+
 CORE_CASES = [
     ("a second inject_lora call", _second_inject, "already has 2 LoRA layer(s) (model.layers.0.self_attn.q_proj"),
     ("NF4 weights near the float32 limit", _nf4_near_the_float32_limit, "has values up to 3e+38: the double"),
     ("NF4 dequantised into int32", _nf4_into_an_integer_dtype, "dtype torch.int32 is not one of"),
     # issue 28: fell back to random weights without a word
     ("a local_path without config.json", _local_path_without_a_config, "holds no config.json (expected a Hugging"),
+    # issue 28: library tracebacks that named no file
+    (
+        "lora_core reads truncated weights",
+        lambda: _peft_folder_of_lora_core("weights"),
+        "is not a readable safetensors",
+    ),
+    (
+        "lora_core reads a config list",
+        lambda: _peft_folder_of_lora_core("config"),
+        "holds a JSON list, expected a PEFT",
+    ),
 ]
 
 
