@@ -251,7 +251,7 @@ class TrainingRun:
                 grad_norm, loss = float(norm_t), float(loss_t)  # sync after the replay
                 if not (math.isfinite(loss) and math.isfinite(grad_norm)):
                     raise NonFiniteError(
-                        _non_finite_message(step, loss, grad_norm, self.named)
+                        _non_finite_message(step, loss, grad_norm, self.named, self.model, micro)
                         + " (captured step: its update is already applied)"
                     )
             else:
@@ -260,7 +260,7 @@ class TrainingRun:
                 grad_norm = float(clip_gradients(self.params, max_norm))  # syncs
                 loss = float(loss_t)
                 if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-                    raise NonFiniteError(_non_finite_message(step, loss, grad_norm, self.named))
+                    raise NonFiniteError(_non_finite_message(step, loss, grad_norm, self.named, self.model, micro))
                 self.optimizer.step()
             if self.step_hook is not None:
                 self.step_hook(step)
@@ -352,12 +352,28 @@ def train(
     return TrainResult(run.records, run.optimizer, run)
 
 
-def _non_finite_message(step: int, loss: float, grad_norm: float, named: dict[str, nn.Parameter]) -> str:
-    """Name the adapters whose values are non-finite (the usual root cause) and those whose gradients are."""
+def _non_finite_message(
+    step: int, loss: float, grad_norm: float, named: dict[str, nn.Parameter], model=None, micro=None
+) -> str:
+    """Name what is non-finite: the adapters' values and gradients, the frozen base's tensors (then the adapters are
+    not the cause), and a batch without one target token (its mean loss is 0/0)."""
     values = [n for n, p in named.items() if not torch.isfinite(p).all()]
     grads = [n for n, p in named.items() if p.grad is not None and not torch.isfinite(p.grad).all()]
-    return (
+    msg = (
         f"non-finite values at step {step}: loss {loss}, grad norm {grad_norm}; adapters with NaN/Inf values: "
         f"{values[:10]}{' ...' if len(values) > 10 else ''}; adapters with NaN/Inf gradients: {grads[:10]}"
         f"{' ...' if len(grads) > 10 else ''} ({len(grads)} of {len(named)})"
     )
+    if model is not None:
+        mine = {id(p) for p in named.values()}
+        frozen = [
+            n
+            for n, t in list(model.named_parameters()) + list(model.named_buffers())
+            if id(t) not in mine and t.is_floating_point() and not torch.isfinite(t).all()
+        ]
+        if frozen:
+            msg += f"; the frozen base holds NaN/Inf in {frozen[:5]} ({len(frozen)} tensors): not the adapters' doing"
+    empty = [i for i, b in enumerate(micro or []) if "labels" in b and not bool((b["labels"][..., 1:] != -100).any())]
+    if empty:
+        msg += f"; micro-batch(es) {empty} have no target token (every label is -100): their mean loss is 0/0"
+    return msg

@@ -68,6 +68,25 @@ def test_non_finite_guard_names_the_parameters(tiny_cfg):
         train(p.model, p.batches, tiny_cfg.train)
 
 
+def test_non_finite_guard_names_a_frozen_base_tensor_and_a_batch_without_targets(tiny_cfg):
+    """Issue 28: a NaN in a frozen base weight was blamed on the adapters, and a batch whose labels are all -100
+    stopped with "loss nan" and no reason."""
+    p = prepare(tiny_cfg, "cpu")
+    with torch.no_grad():
+        p.model.model.layers[0].mlp.up_proj.weight[0, 0] = float("nan")
+    with pytest.raises(NonFiniteError, match=r"frozen base holds NaN/Inf in \['model.layers.0.mlp.up_proj.weight'\]"):
+        train(p.model, p.batches, tiny_cfg.train)
+    p = prepare(tiny_cfg, "cpu")
+
+    def no_targets(i):
+        b = dict(p.batches(i))
+        b["labels"] = torch.full_like(b["labels"], -100)
+        return b
+
+    with pytest.raises(NonFiniteError, match=r"micro-batch\(es\) \[0\] have no target token"):
+        train(p.model, no_targets, tiny_cfg.train)
+
+
 def test_resume_from_checkpoint_continues_identically(tiny_cfg, tmp_path):
     cfg = dataclasses.replace(tiny_cfg, train=dataclasses.replace(tiny_cfg.train, steps=12))
     straight = train(prepare(cfg, "cpu").model, prepare(cfg, "cpu").batches, cfg.train).losses
