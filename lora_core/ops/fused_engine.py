@@ -58,6 +58,11 @@ def enter(x: torch.Tensor, backend: str | None) -> tuple[torch.Tensor, str]:
     """(x in the autocast dtype when autocast is on, as ``F.linear`` would run it; the resolved backend)."""
     from lora_core.backend import resolve_backend
 
+    if torch.compiler.is_compiling():
+        raise RuntimeError(
+            "the fused LoRA paths are autograd Functions over CuPy and cuBLAS, not registered ops: torch.compile "
+            "cannot trace them; capture the training step in a CUDA graph (train.cuda_graph) instead"
+        )
     device_type = x.device.type
     if x.is_floating_point() and torch.is_autocast_enabled(device_type):
         x = x.to(torch.get_autocast_dtype(device_type))

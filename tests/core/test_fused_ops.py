@@ -225,3 +225,11 @@ def test_a_fused_call_counts_each_layer_it_serves():
         backend="torch",
     )
     assert backend_call_counts()["torch"] - before == 6
+
+
+def test_torch_compile_is_refused_by_name(monkeypatch):
+    gate, up, down = _mlp()
+    bases = MLPBases(w_gu=torch.cat([gate.weight, up.weight]), w_d=down.weight)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    with pytest.raises(RuntimeError, match="torch.compile cannot trace them; capture the training step"):
+        lora_mlp(torch.randn(2, K, dtype=torch.float64), bases, _adapters([gate, up, down]), 2.0, 2.0, backend="torch")
