@@ -82,7 +82,7 @@ class Tier:
         mem = nvml_memory()
         if mem is None:
             pytest.skip("--check-vram: NVML gives no reading for this device")
-        ok, msg = vram_verdict(est, mem.free)
+        ok, msg = vram_verdict(est, mem.free, mem.used)
         self.report.notes.append(f"{self.nodeid}: {msg}")
         if not ok:
             if self.request.config.getoption("strict_vram"):

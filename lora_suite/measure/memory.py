@@ -195,15 +195,23 @@ class PeakWindow:
         return torch.cuda.max_memory_allocated(self.device) - self.carried
 
 
-def vram_verdict(estimate: MemoryEstimate, free_bytes: int) -> tuple[bool, str]:
-    """(enough?, message giving need and free) for the --check-vram pre-check."""
+def vram_verdict(estimate: MemoryEstimate, free_bytes: int, used_bytes: int | None = None) -> tuple[bool, str]:
+    """(enough?, message giving need and free) for the --check-vram pre-check. NVML's free memory is what is left
+    after every process on the GPU, this one and others (``used_bytes``), so a neighbour's memory counts, and the
+    message says how much was already held."""
     need = estimate.device_need
     ok = need <= free_bytes
     parts = ", ".join(f"{k} {v:.2f}" for k, v in estimate.gib().items() if v)
     msg = (
         f"VRAM pre-check: need ~{need / GIB:.2f} GiB (estimated peak {estimate.allocated_peak / GIB:.2f} GiB "
         f"+10% allocator slack + {estimate.context / GIB:.1f} GiB CUDA context; {parts}), NVML free "
-        f"{free_bytes / GIB:.2f} GiB: {'enough' if ok else 'NOT enough'}"
+        f"{free_bytes / GIB:.2f} GiB"
+        + (
+            ""
+            if used_bytes is None
+            else f" (after {used_bytes / GIB:.2f} GiB already held on the GPU, other processes' included)"
+        )
+        + f": {'enough' if ok else 'NOT enough'}"
     )
     return ok, msg
 

@@ -56,6 +56,8 @@ def test_vram_verdict_gives_need_and_free():
     assert ok and "need ~2.80 GiB" in msg and "NVML free 10.00 GiB: enough" in msg
     ok, msg = vram_verdict(est, 2 * GIB)
     assert not ok and "NOT enough" in msg
+    ok, msg = vram_verdict(est, 2 * GIB, 60 * GIB)  # a neighbour holds most of the GPU: the pre-check says so
+    assert not ok and "NVML free 2.00 GiB (after 60.00 GiB already held on the GPU, other processes' included)" in msg
     assert est.device_need == int(2 * GIB * 1.1) + CONTEXT_BYTES
 
 
