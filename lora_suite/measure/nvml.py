@@ -1,4 +1,5 @@
-"""NVML readings of the GPU torch uses: total, free and used memory (device-wide, all processes).
+"""NVML readings of the GPU torch uses: total, free and used memory (device-wide, all processes), and this process's
+own share (``process_memory``: NVML's per-process accounting, or this process's allocators where NVML has no entry).
 
 The device is matched by UUID (falling back to the PCI bus id), so ``CUDA_VISIBLE_DEVICES`` is respected.
 Without a GPU, or without nvidia-ml-py (module ``pynvml``), every reading is None.
@@ -6,6 +7,8 @@ Without a GPU, or without nvidia-ml-py (module ``pynvml``), every reading is Non
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -57,10 +60,41 @@ class NvmlReader:
         mem = self.memory()
         return None if mem is None else mem.used
 
+    def process_used(self, pid: int | None = None) -> int | None:
+        """GPU memory NVML accounts to process ``pid`` (default: this one) on this device; None where NVML shows no
+        entry for it (a container's own PID namespace, or per-process accounting not available)."""
+        if self._handle is None:
+            return None
+        pid = os.getpid() if pid is None else pid
+        try:
+            procs = self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle)
+        except self._nvml.NVMLError:
+            return None
+        used = [p.usedGpuMemory for p in procs if p.pid == pid]
+        # NVML reports an unknown amount as None (pynvml) or as NVML_VALUE_NOT_AVAILABLE (2**64 - 1)
+        return None if not used or used[0] is None or used[0] >= 2**63 else int(used[0])
+
     def close(self) -> None:
         if self._nvml is not None:
             self._nvml.nvmlShutdown()
             self._nvml = self._handle = None
+
+
+def process_memory(reader: NvmlReader, pid: int | None = None) -> tuple[int | None, str]:
+    """(bytes, where they come from) of this process's GPU memory: NVML's per-process accounting, else torch's
+    reserved memory plus CuPy's pool (what this process's allocators hold), saying which. Device-wide usage counts
+    every other process on the GPU too: a neighbour's allocations are not this run's."""
+    used = reader.process_used(pid)
+    if used is not None:
+        return used, "NVML per-process"
+    if not torch.cuda.is_available():
+        return None, "no GPU"
+    total, parts = torch.cuda.memory_reserved(), ["torch reserved"]
+    cupy = sys.modules.get("cupy")  # only if this process uses it: never imported here
+    if cupy is not None:
+        total += int(cupy.get_default_memory_pool().total_bytes())
+        parts.append("CuPy pool")
+    return total, " + ".join(parts) + f" (NVML shows no entry for PID {os.getpid() if pid is None else pid})"
 
 
 def nvml_memory(device_index: int | None = None) -> GpuMemory | None:

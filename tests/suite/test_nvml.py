@@ -15,3 +15,67 @@ def test_nvml_without_gpu_is_none():
     reader = NvmlReader()
     assert reader.memory() is None and reader.used() is None
     reader.close()
+
+
+class _FakeNvml:
+    """The slice of pynvml that per-process accounting reads."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, procs):
+        self.procs = procs
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):  # noqa: N802  (pynvml's name)
+        if isinstance(self.procs, Exception):
+            raise self.procs
+        return self.procs
+
+
+def _reader(procs):
+    from types import SimpleNamespace
+
+    reader = NvmlReader.__new__(NvmlReader)
+    reader._nvml, reader._handle = _FakeNvml(procs), object()
+    return reader, SimpleNamespace
+
+
+def test_process_memory_is_this_pids_share_not_the_devices():
+    """Issue 28: a neighbour on the same GPU moved the device-wide reading; the per-process one is this PID's."""
+    import os
+
+    from lora_suite.measure.nvml import process_memory
+
+    reader, proc = _reader(None)
+    reader._nvml.procs = [
+        proc(pid=os.getpid() + 1, usedGpuMemory=40 << 30),
+        proc(pid=os.getpid(), usedGpuMemory=3 << 30),
+    ]
+    assert reader.process_used() == 3 << 30
+    assert process_memory(reader) == (3 << 30, "NVML per-process")
+    reader._nvml.procs = [proc(pid=os.getpid(), usedGpuMemory=None)]  # accounting not available
+    assert reader.process_used() is None
+    reader._nvml.procs = [proc(pid=os.getpid(), usedGpuMemory=2**64 - 1)]  # NVML_VALUE_NOT_AVAILABLE
+    assert reader.process_used() is None
+    reader._nvml.procs = reader._nvml.NVMLError("not supported")
+    assert reader.process_used() is None
+    if not torch.cuda.is_available():
+        assert process_memory(reader) == (None, "no GPU")
+
+
+def test_process_memory_falls_back_to_this_processs_allocators_and_says_so(monkeypatch):
+    """Where NVML shows no entry for the PID (a container's PID namespace): torch's reserved memory plus CuPy's pool."""
+    import sys
+    from types import SimpleNamespace
+
+    from lora_suite.measure.nvml import process_memory
+
+    reader, _ = _reader([])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: 5 << 20)
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    used, source = process_memory(reader, pid=123)
+    assert used == 5 << 20 and source == "torch reserved (NVML shows no entry for PID 123)"
+    pool = SimpleNamespace(total_bytes=lambda: 2 << 20)
+    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(get_default_memory_pool=lambda: pool))
+    assert process_memory(reader, pid=123) == (7 << 20, "torch reserved + CuPy pool (NVML shows no entry for PID 123)")
