@@ -1,7 +1,7 @@
 """Fused non-LoRA ops under any implementation: Liger-Kernel's RMSNorm, RoPE, SwiGLU and fused linear
 cross-entropy (the loss over the vocabulary without materialising the logits), applied to one model instance.
 
-``liger_ops(model, swiglu=...)`` is a context manager: Liger patches some of transformers' module-level names
+``liger_ops(model, swiglu=...)`` is a context manager (``apply_liger_ops`` its body): Liger patches some of transformers' module-level names
 (``apply_rotary_pos_emb``, ``LlamaRMSNorm``, ``LlamaMLP``) besides the instance, so the names are put back on
 exit and a model of another stack built later in the same process runs transformers' own ops. ``swiglu=False``
 where the MLP is already fused (lora_core's ``LoRAMLP``). ``describe_liger(model)`` says what is in place, for
@@ -39,36 +39,43 @@ def _liger():
 
 
 @contextlib.contextmanager
-def liger_ops(model: nn.Module, *, swiglu: bool | None = None):
-    """Apply Liger's RMSNorm, RoPE, fused linear cross-entropy (and SwiGLU unless the MLP is fused) to ``model``.
-
-    ``swiglu=None``: Liger's SwiGLU wherever every MLP is still transformers' own ``LlamaMLP`` (an MLP that is
-    already fused, lora_core's ``LoRAMLP``, keeps its own)."""
-    liger = _liger()
+def restored_llama_names():
+    """Put back, on exit, transformers' module-level Llama names that Liger patches (for a process that builds
+    other stacks' models afterwards)."""
     from transformers.models.llama import modeling_llama
 
-    if type(model).__name__ != "LlamaForCausalLM":
-        raise FusedOpsError(f"--fused-ops liger: a LlamaForCausalLM is expected, got {type(model).__name__}")
-    if swiglu is None:
-        swiglu = all(  # not an MLP already fused, nor one whose forward a stack replaced (axolotl's)
-            type(layer.mlp).__name__ == "LlamaMLP" and "forward" not in vars(layer.mlp) for layer in model.model.layers
-        )
     saved = {name: getattr(modeling_llama, name) for name in _PATCHED_NAMES}
     try:
-        liger.apply_liger_kernel_to_llama(
-            rope=True, rms_norm=True, swiglu=swiglu, cross_entropy=False, fused_linear_cross_entropy=True, model=model
-        )
-        yield model
+        yield
     finally:
         for name, value in saved.items():
             setattr(modeling_llama, name, value)
 
 
 def apply_liger_ops(model: nn.Module, *, swiglu: bool | None = None) -> nn.Module:
-    """``liger_ops`` without the restore, for a process that runs one stack (a tier run, a scorecard lane)."""
-    ctx = liger_ops(model, swiglu=swiglu)
-    ctx.__enter__()
+    """Apply Liger's RMSNorm, RoPE, fused linear cross-entropy (and SwiGLU unless the MLP is fused) to ``model``,
+    leaving Liger's module-level patches in place (a process that runs one stack: a tier run, a scorecard lane).
+
+    ``swiglu=None``: Liger's SwiGLU wherever every MLP is still transformers' own ``LlamaMLP`` (an MLP that is
+    already fused, lora_core's ``LoRAMLP``, keeps its own)."""
+    liger = _liger()
+    if type(model).__name__ != "LlamaForCausalLM":
+        raise FusedOpsError(f"--fused-ops liger: a LlamaForCausalLM is expected, got {type(model).__name__}")
+    if swiglu is None:
+        swiglu = all(  # not an MLP already fused, nor one whose forward a stack replaced (axolotl's)
+            type(layer.mlp).__name__ == "LlamaMLP" and "forward" not in vars(layer.mlp) for layer in model.model.layers
+        )
+    liger.apply_liger_kernel_to_llama(
+        rope=True, rms_norm=True, swiglu=swiglu, cross_entropy=False, fused_linear_cross_entropy=True, model=model
+    )
     return model
+
+
+@contextlib.contextmanager
+def liger_ops(model: nn.Module, *, swiglu: bool | None = None):
+    """``apply_liger_ops`` for the duration of the block, transformers' module-level names put back on exit."""
+    with restored_llama_names():
+        yield apply_liger_ops(model, swiglu=swiglu)
 
 
 def describe_liger(model: nn.Module) -> str:

@@ -91,28 +91,22 @@ def stack_config(case: Case, stack: str, mode: str, *, warmup: int, measured: in
 def stack_model(cfg, stack: str):
     """The prepared model of ``stack`` (Liger's ops applied when the stack says so); transformers' module-level
     names that Liger patches are put back afterwards, and the model's memory is released."""
-    from transformers.models.llama import modeling_llama
-
     from lora_suite.engine.prepare import prepare
-    from lora_suite.implementations.liger_ops import liger_ops
+    from lora_suite.implementations.liger_ops import apply_liger_ops, restored_llama_names
     from lora_suite.measure.memory import PeakWindow
 
     impl, with_liger = STACKS[stack]
-    saved = {n: getattr(modeling_llama, n) for n in ("apply_rotary_pos_emb", "LlamaRMSNorm", "LlamaMLP")}
     prepared = None
     # This run's own peak: earlier stacks' models are collected first (Liger's and Axolotl's patches, lora_core's
     # QKV groups make reference cycles, which only the cycle collector frees), what is still allocated is excluded.
     window = PeakWindow.open()
     try:
-        prepared = prepare(cfg, "cuda", implementation=impl)
-        if with_liger:
-            with liger_ops(prepared.model):
-                yield prepared, window
-        else:
+        with restored_llama_names():  # peft-liger and the +liger stacks patch them
+            prepared = prepare(cfg, "cuda", implementation=impl)
+            if with_liger:
+                apply_liger_ops(prepared.model)
             yield prepared, window
     finally:
-        for n, v in saved.items():
-            setattr(modeling_llama, n, v)
         del prepared
         gc.collect()
         torch.cuda.empty_cache()
