@@ -31,6 +31,7 @@ from lora_core.ops.fused_qkv import QKVBases, lora_qkv
 FUSABLE = ("mlp", "qkv", "o")
 MLP_PARTS = ("gate_proj", "up_proj", "down_proj")
 QKV_PARTS = ("q_proj", "k_proj", "v_proj")
+GROUPS = {"mlp": MLP_PARTS, "qkv": QKV_PARTS}  # the fusable groups: what a part of ``fuse`` fuses
 
 
 class FuseError(ValueError):

@@ -104,13 +104,12 @@ def fit_to_implementation(
     return dataclasses.replace(cfg, lora=lora, train=train), notes
 
 
-GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj", "down_proj"))
-
-
 def _whole_groups(targets) -> tuple[str, ...]:
     """``targets`` with every fusable group they touch completed (q and v -> q, k, v), in the groups' order."""
+    from lora_core.fuse import GROUPS
+
     out = list(targets)
-    for group in GROUPS:
+    for group in GROUPS.values():
         if any(t in targets for t in group):
             out += [t for t in group if t not in out]
     return tuple(out)

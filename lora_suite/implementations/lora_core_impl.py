@@ -67,8 +67,6 @@ class FusedLoraCoreImplementation(LoraCoreImplementation):
     that ran unfused, or a layer outside one that did not run ``cupy``, is named instead.
     """
 
-    GROUPS = {"mlp": ("gate_proj", "up_proj", "down_proj"), "qkv": ("q_proj", "k_proj", "v_proj")}
-
     def __init__(self):
         super().__init__("cupy")
         self.name = self.expected_path = "cupy-fused"
@@ -82,20 +80,22 @@ class FusedLoraCoreImplementation(LoraCoreImplementation):
 
     def parts(self, targets: tuple[str, ...]) -> tuple[str, ...]:
         """The groups these targets cover whole (and "o" when o_proj is a target)."""
+        from lora_core.fuse import GROUPS
         from lora_core.inject import ALL_LINEAR
 
-        covered = set(targets) | (set(sum(self.GROUPS.values(), ())) | {"o_proj"} if ALL_LINEAR in targets else set())
-        parts = tuple(g for g, members in self.GROUPS.items() if set(members) <= covered)
+        covered = set(targets) | (set(sum(GROUPS.values(), ())) | {"o_proj"} if ALL_LINEAR in targets else set())
+        parts = tuple(g for g, members in GROUPS.items() if set(members) <= covered)
         return parts + (("o",) if "o_proj" in covered else ())
 
     def inject(self, model, spec):
+        from lora_core.fuse import MLP_PARTS, QKV_PARTS
         from lora_core.inject import inject_lora
 
         parts = self.parts(tuple(spec.targets))
-        if not any(p in self.GROUPS for p in parts):
+        if not {"mlp", "qkv"} & set(parts):
             raise ImplementationError(
                 f"cupy-fused: targets {list(spec.targets)} cover no whole group to fuse (the MLP needs "
-                f"{list(self.GROUPS['mlp'])}, the attention {list(self.GROUPS['qkv'])}); run cupy for these targets"
+                f"{list(MLP_PARTS)}, the attention {list(QKV_PARTS)}); run cupy for these targets"
             )
         return inject_lora(
             model,
@@ -110,12 +110,13 @@ class FusedLoraCoreImplementation(LoraCoreImplementation):
         )
 
     def served_by(self, model):
+        from lora_core.fuse import GROUPS, LoRAMLP
         from lora_core.inject import lora_modules
 
-        fused_leaf = {leaf: f"cupy-fused-{g}" for g, members in self.GROUPS.items() for leaf in members}
+        fused_leaf = {leaf: f"cupy-fused-{g}" for g, members in GROUPS.items() for leaf in members}
         wrong = []
         for name, m in lora_modules(model).items():
-            grouped = m.fused_group is not None or type(_parent(model, name)).__name__ == "LoRAMLP"
+            grouped = m.fused_group is not None or isinstance(_parent(model, name), LoRAMLP)
             want = fused_leaf.get(name.rsplit(".", 1)[-1], "cupy") if grouped else "cupy"
             if m.last_backend != want:
                 wrong.append(f"{name}: {m.last_backend} (expected {want})")
