@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import torch
 
+from lora_core.backend import resolve_backend
 from lora_core.ops import cupy_interop as cx
+from lora_core.ops.lora_linear import ACTIVATION_DTYPES, REFERENCE_ONLY_DTYPES
 
 _CAST_KERNELS = tuple(f"cast_stack_from_f32<{cx.CUDA_TYPE_NAME[d]}>" for d in (torch.bfloat16, torch.float16))
 _SWIGLU_VEC = {torch.float32: 4, torch.bfloat16: 8, torch.float16: 8}  # 16 bytes per vector
@@ -56,8 +58,6 @@ class TorchEngine:
 
 def enter(x: torch.Tensor, backend: str | None) -> tuple[torch.Tensor, str]:
     """(x in the autocast dtype when autocast is on, as ``F.linear`` would run it; the resolved backend)."""
-    from lora_core.backend import resolve_backend
-
     if torch.compiler.is_compiling():
         raise RuntimeError(
             "the fused LoRA paths are autograd Functions over CuPy and cuBLAS, not registered ops: torch.compile "
@@ -72,8 +72,6 @@ def enter(x: torch.Tensor, backend: str | None) -> tuple[torch.Tensor, str]:
 def check_dtypes(x: torch.Tensor, adapters, backend: str) -> None:
     """x in an activation dtype (fp64 on the torch engine only); the adapters all in x's dtype, or fp32 under
     16-bit activations. Each error names the bad value and what was expected."""
-    from lora_core.ops.lora_linear import ACTIVATION_DTYPES, REFERENCE_ONLY_DTYPES
-
     allowed = ACTIVATION_DTYPES + (REFERENCE_ONLY_DTYPES if backend == "torch" else ())
     if x.dtype not in allowed:
         raise ValueError(f"x has dtype {x.dtype}, expected one of {allowed} for backend={backend!r}")
