@@ -44,7 +44,9 @@ def _available(stack: str) -> str | None:
 
 
 def _skip_if_missing(stack, check):
-    reason = _na.setdefault(stack, _available(stack) or "")
+    if stack not in _na:  # resolved once per stack (setdefault would resolve it on every call)
+        _na[stack] = _available(stack) or ""
+    reason = _na[stack]
     if reason:
         check.not_applicable(f"fused table: {stack}", reason)
         pytest.skip(f"not applicable: {reason}")
