@@ -19,6 +19,16 @@ TINY_ARCH = LlamaArchitecture(
     tie_word_embeddings=False,
 )
 
+SCORECARD_RUNS = [  # recorded run excerpts of cupy, PEFT and a bench run (tests/fixtures/runs/README.md)
+    "20261122T055613Z-quick-peft",
+    "20261122T055703Z-convergence-peft",
+    "20261122T055903Z-memory-peft",
+    "20261122T055507Z-quick",
+    "20261122T061557Z-memory",
+    "20261122T061702Z-convergence",
+    "20261122T134747Z-bench",
+]
+
 TINY_MODEL_YAML = """\
 name: tiny-llama
 checkpoint: nobody/tiny-llama

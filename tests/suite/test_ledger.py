@@ -10,17 +10,9 @@ import pytest
 
 from lora_suite.cli import main
 from lora_suite.tools import ledger
+from tests.conftest import SCORECARD_RUNS
 
 RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "runs"  # recorded run excerpts (README there)
-SCORECARD_RUNS = [
-    "20261122T055613Z-quick-peft",
-    "20261122T055703Z-convergence-peft",
-    "20261122T055903Z-memory-peft",
-    "20261122T055507Z-quick",
-    "20261122T061557Z-memory",
-    "20261122T061702Z-convergence",
-    "20261122T134747Z-bench",
-]
 
 
 def test_rows_carry_every_judged_figure_with_its_provenance():

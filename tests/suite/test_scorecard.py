@@ -7,22 +7,14 @@ import shutil
 from pathlib import Path
 
 from lora_suite.tools.scorecard import build, cell_of, main
+from tests.conftest import SCORECARD_RUNS
 
 REPORTS = Path(__file__).resolve().parents[1] / "fixtures" / "runs"  # recorded run excerpts (README there)
-RUNS = [
-    "20261122T055613Z-quick-peft",
-    "20261122T055703Z-convergence-peft",
-    "20261122T055903Z-memory-peft",
-    "20261122T055507Z-quick",
-    "20261122T061557Z-memory",
-    "20261122T061702Z-convergence",
-    "20261122T134747Z-bench",
-]
 
 
 def _copy(tmp_path: Path) -> Path:
     root = tmp_path / "reports"
-    for run in RUNS:
+    for run in SCORECARD_RUNS:
         shutil.copytree(REPORTS / run, root / run)
     return root
 
@@ -58,10 +50,10 @@ def test_the_matrix_curves_peaks_and_speeds_from_real_reports(tmp_path, capsys):
 
 def test_a_failing_or_broken_run_is_a_finding_not_an_error(tmp_path):
     root = _copy(tmp_path)
-    report = json.loads((root / RUNS[0] / "report.json").read_text())
+    report = json.loads((root / SCORECARD_RUNS[0] / "report.json").read_text())
     report["checks"][0]["passed"] = False
-    (root / RUNS[0] / "report.json").write_text(json.dumps(report))
-    cell = cell_of(report, RUNS[0])
+    (root / SCORECARD_RUNS[0] / "report.json").write_text(json.dumps(report))
+    cell = cell_of(report, SCORECARD_RUNS[0])
     assert cell.verdict == "fail" and cell.failed == [report["checks"][0]["name"]]
     assert cell_of(dict(report, status="interrupted"), "r").verdict == "interrupted"
     assert (
@@ -163,7 +155,7 @@ def test_lanes_that_started_in_the_same_second_keep_their_own_cells(tmp_path):
 
     root = tmp_path / "reports"
     for name, impl, passed in (("r-quick-a", "impl-a", False), ("r-quick-b", "impl-b", True)):
-        report = json.loads((REPORTS / RUNS[0] / "report.json").read_text())
+        report = json.loads((REPORTS / SCORECARD_RUNS[0] / "report.json").read_text())
         report["run_id"] = "20261124T174353Z-quick"
         report["implementation"] = dict(report.get("implementation") or {}, name=impl)
         report["checks"][0]["passed"] = passed
