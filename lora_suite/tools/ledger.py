@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 from pathlib import Path
+
+from lora_suite.harness.report import atomic_write_text
 
 BENCH_COLUMNS = ("÷ PEFT eager", "step ms", "peak GiB", "ratio (median)", "fwd ms", "bwd ms", "speed-up", "peak ratio")
 LABEL_COLUMNS = ("case", "run", "implementation", "mode", "shape", "stack", "fused stack", "against", "part")
@@ -256,9 +257,7 @@ def append(path: Path, rows: list[dict]) -> int:
     if text and not text.endswith("\n"):
         text += "\n"
     text += encode(new, {run_key(r): r for r in old if r["kind"] == "run"})
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    atomic_write_text(path, text)
     return len(new)
 
 
