@@ -2,7 +2,9 @@
 
 One visible loop (``train``). Each optimizer step records loss, gradient norm, learning rate, tokens/s,
 host step time, GPU step time (CUDA events around the step on the current stream) and memory (torch
-allocated / reserved / peak, NVML used). A non-finite loss or gradient stops the run with
+allocated / reserved / peak; this process's own GPU memory, ``process_gpu_mib``, from NVML's per-process accounting
+or this process's allocators, the source fixed for the run and kept in ``TrainResult.process_memory_source``;
+NVML's device-wide used memory, every process's, as context). A non-finite loss or gradient stops the run with
 ``NonFiniteError`` naming the offending parameters, instead of training on NaN. Records go into the
 caller's ``records`` list as they are made, so a run that stops (NaN, an error, Ctrl-C) keeps them.
 
@@ -49,7 +51,7 @@ from lora_suite.engine.capture import StaticBatches, checkpointing_kwargs
 from lora_suite.engine.optimizer import check_capturable, clip_gradients, lr_at, make_optimizer, set_lr
 from lora_suite.measure.device_time import DeviceTimer
 from lora_suite.measure.memory import MIB, host_heap_bytes, host_rss_bytes
-from lora_suite.measure.nvml import NvmlReader
+from lora_suite.measure.nvml import NvmlReader, ProcessMemory
 
 log = logging.getLogger("lora_suite.engine.trainer")
 
@@ -78,6 +80,9 @@ class StepRecord:
     host_heap_mib: float | None = None  # C heap in use after the step (memory.host_heap_bytes): the host leak series
     # Summed duration of the step's GPU launches, for the steps a DeviceTimer profiled (lora_suite.measure.device_time)
     device_time_s: float | None = None
+    # This process's own GPU memory (lora_suite.measure.nvml.ProcessMemory): the leak series; nvml_used_mib is the
+    # whole device's, a neighbour's allocations included, and only context
+    process_gpu_mib: float | None = None
 
     @property
     def profiled(self) -> bool:
@@ -89,6 +94,11 @@ class TrainResult:
     records: list[StepRecord]
     optimizer: torch.optim.Optimizer
     run: TrainingRun | None = None  # the run's state, to drive it further (aged-vs-fresh comparison)
+
+    @property
+    def process_memory_source(self) -> str | None:
+        """Where ``StepRecord.process_gpu_mib`` came from (``ProcessMemory.source``); None on the CPU."""
+        return None if self.run is None else self.run.process_memory_source
 
     @property
     def losses(self) -> list[float]:
@@ -212,17 +222,22 @@ class TrainingRun:
         if s.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpointing_kwargs(model, s))
         self.nvml: NvmlReader | None = None
+        self.process_memory: ProcessMemory | None = None
+        self.process_memory_source: str | None = None
 
     def __enter__(self) -> TrainingRun:
         self.model.train()
         if self.cuda and self.nvml is None:
             self.nvml = NvmlReader()
+            self.process_memory = ProcessMemory(self.nvml)
+            if self.process_memory_source is not None:  # a run entered again (aged vs fresh) keeps its source
+                self.process_memory.source = self.process_memory_source
         return self
 
     def __exit__(self, *exc) -> None:
         if self.nvml is not None:
             self.nvml.close()
-            self.nvml = None
+            self.nvml = self.process_memory = None
         self.model.eval()
 
     def step(self, step: int, *, record: bool = True) -> StepRecord:
@@ -270,6 +285,9 @@ class TrainingRun:
             dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         probe = host_probe(s.host_probe_ops) if s.host_probe_ops else None
         nvml_used = self.nvml.used() if self.nvml is not None else None
+        own = self.process_memory.read() if self.process_memory is not None else None
+        if self.process_memory is not None:
+            self.process_memory_source = self.process_memory.source
         rss, heap = host_rss_bytes(), host_heap_bytes()
         launches = self.device_timer.launches.get(step) if self.device_timer else None
         rec = StepRecord(
@@ -290,6 +308,7 @@ class TrainingRun:
             host_rss_mib=None if rss is None else rss / MIB,
             host_heap_mib=None if heap is None else heap / MIB,
             device_time_s=None if launches is None else sum(d for _, d in launches) / 1e6,
+            process_gpu_mib=None if own is None else own / MIB,
         )
         if record:
             self.records.append(rec)
@@ -337,7 +356,8 @@ def train(
                 done = step + 1 - start_step
                 eta = (time.perf_counter() - began) / done * (stop_step - step - 1)
                 log.info(
-                    "step %d/%d loss %.4f grad_norm %.3g lr %.2e %.0f tok/s %.0f ms alloc %.2f GiB nvml %s eta %s",
+                    "step %d/%d loss %.4f grad_norm %.3g lr %.2e %.0f tok/s %.0f ms alloc %.2f GiB process %s "
+                    "(device %s) eta %s",
                     step + 1,
                     s.steps,
                     rec.loss,
@@ -346,6 +366,7 @@ def train(
                     rec.tokens_per_s,
                     rec.step_time_s * 1e3,
                     rec.allocated_mib / 1024,
+                    "-" if rec.process_gpu_mib is None else f"{rec.process_gpu_mib / 1024:.2f} GiB",
                     "-" if rec.nvml_used_mib is None else f"{rec.nvml_used_mib / 1024:.2f} GiB",
                     f"{eta // 60:.0f}m{eta % 60:02.0f}s",
                 )

@@ -51,3 +51,16 @@ def _caller_line() -> str:
     except ValueError:
         pass
     return f"{path}:{frame.f_lineno}"
+
+
+def failure_text(report) -> tuple[str, str]:
+    """The whole failure message (an assertion's full text, not only its type) and where it was raised
+    (for failed checks: the test line of the first one)."""
+    where = dict(report.user_properties).get("first_failed_check")
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if crash is not None and where:
+        return crash.message, where
+    if crash is not None:
+        return crash.message, f"{crash.path}:{crash.lineno}"
+    text = report.longreprtext.strip()
+    return text[-4000:], ""

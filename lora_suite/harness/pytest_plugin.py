@@ -34,7 +34,7 @@ from lora_suite.core.config import CONFIG_DIR
 from lora_suite.core.environment import collect_environment
 from lora_suite.core.loader import load_tier_config
 from lora_suite.core.registry import registry
-from lora_suite.harness.checks import Checker, CheckFailed
+from lora_suite.harness.checks import Checker, CheckFailed, failure_text
 from lora_suite.harness.cuda_errors import is_cuda_error
 from lora_suite.harness.options import pytest_addoption  # noqa: F401  (a hook: pytest finds it here)
 from lora_suite.harness.progress import ProgressLines
@@ -213,6 +213,7 @@ def pytest_runtest_logreport(report):
     run = _RUN.get("report")
     if run is None:
         return
+    _RUN["clock"].add_phase(report.nodeid, report.when, report.duration)
     if report.when == "call" or (report.when != "call" and report.outcome != "passed"):
         outcome = report.outcome if report.when == "call" else ("skipped" if report.skipped else "error")
         reason, location = "", ""
@@ -222,20 +223,7 @@ def pytest_runtest_logreport(report):
             reason, location = failure_text(report)
         run.outcomes.append(Outcome(report.nodeid, outcome, round(report.duration, 3), reason, location))
         if _RUN.get("report_dir"):  # report.json after every test: a killed run still leaves what it did
-            run.write_json(Path(_RUN["report_dir"]))
-
-
-def failure_text(report) -> tuple[str, str]:
-    """The whole failure message (an assertion's full text, not only its type) and where it was raised
-    (for failed checks: the test line of the first one)."""
-    where = dict(report.user_properties).get("first_failed_check")
-    crash = getattr(report.longrepr, "reprcrash", None)
-    if crash is not None and where:
-        return crash.message, where
-    if crash is not None:
-        return crash.message, f"{crash.path}:{crash.lineno}"
-    text = report.longreprtext.strip()
-    return text[-4000:], ""
+            _RUN["clock"].timed(run.write_json, Path(_RUN["report_dir"]))
 
 
 def pytest_sessionstart(session):
@@ -247,6 +235,7 @@ def pytest_sessionstart(session):
         torch.cuda.synchronize()
         _RUN["cuda_context_s"] = time.perf_counter() - start
     _RUN["report"] = session.config.stash[_REPORT_KEY]
+    _RUN["clock"] = wall_time.SessionClock()
     _RUN["start"] = time.perf_counter()
     _RUN["terminated"] = False
     _RUN["report_dir"] = session.config.getoption("report_dir")
@@ -335,6 +324,8 @@ def _add_wall_time_breakdown(run: RunReport) -> None:
         cuda_context_s=_RUN["cuda_context_s"],
         test_seconds=[(o.test, o.duration_s) for o in run.outcomes],
         kernel_loads=dict(getattr(interop, "KERNEL_LOAD_SECONDS", {})),
+        clock=_RUN["clock"],
+        session_s=time.perf_counter() - _RUN["start"],
     )
     run.add_series(
         Series(

@@ -130,8 +130,11 @@ class Tier:
             Series(self.nodeid, f"{name}: loss", cols, rows, plot_x="step" if plots else None, plot_y=("loss",))
         )
         if plots:
-            mem_cols = ("step", "allocated_mib", "reserved_mib", "nvml_used_mib")
-            mem_rows = tuple((r.step, r.allocated_mib, r.reserved_mib, r.nvml_used_mib or 0.0) for r in records)
+            mem_cols = ("step", "allocated_mib", "reserved_mib", "process_gpu_mib", "nvml_used_mib")
+            mem_rows = tuple(
+                (r.step, r.allocated_mib, r.reserved_mib, r.process_gpu_mib or 0.0, r.nvml_used_mib or 0.0)
+                for r in records
+            )
             self.report.add_series(
                 Series(self.nodeid, f"{name}: memory (MiB)", mem_cols, mem_rows, plot_x="step", plot_y=mem_cols[1:])
             )
@@ -258,6 +261,15 @@ class Tier:
         )
         return windows
 
+    def note_process_memory(self, result: TrainResult) -> None:
+        """Say where the run's own GPU memory (the leak series process_gpu_mib) was read from, and that the device-wide
+        reading is context (it counts every process on the GPU)."""
+        device = "recorded as nvml_used_mib" if any(r.nvml_used_mib is not None for r in result.records) else "no NVML"
+        self.report.notes.append(
+            f"{self.nodeid}: this process's GPU memory (process_gpu_mib, judged) read from: "
+            f"{result.process_memory_source}; the whole GPU's used memory ({device}) is context, never a verdict"
+        )
+
     def record_verdicts(self, judged: LongRunVerdicts) -> None:
         """A long run's verdicts as checks; a criterion without data fails (it is not silently passed)."""
         self.report.add_series(
@@ -291,6 +303,7 @@ class Tier:
         prepared = self.prepare(cfg, quantize=quantize)
         result = self.train(name, prepared, cfg, stop_step=steps)
         peak = window.peak()
+        self.note_process_memory(result)
         self.check_served(prepared)
         split = measured_split(prepared.model, result.optimizer, peak, prepared.adapters)
         del prepared, result.optimizer
@@ -342,7 +355,14 @@ class Tier:
                 f"{yaml} sets no {key} for the {'16-bit' if nf4_skipped else cfg.dtype} base this run used",
             )
         else:
-            self.check("peak allocated VRAM", round(peak / GIB, 3), "<=", budget, unit=" GiB", source=f"{yaml} {key}")
+            self.check(
+                "peak allocated VRAM",
+                round(peak / GIB, 3),
+                "<=",
+                budget,
+                unit=" GiB",
+                source=f"{yaml} {key}; this process's torch allocator peak (no other process's memory is in it)",
+            )
         name = "QLoRA peak < 16-bit-base peak (same configuration)"
         if bf16:
             steps = crit.bf16_comparison_steps or cfg.train.steps

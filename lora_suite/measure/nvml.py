@@ -80,21 +80,53 @@ class NvmlReader:
             self._nvml = self._handle = None
 
 
+NVML_PER_PROCESS = "NVML per-process"
+
+
+def allocators_memory() -> tuple[int | None, str]:
+    """(bytes, which allocators) this process's allocators hold on the GPU: torch's reserved memory plus CuPy's
+    pool where this process uses CuPy (never imported here). The CUDA context and libraries' own buffers are not
+    in it: NVML's per-process figure is the fuller one where it is visible."""
+    if not torch.cuda.is_available():
+        return None, "no GPU"
+    total, parts = torch.cuda.memory_reserved(), ["torch reserved"]
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        total += int(cupy.get_default_memory_pool().total_bytes())
+        parts.append("CuPy pool")
+    return total, " + ".join(parts)
+
+
 def process_memory(reader: NvmlReader, pid: int | None = None) -> tuple[int | None, str]:
     """(bytes, where they come from) of this process's GPU memory: NVML's per-process accounting, else torch's
     reserved memory plus CuPy's pool (what this process's allocators hold), saying which. Device-wide usage counts
     every other process on the GPU too: a neighbour's allocations are not this run's."""
     used = reader.process_used(pid)
     if used is not None:
-        return used, "NVML per-process"
-    if not torch.cuda.is_available():
-        return None, "no GPU"
-    total, parts = torch.cuda.memory_reserved(), ["torch reserved"]
-    cupy = sys.modules.get("cupy")  # only if this process uses it: never imported here
-    if cupy is not None:
-        total += int(cupy.get_default_memory_pool().total_bytes())
-        parts.append("CuPy pool")
-    return total, " + ".join(parts) + f" (NVML shows no entry for PID {os.getpid() if pid is None else pid})"
+        return used, NVML_PER_PROCESS
+    total, parts = allocators_memory()
+    if total is None:
+        return None, parts
+    return total, parts + f" (NVML shows no entry for PID {os.getpid() if pid is None else pid})"
+
+
+class ProcessMemory:
+    """This process's GPU memory read the same way for a whole run: the source is chosen at the first reading
+    (``process_memory``) and kept, so that a series never mixes NVML's figure (context included) with the
+    allocators' (a switch would look like a step in memory). Where the chosen source stops answering, readings
+    are None (the leak verdict then says it had no readings) rather than taken from the other source."""
+
+    def __init__(self, reader: NvmlReader, pid: int | None = None):
+        self.reader, self.pid = reader, pid
+        self.source: str | None = None
+
+    def read(self) -> int | None:
+        if self.source is None:
+            used, self.source = process_memory(self.reader, self.pid)
+            return used
+        if self.source == NVML_PER_PROCESS:
+            return self.reader.process_used(self.pid)
+        return allocators_memory()[0]
 
 
 def nvml_memory(device_index: int | None = None) -> GpuMemory | None:

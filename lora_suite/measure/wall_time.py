@@ -6,14 +6,40 @@ Phases, each measured, never inferred from a total:
 - ``interpreter and plugin imports``: the process's start (``/proc/self/stat``) to ``pytest_configure``;
 - ``collection``: ``pytest_configure`` to the session's start (test modules imported, items selected);
 - ``CUDA context``: creating it at the session's start, timed on its own;
-- ``tests``: setup + call + teardown of every test, with the RawKernel first loads inside them (NVRTC compile,
-  or CuPy's disk cache: ``lora_core.ops.cupy_interop.KERNEL_LOAD_SECONDS``) and the slowest tests named.
+- ``tests``: the call phase of every test, with the RawKernel first loads inside them (NVRTC compile, or CuPy's
+  disk cache: ``lora_core.ops.cupy_interop.KERNEL_LOAD_SECONDS``) and the slowest tests named;
+- ``setup and teardown``: the tests' fixtures (models built for a module, the cleanup after each test), the
+  slowest named (``SessionClock``);
+- ``report.json after each test``: the plugin's incremental writes (a killed run keeps what it did), timed;
+- ``rest of the session``: the session's wall time less the three above (pytest's own work between tests).
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SessionClock:
+    """What the session's time went to besides the tests' calls: per test, its setup + teardown seconds, and the
+    time spent writing report.json after each test."""
+
+    setup_teardown: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    writes_s: float = 0.0
+
+    def add_phase(self, nodeid: str, when: str, seconds: float) -> None:
+        if when in ("setup", "teardown"):
+            self.setup_teardown[nodeid] += seconds
+
+    def timed(self, fn, *args):
+        start = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self.writes_s += time.perf_counter() - start
 
 
 def process_start_epoch(stat_path: str = "/proc/self/stat", uptime_path: str = "/proc/uptime") -> float | None:
@@ -37,6 +63,8 @@ def breakdown(
     test_seconds: list[tuple[str, float]],
     kernel_loads: dict[str, float],
     top: int = 5,
+    clock: SessionClock | None = None,
+    session_s: float | None = None,
 ) -> list[tuple[str, float | None, str]]:
     """Rows (phase, seconds, detail); epoch seconds in, None where a phase could not be measured."""
     rows = [
@@ -70,4 +98,18 @@ def breakdown(
                 "; ".join(f"{k} {v:.2f} s" for k, v in sorted(kernel_loads.items(), key=lambda kv: -kv[1])),
             )
         )
+    if clock is not None:
+        fixtures = sum(clock.setup_teardown.values())
+        slow = sorted(clock.setup_teardown.items(), key=lambda t: -t[1])[:top]
+        rows.append(
+            (
+                "setup and teardown",
+                fixtures,
+                "slowest: " + "; ".join(f"{name.split('::')[-1]} {s:.2f} s" for name, s in slow),
+            )
+        )
+        rows.append(("report.json after each test", clock.writes_s, "the plugin's incremental writes"))
+        if session_s is not None:
+            rest = session_s - total - fixtures - clock.writes_s
+            rows.append(("rest of the session", rest, f"session {session_s:.2f} s less the tests, fixtures, writes"))
     return rows

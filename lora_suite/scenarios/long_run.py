@@ -4,10 +4,13 @@ The tier (tiers/extended), the planted-defect self-test (tiers/selftest_gpu) and
 (tests/suite/test_long_run.py, on recorded GPU series) all judge a run with ``extended_verdicts``.
 
 What is judged, and the noise each criterion absorbs (after ``fit_after_step`` warm-up steps):
-- leaks: least-squares slope of torch's allocated and reserved memory, NVML's used memory and the process's
-  C heap in use (host memory, memory.host_heap_bytes; the resident set size is fitted as a diagnostic), MiB per
-  step, each against its bar. Allocator caching and a one-off jump
-  move a slope over 450 steps little; a per-step leak moves it by its size.
+- leaks: least-squares slope of torch's allocated and reserved memory, this process's own GPU memory
+  (``process_gpu_mib``: NVML's per-process accounting, or this process's allocators, lora_suite.measure.nvml) and
+  the process's C heap in use (host memory, memory.host_heap_bytes), MiB per step, each against its bar, judged
+  as a trend (memory.TrendFit: the least of the whole fit's slope and each half's, so a one-off rise does not
+  count as a per-step leak). NVML's device-wide used memory and the resident set size are fitted as diagnostics
+  only: the device-wide figure counts every process on the GPU (issue 28: a second job on the same H200 failed
+  4 of 6 runs on it while torch's memory stayed flat), and the RSS keeps pages freed memory served.
 - loss: 50-step window means non-increasing within a slack, last below first (sampling noise ~1%).
 - stalls: the share of steps whose CUDA-event span exceeds factor × the median span. A loaded host stretches
   steps by tens of percent (worst seen 2.05×); a stall multiplies them. Profiled steps are left out (the
@@ -39,7 +42,7 @@ from lora_suite.measure.criteria import (
     windowed_means,
 )
 from lora_suite.measure.device_time import DeviceWindow
-from lora_suite.measure.memory import fit_slope
+from lora_suite.measure.memory import fit_slope, fit_trend
 from lora_suite.scenarios.aged_vs_fresh import Pair
 
 NOISE_MODELS = (  # (criterion, measured on, noise it absorbs, what moves it): the report's table of the timed verdicts
@@ -66,13 +69,20 @@ NOISE_MODELS = (  # (criterion, measured on, noise it absorbs, what moves it): t
     ),
     (
         "leak slopes",
-        "torch allocated and reserved, NVML used, C heap in use, per step after warm-up",
-        "allocator caching; one-off allocations (a 75 MiB jump moves a 450-step slope < 0.25)",
+        "torch allocated and reserved, this process's GPU memory (NVML per-process, or its allocators), C heap in "
+        "use, per step after warm-up; the least of the whole fit's slope and each half's",
+        "allocator caching; one-off allocations (they move one half only); other processes on the GPU (not in "
+        "this process's figures; the device-wide reading is context only)",
         "memory kept per step",
     ),
 )
-LEAK_SERIES = ("allocated_mib", "reserved_mib", "nvml_used_mib", "host_heap_mib")
-DIAGNOSTIC_SLOPES = ("host_rss_mib",)  # fitted and shown, not judged (memory.host_heap_bytes says why)
+LEAK_SERIES = ("allocated_mib", "reserved_mib", "process_gpu_mib", "host_heap_mib")
+# Fitted and shown, never judged: the whole GPU's used memory (every process's) and the RSS (memory.host_heap_bytes)
+DIAGNOSTIC_SLOPES = ("nvml_used_mib", "host_rss_mib")
+_NO_READINGS = {
+    "process_gpu_mib": "no reading of this process's GPU memory (neither NVML per-process nor the allocators)",
+    "host_heap_mib": "no glibc mallinfo2",
+}
 
 
 @dataclass
@@ -107,27 +117,27 @@ def extended_verdicts(
             continue
         values = [getattr(r, name) for r in after]
         if any(v is None for v in values):
-            out.missing.append(
-                f"{name} slope: no readings ({'no NVML' if name == 'nvml_used_mib' else 'no glibc mallinfo2'})"
-            )
+            out.missing.append(f"{name} slope: no readings ({_NO_READINGS.get(name, 'none recorded')})")
             continue
-        fit = fit_slope(steps, values)
+        trend = fit_trend(steps, values)
+        fit = trend.whole
         out.fits.append((name, fit.slope, fit.intercept, fit.r2, min(values), max(values)))
         out.verdicts.append(
             Verdict(
-                f"{name} slope after step {crit.fit_after_step}",
-                round(fit.slope, 5),
+                f"{name} slope after step {crit.fit_after_step}, sustained in both halves",
+                round(trend.sustained, 5),
                 "<=",
                 bar,
                 f"{source} {key}",
-                f"from {values[0]:.1f} to {values[-1]:.1f} MiB, r2 {fit.r2:.3f}",
+                f"from {values[0]:.1f} to {values[-1]:.1f} MiB; {trend.describe()}",
             )
         )
     for name in DIAGNOSTIC_SLOPES:
         values = [getattr(r, name) for r in after]
         if len(values) >= 2 and all(v is not None for v in values):
             fit = fit_slope(steps, values)
-            out.fits.append((f"{name} (diagnostic)", fit.slope, fit.intercept, fit.r2, min(values), max(values)))
+            what = "device-wide, every process: context" if name == "nvml_used_mib" else "diagnostic"
+            out.fits.append((f"{name} ({what})", fit.slope, fit.intercept, fit.r2, min(values), max(values)))
     if crit.smooth_slack is not None:
         means = windowed_means([r.loss for r in records], crit.smooth_window)
         out.verdicts.append(

@@ -589,6 +589,38 @@ def test_multigpu_batch_that_does_not_split_over_the_ranks():
         rank_rows({"input_ids": torch.zeros(7, 4)}, 0, 2)
 
 
+# ------------------------------------------------------------------ the sharing scenario (issue 28)
+SHARING_CASES = [
+    (["churny"], "the phase must be pair or churn, got 'churny'"),
+    (["pair", "three"], "run counts must be whole numbers >= 0, got 'three'"),
+    (["pair", "3", "-1"], "run counts must be whole numbers >= 0, got '-1'"),
+]
+
+
+@pytest.mark.parametrize("args, expected", SHARING_CASES, ids=[" ".join(a) for a, _ in SHARING_CASES])
+def test_sharing_acceptance_arguments(args, expected, tmp_path):
+    script = Path(__file__).resolve().parents[2] / "scripts" / "sharing-acceptance.sh"
+    out = subprocess.run(["bash", str(script), str(tmp_path / "out"), *args], capture_output=True, text=True)
+    assert out.returncode == 2 and expected in out.stderr, out.stderr
+    assert not (tmp_path / "out").exists(), "nothing written before the arguments are checked"
+
+
+CHURN_CASES = [
+    (["--hold-gib", "-1"], "--hold-gib must be > 0, got -1.0"),
+    (["--period-s", "0"], "--period-s must be > 0, got 0.0"),
+    (["--churn-gib", "0.1"], "--churn-gib must be >= 0.25 (the smallest chunk), got 0.1"),
+]
+
+
+@pytest.mark.parametrize("args, expected", CHURN_CASES, ids=[" ".join(a) for a, _ in CHURN_CASES])
+def test_memory_churn_arguments(args, expected, capsys):
+    from lora_suite.scenarios.memory_churn import parse
+
+    with pytest.raises(SystemExit) as exc:
+        parse(args)
+    assert exc.value.code == 2 and expected in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------ issue 28's findings in lora_core
 def _second_inject():
     from lora_core import inject_lora
@@ -681,6 +713,7 @@ def test_the_battery_has_150_cases(request):
         "checkpoints": len(CHECKPOINT_CASES) + 4,
         "report dirs (compare, history)": len(REPORT_DIR_CASES) + len(HISTORY_CASES),
         "multigpu launch options": 5,
+        "sharing scenario arguments": len(SHARING_CASES) + len(CHURN_CASES),
         "lora_core and model inputs": len(CORE_CASES),
     }
     print(json.dumps(counts), sum(counts.values()))

@@ -5,6 +5,8 @@ Fixtures (tests/fixtures/extended_replay/, trimmed report.json files; README the
   the process-CPU-time drift then; that figure is a diagnostic now, and every criterion these runs carry the
   data for must pass. They have no device windows, no aged-vs-fresh pairs and no RSS readings.
 - the runs of the issue-18 load acceptance (if present): every criterion must pass.
+Every fixture before issue 28 lacks this process's own GPU memory (``process_gpu_mib``): its leak verdict is reported
+as missing (a failure in a live run), and the device-wide NVML reading they carry is fitted as context only.
 Each fixture is then planted with a 10% drift (or a leak, or stalls) per criterion: that criterion must fail.
 """
 
@@ -47,6 +49,7 @@ def test_runs_before_issue_18_pass_what_they_carry_and_their_old_false_alarm_was
         "aged vs fresh",
         "device time drift",
         "host_heap_mib slope",
+        "process_gpu_mib slope",
     ]
     # The old criterion, replayed: it failed exactly the runs the evidence says it failed (5% + 3 SE bar).
     tokens = CFG.data.batch_size * CFG.data.seq_len
@@ -82,7 +85,7 @@ def test_planted_leaks_and_stalls_fail_on_every_fixture(path):
 def test_issue_18_runs_pass_every_criterion(path):
     records, windows, pairs = _load(path)
     judged = extended_verdicts(CFG, records, windows, pairs)
-    assert not judged.missing
+    assert [m.split(":")[0] for m in judged.missing] == ["process_gpu_mib slope"]  # recorded before issue 28
     failed = [(v.name, v.value, v.threshold) for v in judged.verdicts if not v.passed]
     assert not failed, failed
 
@@ -101,6 +104,33 @@ def test_a_10_percent_drift_planted_in_a_recorded_run_fails_its_criterion(path):
     assert not extended_verdicts(CFG, records, windows, costlier).by_name()["aged run's step / fresh run's step"].passed
     host_leak = _plant(records, "host_heap_mib", lambda step, v: v + 1.0 * step)
     assert not extended_verdicts(CFG, host_leak, windows, pairs).by_name()["host_heap_mib"].passed
+
+
+def test_a_neighbour_on_the_gpu_moves_only_the_device_wide_context_and_a_leak_of_this_process_still_fails():
+    """Issue 28's false alarm, rebuilt on a recorded run: another job on the same GPU raised NVML's device-wide used
+    memory from 9877 to 16317 MiB near step 80 (its console log, ../shared/evidence/shared-gpu-h200-2026-11-24 ext-g0-3) while
+    this process's memory stayed flat. The device-wide slope is context; this process's series is judged."""
+    records, windows, pairs = _load(WITH_NEW_SERIES[0])
+    own = [dataclasses.replace(r, process_gpu_mib=r.reserved_mib + 530.0) for r in records]  # flat, context included
+    shared = _plant(own, "nvml_used_mib", lambda step, v: 9877.4 + (6440.0 if step >= 80 else 0.0))
+    judged = extended_verdicts(CFG, shared, windows, pairs)
+    assert not judged.missing and all(v.passed for v in judged.verdicts), [v for v in judged.verdicts if not v.passed]
+    context = {f[0]: f[1] for f in judged.fits}["nvml_used_mib (device-wide, every process: context)"]
+    assert context > CFG.criteria.leak_slope_max_mib_per_step  # what failed before issue 28, now never a verdict
+    leak = _plant(shared, "process_gpu_mib", lambda step, v: v + 2.0 * step)  # the self-test's 2 MiB/step
+    assert not extended_verdicts(CFG, leak, windows, pairs).by_name()["process_gpu_mib"].passed
+
+
+def test_a_one_off_rise_is_not_a_per_step_leak_but_a_leak_in_both_halves_is():
+    """The trend test (memory.TrendFit): a one-off 60 MiB rise mid-run moves the whole fit's slope over the bar
+    (1.5 x 60 / 450 = 0.2) but only one half; a leak of 0.2 MiB/step moves both halves."""
+    records, windows, pairs = _load(WITH_NEW_SERIES[0])
+    own = [dataclasses.replace(r, process_gpu_mib=r.reserved_mib + 530.0) for r in records]
+    jump = _plant(own, "process_gpu_mib", lambda step, v: v + (60.0 if step >= 275 else 0.0))
+    v = extended_verdicts(CFG, jump, windows, pairs).by_name()["process_gpu_mib"]
+    assert v.passed and "whole 0.2" in v.detail, v
+    leak = _plant(own, "process_gpu_mib", lambda step, v: v + 0.2 * step)
+    assert not extended_verdicts(CFG, leak, windows, pairs).by_name()["process_gpu_mib"].passed
 
 
 def test_a_report_without_the_tier_series_is_named():

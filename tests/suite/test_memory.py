@@ -17,6 +17,7 @@ from lora_suite.measure.memory import (
     MemoryEstimate,
     estimate_training_memory,
     fit_slope,
+    fit_trend,
     measured_split,
     vram_verdict,
 )
@@ -70,6 +71,24 @@ def test_fit_slope_recovers_a_line_and_flags_bad_input():
         fit_slope([1], [1.0])
     with pytest.raises(ValueError, match="all x are equal"):
         fit_slope([2, 2], [1.0, 3.0])
+
+
+def test_fit_trend_judges_the_least_slope_of_the_whole_run_and_each_half():
+    steps = list(range(50, 500))
+    leak = fit_trend(steps, [100.0 + 0.3 * s for s in steps])
+    assert leak.sustained == pytest.approx(0.3) and leak.first.n == leak.second.n == 225
+    # a one-off rise of 60 MiB: the whole fit's slope is 0.2 (about 1.5 x 60 / 450), each half's 0
+    jump = fit_trend(steps, [100.0 + (60.0 if s >= 275 else 0.0) for s in steps])
+    assert jump.whole.slope == pytest.approx(0.2, abs=0.001) and jump.sustained == pytest.approx(0.0)
+    # a sawtooth (memory taken for 45 steps, then freed, ten times): the whole run does not rise
+    saw = fit_trend(steps, [100.0 + 0.5 * ((s - 50) % 45) for s in steps])
+    assert saw.sustained == saw.whole.slope and abs(saw.whole.slope) < 0.01
+    # granular growth (20 MiB segments every 10 steps = 2 MiB/step) is still a trend in both halves
+    stairs = fit_trend(steps, [100.0 + 20 * ((s - 50) // 10) for s in steps])
+    assert stairs.sustained == pytest.approx(2.0, rel=0.02)
+    assert "the least is judged" in stairs.describe()
+    with pytest.raises(ValueError, match="four or more"):
+        fit_trend([1, 2, 3], [1.0, 2.0, 3.0])
 
 
 def test_measured_split_adds_up(tiny_cfg):

@@ -79,3 +79,26 @@ def test_process_memory_falls_back_to_this_processs_allocators_and_says_so(monke
     pool = SimpleNamespace(total_bytes=lambda: 2 << 20)
     monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(get_default_memory_pool=lambda: pool))
     assert process_memory(reader, pid=123) == (7 << 20, "torch reserved + CuPy pool (NVML shows no entry for PID 123)")
+
+
+def test_process_memory_keeps_one_source_for_a_whole_run(monkeypatch):
+    """A series never mixes NVML's figure (context included) with the allocators': where the chosen source stops
+    answering, the reading is None (the leak verdict says so), not the other source's figure."""
+    import os
+    import sys
+
+    from lora_suite.measure.nvml import ProcessMemory
+
+    reader, proc = _reader([])
+    reader._nvml.procs = [proc(pid=os.getpid(), usedGpuMemory=3 << 30)]
+    own = ProcessMemory(reader)
+    assert own.read() == 3 << 30 and own.source == "NVML per-process"
+    reader._nvml.procs = []  # the entry is gone
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: 5 << 20)
+    assert own.read() is None and own.source == "NVML per-process"
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    fallback = ProcessMemory(reader)
+    assert fallback.read() == 5 << 20 and fallback.source.startswith("torch reserved (NVML shows no entry")
+    reader._nvml.procs = [proc(pid=os.getpid(), usedGpuMemory=3 << 30)]  # NVML appears later: still the allocators
+    assert fallback.read() == 5 << 20

@@ -59,3 +59,27 @@ def test_a_phase_that_was_not_measured_is_none_and_says_why():
     )
     assert rows[0][1] is None and rows[0][2] == "not started by gpu-test.sh"
     assert rows[1][1] is None and rows[3] == ("CUDA context", None, "no GPU")
+
+
+def test_the_session_clock_names_fixtures_writes_and_the_rest():
+    clock = wall_time.SessionClock()
+    for nodeid, when, secs in [("t.py::a", "setup", 2.0), ("t.py::a", "call", 9.0), ("t.py::a", "teardown", 0.5)]:
+        clock.add_phase(nodeid, when, secs)
+    clock.add_phase("t.py::b", "teardown", 0.25)
+    assert clock.timed(lambda x: x + 1, 1) == 2 and clock.writes_s >= 0.0
+    clock.writes_s = 0.75
+    rows = wall_time.breakdown(
+        script_start=None,
+        process_start=None,
+        configured=1.0,
+        session_start=2.0,
+        cuda_context_s=None,
+        test_seconds=[("t.py::a", 9.0), ("t.py::b", 1.0)],
+        kernel_loads={},
+        clock=clock,
+        session_s=14.0,
+    )
+    got = {phase: (secs, detail) for phase, secs, detail in rows}
+    assert got["setup and teardown"] == (2.75, "slowest: a 2.50 s; b 0.25 s")
+    assert got["report.json after each test"][0] == 0.75
+    assert got["rest of the session"][0] == 14.0 - 10.0 - 2.75 - 0.75

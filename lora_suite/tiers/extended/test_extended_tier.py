@@ -31,8 +31,7 @@ def test_long_run_no_leak_loss_falls_steady_speed(tier):
     timer = DeviceTimer.for_windows(crit.fit_after_step, cfg.train.steps, crit.device_window)
     result = tier.train("extended", prepared, cfg, device_timer=timer)
     tier.check_served(prepared)
-    if any(r.nvml_used_mib is None for r in result.records):
-        tier.report.notes.append(f"{tier.nodeid}: no NVML readings; nvml_used_mib slope not fitted")
+    tier.note_process_memory(result)
     windows = tier.device_windows(cfg, timer, result.records)
     pairs = tier.aged_vs_fresh(cfg, result) if crit.aged_vs_fresh_slowdown_max is not None else None
     record_host_speed(tier, cfg, result.records)
