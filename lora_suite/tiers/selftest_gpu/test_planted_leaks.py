@@ -23,8 +23,10 @@ _extended_run, _assert_fails = _runs._extended_run, _runs._assert_fails
 
 
 def test_a_leak_is_caught(tier):
-    """2 MiB of GPU memory kept per step: torch's allocated memory and this process's own GPU memory both fail (the
-    latter is read per process, so another job on the same GPU neither hides nor fakes it: issue 28)."""
+    """2 MiB of GPU memory kept per step in torch's allocator: torch's allocated memory fails. This process's GPU
+    memory is recorded beside it, not asserted: it includes the caching allocator's reserve, which served the 100
+    leaked MiB without growing (H100, 243680f: 7836 MiB flat), so a leak smaller than the reserve is torch's
+    allocated series' to catch, and memory outside torch's allocator the process series' (the next plant)."""
     kept = []
 
     def leak(step):  # one (512, 2048) bf16 activation kept per step: 2 MiB/step
@@ -32,7 +34,8 @@ def test_a_leak_is_caught(tier):
 
     verdicts = _extended_run(tier, step_hook=leak)
     _assert_fails(tier, "leak of 2 MiB/step", verdicts["allocated_mib"])
-    _assert_fails(tier, "leak of 2 MiB/step", verdicts["process_gpu_mib"])
+    own = verdicts["process_gpu_mib"]
+    tier.report.notes.append(f"{tier.nodeid}: process_gpu_mib under the same plant (not asserted): {own.detail}")
 
 
 def test_a_leak_outside_torchs_allocator_is_caught(tier):
