@@ -27,6 +27,7 @@ from lora_suite.scenarios.long_run import extended_verdicts, replay_report
 FIXTURES = sorted((Path(__file__).resolve().parents[1] / "fixtures" / "extended_replay").glob("*.json.gz"))
 BEFORE_ISSUE_18 = [f for f in FIXTURES if f.name.startswith("h200-2026-11-23-")]
 WITH_NEW_SERIES = [f for f in FIXTURES if not f.name.startswith("h200-2026-11-23-")]
+SHARED = [f for f in FIXTURES if "-shared-" in f.name]  # issue 28: two suite jobs on one GPU
 CFG = load_tier_config(CONFIG_DIR / "extended.yaml")
 
 
@@ -85,12 +86,15 @@ def test_planted_leaks_and_stalls_fail_on_every_fixture(path):
 def test_issue_18_runs_pass_every_criterion(path):
     records, windows, pairs = _load(path)
     judged = extended_verdicts(CFG, records, windows, pairs)
-    assert [m.split(":")[0] for m in judged.missing] == ["process_gpu_mib slope"]  # recorded before issue 28
+    before_issue_28 = ["process_gpu_mib slope"] if path not in SHARED else []  # no per-process series then
+    assert [m.split(":")[0] for m in judged.missing] == before_issue_28
     failed = [(v.name, v.value, v.threshold) for v in judged.verdicts if not v.passed]
     assert not failed, failed
 
 
-@pytest.mark.parametrize("path", WITH_NEW_SERIES, ids=lambda p: p.name.removesuffix(".json.gz"))
+@pytest.mark.parametrize(
+    "path", [f for f in WITH_NEW_SERIES if f not in SHARED], ids=lambda p: p.name.removesuffix(".json.gz")
+)
 def test_a_10_percent_drift_planted_in_a_recorded_run_fails_its_criterion(path):
     records, windows, pairs = _load(path)
     late = windows["late"]
@@ -119,6 +123,48 @@ def test_a_neighbour_on_the_gpu_moves_only_the_device_wide_context_and_a_leak_of
     assert context > CFG.criteria.leak_slope_max_mib_per_step  # what failed before issue 28, now never a verdict
     leak = _plant(shared, "process_gpu_mib", lambda step, v: v + 2.0 * step)  # the self-test's 2 MiB/step
     assert not extended_verdicts(CFG, leak, windows, pairs).by_name()["process_gpu_mib"].passed
+
+
+def test_the_shared_gpu_runs_pass_though_the_device_wide_reading_climbed_and_a_planted_leak_still_fails():
+    """Issue 28's sharing proof, replayed (scripts/sharing-acceptance.sh pair on one H100, 3aaf90f): another suite
+    job trained on the same GPU, and NVML's device-wide used memory climbed by several MiB per step (the old verdict's
+    bar is 0.1), while this process's own memory (NVML per-process) stayed flat. Every verdict passes; a 2 MiB/step
+    leak planted in this process's series fails."""
+    assert len(SHARED) == 2, [f.name for f in FIXTURES]
+    for path in SHARED:
+        records, windows, pairs = _load(path)
+        judged = extended_verdicts(CFG, records, windows, pairs)
+        assert not judged.missing and all(v.passed for v in judged.verdicts)
+        fits = {f[0]: f for f in judged.fits}
+        device = fits["nvml_used_mib (device-wide, every process: context)"]
+        assert device[1] > 10 * CFG.criteria.leak_slope_max_mib_per_step and device[3] < 0.5  # slope, r2
+        assert fits["process_gpu_mib"][1] == 0.0 and fits["process_gpu_mib"][4] == fits["process_gpu_mib"][5]
+        leak = _plant(records, "process_gpu_mib", lambda step, v: v + 2.0 * step)
+        assert not extended_verdicts(CFG, leak, windows, pairs).by_name()["process_gpu_mib"].passed
+
+
+def test_on_the_shared_runs_a_10_percent_host_slowdown_sits_at_the_aged_vs_fresh_resolution():
+    """A finding of the sharing proof, kept as measured: aged-vs-fresh resolves a slowdown of about 9% (its pairs are
+    added until 3% + 3 SE <= 9%), so a planted 10% fails only when the run's own median ratio is near 1. On the shared
+    job1 run it was 0.9795: the plant measures 1.0775 against an allowance of 1.0848 and passes (missed by 0.007);
+    on job2 (1.008) it fails. A 15% slowdown fails on both. The other criteria's plants fail on both (tests above)."""
+    outcomes = {}
+    for path in SHARED:
+        records, windows, pairs = _load(path)
+        for plant in (1.10, 1.15):
+            costlier = [dataclasses.replace(p, aged_cpu_s=p.aged_cpu_s * plant) for p in pairs]
+            v = extended_verdicts(CFG, records, windows, costlier).by_name()["aged run's step / fresh run's step"]
+            outcomes[(path.name.split("-shared-")[1][:4], plant)] = v.passed
+        slower = dict(
+            windows,
+            late=dataclasses.replace(windows["late"], clipped_s=tuple(t * 1.10 for t in windows["late"].clipped_s)),
+        )
+        assert (
+            not extended_verdicts(CFG, records, slower, pairs)
+            .by_name()["device time per step drift (clipped kernel durations)"]
+            .passed
+        )
+    assert outcomes == {("job1", 1.10): True, ("job1", 1.15): False, ("job2", 1.10): False, ("job2", 1.15): False}
 
 
 def test_a_one_off_rise_is_not_a_per_step_leak_but_a_leak_in_both_halves_is():
