@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from lora_core.layer import LoRALinear, NF4Linear
+from lora_core.targets import ALL_LINEAR, TARGET_NAMES
 
-ALL_LINEAR = "all-linear"
-TARGET_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # a Llama block's linears
+__all__ = ["ALL_LINEAR", "TARGET_NAMES", "inject_lora", "adapter_parameters"]
 
 
 def _matches(name: str, module: nn.Module, targets: tuple[str, ...]) -> str | None:

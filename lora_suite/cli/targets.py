@@ -80,12 +80,24 @@ def writable_dir(path: Path) -> bool:
         return False
 
 
+# GPU targets run pytest without the third-party plugins the environment happens to have (hypothesis, anyio,
+# jaxtyping, xdist, cov, mock...: 2-3 s of imports on a fresh GPU machine, none used by the tiers); pytest-benchmark
+# is loaded by name. LORA_SUITE_PYTEST_AUTOLOAD=1 loads every installed plugin again (the CPU self-tests always do).
+AUTOLOAD_ENV = "LORA_SUITE_PYTEST_AUTOLOAD"
+
+
+def autoload_plugins(target: str) -> bool:
+    return target == "selftest" or os.environ.get(AUTOLOAD_ENV) == "1"
+
+
 def pytest_args(target: str, args, run_dir: Path | None, tiers: dict) -> list[str]:
     """The pytest command line of one target."""
     from lora_suite.core.registry import find_tiers_dir
 
     root = checkout_root()
     base = [python(), "-m", "pytest", "-p", "no:cacheprovider"]
+    if not autoload_plugins(target):
+        base += ["-p", "pytest_benchmark.plugin"]
     base += (
         ["--rootdir", str(root)]
         if root
@@ -200,7 +212,7 @@ def _run(names, args, extra, tiers, report_root: Path, have_gpu: bool) -> int:
         cmd = pytest_args(t, args, run_dir, tiers) + extra
         print(f"\n=== {t} ===  {' '.join(cmd)}", flush=True)
         start = time.time()
-        proc = subprocess.Popen(cmd, env=_child_env())
+        proc = subprocess.Popen(cmd, env=_child_env(t))
         try:
             rc = proc.wait()
         except KeyboardInterrupt:  # Ctrl-C reached pytest too: let it write its report, then stop the whole run
@@ -256,8 +268,10 @@ def _record(path: Path, run_dir: Path) -> str:
     return f"ledger: {added} row(s) of {run_dir.name} appended to {path}"
 
 
-def _child_env() -> dict[str, str]:
+def _child_env(target: str = "selftest") -> dict[str, str]:
     env = dict(os.environ)
+    if not autoload_plugins(target):
+        env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     root = checkout_root()
     if root:  # a checkout's package wins over an installed copy in the runs too
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))

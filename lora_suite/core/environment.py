@@ -10,10 +10,6 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
-from lora_core.ops.cupy_interop import cublas_binding_version, cupy_version
-
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -105,6 +101,10 @@ def collect_environment() -> Environment:
     commit, dirty = git_state()
     driver, host_gpus = nvml_host_facts()
     gpu = cc = mem = None
+    import torch  # here, not at module level: the command line reads reports without importing torch
+
+    from lora_core.ops.cupy_interop import cublas_binding_version, cupy_version
+
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         gpu, cc, mem = props.name, f"{props.major}.{props.minor}", round(props.total_memory / 2**30, 2)

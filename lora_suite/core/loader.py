@@ -11,7 +11,7 @@ import re
 import typing
 from pathlib import Path
 
-from lora_core.inject import TARGET_NAMES  # the system under test owns the target names
+from lora_core.targets import TARGET_NAMES  # the system under test owns the target names
 from lora_suite.core.config import (
     _FLOAT_TEXT,
     CONFIG_DIR,
