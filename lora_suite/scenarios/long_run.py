@@ -7,7 +7,7 @@ What is judged, and the noise each criterion absorbs (after ``fit_after_step`` w
 - leaks: least-squares slope of torch's allocated and reserved memory, this process's own GPU memory
   (``process_gpu_mib``: NVML's per-process accounting, or this process's allocators, lora_suite.measure.nvml) and
   the process's C heap in use (host memory, memory.host_heap_bytes), MiB per step, each against its bar, judged
-  as a trend (memory.TrendFit: the least of the whole fit's slope and each half's, so a one-off rise does not
+  as a trend (memory.TrendFit: the least of the whole fit's slope and twice the slower half's, so a one-off rise does not
   count as a per-step leak). NVML's device-wide used memory and the resident set size are fitted as diagnostics
   only: the device-wide figure counts every process on the GPU (issue 28: a second job on the same H200 failed
   4 of 6 runs on it while torch's memory stayed flat), and the RSS keeps pages freed memory served.
@@ -70,7 +70,7 @@ NOISE_MODELS = (  # (criterion, measured on, noise it absorbs, what moves it): t
     (
         "leak slopes",
         "torch allocated and reserved, this process's GPU memory (NVML per-process, or its allocators), C heap in "
-        "use, per step after warm-up; the least of the whole fit's slope and each half's",
+        "use, per step after warm-up; the least of the whole fit's slope and twice the slower half's",
         "allocator caching; one-off allocations (they move one half only); other processes on the GPU (not in "
         "this process's figures; the device-wide reading is context only)",
         "memory kept per step",

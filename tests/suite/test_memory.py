@@ -86,7 +86,10 @@ def test_fit_trend_judges_the_least_slope_of_the_whole_run_and_each_half():
     # granular growth (20 MiB segments every 10 steps = 2 MiB/step) is still a trend in both halves
     stairs = fit_trend(steps, [100.0 + 20 * ((s - 50) // 10) for s in steps])
     assert stairs.sustained == pytest.approx(2.0, rel=0.02)
-    assert "the least is judged" in stairs.describe()
+    assert "2 x the slower half" in stairs.describe()
+    # a leak whose rate differs between the halves (a planted 1 MiB/step host leak: 0.25 and 1.08 MiB/step)
+    bent = fit_trend(steps, [100.0 + (0.25 * (s - 50) if s < 275 else 56.25 + 1.08 * (s - 275)) for s in steps])
+    assert bent.sustained == pytest.approx(0.5, rel=0.01) and bent.whole.slope > 0.6
     with pytest.raises(ValueError, match="four or more"):
         fit_trend([1, 2, 3], [1.0, 2.0, 3.0])
 
