@@ -1,23 +1,23 @@
 #!/usr/bin/env bash
-# sharing-acceptance.sh OUT_DIR pair|churn [EXTENDED_RUNS] [MEMORY_RUNS]
+# sharing-acceptance.sh OUT_DIR pair [EXTENDED_RUNS] [MEMORY_RUNS]  |  OUT_DIR churn [PLANT_ROUNDS]
 # Issue 28's proof that the verdicts judge the code under test, not the other tenants of its GPU. Every job here
 # runs on the SAME GPU (CUDA_VISIBLE_DEVICES as the caller set it, default 0); reports land in OUT_DIR/<lane>/:
 #   pair   two suite jobs at once (lanes job1 and job2), each running the extended tier EXTENDED_RUNS times
 #          (default 3), then the memory tier MEMORY_RUNS times (default 1): every run must pass (no false alarm)
 #   churn  the planted leaks of selftest-gpu (-k leak: GPU memory kept per step, in torch's allocator and in CuPy's
-#          pool, and host memory) while a neighbour (python -m lora_suite.scenarios.memory_churn) holds 6 GiB of
-#          the same GPU and takes and frees up to 4 GiB more ten times a second: every plant must still be caught
-#          (lane churn; the neighbour's log is churn/neighbour.log)
+#          pool, and host memory, the last PLANT_ROUNDS times, default 3) while a neighbour
+#          (python -m lora_suite.scenarios.memory_churn) holds 6 GiB of the same GPU and takes and frees up to 4 GiB
+#          more ten times a second: every plant must still be caught (lane churn; its log: churn/neighbour.log)
 # Afterwards: python -m lora_suite.tools.acceptance OUT_DIR writes acceptance.md / acceptance.json (every run's
 # judged figures against their allowances; exit 1 if a run failed), and lora-suite ledger record OUT_DIR/<lane>
 # --group G keeps the figures in the results ledger.
 set -uo pipefail
-usage="usage: scripts/sharing-acceptance.sh OUT_DIR pair|churn [EXTENDED_RUNS] [MEMORY_RUNS]"
+usage="usage: scripts/sharing-acceptance.sh OUT_DIR pair [EXTENDED_RUNS] [MEMORY_RUNS] | OUT_DIR churn [PLANT_ROUNDS]"
 OUT_DIR="${1:?$usage}"
 PHASE="${2:?$usage}"
-EXTENDED="${3:-3}"; MEMORY="${4:-1}"
+EXTENDED="${3:-3}"; MEMORY="${4:-1}"; ROUNDS="${3:-3}"
 case "$PHASE" in pair|churn) ;; *) echo "sharing-acceptance.sh: the phase must be pair or churn, got '$PHASE'" >&2; exit 2 ;; esac
-for n in "$EXTENDED" "$MEMORY"; do
+for n in "$EXTENDED" "$MEMORY" "$ROUNDS"; do
   [[ "$n" =~ ^[0-9]+$ ]] || { echo "sharing-acceptance.sh: run counts must be whole numbers >= 0, got '$n'" >&2; exit 2; }
 done
 mkdir -p "$OUT_DIR" || exit 2
@@ -48,7 +48,7 @@ else
   neighbour=$!
   trap 'kill "$neighbour" 2>/dev/null' EXIT
   sleep 5
-  ./scripts/gpu-test.sh selftest-gpu --report-dir "$dir" -- -k leak >"$dir/selftest-gpu.log" 2>&1
+  ./scripts/gpu-test.sh selftest-gpu --report-dir "$dir" -- -k leak --plant-repeats "$ROUNDS" >"$dir/selftest-gpu.log" 2>&1
   kill "$neighbour" 2>/dev/null; wait "$neighbour" 2>/dev/null
   tail -3 "$dir/neighbour.log"
   grep -h -E "^selftest-gpu +(PASS|FAIL)" "$dir/selftest-gpu.log"

@@ -594,6 +594,7 @@ SHARING_CASES = [
     (["churny"], "the phase must be pair or churn, got 'churny'"),
     (["pair", "three"], "run counts must be whole numbers >= 0, got 'three'"),
     (["pair", "3", "-1"], "run counts must be whole numbers >= 0, got '-1'"),
+    (["churn", "some"], "run counts must be whole numbers >= 0, got 'some'"),
 ]
 
 
