@@ -591,7 +591,7 @@ def test_multigpu_batch_that_does_not_split_over_the_ranks():
 
 # ------------------------------------------------------------------ the sharing scenario (issue 28)
 SHARING_CASES = [
-    (["churny"], "the phase must be pair or churn, got 'churny'"),
+    (["churny"], "the phase must be pair, plants or churn, got 'churny'"),
     (["pair", "three"], "run counts must be whole numbers >= 0, got 'three'"),
     (["pair", "3", "-1"], "run counts must be whole numbers >= 0, got '-1'"),
     (["churn", "some"], "run counts must be whole numbers >= 0, got 'some'"),
