@@ -45,25 +45,4 @@ def __dir__():
     return sorted(set(globals()) | set(_EXPORTS))
 
 
-__all__ = [
-    "BACKENDS",
-    "CupyUnavailableError",
-    "FUSABLE",
-    "FuseError",
-    "fuse_lora",
-    "load_peft_adapter",
-    "merge_lora",
-    "save_peft_adapter",
-    "LoRALinear",
-    "NF4Linear",
-    "NF4Tensor",
-    "backend_call_counts",
-    "dequantize_nf4",
-    "inject_lora",
-    "lora_linear",
-    "lora_linear_torch",
-    "lora_scale",
-    "nf4_linear",
-    "quantize_nf4",
-    "resolve_backend",
-]
+__all__ = list(_EXPORTS)

@@ -98,7 +98,8 @@ class TrainResult:
     @property
     def process_memory_source(self) -> str | None:
         """Where ``StepRecord.process_gpu_mib`` came from (``ProcessMemory.source``); None on the CPU."""
-        return None if self.run is None else self.run.process_memory_source
+        own = None if self.run is None else self.run.process_memory
+        return None if own is None else own.source
 
     @property
     def losses(self) -> list[float]:
@@ -222,22 +223,22 @@ class TrainingRun:
         if s.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpointing_kwargs(model, s))
         self.nvml: NvmlReader | None = None
+        # one for the run's whole life: a run entered again (aged vs fresh) keeps the source of its first reading
         self.process_memory: ProcessMemory | None = None
-        self.process_memory_source: str | None = None
 
     def __enter__(self) -> TrainingRun:
         self.model.train()
         if self.cuda and self.nvml is None:
             self.nvml = NvmlReader()
-            self.process_memory = ProcessMemory(self.nvml)
-            if self.process_memory_source is not None:  # a run entered again (aged vs fresh) keeps its source
-                self.process_memory.source = self.process_memory_source
+            if self.process_memory is None:
+                self.process_memory = ProcessMemory(self.nvml)
+            self.process_memory.reader = self.nvml
         return self
 
     def __exit__(self, *exc) -> None:
         if self.nvml is not None:
             self.nvml.close()
-            self.nvml = self.process_memory = None
+            self.nvml = None
         self.model.eval()
 
     def step(self, step: int, *, record: bool = True) -> StepRecord:
@@ -285,9 +286,7 @@ class TrainingRun:
             dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         probe = host_probe(s.host_probe_ops) if s.host_probe_ops else None
         nvml_used = self.nvml.used() if self.nvml is not None else None
-        own = self.process_memory.read() if self.process_memory is not None else None
-        if self.process_memory is not None:
-            self.process_memory_source = self.process_memory.source
+        own = self.process_memory.read() if self.nvml is not None else None
         rss, heap = host_rss_bytes(), host_heap_bytes()
         launches = self.device_timer.launches.get(step) if self.device_timer else None
         rec = StepRecord(
