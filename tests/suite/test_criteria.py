@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from lora_suite.harness.modules import load_test_module
 from lora_suite.measure.criteria import (
     coefficient_of_variation,
     is_non_increasing,
@@ -144,7 +145,6 @@ def test_host_normalised_drift_tells_a_slower_host_from_more_work():
 def test_the_extended_tier_records_host_speed_per_window(tiny_cfg):
     """The extended tier's diagnostic table and note, from step records (the tier itself needs a GPU)."""
     import dataclasses
-    import importlib.util
     from pathlib import Path
     from types import SimpleNamespace
 
@@ -153,9 +153,7 @@ def test_the_extended_tier_records_host_speed_per_window(tiny_cfg):
     from lora_suite.harness.report import RunReport
 
     path = Path(__file__).resolve().parents[2] / "tiers" / "extended" / "test_extended_tier.py"
-    spec = importlib.util.spec_from_file_location("extended_tier_for_test", path)
-    ext = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ext)
+    ext = load_test_module(path, "extended_tier_for_test")
     cfg = dataclasses.replace(
         tiny_cfg, criteria=dataclasses.replace(tiny_cfg.criteria, fit_after_step=2, smooth_window=4)
     )

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from lora_suite.harness.modules import load_test_module
 from lora_suite.scenarios import multigpu as M
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,9 +103,7 @@ def test_a_planted_failure_on_rank_1_ends_the_job_and_names_the_rank(short_cfg, 
 
 
 def test_the_tier_skips_with_fewer_than_two_gpus_saying_how_many(monkeypatch):
-    spec = importlib.util.spec_from_file_location("multigpu_tier", ROOT / "tiers/multigpu/test_multigpu_tier.py")
-    tier_mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tier_mod)
+    tier_mod = load_test_module(ROOT / "tiers/multigpu/test_multigpu_tier.py", "multigpu_tier")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
 
     class Request:

@@ -5,13 +5,13 @@ check against bitsandbytes' own ``dequantize_4bit`` (tiers/quick/test_nf4_bitsan
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
 
 from lora_core.bnb_format import from_bnb
+from lora_suite.harness.modules import load_test_module
 
 pytestmark = [pytest.mark.gpu, pytest.mark.selftest_gpu]
 QUICK = Path(__file__).resolve().parents[1] / "quick" / "test_nf4_bitsandbytes.py"
@@ -29,9 +29,7 @@ PLANTS = {
 @pytest.mark.parametrize("plant", list(PLANTS))
 def test_a_wrong_bitsandbytes_absmax_is_caught(plant, check):
     pytest.importorskip("bitsandbytes", reason="bitsandbytes is not installed: pip install lora-gpu-suite[peft-bnb]")
-    spec = importlib.util.spec_from_file_location("nf4_bitsandbytes_plant", QUICK)
-    quick = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(quick)
+    quick = load_test_module(QUICK, "nf4_bitsandbytes_plant")
     for case in ("random-bf16-4096x4096", "adversarial-bf16"):
         packed, state = quick.bnb_case(case)
         n_diff, n, worst = quick.differing(packed, state, read=lambda p, s: PLANTS[plant](from_bnb(p, s)))

@@ -9,7 +9,6 @@ The same criteria pass on the unplanted code in the tiers' own runs.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import statistics
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from lora_suite.engine import gradients as G
 from lora_suite.engine import trainer
 from lora_suite.engine.benchmarking import NOISE_Z
 from lora_suite.engine.trainer import NonFiniteError
+from lora_suite.harness.modules import load_test_module
 from lora_suite.measure.device_time import DeviceTimer
 from lora_suite.scenarios.long_run import extended_verdicts
 
@@ -32,10 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _load(relpath: str, name: str):
     """A tier's or benchmark's module by path (test modules are not a package)."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / relpath)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_test_module(ROOT / relpath, name)
 
 
 # ------------------------------------------------------------------ whole-model gradients (quick tier)

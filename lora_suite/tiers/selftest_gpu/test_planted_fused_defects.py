@@ -4,21 +4,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
+
+from lora_suite.harness.modules import load_test_module
 
 pytestmark = [pytest.mark.gpu, pytest.mark.selftest_gpu]
 PARITY = Path(__file__).resolve().parents[1] / "quick" / "test_fused_parity.py"
 
 
 def _parity_module():
-    spec = importlib.util.spec_from_file_location("fused_parity_plant", PARITY)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_test_module(PARITY, "fused_parity_plant")
 
 
 def _fused_parity_failures(what: str) -> tuple[int, str]:

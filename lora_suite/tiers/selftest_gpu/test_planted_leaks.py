@@ -7,18 +7,15 @@ modules are not a package).
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
 
+from lora_suite.harness.modules import load_test_module
+
 pytestmark = [pytest.mark.gpu, pytest.mark.selftest_gpu]
-_spec = importlib.util.spec_from_file_location(
-    "planted_defects_runs", Path(__file__).resolve().parent / "test_planted_defects.py"
-)
-_runs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_runs)
+_runs = load_test_module(Path(__file__).resolve().parent / "test_planted_defects.py", "planted_defects_runs")
 _extended_run, _assert_fails = _runs._extended_run, _runs._assert_fails
 
 
