@@ -37,13 +37,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     import torch
 
+    from lora_suite.measure.memory import GIB as gib
     from lora_suite.measure.nvml import NvmlReader
 
     if not torch.cuda.is_available():
         print("memory_churn: no CUDA GPU: nothing to churn")
         return 2
-    gib = 2**30
-    held = torch.empty(int(args.hold_gib * gib), dtype=torch.uint8, device="cuda")
+    held = torch.empty(int(args.hold_gib * gib), dtype=torch.uint8, device="cuda")  # kept for the whole run
     held.fill_(1)
     a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
     rng, reader = random.Random(28), NvmlReader()
@@ -76,7 +76,6 @@ def main(argv: list[str] | None = None) -> int:
         pass
     finally:
         reader.close()
-        del held
     return 0
 
 
