@@ -22,6 +22,11 @@ import torch
 
 from lora_core.ops.lora_linear import lora_linear
 
+# The MLP's bound in units of one LoRA linear's: its longest chain (dx of the MLP) stores three rounded
+# intermediates of its own scale, each within one op's bound: dact (the down projection's backward), d(gu)
+# (the SwiGLU backward, its inputs rounded) and dx (gate and up's backward); the forward chain has two (gu, y).
+# Unit-variance inputs with 1/√k weights keep each stage's scale comparable to the next.
+MLP_STAGES = 3
 UNIT_ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24}
 TOLERANCE_C = 8
 

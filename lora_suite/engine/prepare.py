@@ -115,6 +115,21 @@ def _whole_groups(targets) -> tuple[str, ...]:
     return tuple(out)
 
 
+def targets_left_out(model: nn.Module, targets, adapted: list[str]) -> list[str]:
+    """Plain ``nn.Linear`` layers (of any subclass) that ``targets`` select but that hold no adapter and sit in no
+    adapted module: what an implementation that skipped a target leaves behind. "all-linear" selects every linear
+    but the LM head; a layer an implementation wraps keeps its base under its own path (``<path>.base_layer``),
+    which is inside the adapted module."""
+    targets, inside = tuple(targets), tuple(adapted)
+    out = []
+    for path, m in model.named_modules():
+        leaf = path.rsplit(".", 1)[-1]
+        chosen = leaf in targets or ("all-linear" in targets and leaf != "lm_head")
+        if isinstance(m, nn.Linear) and chosen and not any(path == a or path.startswith(a + ".") for a in inside):
+            out.append(path)
+    return out
+
+
 def adapter_spec(cfg: TierConfig, quantize: str | None) -> AdapterSpec:
     lora = cfg.lora
     return AdapterSpec(

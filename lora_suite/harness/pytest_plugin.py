@@ -52,7 +52,10 @@ from lora_suite.measure import wall_time
 _REPORT_KEY = pytest.StashKey[RunReport]()
 _SUMMARY_KEY = pytest.StashKey[list]()  # lines for the terminal summary (report path, wall-time failure)
 _IMPL_KEY = pytest.StashKey[LoRAImplementation]()
-_FAILED_KEY = pytest.StashKey[list]()  # a test's failed checks: (check, "file:line")
+_FAILED_KEY = pytest.StashKey[list]()
+_NA_MODULES_KEY = pytest.StashKey[
+    dict
+]()  # (test module, feature) -> (its not-applicable record, tests covered)  # a test's failed checks: (check, "file:line")
 
 
 class Terminated(KeyboardInterrupt):
@@ -147,9 +150,8 @@ def pytest_runtest_setup(item):
             raise pytest.UsageError(f"{item.nodeid}: needs_feature({feature!r}) is not one of {sorted(FEATURES)}")
         reason = impl.reason_not_applicable(feature)
         if reason:
-            item.config.stash[_REPORT_KEY].mark_not_applicable(
-                item.nodeid, f"every check of this test ({FEATURES[feature]})", reason
-            )
+            module = item.nodeid.split("::", 1)[0]
+            item.config.stash[_REPORT_KEY].mark_module_not_applicable(module, FEATURES[feature], reason)
             pytest.skip(f"not applicable to --lora-impl {impl.name}: {reason}")
 
 

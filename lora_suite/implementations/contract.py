@@ -70,6 +70,18 @@ class LoRAImplementation:
     def op_calls(self) -> int | None:
         return None
 
+    def merge_adapters(self, model: nn.Module) -> None:
+        """Optional: fold every adapter into its base weight in place (W + s·B·A), so that the model computes the
+        same function without adapters (PEFT's ``merge``). Not overridden: the merged-weights check is recorded as
+        not applicable (``merge_reason``)."""
+        raise NotImplementedError
+
+    def merge_reason(self) -> str | None:
+        """Why the merged-weights check does not apply (None where ``merge_adapters`` is implemented)."""
+        if type(self).merge_adapters is LoRAImplementation.merge_adapters:
+            return f"{self.name} implements no merge_adapters (optional in the contract)"
+        return None
+
     def served_by_adapted_layers(self, model: nn.Module, wrong_layer, inactive) -> str:
         """A ``served_by`` for implementations whose layers are counted by a forward hook (``count_call``):
         ``expected_path`` when every adapted layer is the right kind (``wrong_layer(m)`` is None), active

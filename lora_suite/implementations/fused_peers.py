@@ -15,10 +15,46 @@
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import types
 
 from lora_suite.implementations.contract import ImplementationError
 from lora_suite.implementations.peft_impl import PeftImplementation
+
+NO_BNB = (
+    "bitsandbytes does not import here, and this peer's 4-bit base is bitsandbytes' (install lora-gpu-suite[peft-bnb])"
+)
+
+
+class BnbBase:
+    """QLoRA as these peers run it: a bitsandbytes NF4 base (``peft-bnb``'s ``Linear4bit``, quantised layer by layer
+    as the model is built) under PEFT's bitsandbytes LoRA layers, where bitsandbytes imports; where it does not,
+    ``nf4_base`` is declared not applicable with that reason, so a tier never runs 16-bit without saying so."""
+
+    def _declare_base(self) -> None:
+        if importlib.util.find_spec("bitsandbytes") is None:
+            self.not_applicable = dict(self.not_applicable, nf4_base=NO_BNB)
+        else:
+            self.not_applicable = {k: v for k, v in self.not_applicable.items() if k != "nf4_base"}
+
+    def quantize_base(self, model) -> bool:
+        from lora_suite.implementations.peft_bnb_impl import PeftBnbImplementation
+
+        return PeftBnbImplementation.quantize_base(self, model)
+
+    def _bnb_spec(self, model, spec):
+        """``spec`` for PEFT's inject: an NF4 request puts bitsandbytes' base in first and marks the model 4-bit, as
+        transformers does, so that PEFT wraps its bitsandbytes layer."""
+        if spec.quantize is None:
+            return spec
+        if spec.quantize != "nf4" or self.reason_not_applicable("nf4_base"):
+            raise ImplementationError(
+                f"{self.name}: quantize={spec.quantize!r}: {self.reason_not_applicable('nf4_base')}"
+            )
+        self.quantize_base(model)
+        model.is_loaded_in_4bit = True
+        return dataclasses.replace(spec, quantize=None)
 
 
 def _import(module: str, who: str, hint: str):
@@ -69,7 +105,7 @@ def _count(*layers):
         layer._axolotl_calls = getattr(layer, "_axolotl_calls", 0) + 1
 
 
-class AxolotlImplementation(PeftImplementation):
+class AxolotlImplementation(BnbBase, PeftImplementation):
     name = expected_path = "axolotl"
     not_applicable = dict(PeftImplementation.not_applicable)
 
@@ -79,6 +115,7 @@ class AxolotlImplementation(PeftImplementation):
             ("peft", "axolotl", "triton", "bitsandbytes"),
             "pip install peft triton bitsandbytes and pip install --no-deps axolotl",
         )
+        self._declare_base()  # Axolotl's kernels dequantise bitsandbytes 4-bit bases themselves (QLoRA)
 
     def describe(self) -> str:
         return f"axolotl: PEFT layers driven by Axolotl {_version('axolotl')}'s LoRA MLP/QKV/O kernels"
@@ -89,7 +126,7 @@ class AxolotlImplementation(PeftImplementation):
             "axolotl",
             "pip install --no-deps axolotl, with triton and bitsandbytes (what axolotl.kernels.lora imports)",
         )
-        adapted = super().inject(model, spec)
+        adapted = super().inject(model, self._bnb_spec(model, spec))
         for module in model.modules():
             if all(hasattr(module, p) for p in ("gate_proj", "up_proj", "down_proj")):
 
@@ -129,7 +166,7 @@ class AxolotlImplementation(PeftImplementation):
         return self.expected_path if not wrong else "; ".join(wrong[:3]) + (" ..." if len(wrong) > 3 else "")
 
 
-class PeftLigerImplementation(PeftImplementation):
+class PeftLigerImplementation(BnbBase, PeftImplementation):
     name = expected_path = "peft-liger"
     not_applicable = dict(PeftImplementation.not_applicable)
 
@@ -138,6 +175,7 @@ class PeftLigerImplementation(PeftImplementation):
         from lora_suite.implementations.liger_ops import NOT_CAPTURABLE
 
         self.not_applicable = dict(self.not_applicable, cuda_graph_capture=NOT_CAPTURABLE)
+        self._declare_base()  # Liger's ops run over PEFT's bitsandbytes layers as over its 16-bit ones
 
     def describe(self) -> str:
         return f"peft-liger: PEFT layers with Liger-Kernel {_version('liger-kernel')}'s fused non-LoRA ops"
@@ -146,7 +184,7 @@ class PeftLigerImplementation(PeftImplementation):
         from lora_suite.implementations.liger_ops import FusedOpsError, apply_liger_ops
 
         _import("liger_kernel.transformers", "peft-liger", "pip install liger-kernel")
-        adapted = super().inject(model, spec)
+        adapted = super().inject(model, self._bnb_spec(model, spec))
         if type(model).__name__ == "LlamaForCausalLM":  # the whole model (PEFT injects it whole, not per layer)
             try:
                 apply_liger_ops(model)
@@ -158,7 +196,9 @@ class PeftLigerImplementation(PeftImplementation):
         from lora_suite.implementations.liger_ops import describe_liger
 
         peft_path = super().served_by(model)
-        liger = describe_liger(model)
         if peft_path != "peft-liger":  # PeftImplementation reports its own name when every layer served
             return peft_path
+        if type(model).__name__ != "LlamaForCausalLM":  # a layer probe: Liger's ops are a whole Llama's, none here
+            return self.expected_path
+        liger = describe_liger(model)
         return self.expected_path if liger != "none" else "PEFT layers without Liger's ops"

@@ -47,6 +47,11 @@ class LoraCoreImplementation(LoRAImplementation):
 
         load_peft_adapter(model, path)
 
+    def merge_adapters(self, model):
+        from lora_core.adapters import merge_lora
+
+        merge_lora(model)
+
     def served_by(self, model):
         from lora_core.inject import lora_modules
 
@@ -74,6 +79,12 @@ class FusedLoraCoreImplementation(LoraCoreImplementation):
             "partial_groups": "the fused paths adapt whole groups: q, k and v together, gate, up and down together "
             "(a tier that targets q and v runs q, k and v)"
         }
+
+    def merge_reason(self):
+        return (
+            "lora_core's merge_lora turns each LoRA layer into a plain linear, which the fused MLP and QKV modules "
+            "do not run; merged weights are checked under --lora-impl cupy"
+        )
 
     def describe(self) -> str:
         return "cupy-fused: lora_core.LoRALinear on the cupy backend with the fused MLP (SwiGLU) and QKV paths"

@@ -102,6 +102,14 @@ class PeftImplementation(LoRAImplementation):
             expect["use_rslora"] = bool(config.use_rslora)
         load_peft_tensors(self.name, self.adapter_parameters(model), path, expect)
 
+    def merge_adapters(self, model):
+        """PEFT's own merge of each LoRA layer (``LoraLayer.merge``: W += s·B·A, the layer then skips its adapters)."""
+        from peft.tuners.lora import LoraLayer
+
+        for m in model.modules():
+            if isinstance(m, LoraLayer):
+                m.merge()
+
     def wrong_layer(self, m: nn.Module) -> str | None:
         """Why ``m`` is not the layer this implementation puts in, or None."""
         from peft.tuners.lora import LoraLayer

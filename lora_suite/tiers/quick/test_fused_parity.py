@@ -27,6 +27,7 @@ from lora_core.ops.fused_mlp import MLPBases, lora_mlp
 from lora_core.ops.fused_qkv import QKVBases, lora_qkv
 from lora_core.ops.lora_linear import lora_linear_torch
 from lora_suite.engine import gradients as G
+from lora_suite.engine.parity import MLP_STAGES as FUSED_STAGES
 from lora_suite.engine.parity import compare, tolerance
 from lora_suite.harness.report import Series
 
@@ -36,7 +37,6 @@ DEV = "cuda"
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 DTYPE_CONFIGS = {"fp32": (F32, F32), "bf16": (BF16, BF16), "fp16-act+fp32-adapters": (F16, F32)}
 DTYPE_CONFIGS["bf16-act+fp32-adapters"] = (BF16, F32)
-FUSED_STAGES = 3
 SCALE = 2.0
 MLP_SHAPES = ((576, 1536), (333, 1000), (333, 1001))  # (K, I): SmolLM2-135M, odd sizes (1001: the unvectorised SwiGLU)
 QKV_SHAPES = ((576, (576, 192, 192)), (333, (333, 64, 96)))  # (K, (O_q, O_k, O_v)): GQA widths, and odd ones

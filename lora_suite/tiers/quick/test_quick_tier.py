@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from lora_suite.engine.optimizer import make_optimizer
+from lora_suite.engine.prepare import targets_left_out
 
 pytestmark = [pytest.mark.gpu, pytest.mark.quick]
 
@@ -37,6 +38,15 @@ def test_quick_smoke(tier):
     no_grad = [n for n, p in adapters.items() if p.grad is None]
     non_finite = [n for n, p in adapters.items() if p.grad is not None and not torch.isfinite(p.grad).all()]
     zero = [n for n, p in adapters.items() if p.grad is not None and not p.grad.abs().sum() > 0]
+    left_out = targets_left_out(model, cfg.lora.targets, prepared.replaced)
+    check(
+        "target projections left without adapters",
+        len(left_out),
+        "==",
+        0,
+        source="configs/quick.yaml lora.targets: every matching nn.Linear gets an adapter",
+        detail=", ".join(left_out[:4]),
+    )
     check("adapters without a gradient", len(no_grad), "==", 0, detail=str(no_grad[:3]))
     check("adapter gradients with NaN/Inf", len(non_finite), "==", 0, detail=str(non_finite[:3]))
     check("adapter gradients all zero", len(zero), "==", 0, detail=str(zero[:3]))

@@ -1,0 +1,322 @@
+"""Layer probes: one decoder block's projections, adapted through *any* implementation's ``inject``, judged tensor by
+tensor against float64 computed from the same base and adapter tensors.
+
+The probe is the smallest model every implementation can take as it takes a Llama: a ``ProbeBlock`` with an
+attention part (``self_attn`` holding q_proj, k_proj, v_proj, o_proj) and a SwiGLU MLP (``mlp`` holding gate_proj,
+up_proj, down_proj and a SiLU ``act_fn``). Implementations that fuse a group (lora_core's cupy-fused, Axolotl's
+kernels) find the groups they fuse; the others adapt seven plain linears. The adapters are read back through the
+contract (``adapter_parameters``: ``<path>.lora_A`` (r, in), ``<path>.lora_B`` (out, r)) and filled with random
+values (B non-zero, so that dA matters), the scale is the contract's s = alpha / r (alpha / √r with rsLoRA).
+
+What runs (``run_probe``), with upstream gradients for every output:
+
+    q, k, v = self_attn(x)            each p(x) = x Wₚᵀ + s·(x Aₚᵀ) Bₚᵀ
+    o       = o_proj(x_o)
+    m       = down(silu(gate(x_m)) ⊙ up(x_m))
+
+and the reference (``reference``) is the same formula in float64 by autograd, on the same tensors: the base
+weights as they were before injection (or, for a 4-bit base, as the implementation itself multiplies with them:
+``effective_weight``), each adapter rounded to the activation dtype first (the cast every implementation makes
+or is allowed to make; see ``lora_suite.engine.parity.reference_f64``). Tolerances are ``parity.tolerance`` for
+one LoRA linear and ``MLP_STAGES`` of it for the MLP (its derivation: ``parity.MLP_STAGES``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lora_suite.engine.parity import MLP_STAGES, TensorError, compare, tolerance
+from lora_suite.implementations import AdapterSpec, LoRAImplementation
+
+ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP = ("gate_proj", "up_proj", "down_proj")
+PROBE_TARGETS = ATTN + MLP  # named, not "all-linear": PEFT expands that shorthand only on transformers' models
+
+
+@dataclass(frozen=True)
+class BlockShape:
+    """Widths of one probe block: hidden K, q (and o's input) width, k/v width, MLP intermediate width I."""
+
+    name: str
+    hidden: int
+    q_out: int
+    kv_out: int
+    intermediate: int
+
+
+class Projections(nn.Module):
+    """An attention's four projections; ``forward`` gives q, k, v of one input (how attention calls them)."""
+
+    def __init__(self, shape: BlockShape, **kw):
+        super().__init__()
+        k = shape.hidden
+        self.q_proj = nn.Linear(k, shape.q_out, bias=False, **kw)
+        self.k_proj = nn.Linear(k, shape.kv_out, bias=False, **kw)
+        self.v_proj = nn.Linear(k, shape.kv_out, bias=False, **kw)
+        self.o_proj = nn.Linear(shape.q_out, k, bias=False, **kw)
+
+    def forward(self, x):
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+
+
+class SwiGLU(nn.Module):
+    """A Llama MLP: down(silu(gate(x)) ⊙ up(x))."""
+
+    def __init__(self, shape: BlockShape, **kw):
+        super().__init__()
+        self.gate_proj = nn.Linear(shape.hidden, shape.intermediate, bias=False, **kw)
+        self.up_proj = nn.Linear(shape.hidden, shape.intermediate, bias=False, **kw)
+        self.down_proj = nn.Linear(shape.intermediate, shape.hidden, bias=False, **kw)
+        self.act_fn = nn.SiLU()
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class ProbeBlock(nn.Module):
+    def __init__(self, shape: BlockShape, **kw):
+        super().__init__()
+        self.self_attn = Projections(shape, **kw)
+        self.mlp = SwiGLU(shape, **kw)
+
+    def forward(self, x, x_o, x_m):
+        return (*self.self_attn(x), self.self_attn.o_proj(x_o), self.mlp(x_m))
+
+
+OUTPUTS = ("q", "k", "v", "o", "mlp")
+INPUTS = ("x", "x_o", "x_m")
+
+
+@dataclass
+class Probe:
+    """A probe block adapted by ``impl``: its module, the base weights it was built with (module path -> W, the
+    dtype it was built in; None for a 4-bit base until ``effective_weight`` reads them), the adapters (canonical
+    names) and the scale every adapted layer applies."""
+
+    impl: LoRAImplementation
+    spec: AdapterSpec
+    shape: BlockShape
+    block: nn.Module
+    weights: dict[str, torch.Tensor]
+    adapters: dict[str, nn.Parameter]
+    adapted: list[str]
+    scale: float
+    dtype: torch.dtype
+
+    def run_names(self) -> list[str]:
+        """The names ``ProbeRun.tensors`` gives, in order."""
+        return list(OUTPUTS) + [f"d{n}" for n in INPUTS] + [f"d[{n}]" for n in self.adapters]
+
+
+def spec_scale(spec: AdapterSpec) -> float:
+    return spec.alpha / (math.sqrt(spec.r) if spec.use_rslora else spec.r)
+
+
+def build_probe(
+    impl: LoRAImplementation,
+    shape: BlockShape,
+    spec: AdapterSpec,
+    dtype: torch.dtype,
+    device,
+    *,
+    seed: int = 0,
+) -> Probe:
+    """A ``ProbeBlock`` of random base weights (std 1/√in) in ``dtype`` adapted by ``impl`` per ``spec``, its
+    adapters then set to random values (A std 1/√in, B std 1/√r) in their own dtype. With a 4-bit base
+    (``spec.quantize``) the weights the reference uses are read from a twin built from the same seed
+    (``effective_weight``), so that the probe under test has run nothing before the test runs it."""
+    probe = _build(impl, shape, spec, dtype, device, seed)
+    if spec.quantize is not None:
+        twin = _build(impl, shape, spec, dtype, device, seed)
+        probe.weights = {path: effective_weight(twin, path) for path in probe.weights}
+    return probe
+
+
+def _build(impl, shape, spec, dtype, device, seed: int) -> Probe:
+    gen = torch.Generator(device=device).manual_seed(seed)
+    block = ProbeBlock(shape, device=device, dtype=dtype)
+    weights = {}
+    with torch.no_grad():
+        for path, m in block.named_modules():
+            if isinstance(m, nn.Linear):
+                w = torch.randn(m.weight.shape, device=device, generator=gen) * m.in_features**-0.5
+                m.weight.copy_(w.to(dtype))
+                weights[path] = m.weight.detach().clone()
+    adapted = list(impl.inject(block, spec))
+    adapters = impl.adapter_parameters(block)
+    with torch.no_grad():
+        for _name, p in adapters.items():
+            fan = p.shape[1]
+            p.copy_((torch.randn(p.shape, device=device, generator=gen) * fan**-0.5).to(p.dtype))
+    return Probe(impl, spec, shape, block, weights, adapters, adapted, spec_scale(spec), dtype)
+
+
+def effective_weight(probe: Probe, path: str) -> torch.Tensor:
+    """The base weight (out, in) a quantised layer multiplies with, read through the layer itself: its output for
+    the identity matrix with its lora_B zeroed (each output element is one weight times 1, exact in any dtype).
+    A 4-bit base is the implementation's storage, not a weight this suite chose: the probe then judges the LoRA
+    layer over that base (the quantiser itself is judged against bitsandbytes elsewhere)."""
+    b = probe.adapters.get(f"{path}.lora_B")
+    saved = None if b is None else b.detach().clone()
+    eye = torch.eye(probe.weights[path].shape[1], device=probe.weights[path].device, dtype=probe.dtype)
+    with torch.no_grad():
+        if b is not None:
+            b.zero_()
+        out = _call_alone(probe.block, path, eye)
+        if b is not None:
+            b.copy_(saved)
+    return out.T.contiguous()
+
+
+def _call_alone(block: nn.Module, path: str, x: torch.Tensor) -> torch.Tensor:
+    """One projection's output for ``x``; q, k and v through the attention's own call (fused groups compute all
+    three from one input)."""
+    leaf = path.rsplit(".", 1)[-1]
+    if leaf in ("q_proj", "k_proj", "v_proj"):
+        return block.self_attn(x)[("q_proj", "k_proj", "v_proj").index(leaf)]
+    if leaf in MLP and hasattr(block.mlp, leaf):
+        return getattr(block.mlp, leaf)(x)
+    return block.get_submodule(path)(x)
+
+
+@dataclass
+class ProbeInputs:
+    x: torch.Tensor  # (*N, K)
+    x_o: torch.Tensor  # (*N, q_out)
+    x_m: torch.Tensor  # (*N, K)
+    dys: tuple[torch.Tensor, ...]  # one per output, OUTPUTS order
+
+
+def random_inputs(
+    shape: BlockShape, n_shape: tuple[int, ...], dtype, device, *, layout: str = "2d", seed: int = 1
+) -> ProbeInputs:
+    """Unit-variance inputs: 2-D (N, K), 3-D (B, N/B, K) or non-contiguous (every other column of a twice-as-wide
+    tensor, stride 2 in the last dimension); upstream gradients of the outputs' shapes."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(width):
+        lead = n_shape
+        if layout == "3d":
+            n = int(math.prod(n_shape))
+            lead = (2, n // 2) if n % 2 == 0 else (1, n)
+        if layout == "noncontig":
+            return torch.randn(*lead, 2 * width, device=device, generator=gen).to(dtype)[..., ::2]
+        return torch.randn(*lead, width, device=device, generator=gen).to(dtype)
+
+    x, x_o, x_m = randn(shape.hidden), randn(shape.q_out), randn(shape.hidden)
+    lead = x.shape[:-1]
+    widths = (shape.q_out, shape.kv_out, shape.kv_out, shape.hidden, shape.hidden)
+    dys = tuple(torch.randn(*lead, w, device=device, generator=gen).to(dtype) for w in widths)
+    return ProbeInputs(x, x_o, x_m, dys)
+
+
+@dataclass
+class ProbeRun:
+    """What one forward and backward gave: outputs (OUTPUTS order), input gradients (INPUTS order; None where
+    the input took none) and every adapter's gradient (canonical name; None where it got none)."""
+
+    outputs: tuple[torch.Tensor, ...]
+    input_grads: tuple[torch.Tensor | None, ...]
+    adapter_grads: dict[str, torch.Tensor | None]
+
+    def tensors(self) -> dict[str, torch.Tensor | None]:
+        out = dict(zip(OUTPUTS, self.outputs))
+        out.update({f"d{n}": g for n, g in zip(INPUTS, self.input_grads)})
+        out.update({f"d[{n}]": g for n, g in self.adapter_grads.items()})
+        return out
+
+
+def run_probe(probe: Probe, inputs: ProbeInputs, *, inputs_require_grad: bool = True, backward: bool = True):
+    """Forward the three inputs through the block and backward every output's upstream gradient at once."""
+    xs = [t.detach().requires_grad_(inputs_require_grad) for t in (inputs.x, inputs.x_o, inputs.x_m)]
+    for p in probe.adapters.values():
+        p.grad = None
+    outs = probe.block(*xs)
+    if backward:
+        torch.autograd.backward(outs, inputs.dys)
+    grads = {n: (None if p.grad is None else p.grad.detach().clone()) for n, p in probe.adapters.items()}
+    return ProbeRun(
+        tuple(o.detach() for o in outs),
+        tuple(x.grad if inputs_require_grad and backward else None for x in xs),
+        grads,
+    )
+
+
+def reference(probe: Probe, inputs: ProbeInputs, *, inputs_require_grad: bool = True) -> ProbeRun:
+    """The probe's function in float64 by autograd on the same tensors (none of the code under test):
+    each projection ``x Wᵀ + s·(x Âᵀ) B̂ᵀ`` with Â, B̂ the adapters rounded to the activation dtype."""
+    s, act = probe.scale, inputs.x.dtype
+    w = {path: t.double() for path, t in probe.weights.items()}
+    leaves = {path.rsplit(".", 1)[-1]: path for path in w}
+    ad = {}
+    for path in w:
+        a, b = probe.adapters.get(f"{path}.lora_A"), probe.adapters.get(f"{path}.lora_B")
+        if a is not None:
+            ad[path] = tuple(t.detach().to(act).double().requires_grad_() for t in (a, b))
+    xs = [t.detach().double().requires_grad_(inputs_require_grad) for t in (inputs.x, inputs.x_o, inputs.x_m)]
+
+    def lin(leaf, x):
+        path = leaves[leaf]
+        y = x @ w[path].T
+        if path in ad:
+            a, b = ad[path]
+            y = y + s * ((x @ a.T) @ b.T)
+        return y
+
+    x, x_o, x_m = xs
+    outs = (
+        lin("q_proj", x),
+        lin("k_proj", x),
+        lin("v_proj", x),
+        lin("o_proj", x_o),
+        lin("down_proj", F.silu(lin("gate_proj", x_m)) * lin("up_proj", x_m)),
+    )
+    torch.autograd.backward(outs, [d.double() for d in inputs.dys])
+    grads = {}
+    for path, (a, b) in ad.items():
+        grads[f"{path}.lora_A"], grads[f"{path}.lora_B"] = a.grad, b.grad
+    return ProbeRun(tuple(o.detach() for o in outs), tuple(t.grad if inputs_require_grad else None for t in xs), grads)
+
+
+def _inner(probe: Probe, inputs: ProbeInputs) -> int:
+    s = probe.shape
+    return max(s.hidden, s.q_out, s.intermediate, inputs.x.numel() // s.hidden)
+
+
+def tolerances(probe: Probe, inputs: ProbeInputs) -> dict[str, float]:
+    """Each tensor's bound: one LoRA linear's for the projections and their inputs, ``MLP_STAGES`` of it for
+    everything the MLP's chain computes (its output, dx_m, its adapters' gradients)."""
+    one = tolerance(inputs.x.dtype, _inner(probe, inputs))
+    out = {}
+    for name in probe.run_names():
+        mlp = name in ("mlp", "dx_m") or any(f".{leaf}." in name for leaf in MLP)
+        out[name] = MLP_STAGES * one if mlp else one
+    return out
+
+
+def judge(probe: Probe, inputs: ProbeInputs, got: ProbeRun, ref: ProbeRun) -> list[TensorError]:
+    """One ``TensorError`` per tensor the reference has (a tensor the implementation did not give is NaN:
+    beyond any tolerance)."""
+    tols = tolerances(probe, inputs)
+    want, have = ref.tensors(), got.tensors()
+    return [compare(name, have.get(name), r, tols[name]) for name, r in want.items() if r is not None]
+
+
+def dtype_errors(probe: Probe, inputs: ProbeInputs, got: ProbeRun) -> list[str]:
+    """Outputs and gradients whose dtype is not the one F.linear and autograd give: each output in the
+    activation dtype, each input gradient in its input's dtype, each adapter gradient in its adapter's dtype."""
+    bad = [
+        f"{n}: {o.dtype} (expected {inputs.x.dtype})" for n, o in zip(OUTPUTS, got.outputs) if o.dtype != inputs.x.dtype
+    ]
+    for n, g in zip(INPUTS, got.input_grads):
+        if g is not None and g.dtype != inputs.x.dtype:
+            bad.append(f"d{n}: {g.dtype} (expected {inputs.x.dtype})")
+    for n, g in got.adapter_grads.items():
+        if g is not None and g.dtype != probe.adapters[n].dtype:
+            bad.append(f"d[{n}]: {g.dtype} (expected {probe.adapters[n].dtype})")
+    return bad

@@ -1,0 +1,206 @@
+"""The adapter round trip any implementation must survive: train a few steps, ``save_adapter``, build a fresh model,
+``load_adapter``, and get the trained model back bitwise; a folder whose scale is not the model's must be refused
+(or honoured), never loaded as if it matched; and where the folder is PEFT's format on a 16-bit base, PEFT's own
+loader reads the same tensors and the same scale.
+
+Why bitwise: the fresh model has the same base weights (same seed), the loaded adapters must be the trained ones
+bit for bit, and the same implementation on the same inputs must compute the same logits (``layer_checks``'s
+determinism check judges that part on its own). A few training steps move the logits by far less than a 16-bit
+tolerance, so a tolerance would let a save that drops every lora_B (a fresh B is zero) pass.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from lora_suite.engine.prepare import Prepared
+from lora_suite.measure.criteria import Verdict
+
+PEFT_PREFIX = "base_model.model."
+CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
+
+
+def train_a_few(prepared: Prepared, steps: int, lr: float) -> list[float]:
+    """``steps`` AdamW steps on the adapters (batches 0..steps-1); the losses."""
+    opt = torch.optim.AdamW(list(prepared.adapters.values()), lr=lr)
+    losses = []
+    for step in range(steps):
+        batch = prepared.batches(step)
+        loss = prepared.model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def logits(model, batch) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=batch["input_ids"]).logits.detach().clone()
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).abs().max())
+
+
+def saved_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    """The folder's adapters under canonical names (``<path>.lora_A``), from PEFT's keys."""
+    from safetensors.torch import load_file
+
+    out = {}
+    for key, t in load_file(str(folder / WEIGHTS_FILE)).items():
+        name = key.removeprefix(PEFT_PREFIX).removesuffix(".weight")
+        out[name] = t
+    return out
+
+
+def round_trip(trained: Prepared, build: Callable[[], Prepared], folder: Path) -> list[Verdict]:
+    """``trained`` saved to ``folder``, a fresh model from ``build()`` loaded from it: verdicts on the folder's
+    tensors, the fresh model before and after loading, and folders with a planted wrong lora_alpha and r."""
+    impl = trained.implementation
+    batch = trained.batches(10_000)  # a batch the training did not see
+    want = {n: p.detach().clone() for n, p in trained.adapters.items()}
+    want_logits = logits(trained.model, batch)
+    impl.save_adapter(trained.model, folder)
+    out = []
+    saved = saved_tensors(folder) if (folder / WEIGHTS_FILE).is_file() else {}
+    bad = [
+        n for n, t in want.items() if n not in saved or saved[n].shape != t.shape or not torch.equal(saved[n].to(t), t)
+    ]
+    out.append(
+        Verdict(
+            f"saved folder: adapters missing or not bitwise the trained ones (of {len(want)})",
+            len(bad),
+            "==",
+            0,
+            "save_adapter writes PEFT's format (adapter_model.safetensors, PEFT's key names)",
+            ", ".join(bad[:4]),
+        )
+    )
+    fresh = build()
+    out.append(
+        Verdict(
+            "fresh model before loading: max |logits - trained logits| (the round trip can tell them apart)",
+            _max_diff(logits(fresh.model, batch), want_logits),
+            ">",
+            0.0,
+            "training moved the adapters: a fresh model that already matched would make the next checks blind",
+        )
+    )
+    try:
+        impl.load_adapter(fresh.model, folder)
+    except Exception as exc:  # noqa: BLE001  (recorded as the failed check, with the error, not a crash)
+        return out + [
+            Verdict(
+                "after load_adapter: the folder save_adapter wrote loads",
+                f"raised {type(exc).__name__}",
+                "==",
+                "loaded",
+                "load_adapter reads what save_adapter wrote",
+                str(exc)[:300],
+            )
+        ]
+    got = fresh.implementation.adapter_parameters(fresh.model)
+    bad = [n for n, t in want.items() if n not in got or not torch.equal(got[n].detach(), t)]
+    out.append(
+        Verdict(
+            f"after load_adapter: adapters not bitwise the trained ones (of {len(want)})",
+            len(bad),
+            "==",
+            0,
+            "load_adapter reads what save_adapter wrote",
+            ", ".join(bad[:4]),
+        )
+    )
+    out.append(
+        Verdict(
+            "after load_adapter: max |logits - trained logits|",
+            _max_diff(logits(fresh.model, batch), want_logits),
+            "==",
+            0.0,
+            "same base, same adapters, same implementation: the same logits bitwise",
+        )
+    )
+    for key, planted in (("lora_alpha", lambda c: 2 * c["lora_alpha"] + 1), ("r", lambda c: 2 * c["r"])):
+        out.append(_tampered(trained, build, folder, key, planted, logits(fresh.model, batch)))
+    return out
+
+
+def _tampered(trained, build, folder: Path, key: str, planted, good_logits) -> Verdict:
+    """A copy of ``folder`` whose config's ``key`` is not the model's: ``load_adapter`` must refuse it, or load it
+    under that value (logits then differ); loading it as if it matched is the defect."""
+    bad = folder.with_name(folder.name + f"-wrong-{key.replace('_', '-')}")
+    shutil.copytree(folder, bad, dirs_exist_ok=True)
+    config = json.loads((bad / CONFIG_FILE).read_text())
+    if key not in config:
+        return Verdict(
+            f"folder with a wrong {key}: its config has no {key}",
+            "missing",
+            "==",
+            "present",
+            "PEFT's adapter_config.json",
+        )
+    config[key] = planted(config)
+    (bad / CONFIG_FILE).write_text(json.dumps(config))
+    fresh = build()
+    try:
+        fresh.implementation.load_adapter(fresh.model, bad)
+    except Exception as exc:  # noqa: BLE001  (any refusal is the right answer; it is named in the detail)
+        outcome, detail = "refused", f"{type(exc).__name__}: {str(exc)[:200]}"
+    else:
+        same = torch.equal(logits(fresh.model, trained.batches(10_000)), good_logits)
+        outcome, detail = ("ignored" if same else "honoured"), f"{key}={config[key]} in the folder"
+    return Verdict(
+        f"folder with a wrong {key}: refused or honoured (not loaded as if it matched)",
+        outcome != "ignored",
+        "==",
+        True,
+        "the same tensors under another scale are another model",
+        f"{outcome}: {detail}",
+    )
+
+
+def peft_loader(
+    trained: Prepared, build_base: Callable[[], torch.nn.Module], folder: Path, scale: float
+) -> list[Verdict]:
+    """PEFT's own loader (``PeftModel.from_pretrained``) on the folder ``round_trip`` wrote, over a fresh base:
+    each LoRA layer's A and B must be the trained tensors and its scaling the model's scale."""
+    import peft
+    from peft.tuners.lora import LoraLayer
+
+    model = peft.PeftModel.from_pretrained(build_base(), str(folder), is_trainable=False)
+    want = {n: p.detach() for n, p in trained.adapters.items()}
+    found, bad_t, bad_s = {}, [], []
+    for path, m in model.base_model.model.named_modules():
+        if isinstance(m, LoraLayer) and "default" in m.lora_A:
+            found[f"{path}.lora_A"] = m.lora_A["default"].weight.detach()
+            found[f"{path}.lora_B"] = m.lora_B["default"].weight.detach()
+            if not math.isclose(float(m.scaling["default"]), scale, rel_tol=1e-9):
+                bad_s.append(f"{path}: {m.scaling['default']}")
+    for n, t in want.items():
+        if n not in found or found[n].shape != t.shape or not torch.equal(found[n].to(t.dtype), t):
+            bad_t.append(n)
+    return [
+        Verdict(
+            f"PEFT's loader: adapters missing or not bitwise the trained ones (of {len(want)})",
+            len(bad_t),
+            "==",
+            0,
+            "peft.PeftModel.from_pretrained on the saved folder",
+            ", ".join(bad_t[:4]),
+        ),
+        Verdict(
+            f"PEFT's loader: layers whose scaling is not {scale:g} (of {len(found) // 2})",
+            len(bad_s),
+            "==",
+            0,
+            "lora_alpha / r (alpha / sqrt(r) with use_rslora) in adapter_config.json",
+            ", ".join(bad_s[:4]),
+        ),
+    ]

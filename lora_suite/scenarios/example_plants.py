@@ -1,0 +1,180 @@
+"""Planted defects in copies of the shipped example implementation (``examples/plain_lora.py``): each factory here is
+``--lora-impl lora_suite.scenarios.example_plants:<name>``, the example with exactly one defect, and ``PLANTS`` says
+which tier must catch it. selftest-gpu runs every plant through that tier and prints the table defect -> tier ->
+check that caught it; the CPU tests run the layer checks and the round trip on the ones the CPU can show.
+
+The example is read from the checkout (it is a file users copy, not part of the installed package).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "plain_lora.py"
+
+
+def _example():
+    """The example module, loaded once as ``plain_lora`` (the name users import it by)."""
+    if "plain_lora" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("plain_lora", EXAMPLE)
+        if spec is None or spec.loader is None or not EXAMPLE.is_file():
+            raise ImportError(f"{EXAMPLE}: the example implementation is not there (a checkout is needed)")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["plain_lora"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["plain_lora"]
+
+
+def _lora(layer, x, a, b):
+    return F.linear(F.linear(x, a), b)
+
+
+def _planted(name: str, *, forward=None, **methods):
+    """The example implementation with its layer's forward and/or its own methods replaced."""
+    ex = _example()
+    layer_type = ex.PlainLoRALinear
+    if forward is not None:
+        layer_type = type(f"PlainLoRALinear_{name}", (ex.PlainLoRALinear,), {"forward": forward})
+    impl_type = type(f"PlainLoRA_{name}", (ex.PlainLoRA,), {"layer_type": layer_type, **methods})
+    impl = impl_type()
+    impl.name = impl.expected_path = "plain-lora"
+    return impl
+
+
+def _scale_twice(self, x):
+    self.calls += 1
+    a, b = self.lora_A.to(x.dtype), self.lora_B.to(x.dtype)
+    return self.base(x) + self.scale * self.scale * _lora(self, x, a, b)
+
+
+def _frozen_b(self, x):
+    self.calls += 1
+    a, b = self.lora_A.to(x.dtype), self.lora_B.detach().to(x.dtype)
+    return self.base(x) + self.scale * _lora(self, x, a, b)
+
+
+def _no_input_grad(self, x):
+    self.calls += 1
+    a, b = self.lora_A.to(x.dtype), self.lora_B.to(x.dtype)
+    return self.base(x) + self.scale * _lora(self, x.detach(), a, b)
+
+
+def _eval_skips(self, x):
+    self.calls += 1
+    if not self.training:
+        return self.base(x)
+    a, b = self.lora_A.to(x.dtype), self.lora_B.to(x.dtype)
+    return self.base(x) + self.scale * _lora(self, x, a, b)
+
+
+def _upcast(self, x):
+    self.calls += 1
+    base = self.base(x.to(self.base.weight.dtype)).float()
+    return base + self.scale * _lora(self, x.float(), self.lora_A.float(), self.lora_B.float())
+
+
+def _nondeterministic(self, x):
+    """A racy reduction's footprint: the LoRA term's last bits differ from call to call (up to 2^-9 relative, summed
+    with the base in fp32 and rounded once: inside the 16-bit parity tolerances, 2^-5)."""
+    self.calls += 1
+    a, b = self.lora_A.to(x.dtype), self.lora_B.to(x.dtype)
+    jitter = 1.0 + 2.0**-9 * float(torch.rand(()))
+    return (self.base(x).float() + (self.scale * jitter) * _lora(self, x, a, b).float()).to(x.dtype)
+
+
+_KEPT: list[torch.Tensor] = []
+
+
+def _leaky(self, x):
+    """1 MiB of device memory kept per call of the first adapted layer (a cache that is never emptied)."""
+    if getattr(self, "leaks", False):
+        _KEPT.append(torch.empty(1 << 19, dtype=torch.bfloat16, device=x.device))
+    return _example().PlainLoRALinear.forward(self, x)
+
+
+def scale_twice():
+    return _planted("scale_twice", forward=_scale_twice)
+
+
+def frozen_lora_b():
+    return _planted("frozen_lora_b", forward=_frozen_b)
+
+
+def input_grad_dropped():
+    return _planted("input_grad_dropped", forward=_no_input_grad)
+
+
+def eval_skips_adapters():
+    return _planted("eval_skips_adapters", forward=_eval_skips)
+
+
+def output_upcast_fp32():
+    return _planted("output_upcast_fp32", forward=_upcast)
+
+
+def nondeterministic_forward():
+    return _planted("nondeterministic_forward", forward=_nondeterministic)
+
+
+def gpu_memory_leak():
+    def inject(self, model, spec):
+        adapted = _example().PlainLoRA.inject(self, model, spec)
+        model.get_submodule(adapted[0]).leaks = True
+        return adapted
+
+    return _planted("gpu_memory_leak", forward=_leaky, inject=inject)
+
+
+def save_drops_lora_b():
+    def save_adapter(self, model, path):
+        ex = _example()
+        out = ex.PlainLoRA.save_adapter(self, model, path)
+        from safetensors.torch import load_file, save_file
+
+        weights = out / "adapter_model.safetensors"
+        kept = {k: v for k, v in load_file(str(weights)).items() if ".lora_B." not in k}
+        save_file(kept, str(weights), metadata={"format": "pt"})
+        return out
+
+    return _planted("save_drops_lora_b", save_adapter=save_adapter)
+
+
+def load_ignores_alpha():
+    def load_adapter(self, model, path):
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(Path(path) / "adapter_model.safetensors"))
+        with torch.no_grad():
+            for n, p in self.adapter_parameters(model).items():
+                p.copy_(tensors[f"{_example().PEFT_PREFIX}{n}.weight"])
+
+    return _planted("load_ignores_alpha", load_adapter=load_adapter)
+
+
+def target_left_out():
+    def targets_of(self, model, targets):
+        found = _example().PlainLoRA.targets_of(self, model, targets)
+        return [(p, m) for p, m in found if not p.endswith("v_proj")]
+
+    return _planted("target_left_out", targets_of=targets_of)
+
+
+# defect -> (factory name, the tier that must catch it, a fragment of the check that must be among the failures:
+# "" for any check; the leak's must be a memory slope, not a speed verdict that sharing the GPU could move)
+PLANTS = {
+    "forward scale applied twice": ("scale_twice", "quick", ""),
+    "lora_B frozen (detached in forward)": ("frozen_lora_b", "quick", ""),
+    "input gradient dropped (x detached on the LoRA path)": ("input_grad_dropped", "quick", ""),
+    "save_adapter drops every lora_B": ("save_drops_lora_b", "quick", ""),
+    "load_adapter ignores the folder's lora_alpha and r": ("load_ignores_alpha", "quick", ""),
+    "adapters skipped in eval mode": ("eval_skips_adapters", "quick", ""),
+    "output upcast to fp32": ("output_upcast_fp32", "quick", ""),
+    "a target projection (v_proj) left out": ("target_left_out", "quick", ""),
+    "nondeterministic forward (last bits jitter)": ("nondeterministic_forward", "quick", ""),
+    "1 MiB of GPU memory kept per forward": ("gpu_memory_leak", "extended", "slope"),
+}

@@ -1,0 +1,44 @@
+"""The adapter round trip of the implementation under test (``lora_suite.engine.round_trip``): three training steps,
+``save_adapter``, a fresh model, ``load_adapter``: the folder holds the trained tensors, the fresh model gets them
+back bitwise and computes the trained logits bitwise; folders with a planted wrong lora_alpha or r are refused (or
+honoured), never loaded as if they matched; on a 16-bit base PEFT's own loader reads the same tensors and scale."""
+
+from __future__ import annotations
+
+import pytest
+
+from lora_suite.engine import round_trip as RT
+from lora_suite.engine.models import build_model
+from lora_suite.engine.prepare import DTYPES, adapter_spec
+from lora_suite.engine.probes import spec_scale
+
+pytestmark = [pytest.mark.gpu, pytest.mark.quick]
+STEPS = 3  # enough to move every adapter (B starts at zero) and the logits bitwise
+
+
+def test_adapters_survive_save_and_load(tier, tmp_path):
+    cfg = tier.config("quick")
+    trained = tier.prepare(cfg)
+    RT.train_a_few(trained, STEPS, cfg.train.lr)
+    folder = tmp_path / "adapter"
+    for v in RT.round_trip(trained, lambda: tier.prepare(cfg), folder):
+        tier.check(v.name, v.value, v.op, v.threshold, source=v.source, detail=v.detail)
+    names = ("PEFT's loader: adapters bitwise the trained ones", "PEFT's loader: every layer's scaling")
+    why = None
+    try:
+        import peft  # noqa: F401
+    except ImportError as exc:
+        why = f"peft does not import ({exc}): install lora-gpu-suite[peft]"
+    if why is None and cfg.lora.quantize:
+        why = f"the tier's base is {cfg.lora.quantize} ({tier.impl.name}'s storage): PEFT's loader is checked on 16-bit bases"
+    if why:
+        for name in names:
+            tier.check.not_applicable(name, why)
+        return
+
+    def base():
+        return build_model(cfg.model, cfg.weights, DTYPES[cfg.dtype], "cuda", seed=cfg.train.seed).model
+
+    scale = spec_scale(adapter_spec(cfg, None))
+    for v in RT.peft_loader(trained, base, folder, scale):
+        tier.check(v.name, v.value, v.op, v.threshold, source=v.source, detail=v.detail)
