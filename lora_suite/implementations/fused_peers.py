@@ -116,6 +116,11 @@ class AxolotlImplementation(BnbBase, PeftImplementation):
             "pip install peft triton bitsandbytes and pip install --no-deps axolotl",
         )
         self._declare_base()  # Axolotl's kernels dequantise bitsandbytes 4-bit bases themselves (QLoRA)
+        self.not_applicable = dict(
+            self.not_applicable,
+            inputs_2d="Axolotl's SwiGLU kernel unpacks (batch, seq_len, hidden) from its input (an H100 run at "
+            "a988569: 'not enough values to unpack (expected 3, got 2)'); 2-D cases run as (1, tokens, features)",
+        )
 
     def describe(self) -> str:
         return f"axolotl: PEFT layers driven by Axolotl {_version('axolotl')}'s LoRA MLP/QKV/O kernels"
