@@ -54,8 +54,10 @@ class Tier:
         cfg = dataclasses.replace(cfg, weights=weights or cfg.weights, implementation=self.impl.name)
         self.configured_quantize = cfg.lora.quantize
         cfg, changes = fit_to_implementation(cfg, self.impl, f"configs/{tier}.yaml")
-        for what, reason in changes:
-            self.check.not_applicable(what, reason)
+        recorded = {(n.name, n.reason) for n in self.report.not_applicable}
+        for what, reason in changes:  # a tier-wide change is one record, not one per test that reads the tier
+            if (what, reason) not in recorded:
+                self.check.not_applicable(what, reason)
         if self.request.config.getoption("fused_ops", None) and cfg.train.cuda_graph:
             from lora_suite.implementations.liger_ops import NOT_CAPTURABLE
 

@@ -22,6 +22,7 @@ FEATURES = {
     "rslora": "rank-stabilised scaling s = alpha / sqrt(r)",
     "bf16_base": "a 16-bit base weight (lora.quantize: null)",
     "partial_groups": "LoRA on part of a fusable group of projections (q and v without k)",
+    "autocast_fp32_inputs": "fp32 activations under torch.autocast (mixed precision over an fp32 model)",
     "inputs_2d": "2-D (tokens, features) inputs to a layer (a model always gives (batch, seq, features))",
 }
 

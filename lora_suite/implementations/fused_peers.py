@@ -120,6 +120,9 @@ class AxolotlImplementation(BnbBase, PeftImplementation):
             self.not_applicable,
             inputs_2d="Axolotl's SwiGLU kernel unpacks (batch, seq_len, hidden) from its input (an H100 run at "
             "a988569: 'not enough values to unpack (expected 3, got 2)'); 2-D cases run as (1, tokens, features)",
+            autocast_fp32_inputs="Axolotl's LoRA Functions multiply fp32 activations by 16-bit weights without "
+            "autocast's cast (an H100 run at 9ea3c11: 'self and mat2 must have the same dtype, but got BFloat16 and "
+            "Float')",
         )
 
     def describe(self) -> str:

@@ -23,7 +23,7 @@ def test_adapters_survive_save_and_load(tier, tmp_path):
     folder = tmp_path / "adapter"
     for v in RT.round_trip(trained, lambda: tier.prepare(cfg), folder):
         tier.check(v.name, v.value, v.op, v.threshold, source=v.source, detail=v.detail)
-    names = ("PEFT's loader: adapters bitwise the trained ones", "PEFT's loader: every layer's scaling")
+    names = ("PEFT's loader on the saved folder: adapters bitwise the trained ones, every layer's scaling",)
     why = None
     try:
         import peft  # noqa: F401

@@ -110,7 +110,8 @@ def test_probe_on_a_4bit_base(lora_impl, check, run_report):
     if why:
         check.not_applicable("every check of the probe on a 4-bit base", why)
         return
-    cases = [(s, n, R) for s in SHAPES[:3] for n in (37, 1024)]
+    # NF4 packs blocks of 64 weights: the odd shape (333 x 1000) has no such layout, the other three do
+    cases = [(s, n, R) for s in (SHAPES[0], SHAPES[1], SHAPES[3]) for n in (37, 1024)]
     _grid(
         lora_impl,
         check,
@@ -177,6 +178,10 @@ def test_nan_stays_in_its_row_side_stream_and_autocast(lora_impl, check):
             "under autocast: outputs in the autocast dtype",
             f"{lora_impl.name}'s base is always 4-bit: bitsandbytes' Linear4bit computes in its own compute dtype and "
             "returns the input's dtype, by design (an H100 run at a988569: fp32 out under autocast(bf16))",
+        )
+    elif lora_impl.reason_not_applicable("autocast_fp32_inputs"):
+        check.not_applicable(
+            "under autocast: outputs in the autocast dtype", lora_impl.reason_not_applicable("autocast_fp32_inputs")
         )
     else:
         _record(check, L.autocast_dtype(*_probe(lora_impl)))
