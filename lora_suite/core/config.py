@@ -155,14 +155,16 @@ class Criteria:
     device_window: int = 5
     device_clip: float = 2.0
     # Aged vs fresh (lora_suite/scenarios/aged_vs_fresh.py): after the run, aged_vs_fresh_warmup steps of a fresh run, then
-    # aged_vs_fresh_pairs alternating pairs, and 20 more at a time while the allowance slowdown_max + z·SE is above
-    # aged_vs_fresh_resolution, up to aged_vs_fresh_pairs_max; median(aged CPU time / fresh) - 1 may be at most
-    # aged_vs_fresh_slowdown_max + drift_noise_z standard errors (criteria.aged_vs_fresh_verdict).
+    # aged_vs_fresh_pairs alternating pairs (each aged_vs_fresh_repeats rounds, least CPU time per side), and 20 more
+    # at a time while the allowance is above aged_vs_fresh_resolution, up to aged_vs_fresh_pairs_max; median(aged CPU
+    # time / fresh) - 1 may be at most aged_vs_fresh_slowdown_max + drift_noise_z standard errors, on the log scale
+    # (criteria.aged_vs_fresh_allowance).
     aged_vs_fresh_slowdown_max: float | None = None
     aged_vs_fresh_pairs: int = 40
     aged_vs_fresh_pairs_max: int = 40
     aged_vs_fresh_resolution: float | None = None
     aged_vs_fresh_warmup: int = 10
+    aged_vs_fresh_repeats: int = 1
     tier_seconds_max: float | None = None  # wall time of the tier's main test, model build included
     # Whole-model gradient checks (quick tier): every adapter's gradient from the model under test vs an fp32
     # copy of the same model (torch reference backend), relative to the error of the 16-bit torch reference

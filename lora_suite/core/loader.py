@@ -297,6 +297,7 @@ def validate(cfg: TierConfig) -> None:
             f">= aged_vs_fresh_pairs={c.aged_vs_fresh_pairs}",
         ),
         ("criteria.aged_vs_fresh_warmup", c.aged_vs_fresh_warmup, c.aged_vs_fresh_warmup >= 0, ">= 0"),
+        ("criteria.aged_vs_fresh_repeats", c.aged_vs_fresh_repeats, c.aged_vs_fresh_repeats >= 1, ">= 1"),
         (
             "criteria.bf16_comparison_steps",
             c.bf16_comparison_steps,

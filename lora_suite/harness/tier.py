@@ -175,6 +175,7 @@ class Tier:
             warmup=crit.aged_vs_fresh_warmup,
             max_pairs=crit.aged_vs_fresh_pairs_max,
             resolved=lambda done: aged_vs_fresh_resolved(done, crit),
+            repeats=crit.aged_vs_fresh_repeats,
         )
         self.report.add_series(
             Series(

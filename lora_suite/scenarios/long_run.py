@@ -33,11 +33,11 @@ from lora_suite.core.config import TierConfig
 from lora_suite.engine.trainer import StepRecord
 from lora_suite.measure.criteria import (
     Verdict,
+    aged_vs_fresh_allowance,
     aged_vs_fresh_verdict,
     device_time_verdict,
     host_time_drift,
     is_non_increasing,
-    median_se,
     stall_verdict,
     windowed_means,
 )
@@ -201,12 +201,14 @@ def extended_verdicts(
 
 
 def aged_vs_fresh_resolved(pairs: list[Pair], crit) -> bool:
-    """Whether the pairs so far resolve a slowdown of ``aged_vs_fresh_resolution``: slowdown_max + z·SE at most that
-    (always true without a resolution target)."""
+    """Whether the pairs so far resolve a slowdown of ``aged_vs_fresh_resolution``: the verdict's allowance
+    (criteria.aged_vs_fresh_allowance) at most that (always true without a resolution target)."""
     if crit.aged_vs_fresh_resolution is None or crit.aged_vs_fresh_slowdown_max is None:
         return True
-    _, se = median_se([p.ratio for p in pairs])
-    return crit.aged_vs_fresh_slowdown_max + crit.drift_noise_z * se <= crit.aged_vs_fresh_resolution
+    _, allowance, _ = aged_vs_fresh_allowance(
+        [p.ratio for p in pairs], slowdown_max=crit.aged_vs_fresh_slowdown_max, z=crit.drift_noise_z
+    )
+    return allowance <= crit.aged_vs_fresh_resolution
 
 
 def time_budget_rows(records: list[StepRecord], windows: dict[str, DeviceWindow]) -> list[tuple]:

@@ -4,13 +4,15 @@ defect that the verdict must catch (the unplanted side is replayed from GPU runs
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import pytest
+import torch
 
 import lora_core.layer as layer_module
 from lora_suite.engine.prepare import prepare
 from lora_suite.engine.trainer import TrainingRun, train
-from lora_suite.measure.criteria import aged_vs_fresh_verdict
+from lora_suite.measure.criteria import aged_vs_fresh_allowance, aged_vs_fresh_verdict
 from lora_suite.scenarios.aged_vs_fresh import run_pairs
 
 
@@ -30,8 +32,12 @@ def test_pairs_alternate_their_order_and_leave_the_records_alone(tiny_cfg):
     assert len(result.records) == 6 and fresh.records == []
     assert all(p.aged_cpu_s > 0 and p.fresh_cpu_s > 0 and p.aged_span_s is None for p in pairs)
     assert not result.run.model.training  # the runs leave their models in eval mode, as train() does
-    with pytest.raises(ValueError, match="pairs >= 2, warmup >= 0, max_pairs >= pairs and block >= 2, got pairs=1"):
+    rounds = run_pairs(result.run, fresh, aged_start=10, pairs=2, warmup=0, repeats=3)  # 3 rounds per pair
+    assert [(p.aged_step, p.fresh_step, p.aged_first) for p in rounds] == [(10, 0, True), (13, 3, False)]
+    with pytest.raises(ValueError, match="max_pairs >= pairs, block >= 2 and repeats >= 1, got pairs=1"):
         run_pairs(result.run, fresh, aged_start=6, pairs=1, warmup=0)
+    with pytest.raises(ValueError, match="repeats=0"):
+        run_pairs(result.run, fresh, aged_start=6, pairs=2, warmup=0, repeats=0)
 
 
 def test_more_pairs_are_run_until_resolved_or_the_cap(tiny_cfg):
@@ -56,20 +62,70 @@ def test_more_pairs_are_run_until_resolved_or_the_cap(tiny_cfg):
 
 
 def test_host_work_that_grows_with_the_models_own_state_fails_the_pairs(tiny_cfg, monkeypatch):
-    """Every LoRA layer walks a history of its own calls on each forward: the aged model (60 steps) walks a long
-    one, the fresh model a short one; the host's speed is the same for both."""
+    """Every LoRA layer walks a history of its own calls on each forward (50 entries per call): the aged model
+    (60 steps) walks one three or more times the fresh model's over the pairs (the fresh run is at step 26 or
+    less); the host's speed is the same for both.
+
+    The pairs stop as the tier's do (resolved at a 0.5 slowdown, here at most 24 pairs) and torch runs one
+    thread. On CI's virtual machine, preemption shows in process CPU time (a plain Python loop: 13 of 300 runs
+    over 3x the median, up to 0.38 s), so single pairs ranged from 0.04 to 40 (CI at d7a8575): the median's
+    MAD-based standard error must come from ratios that the plant keeps apart from 1, which a fresh run that
+    caught up with the aged one (60 pairs) did not."""
     real = layer_module.LoRALinear.forward
 
     def forward(self, x):
         calls = self.__dict__.setdefault("_planted_calls", [])
-        calls.append(len(calls))
-        for _ in range(2000):
+        calls.extend(range(len(calls), len(calls) + 50))
+        for _ in range(200):
             sum(calls)
         return real(self, x)
 
     monkeypatch.setattr(layer_module.LoRALinear, "forward", forward)
-    cfg = dataclasses.replace(tiny_cfg, train=dataclasses.replace(tiny_cfg.train, steps=60))
-    result, fresh = _aged_and_fresh(cfg)
-    pairs = run_pairs(result.run, fresh, aged_start=60, pairs=12, warmup=2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        cfg = dataclasses.replace(tiny_cfg, train=dataclasses.replace(tiny_cfg.train, steps=60))
+        result, fresh = _aged_and_fresh(cfg)
+
+        def resolved(done):
+            return aged_vs_fresh_allowance([p.ratio for p in done], slowdown_max=0.05, z=3.0)[1] <= 0.5
+
+        pairs = run_pairs(
+            result.run, fresh, aged_start=60, pairs=8, warmup=2, max_pairs=16, block=8, resolved=resolved, repeats=3
+        )
+    finally:
+        torch.set_num_threads(threads)
     v = aged_vs_fresh_verdict([p.ratio for p in pairs], slowdown_max=0.05, z=3.0, source="test")
+    print(
+        "PLANTV",
+        v.value,
+        v.threshold,
+        len(pairs),
+        [(round(p.aged_cpu_s * 1e3), round(p.fresh_cpu_s * 1e3)) for p in pairs],
+    )
     assert not v.passed, v
+
+
+class _Steps:
+    """A stand-in run whose steps report the CPU times given, in order."""
+
+    def __init__(self, cpu):
+        self.cpu, self.steps = list(cpu), []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def step(self, step, record):
+        self.steps.append(step)
+        return types.SimpleNamespace(cpu_time_s=self.cpu.pop(0), gpu_time_s=None)
+
+
+def test_a_pair_counts_the_least_cpu_time_of_its_rounds_so_a_preempted_step_drops_out():
+    aged = _Steps([0.05, 0.40, 0.05, 0.06, 0.05, 0.70])  # two preempted aged steps
+    fresh = _Steps([0.05, 0.05, 0.30, 0.05, 0.05, 0.05])
+    pairs = run_pairs(aged, fresh, aged_start=100, pairs=2, warmup=0, repeats=3)
+    assert [p.ratio for p in pairs] == [1.0, 1.0] and aged.steps == [100, 101, 102, 103, 104, 105]
+    assert [(p.aged_cpu_s, p.aged_span_s) for p in pairs] == [(0.05, None), (0.05, None)]

@@ -122,6 +122,21 @@ def test_aged_vs_fresh_verdict_passes_equal_sides_and_fails_a_10_percent_costlie
         aged_vs_fresh_verdict([1.0], **kw)
 
 
+def test_aged_vs_fresh_allowance_does_not_grow_with_the_slowdown_it_judges():
+    """On the ratios themselves a spread that scales with the level widened a fourfold slowdown's own allowance
+    past fourfold (CI at d7a8575); on their logs the allowance is the same at every level."""
+    from lora_suite.measure.criteria import aged_vs_fresh_allowance, aged_vs_fresh_verdict
+
+    noise = [1 + 0.3 * ((i * 7) % 5 - 2) for i in range(24)]  # ±60% pair-to-pair, multiplicative
+    kw = dict(slowdown_max=0.05, z=3.0)
+    _, quiet, _ = aged_vs_fresh_allowance(noise, **kw)
+    _, fourfold, _ = aged_vs_fresh_allowance([4 * r for r in noise], **kw)
+    assert quiet == pytest.approx(fourfold)
+    assert not aged_vs_fresh_verdict([4 * r for r in noise], source="x", **kw).passed
+    with pytest.raises(ValueError, match="ratios must be positive, got \\[0.0"):
+        aged_vs_fresh_allowance([0.0, 1.0], **kw)
+
+
 def test_host_normalised_drift_tells_a_slower_host_from_more_work():
     """A host slowing 30% over the run scales step and probe alike (the normalised drift stays ~0, the raw one
     does not); a step doing 30% more work on a steady host moves only the step (both drifts see it)."""
