@@ -8,6 +8,8 @@ report directories (``gpu-test.sh scorecard`` lays out one run directory per imp
 - the matrix implementation × tier: pass, fail (with the failed checks), not applicable (every check of the tier
   declared not applicable, with the reasons), the run's own end (error, interrupted) or "not run"; a pass that
   had checks declared not applicable says how many, with their reasons in a footnote (and on hover in HTML);
+- the depth of each cell: how many checks judged the implementation in that tier's run and how many records
+  declared something not applicable (a pass on 7 checks is not a pass on 250);
 - the convergence tier's loss curves, overlaid per implementation;
 - the memory tier's peak allocated VRAM per implementation, as bars;
 - the benchmark column, per implementation that took turns in a bench run's interleaved training benchmark
@@ -41,6 +43,7 @@ class Cell:
     run: str = ""  # the run directory's name
     failed: list[str] = field(default_factory=list)
     not_applicable: list[str] = field(default_factory=list)  # "test: reason"
+    judged: int = 0  # checks judged in the run (passed or failed)
 
 
 @dataclass
@@ -71,7 +74,8 @@ def build_rows(rows: list[dict], losses: dict | None = None) -> Scorecard:
             verdict = head["verdict"] if head["kind"] == "run" else ("fail" if failed else "pass")
             if verdict == "fail" and not failed:
                 failed = ["a test failed"]
-            matrix.setdefault(impl, {})[tier] = Cell(verdict, run, failed, na)
+            judged = sum(r["kind"] == "check" for r in rs)
+            matrix.setdefault(impl, {})[tier] = Cell(verdict, run, failed, na, judged)
         for r in rs:
             if tier == "memory" and r["kind"] == "check" and r["check"] == PEAK_CHECK and isinstance(r["value"], float):
                 peaks[impl] = r["value"]
@@ -183,6 +187,8 @@ def _cell_text(cell: Cell | None, notes: list[str]) -> str:
     if cell is None:
         return "not run"
     text = cell.verdict
+    if cell.judged:
+        text += f", {cell.judged} checks"
     if cell.failed:
         text += f" ({len(cell.failed)}: {'; '.join(cell.failed)[:120]})"
     if cell.not_applicable:
@@ -202,6 +208,18 @@ def render_md(card: Scorecard, images: dict[str, bytes]) -> str:
     ]
     for impl, row in sorted(card.matrix.items()):
         lines.append(f"| {impl} | {' | '.join(_cell_text(row.get(t), notes) for t in tiers)} |")
+    judged_tiers = [t for t in tiers if t != "benchmark"]
+    lines += [
+        "",
+        "Depth: checks judged / records declared not applicable, per tier",
+        "",
+        f"| implementation | {' | '.join(judged_tiers)} | total judged |",
+        "|---|" + "---|" * (len(judged_tiers) + 1),
+    ]
+    for impl, row in sorted(card.matrix.items()):
+        cells = [row.get(t) for t in judged_tiers]
+        depth = [f"{c.judged} / {len(c.not_applicable)}" if c else "-" for c in cells]
+        lines.append(f"| {impl} | {' | '.join(depth)} | {sum(c.judged for c in cells if c)} |")
     if notes:
         lines += ["", "Not applicable, as each implementation declared it:", ""]
         lines += [f"{i}. {n}" for i, n in enumerate(notes, 1)]
@@ -231,7 +249,8 @@ def render_html(card: Scorecard, images: dict[str, bytes]) -> str:
             c = row.get(t)
             verdict = c.verdict if c else "not run"
             title = "; ".join(summarise(c.failed + c.not_applicable) if c else [])
-            label = verdict + (f" ({len(c.not_applicable)} n/a)" if c and c.not_applicable else "")
+            label = verdict + (f", {c.judged} checks" if c and c.judged else "")
+            label += f" ({len(c.not_applicable)} n/a)" if c and c.not_applicable else ""
             cells.append(
                 f'<td style="background:{colour.get(verdict, "#fff3c4")}" title="{html.escape(title)}">'
                 f"{html.escape(label)}</td>"

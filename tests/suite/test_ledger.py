@@ -39,7 +39,8 @@ def test_record_appends_once_and_history_and_scorecard_render_from_the_ledger(tm
     shutil.rmtree(runs)  # from here on only the ledger is at hand
     assert main(["render-scorecard", str(tmp_path / "card"), "--ledger", str(led), "--group", "campaign"]) == 0
     md = (tmp_path / "card" / "scorecard.md").read_text()
-    assert "| peft | pass [" in md and "| cupy | pass" in md and "peft-captured" in md
+    assert "| peft | pass, " in md and "| cupy | pass" in md and "peft-captured" in md
+    assert "Depth: checks judged / records declared not applicable, per tier" in md
     assert main(["history", "--ledger", str(led), "--html", str(tmp_path / "h" / "history.html")]) == 0
     page = (tmp_path / "h" / "history.md").read_text()
     assert "## NVIDIA H100 80GB HBM3 · cupy · memory" in page and "| peak allocated VRAM |" in page

@@ -19,6 +19,10 @@ def _copy(tmp_path: Path) -> Path:
     return root
 
 
+def _report(root, run):
+    return json.loads((root / run / "report.json").read_text())
+
+
 def test_the_matrix_curves_peaks_and_speeds_from_real_reports(tmp_path, capsys):
     root = _copy(tmp_path)
     card = build([root])
@@ -40,7 +44,19 @@ def test_the_matrix_curves_peaks_and_speeds_from_real_reports(tmp_path, capsys):
     assert card.speed_vs_peft_eager["smollm2-qv-r8-8x256 peft-captured"] == 4.214
     assert main([str(tmp_path / "out"), str(root)]) == 0
     md = (tmp_path / "out" / "scorecard.md").read_text()
-    assert "| peft | pass [" in md and "Not applicable, as each implementation declared it:" in md
+    assert "| peft | pass, " in md and "Not applicable, as each implementation declared it:" in md
+    peft_quick = card.matrix["peft"]["quick"]
+    assert peft_quick.judged == len(_report(root, "20261122T055613Z-quick-peft")["checks"]) > 0, "the run's checks"
+    assert f"| peft | pass, {peft_quick.judged} checks [" in md
+    depth = [line for line in md.splitlines() if line.startswith("| peft | ") and " / " in line]
+    assert depth == [
+        "| peft | "
+        + " | ".join(
+            f"{card.matrix['peft'][t].judged} / {len(card.matrix['peft'][t].not_applicable)}"
+            for t in ("quick", "convergence", "memory")
+        )
+        + f" | {sum(card.matrix['peft'][t].judged for t in ('quick', 'convergence', 'memory'))} |"
+    ]
     assert "![scorecard-loss.png](scorecard-loss.png)" in md and (tmp_path / "out" / "scorecard-peak.png").is_file()
     page = (tmp_path / "out" / "scorecard.html").read_text()
     assert page.count("data:image/png;base64,") == 3 and 'title="' in page
@@ -64,7 +80,8 @@ def test_a_failing_or_broken_run_is_a_finding_not_an_error(tmp_path):
         == "n/a"
     )
     assert main([str(tmp_path / "out"), str(root)]) == 0
-    assert "| peft | fail (1: " in (tmp_path / "out" / "scorecard.md").read_text()
+    assert cell.judged == len(report["checks"])
+    assert f"| peft | fail, {cell.judged} checks (1: " in (tmp_path / "out" / "scorecard.md").read_text()
 
 
 def test_bad_arguments_are_named(tmp_path, capsys):
