@@ -212,7 +212,10 @@ def _run(names, args, extra, tiers, report_root: Path, have_gpu: bool) -> int:
         cmd = pytest_args(t, args, run_dir, tiers) + extra
         print(f"\n=== {t} ===  {' '.join(cmd)}", flush=True)
         start = time.time()
-        proc = subprocess.Popen(cmd, env=_child_env(t))
+        env = _child_env(t)
+        if run_dir is not None:  # the report's run id is its folder's name: `ledger show --run <folder>` finds it
+            env["LORA_SUITE_RUN_ID"] = run_dir.name
+        proc = subprocess.Popen(cmd, env=env)
         try:
             rc = proc.wait()
         except KeyboardInterrupt:  # Ctrl-C reached pytest too: let it write its report, then stop the whole run

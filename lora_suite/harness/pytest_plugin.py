@@ -80,7 +80,9 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{tier.marker}: {tier.entry.description}")
     selection = config.getoption("markexpr") or "all"
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    run_id = f"{now}-{re.sub(r'[^A-Za-z0-9]+', '_', selection)}"
+    run_id = os.environ.get("LORA_SUITE_RUN_ID") or f"{now}-{re.sub(r'[^A-Za-z0-9]+', '_', selection)}"
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", run_id):
+        raise pytest.UsageError(f"LORA_SUITE_RUN_ID must be a folder name (letters, digits, _ . -), got {run_id!r}")
     config.stash[_REPORT_KEY] = report = RunReport(
         run_id=run_id, selection=selection, environment=collect_environment()
     )

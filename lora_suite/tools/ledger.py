@@ -14,18 +14,26 @@ run, appended by ``lora-suite ledger record RUN...`` (or ``--record`` on a run).
 - ``bench``: a benchmark figure (a table cell of ``BENCH_COLUMNS``), ``verdict`` measured; ``check`` is
   "<table>: <row>: <column>";
 - ``stopped``: a benchmark run that stopped, ``value`` what stopped it, ``verdict`` fail.
-Commits are kept to 12 hex digits. A run already in the ledger is not appended twice (its run id, group and implementation identify it). The ledger is written
-atomically (a temporary file beside it, then renamed): an interruption leaves the old one whole.
+Commits are kept to 12 hex digits. A run already in the ledger is not appended twice (its run id, group and
+implementation identify it). The ledger is written atomically (a temporary file beside it, then renamed): an
+interruption leaves the old one whole. Appends are serialised by an OS file lock on ``<ledger>.lock`` held across the
+read, the de-duplication and the rename, so writers that overlap (scorecard lanes recording as their tiers end, two
+GPU runners on one checkout) lose nothing and append a run once.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
 import re
 from pathlib import Path
 
+from filelock import FileLock, Timeout
+
 from lora_suite.harness.report import atomic_write_text
+
+LOCK_TIMEOUT_S = 300.0  # a writer holds the lock for one read and one rename; five minutes means a stuck holder
 
 BENCH_COLUMNS = ("÷ PEFT eager", "step ms", "peak GiB", "ratio (median)", "fwd ms", "bwd ms", "speed-up", "peak ratio")
 LABEL_COLUMNS = ("case", "run", "implementation", "mode", "shape", "stack", "fused stack", "against", "part")
@@ -247,18 +255,25 @@ def append(path: Path, rows: list[dict]) -> int:
     """Append the rows of runs not yet in the ledger (by run id, group and implementation: the lanes of a scorecard
     start together and their runs can share a run id); returns how many rows were added."""
     path = Path(path)
-    old = read(path)
-    have = {run_key(r) for r in old}
-    new = [r for r in rows if run_key(r) not in have]
-    if not new:
-        return 0
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = path.read_text() if path.exists() else ""
-    if text and not text.endswith("\n"):
-        text += "\n"
-    text += encode(new, {run_key(r): r for r in old if r["kind"] == "run"})
-    atomic_write_text(path, text)
-    return len(new)
+    lock = FileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT_S)
+    try:
+        with lock:
+            old = read(path)
+            have = {run_key(r) for r in old}
+            new = [r for r in rows if run_key(r) not in have]
+            if not new:
+                return 0
+            text = path.read_text() if path.exists() else ""
+            if text and not text.endswith("\n"):
+                text += "\n"
+            text += encode(new, {run_key(r): r for r in old if r["kind"] == "run"})
+            atomic_write_text(path, text)
+            return len(new)
+    except Timeout:
+        raise LedgerError(
+            f"{path}: another writer has held {lock.lock_file} for over {LOCK_TIMEOUT_S:.0f} s; nothing was appended"
+        ) from None
 
 
 def record(path: Path, runs: list[Path], group: str | None = None) -> int:
@@ -269,10 +284,26 @@ def select(rows: list[dict], run: str | None = None, check: str | None = None, g
     return [
         r
         for r in rows
-        if (not run or r["run_id"].startswith(run))
+        if (not run or r["run_id"].startswith(run) or _folder_of(run, r))
         and (not check or check in r["check"])
         and (not group or r["group"] == group)
     ]
+
+
+def _folder_of(name: str, r: dict) -> bool:
+    """Whether ``name`` is the folder of ``r``'s run, for runs recorded before the run id was the folder's name: the
+    CLI named the folder <stamp>-<tier>[-<implementation>] up to a few seconds before pytest stamped its run id."""
+    m = re.fullmatch(r"(\d{8}T\d{6}Z)-(.+)", name)
+    rid = re.fullmatch(r"(\d{8}T\d{6}Z)-(.+)", r["run_id"])
+    if not m or not rid or r["tier"] is None:
+        return False
+    impl = "".join(c if c.isalnum() else "_" for c in r["implementation"])
+    tier = r["tier"].replace("_", "-")
+    if m.group(2) not in (tier, f"{tier}-{impl}") and not m.group(2).startswith(f"{tier}-{impl}-"):
+        return False
+    folder_t = dt.datetime.strptime(m.group(1), "%Y%m%dT%H%M%SZ")
+    run_t = dt.datetime.strptime(rid.group(1), "%Y%m%dT%H%M%SZ")
+    return 0 <= (run_t - folder_t).total_seconds() <= 60
 
 
 def format_rows(rows: list[dict]) -> str:

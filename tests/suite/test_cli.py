@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -70,7 +71,9 @@ def test_a_tier_is_one_yaml_and_one_test_folder(tmp_path):
     # selected by the marker the registry registered; a tier's tests need a GPU, so here it skips saying so
     assert "1 skipped" in out.stdout and "smoke        PASS" in out.stdout and "needs a CUDA GPU" in out.stdout
     assert "PASS (no GPU: nothing judged)" in out.stdout and "nothing was judged (no check ran)" in out.stdout
-    report = next((tmp_path / "r").glob("*-smoke/report.json")).read_text()
+    report_path = next((tmp_path / "r").glob("*-smoke/report.json"))
+    report = report_path.read_text()
+    assert json.loads(report)["run_id"] == report_path.parent.name  # the folder's name is the run id (issue 33)
     assert '"selection": "smoke"' in report  # the tier's marker, registered from the YAML, selected the test
     env["GPU_TEST_DRY_RUN"] = "1"
     assert lora_suite("all", cwd=copy, env=env).stdout.splitlines()[-1].startswith("targets: smoke quick")
