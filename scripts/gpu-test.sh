@@ -15,7 +15,7 @@ CALLER="$PWD"  # relative paths in the arguments (--report-dir, compare's folder
 cd "$ROOT"
 
 # ---------------------------------------------------------------- Python environment
-# Use an interpreter that already has everything (the lent GPU machines have no network); otherwise
+# Use an interpreter that already has everything (GPU runners without network access); otherwise
 # bootstrap .venv. torch is pinned first so that pip does not resolve a multi-GB build we do not want;
 # on a machine with an NVIDIA GPU the system under test also needs CuPy and nvmath-python's cuBLAS binding,
 # built for the CUDA major of the torch that is installed (the cuda12 or cuda13 extra), and PEFT for the

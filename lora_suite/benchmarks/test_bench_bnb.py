@@ -12,7 +12,7 @@ kernels, timed in turns.
   side's extra peak memory over its inputs.
 - ``test_qlora_7b_training_step_vs_peft_bnb``: the full tier's 7B QLoRA training step, cupy against peft-bnb,
   eager and captured, taking turns; step ms, ratios to cupy eager and each one's peak.
-Rows, not bars: the issue sets no target. Skipped where bitsandbytes does not import (the lent GPU machines
+Rows, not bars: the issue sets no target. Skipped where bitsandbytes does not import (GPU runners without network access
 need its wheel carried: only the library matching torch's CUDA is needed).
 """
 

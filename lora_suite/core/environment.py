@@ -42,14 +42,14 @@ def _dist_version(name: str) -> str | None:
         return None
 
 
-COMMIT_ENV = "LORA_SUITE_GIT_COMMIT"  # for copies of the tree without .git (e.g. a lent GPU machine)
+COMMIT_ENV = "LORA_SUITE_GIT_COMMIT"  # for copies of the tree without .git (e.g. a GPU runner's copy)
 
 
 def git_state(root: Path = PROJECT_ROOT) -> tuple[str, bool]:
     """(commit hash, whether tracked files differ from it).
 
     $LORA_SUITE_GIT_COMMIT, when set, wins, marked as such: a copy of the tree on another machine can carry
-    a .git of another commit (a lent GPU machine's copy reported the last landed commit, dirty, for a run of
+    a .git of another commit (a copy of the tree on a GPU runner reported the last landed commit, dirty, for a run of
     a later one). Otherwise read with git (``safe.directory`` set: a copied tree is often owned by another
     user, and git then refuses it); where git cannot answer, 'unknown'. Dirtiness is False when unknown.
     """

@@ -5,8 +5,8 @@ tokenised, repeated into a stream, and cut into windows at offsets drawn from a 
 (seed, step), or, with ``pool: N``, cycled through N fixed windows (N = batch size: one fixed batch, the
 classic "overfit one batch" check of a training loop). Deterministic, so a resumed run sees the same
 batches, and learnable by LoRA on a random-initialised base: the model can fit the corpus's statistics
-and memorise the pool. (A random bigram stream is not: on the lent H200 SmolLM2-135M with q,v adapters lowered its loss only
-5% in 100 steps on one; shared/GPU_NOTES.md.) Each tier's loss threshold is calibrated on this corpus and
+and memorise the pool. (A random bigram stream is not: on an H200 SmolLM2-135M with q,v adapters lowered its loss only
+5% in 100 steps on one.) Each tier's loss threshold is calibrated on this corpus and
 says so in its YAML.
 
 Tokenisers: a checkpoint's own tokenizer when it has one; otherwise ``ByteTokenizer`` (ids 0-255 are

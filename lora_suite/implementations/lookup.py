@@ -37,7 +37,7 @@ def _builtin(name: str) -> LoRAImplementation | None:
 
 BUILTINS = ("cupy", "cupy-fused", "torch", "peft")
 # Peers bundled with the suite (lora_suite/peers): the same specs as pyproject's entry points, so that a source
-# checkout on PYTHONPATH (a lent GPU machine runs the suite uninstalled) finds them by name too.
+# checkout on PYTHONPATH (a GPU runner may run the suite uninstalled) finds them by name too.
 BUNDLED = {
     "loralib": "lora_suite.implementations.loralib_impl:LoralibImplementation",
     "torchtune": "lora_suite.implementations.torchtune_impl:TorchtuneImplementation",

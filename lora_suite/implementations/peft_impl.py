@@ -24,8 +24,8 @@ class PeftImplementation(LoRAImplementation):
 
     name = expected_path = "peft"
     not_applicable = {
-        "nf4_base": "PEFT builds a 4-bit base only through bitsandbytes (not on the lent GPU machine, and not "
-        "wired here); lora_core's NF4 storage is not a layer PEFT can wrap",
+        "nf4_base": "PEFT builds a 4-bit base only through bitsandbytes: that is the peft-bnb implementation; "
+        "lora_core's NF4 storage is not a layer PEFT can wrap",
         "op_call_count": "PEFT's layers keep no call counter; served_by() checks the layer types instead",
         "lora_core_ops": "these tests call lora_core's cupy op and kernels directly, which PEFT does not use",
     }

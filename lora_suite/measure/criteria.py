@@ -242,5 +242,5 @@ def aged_vs_fresh_verdict(ratios, *, slowdown_max: float, z: float, source: str)
 def host_time_drift(cpu_times_s, tokens_per_step: float, window: int) -> Drift:
     """Diagnostic only (judged until issue 18): drift of tokens per process CPU-second, first vs last window after
     warm-up. On a host-bound step it follows the host's speed: 84-154 ms per step within one run on a shared H200
-    (../shared/evidence/extended-h200-2026-11-23: 4 false alarms in 9 runs at a 5% + 3 SE bar)."""
+    (tests/fixtures/extended_replay/h200-2026-11-23-run*: 4 false alarms in 9 runs at a 5% + 3 SE bar)."""
     return median_drift([tokens_per_step / t for t in cpu_times_s], window)

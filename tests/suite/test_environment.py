@@ -18,6 +18,6 @@ def test_commit_outside_git_comes_from_the_environment(tmp_path, monkeypatch):
 
 
 def test_the_environment_variable_wins_over_a_git_checkout(monkeypatch):
-    """A lent GPU machine's copy carried a .git of the last landed commit: reports named the wrong commit."""
+    """A GPU runner's copy carried a .git of the last landed commit: reports named the wrong commit."""
     monkeypatch.setenv(COMMIT_ENV, "0123abc")
     assert git_state() == ("0123abc (from $LORA_SUITE_GIT_COMMIT)", False)

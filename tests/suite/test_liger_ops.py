@@ -1,5 +1,5 @@
 """lora_suite.implementations.liger_ops on the CPU, with a stand-in for Liger-Kernel's entry point (the real one
-needs Triton and a GPU; the lent GPU runs it): what is asked of Liger, the names put back, the refusals."""
+needs Triton and a GPU; the GPU runner runs it): what is asked of Liger, the names put back, the refusals."""
 
 from __future__ import annotations
 

@@ -112,7 +112,7 @@ def test_a_10_percent_drift_planted_in_a_recorded_run_fails_its_criterion(path):
 
 def test_a_neighbour_on_the_gpu_moves_only_the_device_wide_context_and_a_leak_of_this_process_still_fails():
     """Issue 28's false alarm, rebuilt on a recorded run: another job on the same GPU raised NVML's device-wide used
-    memory from 9877 to 16317 MiB near step 80 (its console log, ../shared/evidence/shared-gpu-h200-2026-11-24 ext-g0-3) while
+    memory from 9877 to 16317 MiB near step 80 (its console log, an H200 on 2026-11-24) while
     this process's memory stayed flat. The device-wide slope is context; this process's series is judged."""
     records, windows, pairs = _load(WITH_NEW_SERIES[0])
     own = [dataclasses.replace(r, process_gpu_mib=r.reserved_mib + 530.0) for r in records]  # flat, context included
