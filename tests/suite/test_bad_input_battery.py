@@ -3,7 +3,7 @@
 Each case asserts a clear error that names the bad value (or the key) and what was expected, raised before any
 GPU work (configs, data, flags, implementation names, adapter folders and checkpoints are all read first), and
 nothing written half. Entry points and their case counts are printed by ``test_the_battery_has_150_cases``
-and stated in the README.
+and stated in docs/reports.md.
 """
 
 from __future__ import annotations
@@ -702,7 +702,7 @@ def test_lora_core_inputs(what, call, expected):
         call()
 
 
-# ------------------------------------------------------------------ the count the README states
+# ------------------------------------------------------------------ the count docs/reports.md states
 def test_the_battery_has_150_cases(request):
     counts = {
         "tier YAML": len(TIER_CASES) + len(FILE_CASES) + 1,
