@@ -21,6 +21,7 @@ DECLARED = {
     "pytest-benchmark": "pytest_benchmark",
     "safetensors": "safetensors",
     "matplotlib": "matplotlib",
+    "filelock": "filelock",
 }
 TRANSITIVE = {"numpy", "_pytest"}  # matplotlib requires numpy; _pytest is pytest's own package
 OURS = {"lora_core", "lora_suite", "tests", "tiers", "benchmarks", "__future__"}
