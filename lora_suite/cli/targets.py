@@ -190,18 +190,14 @@ def _announce_gpu(target: str) -> bool:
 
 def _run(names, args, extra, tiers, report_root: Path, have_gpu: bool) -> int:
     from lora_suite.tools import compare
+    from lora_suite.tools.ledger import folder_token
 
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    impl = "".join(c if c.isalnum() else "_" for c in args.lora_impl) if args.lora_impl else ""
+    impl = folder_token(args.lora_impl) if args.lora_impl else ""
     baseline = Path(args.baseline) if args.baseline and args.baseline != "auto" else None
     if args.baseline == "auto":
         gpu = (gpu_line() or "none").split(",")[0]
-        baseline = (
-            (checkout_root() or Path.cwd())
-            / "reports"
-            / "baselines"
-            / "".join(c if c.isalnum() else "_" for c in gpu).rstrip("_")
-        )
+        baseline = (checkout_root() or Path.cwd()) / "reports" / "baselines" / folder_token(gpu).rstrip("_")
     rows, failed, interrupted = [], False, False
     for t in names:
         run_dir = (

@@ -2,9 +2,9 @@
 
 At the end of a long run (the aged run), a fresh run is built from the same config and seed (model, adapters,
 optimizer, trainer state). After ``warmup`` unpaired steps of the fresh run (allocations, first-use caches), the
-two take turns for ``pairs`` pairs: pair i runs one step of each, aged first in even pairs and fresh first in odd
-ones (so that neither side always follows the other). A pair is ``repeats`` rounds of one step of each (the order alternating from round to round), and its ratio is
-that of the least process CPU time on each side,
+two take turns for ``pairs`` pairs. A pair is ``repeats`` rounds of one step of each, aged first and fresh first
+in turn (so that neither side always follows the other), and its ratio is that of the least process CPU time
+on each side,
 
     ρ_i = min_r c_aged,i,r / min_r c_fresh,i,r
 
@@ -15,9 +15,10 @@ one hit half of the 45 ms steps of a CPU test, where a pair of single steps was 
 Noise model: the two steps of a pair run within a fraction of a second of each other in the same process, so
 the host's speed at that moment (clock, neighbours' load on shared cores and caches, a GPU neighbour) moves both
 alike and cancels in ρ_i; what is left is step-to-step jitter, which the median over the pairs and its standard
-error on the log scale (criteria.aged_vs_fresh_allowance) absorb; a noisy host gets more pairs (``run_pairs``). State that grows with the run (a history that every step walks, a cache that
-never empties, per-step Python objects kept alive) costs only the aged side. criteria.aged_vs_fresh_verdict
-judges median(ρ) − 1 against an allowance.
+error on the log scale (criteria.aged_vs_fresh_allowance) absorb; a noisy host gets more pairs (``run_pairs``).
+State that grows with the run (a history that every step walks, a cache that never empties, per-step Python
+objects kept alive) costs only the aged side. criteria.aged_vs_fresh_verdict judges median(ρ) − 1 against an
+allowance.
 
 Limitation: state that grows process-wide (a module-level cache shared by both runs) costs both sides alike
 and cancels too; if it holds memory, the resident-set-size slope sees it, and if it moves GPU work, the

@@ -290,14 +290,20 @@ def select(rows: list[dict], run: str | None = None, check: str | None = None, g
     ]
 
 
+def folder_token(text: str) -> str:
+    """``text`` as a part of a folder name: every character but letters and digits becomes "_"."""
+    return "".join(c if c.isalnum() else "_" for c in text)
+
+
 def _folder_of(name: str, r: dict) -> bool:
     """Whether ``name`` is the folder of ``r``'s run, for runs recorded before the run id was the folder's name: the
-    CLI named the folder <stamp>-<tier>[-<implementation>] up to a few seconds before pytest stamped its run id."""
+    CLI named the folder <stamp>-<tier>[-<implementation>] up to a few seconds before pytest stamped its run id
+    (the implementation as --lora-impl spelled it: a module:factory spec is not found by its folder)."""
     m = re.fullmatch(r"(\d{8}T\d{6}Z)-(.+)", name)
     rid = re.fullmatch(r"(\d{8}T\d{6}Z)-(.+)", r["run_id"])
     if not m or not rid or r["tier"] is None:
         return False
-    impl = "".join(c if c.isalnum() else "_" for c in r["implementation"])
+    impl = folder_token(r["implementation"])
     tier = r["tier"].replace("_", "-")
     if m.group(2) not in (tier, f"{tier}-{impl}") and not m.group(2).startswith(f"{tier}-{impl}-"):
         return False
