@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-# Bottom up (docs/layout.md): a module may import its own layer and those below it.
+# Bottom up (docs/reports.md, "Layout"): a module may import its own layer and those below it.
 LAYERS = ("core", "measure", "implementations", "engine", "scenarios", "harness", "tools", "cli")
 
 
