@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from lora_core.ops import cupy_interop as cx
+from lora_core.ops import kernel_variants as kv
 
 NF4_CODE = (
     -1.0,
@@ -190,13 +191,15 @@ def quantize_nf4(weight: torch.Tensor, blocksize: int = BLOCKSIZE, double_quant:
     packed = torch.empty(w.numel() // 2, dtype=torch.uint8, device=w.device)
     absmax = torch.empty(n_blocks, dtype=torch.float32, device=w.device)
     warps_per_block = 8
+    grid, block = (cx.ceil_div(n_blocks, warps_per_block),), (32 * warps_per_block,)
+    kv.note("nf4_quantize", w.dtype, kv.last_cta(n_blocks, warps_per_block), grid, block)
     with cx.on_torch_stream(w.device) as cu:
         cu.launch(
             "nf4.cu",
             _KERNEL_NAMES,
             f"nf4_quantize<{cx.CUDA_TYPE_NAME[w.dtype]}>",
-            (cx.ceil_div(n_blocks, warps_per_block),),
-            (32 * warps_per_block,),
+            grid,
+            block,
             (w, packed, absmax, n_blocks),
         )
     return _finish(packed, absmax, weight, blocksize, double_quant, _double_quant_gpu)
@@ -207,6 +210,7 @@ def _double_quant_gpu(absmax: torch.Tensor):
     mean = float(absmax.mean())  # one host sync per weight, at quantisation time only
     q = torch.empty(n, dtype=torch.int8, device=absmax.device)
     scale = torch.empty(cx.ceil_div(n, DQ_BLOCKSIZE), dtype=torch.float32, device=absmax.device)
+    kv.note("absmax_quantize", "fp32", kv.last_cta(n, DQ_BLOCKSIZE), (scale.numel(),), (DQ_BLOCKSIZE,))
     with cx.on_torch_stream(absmax.device) as cu:
         cu.launch(
             "nf4.cu", _KERNEL_NAMES, "absmax_quantize", (scale.numel(),), (DQ_BLOCKSIZE,), (absmax, mean, q, scale, n)
@@ -232,12 +236,15 @@ def dequantize_nf4(q: NF4Tensor, dtype: torch.dtype | None = None, out: torch.Te
     n8 = q.numel // 8  # work items of 8 elements
     block, items_per_thread = 256, 4  # items_per_thread is DEQ_ITEMS in kernels/nf4.cu
     null = 0  # a null pointer for the state the variant does not use
+    grid = (cx.ceil_div(n8, block * items_per_thread),)
+    form = "fp32" if q.absmax is not None else "dcode" if q.absmax_code is not None else "int8"
+    kv.note("nf4_dequantize", dtype, f"absmax={form}, {kv.last_cta(n8, block * items_per_thread)}", grid, (block,))
     with cx.on_torch_stream(q.device) as cu:
         cu.launch(
             "nf4.cu",
             _KERNEL_NAMES,
             f"nf4_dequantize<{cx.CUDA_TYPE_NAME[dtype]}>",
-            (cx.ceil_div(n8, block * items_per_thread),),
+            grid,
             (block,),
             (
                 q.packed,

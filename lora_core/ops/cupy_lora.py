@@ -34,6 +34,7 @@ from __future__ import annotations
 import torch
 
 from lora_core.ops import cupy_interop as cx
+from lora_core.ops import kernel_variants as kv
 
 _CAST_KERNELS = tuple(f"cast_pair_from_f32<{cx.CUDA_TYPE_NAME[d]}>" for d in (torch.bfloat16, torch.float16))
 _CAST_BLOCK = 256
@@ -54,6 +55,7 @@ def adapters_in(
     n_a, n_b = a.numel(), b.numel()
     out = torch.empty(n_a + n_b, dtype=dtype, device=a.device)
     grid = (min(cx.ceil_div(n_a + n_b, _CAST_BLOCK), _CAST_MAX_GRID),)
+    kv.note("cast_pair_from_f32", dtype, kv.passes(n_a + n_b, grid[0], _CAST_BLOCK), grid, (_CAST_BLOCK,))
     cu.launch(
         "cast.cu",
         _CAST_KERNELS,

@@ -19,6 +19,7 @@ import torch
 
 from lora_core.backend import resolve_backend
 from lora_core.ops import cupy_interop as cx
+from lora_core.ops import kernel_variants as kv
 from lora_core.ops.lora_linear import ACTIVATION_DTYPES, REFERENCE_ONLY_DTYPES
 
 _CAST_KERNELS = tuple(f"cast_stack_from_f32<{cx.CUDA_TYPE_NAME[d]}>" for d in (torch.bfloat16, torch.float16))
@@ -31,10 +32,17 @@ _MAX_GRID = 8192  # grid-stride kernels: more blocks buy nothing
 _MAX_ROWS = 16384  # grid y of the SwiGLU kernels (rows, grid-stride beyond it; the hardware's limit is 65535)
 
 
+def _swiglu_vec(dtype: torch.dtype, inter: int) -> int:
+    """Elements per thread access: a 16-byte vector when I is a multiple of its width (so every row's g and u
+    halves start 16-byte aligned and hold whole vectors), else 1 (scalar loads)."""
+    return _SWIGLU_VEC[dtype] if inter % _SWIGLU_VEC[dtype] == 0 else 1
+
+
 def _swiglu_launch(dtype: torch.dtype, n: int, inter: int, kernel: str) -> tuple[str, tuple[int, int]]:
-    """The kernel variant (16-byte vectors when I allows) and its grid: x across a row's vectors, y over rows."""
-    vec = _SWIGLU_VEC[dtype] if inter % _SWIGLU_VEC[dtype] == 0 else 1
+    """The kernel variant and its grid (x across a row's vectors, y over rows), reported to ``kernel_variants``."""
+    vec = _swiglu_vec(dtype, inter)
     grid = (min(cx.ceil_div(inter // vec, _BLOCK), 64), min(n, _MAX_ROWS))
+    kv.note(kernel, dtype, f"VEC={vec}, {kv.residue(inter, _SWIGLU_VEC[dtype])}", grid, (_BLOCK,))
     return f"{kernel}<{cx.CUDA_TYPE_NAME[dtype]}, {vec}>", grid
 
 
@@ -104,6 +112,8 @@ def stack_cast(eng, tensors: list[torch.Tensor], dtype: torch.dtype) -> torch.Te
             out = torch.empty(total, dtype=dtype, device=srcs[0].device)
             name = f"cast_stack_from_f32<{cx.CUDA_TYPE_NAME[dtype]}>"
             grid = (min(cx.ceil_div(total, _BLOCK), _MAX_GRID),)
+            sources = "6 sources" if len(tensors) == 6 else "padded sources"
+            kv.note("cast_stack_from_f32", dtype, f"{sources}, {kv.passes(total, grid[0], _BLOCK)}", grid, (_BLOCK,))
             eng.launch("cast.cu", _CAST_KERNELS, name, grid, (_BLOCK,), (*srcs, out, *ends))
             return out
     return torch.cat([t.detach().reshape(-1).to(dtype) for t in tensors])

@@ -341,10 +341,32 @@ def _add_wall_time_breakdown(run: RunReport) -> None:
     )
 
 
+def _add_kernel_variants(run: RunReport) -> None:
+    """Runs that launched lora_core's RawKernels: every variant reached (``lora_core.ops.kernel_variants``) with its
+    launches and first grid, and the designed variants this run did not reach; one table per kernel."""
+    kv = sys.modules.get("lora_core.ops.kernel_variants")
+    reached = kv.reached() if kv is not None else {}
+    if not reached:
+        return
+    designed = set(kv.DESIGNED)
+    rows = [(v, n.count, f"{n.grid} x {n.block}", "yes" if v in designed else "no") for v, n in sorted(reached.items())]
+    rows += [(v, 0, "-", "yes: NOT REACHED") for v in kv.unreached(reached)]
+    for kernel in sorted({v.kernel for v, *_ in rows}):
+        run.add_series(
+            Series(
+                "session",
+                f"RawKernel variants reached: {kernel}",
+                ("dtype", "variant", "launches", "first grid x block", "designed"),
+                tuple((v.dtype, v.variant, *rest) for v, *rest in rows if v.kernel == kernel),
+            )
+        )
+
+
 def _finish_report(session, exitstatus):
     report_dir = session.config.getoption("report_dir")
     run = session.config.stash[_REPORT_KEY]
     _add_wall_time_breakdown(run)
+    _add_kernel_variants(run)
     if _RUN.get("terminated"):
         run.status = "terminated"
     elif exitstatus == pytest.ExitCode.INTERRUPTED:

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from lora_core.nf4 import dequantize_nf4, quantize_nf4
+from lora_core.ops import kernel_variants as kv
 from lora_core.ops.fused_mlp import MLPBases, lora_mlp
 from lora_core.ops.fused_qkv import QKVBases, lora_qkv
 from lora_core.ops.lora_linear import lora_linear_torch
@@ -38,7 +39,9 @@ F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 DTYPE_CONFIGS = {"fp32": (F32, F32), "bf16": (BF16, BF16), "fp16-act+fp32-adapters": (F16, F32)}
 DTYPE_CONFIGS["bf16-act+fp32-adapters"] = (BF16, F32)
 SCALE = 2.0
-MLP_SHAPES = ((576, 1536), (333, 1000), (333, 1001))  # (K, I): SmolLM2-135M, odd sizes (1001: the unvectorised SwiGLU)
+# (K, I): SmolLM2-135M (I a multiple of 8: 16-byte SwiGLU vectors), I ≡ 4 (mod 8) (scalar for 16-bit activations,
+# vectors for fp32) and an odd I (scalar for all); each MLP grid asserts the SwiGLU variants it reached
+MLP_SHAPES = ((576, 1536), (333, 1004), (333, 1001))
 QKV_SHAPES = ((576, (576, 192, 192)), (333, (333, 64, 96)))  # (K, (O_q, O_k, O_v)): GQA widths, and odd ones
 N_TOKENS = (1, 37, 2048)
 
@@ -135,7 +138,7 @@ def test_fused_mlp_matches_float64(config, layout, run_report, check):
     dtype, adapter_dtype = DTYPE_CONFIGS[config]
     gen = torch.Generator(device=DEV).manual_seed(2027)
     ranks = (1, 16, 64) if layout == "2d" else (16,)
-    cases = []
+    cases, before, name = [], kv.reached(), kv.DTYPE_NAME[dtype]
     for n, (k, inter), r in itertools.product(N_TOKENS, MLP_SHAPES, ranks):
         x, weights, adapters, dy = _mlp_case(n, k, inter, r, dtype, adapter_dtype, layout, gen)
         got_o, got_g = _mlp_fused(x, weights, adapters, dy)
@@ -143,6 +146,20 @@ def test_fused_mlp_matches_float64(config, layout, run_report, check):
         errs = _judge(MLP_NAMES, got_o + got_g, ref_o + ref_g, FUSED_STAGES * tolerance(dtype, max(k, inter)))
         cases.append((f"N={n} K={k} I={inter} r={r}", errs))
     _grid_check("MLP", config, layout, cases, run_report, check)
+    taken = sorted({v.variant for v in kv.reached_since(before) if v.kernel == "swiglu_forward" and v.dtype == name})
+    check(
+        f"fused MLP {config} {layout}: SwiGLU variants reached",
+        " + ".join(taken),
+        "==",
+        " + ".join(sorted({_designed_swiglu(name, inter) for _, inter in MLP_SHAPES})),
+        source="kernels/swiglu.cu: 16-byte vectors when I is a multiple of the vector width, else scalar",
+    )
+
+
+def _designed_swiglu(dtype: str, inter: int) -> str:
+    """The SwiGLU variant the grid's I must take (the rule swiglu.cu is built for, restated here)."""
+    width = kv.SWIGLU_VEC_WIDTH[dtype]
+    return f"VEC={width if inter % width == 0 else 1}, {kv.residue(inter, width)}"
 
 
 def _qkv_case(n, k, sizes, r, dtype, adapter_dtype, layout, gen):
