@@ -22,28 +22,38 @@ ROOT = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parent
 
 
+def _failed(report: dict) -> list[tuple[str, str]]:
+    return [
+        (o["test"], (o["reason"] or "").splitlines()[0][:160] if o["reason"] else "")
+        for o in report.get("outcomes", [])
+        if o["outcome"] in ("failed", "error")
+    ]
+
+
+def _report(folder: Path) -> dict:
+    reports = sorted(folder.glob("*/report.json")) or sorted(folder.glob("report.json"))
+    return json.loads(reports[-1].read_text()) if reports else {}
+
+
 def test_wrong_swiglu_variant_fails_the_quick_tier(tier, tmp_path):
+    """Caught: quick exits 1 with a failed SwiGLU or fused-MLP test, and the same tests, run again without the plant
+    (the control), pass: the failure is the plant's, not the machine's or another defect's."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")]))
+    planted = tmp_path / "planted"
     cmd = [
         sys.executable,
         "-m",
         "lora_suite",
         "quick",
         "--report-dir",
-        str(tmp_path),
+        str(planted),
         "--",
         "-p",
         "planted_wrong_variant",
     ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    reports = sorted(tmp_path.glob("*/report.json"))
-    report = json.loads(reports[-1].read_text()) if reports else {}
-    failed = [
-        f"{o['test'].rsplit('::', 1)[-1]}: {(o['reason'] or '').splitlines()[0][:160] if o['reason'] else ''}"
-        for o in report.get("outcomes", [])
-        if o["outcome"] in ("failed", "error")
-    ]
-    swiglu = [f for f in failed if "swiglu" in f.lower() or "mlp" in f.lower()]
+    failed = _failed(_report(planted))
+    swiglu = [test for test, _ in failed if "swiglu" in test.lower() or "mlp" in test.lower()]
     tail = (proc.stdout + proc.stderr)[-2000:]
     tier.check("planted wrong SwiGLU variant: quick's exit code", proc.returncode, "==", 1, detail=tail)
     tier.check(
@@ -51,6 +61,18 @@ def test_wrong_swiglu_variant_fails_the_quick_tier(tier, tmp_path):
         len(swiglu),
         ">=",
         1,
-        detail=" | ".join(failed[:4]) or tail,
+        detail=" | ".join(f"{t}: {r}" for t, r in failed[:4]) or tail,
     )
-    print("\n".join(["caught by:", *failed[:6]]))
+    control_dir = tmp_path / "control"
+    control = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--rootdir", str(ROOT)]
+    control += [f"--report-dir={control_dir}", *swiglu[:8]]
+    ctl = subprocess.run(control, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    tier.check(
+        "control: the tests that caught the plant pass without it (exit code)",
+        ctl.returncode if swiglu else "no test to rerun",
+        "==",
+        0,
+        detail=" | ".join(f"{t}: {r}" for t, r in _failed(_report(control_dir))[:4])
+        or (ctl.stdout + ctl.stderr)[-1500:],
+    )
+    print("\n".join(["caught by:", *(f"{t}: {r}" for t, r in failed[:6]), f"control exit {ctl.returncode}"]))
