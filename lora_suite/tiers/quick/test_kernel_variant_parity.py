@@ -8,8 +8,9 @@ launchers no longer reach, or reach from the wrong inputs, fails here by name; t
 reached (the session's "RawKernel variants reached" table).
 
 References: the SwiGLU against float64 with an elementwise bound (each output is computed in fp32 and rounded once
-to T: |got − ref| ≤ 2·u_T·|ref| + 2⁻¹⁷·m, m the magnitude of the product's terms; 2⁻¹⁷ covers fp32 arithmetic
-and the fast exp/reciprocal intrinsics, about 2⁻²¹ each), so an element left unwritten or read from the wrong
+to T: |got − ref| ≤ 2·u_T·|ref| + 2⁻¹⁷·m + u_T·tiny_T, m the magnitude of the product's terms; 2⁻¹⁷ covers fp32
+arithmetic and the fast exp/reciprocal intrinsics, about 2⁻²¹ each; u_T·tiny_T is half the spacing of T's
+subnormals), so an element left unwritten or read from the wrong
 place fails even when it is small; the casts against torch's ``.to`` and the NF4 kernels against the torch
 reference (``lora_core.nf4``), bit for bit.
 """
@@ -55,7 +56,8 @@ def _inter(variant: str, width: int) -> int:
 
 
 def _swiglu_bound(terms: torch.Tensor, ref: torch.Tensor, dtype) -> torch.Tensor:
-    return 2 * UNIT_ROUNDOFF[dtype] * ref.abs() + 2.0**-17 * terms
+    # the last term: half the spacing of T's subnormals (fp16's start below 6.1e-5), where relative bounds end
+    return 2 * UNIT_ROUNDOFF[dtype] * ref.abs() + 2.0**-17 * terms + torch.finfo(dtype).tiny * UNIT_ROUNDOFF[dtype]
 
 
 def _swiglu_failures(names, gots, refs, terms, dtype) -> list[str]:
