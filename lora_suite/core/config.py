@@ -30,7 +30,10 @@ def find_config_dir() -> Path:
 CONFIG_DIR = find_config_dir()
 WEIGHTS_MODES = ("auto", "pretrained", "random")
 IMPLEMENTATION_SPEC = re.compile(r"[A-Za-z_][\w.-]*(:[A-Za-z_]\w*)?")  # a name, or package.module:factory
-RENAMED = {"backend": "implementation"}  # old key -> new key, named in the error
+RENAMED = {  # old key -> new key, named in the error
+    "backend": "implementation",
+    "tier_seconds_max": "tier_seconds_target",  # a reported target since issue 34: wall time judges the machine
+}
 RETIRED = {  # old key -> why it is gone, named in the error
     "throughput_drift_max": "the process-CPU-time drift judged the host's speed (issue 18); it is a diagnostic now, "
     "and device_time_drift_max and aged_vs_fresh_slowdown_max judge the code's speed",
@@ -165,7 +168,9 @@ class Criteria:
     aged_vs_fresh_resolution: float | None = None
     aged_vs_fresh_warmup: int = 10
     aged_vs_fresh_repeats: int = 1
-    tier_seconds_max: float | None = None  # wall time of the tier's main test, model build included
+    # The whole tier's wall time, model build included: a target the report states (met or missed), never a failed
+    # check, because the host's load and the GPU's other tenants move it as much as the code does (issue 34).
+    tier_seconds_target: float | None = None
     # Whole-model gradient checks (quick tier): every adapter's gradient from the model under test vs an fp32
     # copy of the same model (torch reference backend), relative to the error of the 16-bit torch reference
     # itself: err_candidate <= grad_match_factor · max(err_reference, median err_reference over adapters).

@@ -328,7 +328,7 @@ def validate(cfg: TierConfig) -> None:
         "aged_vs_fresh_slowdown_max",
         "host_leak_slope_max_mib_per_step",
         "aged_vs_fresh_resolution",
-        "tier_seconds_max",
+        "tier_seconds_target",
         "grad_match_factor",
         "vram_budget_16bit_base_gib",
         "memory_estimate_error_max",

@@ -259,28 +259,32 @@ def check_report_dir(path: str) -> None:
         raise pytest.UsageError(f"--report-dir {path}: not a writable directory ({exc.strerror or exc})") from None
 
 
-def _check_tier_wall_time(session, run: RunReport) -> None:
-    """For ``-m <tier>`` runs whose config sets criteria.tier_seconds_max, the whole session must fit it."""
+def _report_tier_wall_time(session, run: RunReport) -> None:
+    """For ``-m <tier>`` runs whose config sets criteria.tier_seconds_target: the session's wall time against it, as
+    a reported figure (a series and a summary line), never a failed check: the host's load and the GPU's other
+    tenants move a wall time as much as the code does, and a verdict must judge the code."""
     tier = session.config.getoption("markexpr")
     path = CONFIG_DIR / f"{tier}.yaml"
     if not tier or not path.exists() or not torch.cuda.is_available() or session.testscollected == 0:
         return
-    limit = load_tier_config(path).criteria.tier_seconds_max
-    if limit is None:
+    target = load_tier_config(path).criteria.tier_seconds_target
+    if target is None:
         return
     elapsed = round(time.perf_counter() - _RUN["start"], 1)
-    c = run.check(
-        f"session:{tier}",
-        f"whole {tier} tier wall time",
-        elapsed,
-        "<=",
-        limit,
-        unit=" s",
-        source=f"{path.name} criteria.tier_seconds_max",
+    met = elapsed <= target
+    run.add_series(
+        Series(
+            "session",
+            f"{tier} tier wall time against its target",
+            ("figure", "seconds", "target", "met", "source"),
+            ((f"whole {tier} tier wall time", elapsed, target, "yes" if met else "no", f"{path.name} criteria"),),
+        )
     )
-    if not c.passed:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        session.config.stash[_SUMMARY_KEY].append(f"FAILED: {tier} tier took {elapsed} s, over its {limit} s budget")
+    verdict = "within" if met else "MISSED:"
+    session.config.stash[_SUMMARY_KEY].append(
+        f"{tier} tier wall time {elapsed} s, {verdict} its {target:g} s target (a reported figure, not a check; "
+        "the report's wall-time breakdown says where it went)"
+    )
 
 
 def _drop_unfinished_benchmarks(config, run: RunReport) -> None:
@@ -374,7 +378,7 @@ def _finish_report(session, exitstatus):
     else:
         run.status = "complete"
     session.config.stash[_SUMMARY_KEY] = []
-    _check_tier_wall_time(session, run)
+    _report_tier_wall_time(session, run)
     if report_dir:
         session.config.stash[_SUMMARY_KEY].append(f"report: {run.write(Path(report_dir))}")
 

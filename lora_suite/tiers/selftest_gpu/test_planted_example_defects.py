@@ -3,9 +3,9 @@
 (``python -m lora_suite <tier> --lora-impl lora_suite.scenarios.example_plants:<plant>``, its own process and run
 report). The unplanted example runs beside them as the control: it must pass the same tier.
 
-A plant counts as caught when its run exits 1 with a failed check or a failed test other than the tier's wall-time
-budget (several runs share the GPU and the host here: the budget judges the machine, not the plant, and the control
-shows what sharing alone does). The table defect -> tier -> checks that caught it goes into this run's report.
+A plant counts as caught when its run exits 1 with a failed check or a failed test (several runs share the GPU and the
+host here; the tier's wall time is a reported target, not a check, so sharing cannot fail a run, and the control
+shows it). The table defect -> tier -> checks that caught it goes into this run's report.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ pytestmark = [pytest.mark.gpu, pytest.mark.selftest_gpu]
 ROOT = Path(__file__).resolve().parents[3]
 CONTROL = "plain_lora:make"
 PARALLEL = 4  # runs at once: quick peaks at ~3 GiB; four fit any 24 GiB GPU
-WALL_TIME = "wall time"
 
 
 def _run(tier: str, impl: str, out: Path) -> dict:
@@ -38,7 +37,7 @@ def _run(tier: str, impl: str, out: Path) -> dict:
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     reports = sorted(out.glob("*/report.json"))
     report = json.loads(reports[-1].read_text()) if reports else {}
-    failed = [c["name"] for c in report.get("checks", []) if not c["passed"] and WALL_TIME not in c["name"]]
+    failed = [c["name"] for c in report.get("checks", []) if not c["passed"]]
     errors = [
         f"{o['test'].rsplit('::', 1)[-1]}: {o['reason'].splitlines()[0][:120] if o['reason'] else ''}"
         for o in report.get("outcomes", [])

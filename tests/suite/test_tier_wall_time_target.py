@@ -1,0 +1,45 @@
+"""The tier's wall time (pytest_plugin._report_tier_wall_time) is a reported figure against its target, never a failed
+check: a loaded host or another job on the GPU moves it as much as the code does."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from lora_suite.core.config import RENAMED
+from lora_suite.core.environment import collect_environment
+from lora_suite.harness import pytest_plugin as P
+from lora_suite.harness.report import RunReport
+
+
+def _session(tier: str):
+    stash = {P._SUMMARY_KEY: []}
+    config = SimpleNamespace(getoption=lambda name: tier, stash=stash)
+    return SimpleNamespace(config=config, testscollected=3, exitstatus=0)
+
+
+@pytest.mark.parametrize(("elapsed", "met"), [(5.0, "yes"), (500.0, "no")])
+def test_wall_time_is_a_series_and_a_summary_line_never_a_check(monkeypatch, elapsed, met):
+    session, run = _session("quick"), RunReport("r", "quick", collect_environment())
+    monkeypatch.setattr(P.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setitem(P._RUN, "start", time.perf_counter() - elapsed)
+    P._report_tier_wall_time(session, run)
+    assert run.checks == [] and session.exitstatus == 0
+    (series,) = run.series
+    ((figure, seconds, target, got_met, source),) = series.rows
+    assert target == 30 and got_met == met and abs(seconds - elapsed) < 1 and source == "quick.yaml criteria"
+    (line,) = session.config.stash[P._SUMMARY_KEY]
+    assert ("MISSED" in line) == (met == "no") and "not a check" in line
+
+
+def test_a_tier_without_a_target_reports_nothing(monkeypatch):
+    session, run = _session("convergence"), RunReport("r", "convergence", collect_environment())
+    monkeypatch.setattr(P.torch.cuda, "is_available", lambda: True)
+    P._report_tier_wall_time(session, run)
+    assert run.series == [] and run.checks == []
+
+
+def test_the_former_budget_key_is_named_in_the_error():
+    assert RENAMED["tier_seconds_max"] == "tier_seconds_target"
