@@ -37,7 +37,7 @@ EPILOG = """run options (tiers, all, bench, selftest-gpu; `lora-suite TARGET --h
   --continue-on-error            run the remaining targets after a failure (the exit code is still 1)
   --report-dir DIR               runs go to DIR/<run-id>/ (default reports/, ignored by git: CI keeps them as artifacts)
   --lora-impl NAME|MODULE:FACTORY   the implementation under test (default cupy)
-  --weights auto|pretrained|random  --gpus N  --baseline DIR|auto  -v/--verbose
+  --weights auto|pretrained|random  --gpus N  --workers N|auto  --baseline DIR|auto  -v/--verbose
   --record [--ledger FILE]       append each run's judged figures to the ledger (default reports/ledger.jsonl)
 
 Exit codes: 0 all passed (GPU tests skip, with a reason, without a GPU), 1 a target failed or a regression was found,
@@ -68,6 +68,12 @@ def _run_options(p: argparse.ArgumentParser, tier: bool = True) -> None:
         g.add_argument("--strict-vram", action="store_true", help="with --check-vram: fail instead of skipping")
         g.add_argument("--weights", type=_weights, help="auto, pretrained or random: override the tiers' weights mode")
         g.add_argument("--gpus", type=_positive_int("--gpus"), help="multigpu: processes (GPUs) per torchrun job")
+        g.add_argument(
+            "--workers",
+            type=_workers,
+            help="spread the tier's tests over N pytest-xdist worker processes (auto: one per CPU core), one merged "
+            "report; default: quick 4 where pytest-xdist imports, the others 1",
+        )
     g.add_argument("--continue-on-error", action="store_true", help="run the remaining targets after a failure")
     g.add_argument("--report-dir", help="run reports go to DIR/<run-id>/ (default: reports/, ignored by git)")
     g.add_argument(
@@ -99,6 +105,12 @@ def _positive_int(flag: str):
         return int(text)
 
     return parse
+
+
+def _workers(text: str) -> str:
+    if text != "auto" and not re.fullmatch(r"[1-9][0-9]*", text):
+        raise argparse.ArgumentTypeError(f"--workers must be a positive whole number or auto, got {text!r}")
+    return text
 
 
 def _weights(text: str) -> str:

@@ -90,6 +90,34 @@ def autoload_plugins(target: str) -> bool:
     return target == "selftest" or os.environ.get(AUTOLOAD_ENV) == "1"
 
 
+DEFAULT_WORKERS = {"quick": "4"}  # tiers whose tests are many and short (issue 34: quick inside 30 s)
+
+
+def xdist_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("xdist") is not None
+
+
+def worker_args(target: str, workers: str | None) -> list[str]:
+    """pytest-xdist's options for ``--workers`` (or the tier's default); none for one worker.
+
+    Asked for explicitly without pytest-xdist installed is a usage error; a tier's default (only where a GPU is
+    visible: without one every test skips) falls back to one process and the run says so on stderr; the verdicts
+    are the same either way.
+    """
+    chosen = workers or (DEFAULT_WORKERS.get(target) if gpu_count() > 0 else None)  # no GPU: every test skips
+    if chosen is None or chosen == "1":
+        return []
+    if not xdist_available():
+        if workers:
+            raise UsageError(f"--workers {workers} needs pytest-xdist: pip install pytest-xdist (or --workers 1)")
+        print(f"lora-suite: pytest-xdist is not installed: {target} runs in one process", file=sys.stderr)
+        return []
+    plugin = [] if autoload_plugins(target) else ["-p", "xdist.plugin"]
+    return plugin + ["-n", chosen, "--dist", "load"]
+
+
 def pytest_args(target: str, args, run_dir: Path | None, tiers: dict) -> list[str]:
     """The pytest command line of one target."""
     from lora_suite.core.registry import find_tiers_dir
@@ -131,6 +159,7 @@ def pytest_args(target: str, args, run_dir: Path | None, tiers: dict) -> list[st
         return base + [str(tiers_dir), "-m", "selftest_gpu"] + report
     t = tiers[target]
     out = base + [str(t.tests_dir if not root else tiers_dir / t.tests_dir.name), "-m", t.marker] + report
+    out += worker_args(target, getattr(args, "workers", None))
     if args.check_vram:
         out.append("--check-vram")
     if args.strict_vram:

@@ -11,6 +11,7 @@ VALUE_OF = {  # option -> what it needs
     "--gpus": "a number of GPUs (2 or more)",
     "--ledger": "a ledger file",
     "--jobs": "a whole number >= 1",
+    "--workers": "a whole number >= 1 or auto",
     "--html": "a path ending in .html",
     "--group": "a group name",
 }

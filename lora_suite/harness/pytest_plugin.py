@@ -34,6 +34,7 @@ from lora_suite.core.config import CONFIG_DIR
 from lora_suite.core.environment import collect_environment
 from lora_suite.core.loader import load_tier_config
 from lora_suite.core.registry import registry
+from lora_suite.harness import worker_records
 from lora_suite.harness.checks import Checker, CheckFailed, failure_text
 from lora_suite.harness.cuda_errors import is_cuda_error
 from lora_suite.harness.options import pytest_addoption  # noqa: F401  (a hook: pytest finds it here)
@@ -95,14 +96,26 @@ def pytest_configure(config):
     report.implementation = implementation_record(impl, spec)
     if config.getoption("report_dir"):
         check_report_dir(config.getoption("report_dir"))
-    if not hasattr(config, "workerinput"):  # the controlling process (not an xdist worker)
+    if _is_worker(config):  # an xdist worker: hands its records to the controller, which alone writes the report
+        _RUN["outbox"] = worker_records.Outbox()
+    else:  # the controlling process
         signal.signal(signal.SIGTERM, _on_sigterm)
+        _RUN["inbox"], _RUN["worker_outputs"] = worker_records.Inbox(), []
     if not config.getini("log_cli") and not config.getoption("log_cli_level", None):
         handler = ProgressLines(config)
         logger = logging.getLogger("lora_suite")  # the trainer logs as lora_suite.engine.trainer
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
         config.add_cleanup(lambda: logger.removeHandler(handler))
+
+
+def _is_worker(config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def _drives_workers(config) -> bool:
+    """The controlling process of a run spread over pytest-xdist workers (``-n N``): it runs no test itself."""
+    return not _is_worker(config) and bool(getattr(config.option, "numprocesses", None))
 
 
 def pytest_report_header(config):
@@ -206,7 +219,15 @@ def pytest_runtest_makereport(item, call):
             f"CUDA error in {item.nodeid}: {call.excinfo.typename}: {str(call.excinfo.value)[:300]} -- the CUDA "
             "context is no longer trustworthy, so the session stops here instead of cascading"
         )
+    if "outbox" in _RUN:  # an xdist worker: this phase's new and changed records travel with its report
+        changes = _RUN["outbox"].changes(item.config.stash[_REPORT_KEY])
+        if changes:
+            report.user_properties.append((worker_records.KEY, {"worker": _worker_id(item.config), "changes": changes}))
     return report
+
+
+def _worker_id(config) -> str:
+    return str(config.workerinput.get("workerid", "worker"))
 
 
 # pytest_runtest_logreport gets no config: the session's report and start time are kept here.
@@ -217,6 +238,10 @@ def pytest_runtest_logreport(report):
     run = _RUN.get("report")
     if run is None:
         return
+    if "inbox" in _RUN:  # the controller: records a worker handed off with this report
+        for key, value in getattr(report, "user_properties", ()):
+            if key == worker_records.KEY:
+                _RUN["inbox"].apply(run, value["worker"], value["changes"])
     _RUN["clock"].add_phase(report.nodeid, report.when, report.duration)
     if report.when == "call" or (report.when != "call" and report.outcome != "passed"):
         outcome = report.outcome if report.when == "call" else ("skipped" if report.skipped else "error")
@@ -233,7 +258,10 @@ def pytest_runtest_logreport(report):
 def pytest_sessionstart(session):
     _RUN["session_start"] = time.time()
     _RUN["cuda_context_s"] = None
-    if torch.cuda.is_available():  # created here on its own, so the wall-time breakdown can name it
+    _RUN["workers"] = (
+        int(getattr(session.config.option, "numprocesses", 0) or 0) if _drives_workers(session.config) else 0
+    )
+    if torch.cuda.is_available() and not _RUN["workers"]:  # on its own, so the wall-time breakdown can name it
         start = time.perf_counter()
         torch.zeros(1, device="cuda")
         torch.cuda.synchronize()
@@ -242,7 +270,7 @@ def pytest_sessionstart(session):
     _RUN["clock"] = wall_time.SessionClock()
     _RUN["start"] = time.perf_counter()
     _RUN["terminated"] = False
-    _RUN["report_dir"] = session.config.getoption("report_dir")
+    _RUN["report_dir"] = None if _is_worker(session.config) else session.config.getoption("report_dir")
     if _RUN["report_dir"]:
         _RUN["report"].write_json(Path(_RUN["report_dir"]))  # status "running" from the first second
 
@@ -265,7 +293,7 @@ def _report_tier_wall_time(session, run: RunReport) -> None:
     tenants move a wall time as much as the code does, and a verdict must judge the code."""
     tier = session.config.getoption("markexpr")
     path = CONFIG_DIR / f"{tier}.yaml"
-    if not tier or not path.exists() or not torch.cuda.is_available() or session.testscollected == 0:
+    if not tier or not path.exists() or not torch.cuda.is_available() or not (session.testscollected or run.outcomes):
         return
     target = load_tier_config(path).criteria.tier_seconds_target
     if target is None:
@@ -318,12 +346,44 @@ def pytest_sessionfinish(session, exitstatus):
         _finish_report(session, session.exitstatus)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """The controller: a worker ended; its last records, its RawKernel variants and kernel load times arrive."""
+    out = getattr(node, "workeroutput", {}).get(worker_records.KEY)
+    if out is None or "inbox" not in _RUN or _RUN.get("report") is None:
+        return
+    _RUN["inbox"].apply(_RUN["report"], out["worker"], out["changes"])
+    _RUN["worker_outputs"].append(out)
+
+
+def _worker_finish(config, run: RunReport) -> None:
+    """An xdist worker at its session's end: what is left to hand off goes to the controller in ``workeroutput``."""
+    kv = sys.modules.get("lora_core.ops.kernel_variants")
+    interop = sys.modules.get("lora_core.ops.cupy_interop")
+    variants = [
+        (v.kernel, v.dtype, v.variant, n.count, list(n.grid), list(n.block))
+        for v, n in (kv.reached() if kv is not None else {}).items()
+    ]
+    config.workeroutput[worker_records.KEY] = {
+        "worker": _worker_id(config),
+        "changes": _RUN["outbox"].changes(run),
+        "variants": variants,
+        "kernel_loads": dict(getattr(interop, "KERNEL_LOAD_SECONDS", {})),
+    }
+
+
 def _add_wall_time_breakdown(run: RunReport) -> None:
     """GPU runs: where the wall time went (lora_suite.measure.wall_time), as a series of the report."""
-    if _RUN.get("cuda_context_s") is None or "session_start" not in _RUN:
+    workers = _RUN.get("workers", 0)
+    if (_RUN.get("cuda_context_s") is None and not workers) or "session_start" not in _RUN:
         return
     interop = sys.modules.get("lora_core.ops.cupy_interop")
+    loads = dict(getattr(interop, "KERNEL_LOAD_SECONDS", {}))
+    for out in _RUN.get("worker_outputs", []):
+        for k, v in out.get("kernel_loads", {}).items():
+            loads[f"{out['worker']} {k}"] = v
     t0 = os.environ.get("GPU_TEST_T0")
+    session_s = time.perf_counter() - _RUN["start"]
     rows = wall_time.breakdown(
         script_start=float(t0) if t0 else None,
         process_start=wall_time.process_start_epoch(),
@@ -331,10 +391,19 @@ def _add_wall_time_breakdown(run: RunReport) -> None:
         session_start=_RUN["session_start"],
         cuda_context_s=_RUN["cuda_context_s"],
         test_seconds=[(o.test, o.duration_s) for o in run.outcomes],
-        kernel_loads=dict(getattr(interop, "KERNEL_LOAD_SECONDS", {})),
+        kernel_loads=loads,
         clock=_RUN["clock"],
-        session_s=time.perf_counter() - _RUN["start"],
+        session_s=None if workers else session_s,
     )
+    if workers:
+        rows.append(
+            (
+                f"session, over {workers} pytest-xdist workers",
+                session_s,
+                "the tests' and fixtures' seconds above are summed over the workers, which ran at the same time; "
+                "each worker also imported torch and created its own CUDA context",
+            )
+        )
     run.add_series(
         Series(
             "session",
@@ -350,6 +419,12 @@ def _add_kernel_variants(run: RunReport) -> None:
     launches and first grid, and the designed variants this run did not reach; one table per kernel."""
     kv = sys.modules.get("lora_core.ops.kernel_variants")
     reached = kv.reached() if kv is not None else {}
+    outputs = _RUN.get("worker_outputs") or []
+    if outputs:  # the controller of xdist workers: their launches, added up
+        from lora_core.ops import kernel_variants as kv
+
+        merged = worker_records.merge_variants([out.get("variants", []) for out in outputs])
+        reached = {kv.Variant(*key): kv.Launches(*value) for key, value in merged.items()}
     if not reached:
         return
     designed = set(kv.DESIGNED)
@@ -369,6 +444,9 @@ def _add_kernel_variants(run: RunReport) -> None:
 def _finish_report(session, exitstatus):
     report_dir = session.config.getoption("report_dir")
     run = session.config.stash[_REPORT_KEY]
+    if "outbox" in _RUN:
+        _worker_finish(session.config, run)
+        return
     _add_wall_time_breakdown(run)
     _add_kernel_variants(run)
     if _RUN.get("terminated"):

@@ -22,6 +22,7 @@ DECLARED = {
     "safetensors": "safetensors",
     "matplotlib": "matplotlib",
     "filelock": "filelock",
+    "pytest-xdist": "xdist",
 }
 TRANSITIVE = {"numpy", "_pytest"}  # matplotlib requires numpy; _pytest is pytest's own package
 OURS = {"lora_core", "lora_suite", "tests", "tiers", "benchmarks", "__future__"}

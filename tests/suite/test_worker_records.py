@@ -1,0 +1,105 @@
+"""A run report spread over pytest-xdist workers (lora_suite.harness.worker_records), merged in the controller: the
+hand-off of changed records by position, and a real ``-n 2`` session whose report holds every worker's records once."""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from lora_suite.core.environment import collect_environment
+from lora_suite.harness.report import RunReport, Series
+from lora_suite.harness.worker_records import FIELDS, Inbox, Outbox, merge_variants
+
+pytest_plugins = ["pytester"]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run():
+    return RunReport("r", "quick", collect_environment())
+
+
+def test_only_new_and_changed_records_are_handed_off():
+    worker, out = _run(), Outbox()
+    worker.check("t", "a", 1, "==", 1)
+    worker.add_row("t", "table", ("x",), (1,))
+    first = out.changes(worker)
+    assert set(first) == {"checks", "series"} and first["checks"][0][0] == 0
+    assert out.changes(worker) == {}  # nothing new
+    worker.add_row("t", "table", ("x",), (2,))  # the table is rewritten in place
+    worker.notes.append("n")
+    second = out.changes(worker)
+    assert [i for i, _ in second["series"]] == [0] and second["series"][0][1]["rows"] == [[1], [2]]
+    assert second["notes"] == [(0, "n")]
+
+
+def test_the_controller_holds_each_record_once_and_replaces_rewritten_ones():
+    controller, inbox = _run(), Inbox()
+    controller.check("own", "c", 0, "==", 0)
+    workers = {w: (_run(), Outbox()) for w in ("gw0", "gw1")}
+    for w, (run, out) in workers.items():
+        run.check(f"{w}::t", "a", 1, "<=", 2)
+        run.add_row(f"{w}::t", f"table {w}", ("x",), (1,))
+        inbox.apply(controller, w, out.changes(run))
+    for w, (run, out) in workers.items():
+        run.add_row(f"{w}::t", f"table {w}", ("x",), (2,))
+        run.mark_module_not_applicable("m.py", "feature", "why")
+        run.mark_module_not_applicable("m.py", "feature", "why")
+        inbox.apply(controller, w, out.changes(run))
+    assert [c.test for c in controller.checks] == ["own", "gw0::t", "gw1::t"]
+    assert [s.rows for s in controller.series] == [((1,), (2,)), ((1,), (2,))]
+    assert all(isinstance(s, Series) and s.columns == ("x",) for s in controller.series)
+    assert [n.name for n in controller.not_applicable] == ["every check of the 2 test(s) of this module (feature)"] * 2
+    assert controller.summary()["checks_passed"] == 3
+
+
+def test_an_unknown_field_from_a_worker_is_refused_by_name():
+    with pytest.raises(ValueError, match="'outcomes'.*expected one of"):
+        Inbox().apply(_run(), "gw0", {"outcomes": [(0, {})]})
+    assert "outcomes" not in FIELDS  # the controller records outcomes from the test reports themselves
+
+
+def test_variant_launches_add_up_over_workers():
+    merged = merge_variants(
+        [[("k", "bf16", "a", 2, [4], [256])], [("k", "bf16", "a", 3, [9], [256]), ("k", "fp32", "b", 1, [1], [32])]]
+    )
+    assert merged == {("k", "bf16", "a"): (5, (4,), (256,)), ("k", "fp32", "b"): (1, (1,), (32,))}
+
+
+def test_a_session_over_two_workers_writes_one_report_with_every_record(pytester, monkeypatch):
+    pytest.importorskip("xdist", reason="pytest-xdist is a declared dependency: pip install pytest-xdist")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    pytester.makeconftest((ROOT / "conftest.py").read_text())
+    pytester.makeini("[pytest]\nmarkers =\n    gpu: gpu\n")
+    pytester.makepyfile(
+        test_sample=textwrap.dedent(
+            """
+            import os, pytest
+            from lora_suite.harness.report import Series
+
+            @pytest.mark.parametrize("i", range(6))
+            def test_many(i, check, run_report):
+                check(f"case {i}", i, "<", 6, source=os.environ.get("PYTEST_XDIST_WORKER", "none"))
+                run_report.add_row("t", "shared table", ("i",), (i,))
+
+            def test_fails(check):
+                check("bad", 2, "<=", 1, detail="why")
+            """
+        )
+    )
+    xdist = ["-p", "xdist.plugin"] if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD") else []  # as lora-suite does
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *xdist, "-n", "2", "--report-dir", "out")
+    assert result.ret == 1, result.stdout.str()
+    report = json.loads((pytester.path / "out" / "report.json").read_text())
+    assert sorted(c["name"] for c in report["checks"]) == ["bad"] + [f"case {i}" for i in range(6)]
+    assert {c["source"] for c in report["checks"] if c["name"].startswith("case")} == {"gw0", "gw1"}
+    assert len(report["outcomes"]) == 7 and report["summary"]["checks_failed"] == 1
+    failed = [o for o in report["outcomes"] if o["outcome"] == "failed"]
+    assert len(failed) == 1 and "bad: 2 is not <= 1 (why)" in failed[0]["reason"]
+    # each worker's "shared table" arrives as its own table, each row once
+    tables = [s for s in report["series"] if s["name"] == "shared table"]
+    assert sorted(r[0] for s in tables for r in s["rows"]) == list(range(6))
+    assert report["status"] == "complete" and not list((pytester.path / "out").glob("gw*"))
