@@ -115,7 +115,7 @@ def worker_args(target: str, workers: str | None) -> list[str]:
         print(f"lora-suite: pytest-xdist is not installed: {target} runs in one process", file=sys.stderr)
         return []
     plugin = [] if autoload_plugins(target) else ["-p", "xdist.plugin"]
-    return plugin + ["-n", chosen, "--dist", "load"]
+    return plugin + ["-n", chosen, "--dist", "worksteal"]  # idle workers take queued tests from busy ones
 
 
 def pytest_args(target: str, args, run_dir: Path | None, tiers: dict) -> list[str]:

@@ -60,9 +60,16 @@ def saved_tensors(folder: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def round_trip(trained: Prepared, build: Callable[[], Prepared], folder: Path) -> list[Verdict]:
+# A folder whose adapter_config.json says another value than the model's: key -> the planted value
+TAMPERED = {"lora_alpha": lambda c: 2 * c["lora_alpha"] + 1, "r": lambda c: 2 * c["r"]}
+
+
+def round_trip(
+    trained: Prepared, build: Callable[[], Prepared], folder: Path, tampered: tuple[str, ...] = tuple(TAMPERED)
+) -> list[Verdict]:
     """``trained`` saved to ``folder``, a fresh model from ``build()`` loaded from it: verdicts on the folder's
-    tensors, the fresh model before and after loading, and folders with a planted wrong lora_alpha and r."""
+    tensors, the fresh model before and after loading, and folders with a planted wrong value of each ``tampered``
+    key (lora_alpha and r; ``tampered_folder`` judges one on its own)."""
     impl = trained.implementation
     batch = trained.batches(10_000)  # a batch the training did not see
     want = {n: p.detach().clone() for n, p in trained.adapters.items()}
@@ -127,9 +134,18 @@ def round_trip(trained: Prepared, build: Callable[[], Prepared], folder: Path) -
             "same base, same adapters, same implementation: the same logits bitwise",
         )
     )
-    for key, planted in (("lora_alpha", lambda c: 2 * c["lora_alpha"] + 1), ("r", lambda c: 2 * c["r"])):
-        out.append(_tampered(trained, build, folder, key, planted, logits(fresh.model, batch)))
+    for key in tampered:
+        out.append(_tampered(trained, build, folder, key, TAMPERED[key], logits(fresh.model, batch)))
     return out
+
+
+def tampered_folder(trained: Prepared, build: Callable[[], Prepared], folder: Path, key: str) -> Verdict:
+    """``trained`` saved to ``folder``, then a copy whose config's ``key`` is planted wrong, loaded into a fresh model:
+    refused or honoured, never loaded as if it matched (the trained model's logits are what a match would give)."""
+    if key not in TAMPERED:
+        raise ValueError(f"tampered_folder: key {key!r} is not one of {sorted(TAMPERED)}")
+    trained.implementation.save_adapter(trained.model, folder)
+    return _tampered(trained, build, folder, key, TAMPERED[key], logits(trained.model, trained.batches(10_000)))
 
 
 def _tampered(trained, build, folder: Path, key: str, planted, good_logits) -> Verdict:

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 SMOKE_YAML = """tier: smoke
@@ -107,3 +109,37 @@ def test_fused_ops_reaches_pytest_and_only_its_one_value_is_taken():
     assert cmd[cmd.index("--fused-ops") + 1] == "liger" and cmd[cmd.index("--lora-impl") + 1] == "cupy-fused"
     out = lora_suite("quick", "--fused-ops", "triton")
     assert out.returncode == 2 and "--fused-ops" in out.stderr and "'triton'" in out.stderr
+
+
+def test_quick_spreads_over_four_workers_where_a_gpu_is_visible(monkeypatch):
+    from lora_suite.cli import targets as T
+
+    monkeypatch.setattr(T, "xdist_available", lambda: True)
+    monkeypatch.delenv(T.AUTOLOAD_ENV, raising=False)
+    monkeypatch.setenv("GPU_TEST_GPU_COUNT", "1")
+    assert T.worker_args("quick", None) == ["-p", "xdist.plugin", "-n", "4", "--dist", "worksteal"]
+    assert T.worker_args("quick", "auto")[-3:] == ["auto", "--dist", "worksteal"]
+    assert T.worker_args("quick", "1") == [] and T.worker_args("convergence", None) == []
+    monkeypatch.setenv("GPU_TEST_GPU_COUNT", "0")
+    assert T.worker_args("quick", None) == []  # no GPU: every test skips, one process is enough
+
+
+def test_workers_without_xdist_is_a_usage_error_but_the_default_falls_back_saying_so(monkeypatch, capsys):
+    from lora_suite.cli import targets as T
+    from lora_suite.cli.usage import UsageError
+
+    monkeypatch.setattr(T, "xdist_available", lambda: False)
+    monkeypatch.setenv("GPU_TEST_GPU_COUNT", "1")
+    with pytest.raises(UsageError, match="--workers 3 needs pytest-xdist"):
+        T.worker_args("quick", "3")
+    assert T.worker_args("quick", None) == []
+    assert "pytest-xdist is not installed: quick runs in one process" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", ["0", "-2", "two", "1.5"])
+def test_a_bad_workers_value_is_named(bad, capsys):
+    from lora_suite.cli import main
+
+    assert main(["quick", f"--workers={bad}"]) == 2
+    err = capsys.readouterr().err
+    assert "--workers" in err and (repr(bad) in err or bad in err)

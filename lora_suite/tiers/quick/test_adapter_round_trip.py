@@ -1,7 +1,8 @@
 """The adapter round trip of the implementation under test (``lora_suite.engine.round_trip``): three training steps,
 ``save_adapter``, a fresh model, ``load_adapter``: the folder holds the trained tensors, the fresh model gets them
 back bitwise and computes the trained logits bitwise; folders with a planted wrong lora_alpha or r are refused (or
-honoured), never loaded as if they matched; on a 16-bit base PEFT's own loader reads the same tensors and scale."""
+honoured), never loaded as if they matched; on a 16-bit base PEFT's own loader reads the same tensors and scale.
+Four tests, each training its own model, so that worker processes (``--workers``) can run them side by side."""
 
 from __future__ import annotations
 
@@ -21,8 +22,21 @@ def test_adapters_survive_save_and_load(tier, tmp_path):
     trained = tier.prepare(cfg)
     RT.train_a_few(trained, STEPS, cfg.train.lr)
     folder = tmp_path / "adapter"
-    for v in RT.round_trip(trained, lambda: tier.prepare(cfg), folder):
+    for v in RT.round_trip(trained, lambda: tier.prepare(cfg), folder, tampered=()):
         tier.check(v.name, v.value, v.op, v.threshold, source=v.source, detail=v.detail)
+
+
+@pytest.mark.parametrize("key", list(RT.TAMPERED))
+def test_a_folder_with_a_wrong_setting_is_not_loaded_as_matching(tier, tmp_path, key):
+    cfg = tier.config("quick")
+    trained = tier.prepare(cfg)
+    RT.train_a_few(trained, STEPS, cfg.train.lr)
+    v = RT.tampered_folder(trained, lambda: tier.prepare(cfg), tmp_path / "adapter", key)
+    tier.check(v.name, v.value, v.op, v.threshold, source=v.source, detail=v.detail)
+
+
+def test_peft_loader_reads_the_saved_folder(tier, tmp_path):
+    cfg = tier.config("quick")
     names = ("PEFT's loader on the saved folder: adapters bitwise the trained ones, every layer's scaling",)
     why = None
     try:
@@ -35,6 +49,11 @@ def test_adapters_survive_save_and_load(tier, tmp_path):
         for name in names:
             tier.check.not_applicable(name, why)
         return
+
+    trained = tier.prepare(cfg)
+    RT.train_a_few(trained, STEPS, cfg.train.lr)
+    folder = tmp_path / "adapter"
+    trained.implementation.save_adapter(trained.model, folder)
 
     def base():
         return build_model(cfg.model, cfg.weights, DTYPES[cfg.dtype], "cuda", seed=cfg.train.seed).model
