@@ -23,23 +23,20 @@ import os
 import random
 import re
 import signal
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from lora_suite.core.config import CONFIG_DIR
 from lora_suite.core.environment import collect_environment
-from lora_suite.core.loader import load_tier_config
 from lora_suite.core.registry import registry
-from lora_suite.harness import worker_records
+from lora_suite.harness import session_tables, worker_records
 from lora_suite.harness.checks import Checker, CheckFailed, failure_text
 from lora_suite.harness.cuda_errors import is_cuda_error
 from lora_suite.harness.options import pytest_addoption  # noqa: F401  (a hook: pytest finds it here)
 from lora_suite.harness.progress import ProgressLines
-from lora_suite.harness.report import Outcome, RunReport, Series
+from lora_suite.harness.report import Outcome, RunReport
 from lora_suite.implementations import (
     DEFAULT,
     FEATURES,
@@ -288,31 +285,13 @@ def check_report_dir(path: str) -> None:
 
 
 def _report_tier_wall_time(session, run: RunReport) -> None:
-    """For ``-m <tier>`` runs whose config sets criteria.tier_seconds_target: the session's wall time against it, as
-    a reported figure (a series and a summary line), never a failed check: the host's load and the GPU's other
-    tenants move a wall time as much as the code does, and a verdict must judge the code."""
+    """``-m <tier>`` GPU runs: the session's wall time against the tier's target (session_tables.tier_wall_time)."""
     tier = session.config.getoption("markexpr")
-    path = CONFIG_DIR / f"{tier}.yaml"
-    if not tier or not path.exists() or not torch.cuda.is_available() or not (session.testscollected or run.outcomes):
+    if not tier or not torch.cuda.is_available() or not (session.testscollected or run.outcomes):
         return
-    target = load_tier_config(path).criteria.tier_seconds_target
-    if target is None:
-        return
-    elapsed = round(time.perf_counter() - _RUN["start"], 1)
-    met = elapsed <= target
-    run.add_series(
-        Series(
-            "session",
-            f"{tier} tier wall time against its target",
-            ("figure", "seconds", "target", "met", "source"),
-            ((f"whole {tier} tier wall time", elapsed, target, "yes" if met else "no", f"{path.name} criteria"),),
-        )
-    )
-    verdict = "within" if met else "MISSED:"
-    session.config.stash[_SUMMARY_KEY].append(
-        f"{tier} tier wall time {elapsed} s, {verdict} its {target:g} s target (a reported figure, not a check; "
-        "the report's wall-time breakdown says where it went)"
-    )
+    line = session_tables.tier_wall_time(run, tier, time.perf_counter() - _RUN["start"])
+    if line:
+        session.config.stash[_SUMMARY_KEY].append(line)
 
 
 def _drop_unfinished_benchmarks(config, run: RunReport) -> None:
@@ -356,99 +335,15 @@ def pytest_testnodedown(node, error):
     _RUN["worker_outputs"].append(out)
 
 
-def _worker_finish(config, run: RunReport) -> None:
-    """An xdist worker at its session's end: what is left to hand off goes to the controller in ``workeroutput``."""
-    kv = sys.modules.get("lora_core.ops.kernel_variants")
-    interop = sys.modules.get("lora_core.ops.cupy_interop")
-    variants = [
-        (v.kernel, v.dtype, v.variant, n.count, list(n.grid), list(n.block))
-        for v, n in (kv.reached() if kv is not None else {}).items()
-    ]
-    config.workeroutput[worker_records.KEY] = {
-        "worker": _worker_id(config),
-        "changes": _RUN["outbox"].changes(run),
-        "variants": variants,
-        "kernel_loads": dict(getattr(interop, "KERNEL_LOAD_SECONDS", {})),
-    }
-
-
-def _add_wall_time_breakdown(run: RunReport) -> None:
-    """GPU runs: where the wall time went (lora_suite.measure.wall_time), as a series of the report."""
-    workers = _RUN.get("workers", 0)
-    if (_RUN.get("cuda_context_s") is None and not workers) or "session_start" not in _RUN:
-        return
-    interop = sys.modules.get("lora_core.ops.cupy_interop")
-    loads = dict(getattr(interop, "KERNEL_LOAD_SECONDS", {}))
-    for out in _RUN.get("worker_outputs", []):
-        for k, v in out.get("kernel_loads", {}).items():
-            loads[f"{out['worker']} {k}"] = v
-    t0 = os.environ.get("GPU_TEST_T0")
-    session_s = time.perf_counter() - _RUN["start"]
-    rows = wall_time.breakdown(
-        script_start=float(t0) if t0 else None,
-        process_start=wall_time.process_start_epoch(),
-        configured=_RUN["configured"],
-        session_start=_RUN["session_start"],
-        cuda_context_s=_RUN["cuda_context_s"],
-        test_seconds=[(o.test, o.duration_s) for o in run.outcomes],
-        kernel_loads=loads,
-        clock=_RUN["clock"],
-        session_s=None if workers else session_s,
-    )
-    if workers:
-        rows.append(
-            (
-                f"session, over {workers} pytest-xdist workers",
-                session_s,
-                "the tests' and fixtures' seconds above are summed over the workers, which ran at the same time; "
-                "each worker also imported torch and created its own CUDA context",
-            )
-        )
-    run.add_series(
-        Series(
-            "session",
-            "wall-time breakdown",
-            ("phase", "seconds", "detail"),
-            tuple((p, None if v is None else round(v, 2), d) for p, v, d in rows),
-        )
-    )
-
-
-def _add_kernel_variants(run: RunReport) -> None:
-    """Runs that launched lora_core's RawKernels: every variant reached (``lora_core.ops.kernel_variants``) with its
-    launches and first grid, and the designed variants this run did not reach; one table per kernel."""
-    kv = sys.modules.get("lora_core.ops.kernel_variants")
-    reached = kv.reached() if kv is not None else {}
-    outputs = _RUN.get("worker_outputs") or []
-    if outputs:  # the controller of xdist workers: their launches, added up
-        from lora_core.ops import kernel_variants as kv
-
-        merged = worker_records.merge_variants([out.get("variants", []) for out in outputs])
-        reached = {kv.Variant(*key): kv.Launches(*value) for key, value in merged.items()}
-    if not reached:
-        return
-    designed = set(kv.DESIGNED)
-    rows = [(v, n.count, f"{n.grid} x {n.block}", "yes" if v in designed else "no") for v, n in sorted(reached.items())]
-    rows += [(v, 0, "-", "yes: NOT REACHED") for v in kv.unreached(reached)]
-    for kernel in sorted({v.kernel for v, *_ in rows}):
-        run.add_series(
-            Series(
-                "session",
-                f"RawKernel variants reached: {kernel}",
-                ("dtype", "variant", "launches", "first grid x block", "designed"),
-                tuple((v.dtype, v.variant, *rest) for v, *rest in rows if v.kernel == kernel),
-            )
-        )
-
-
 def _finish_report(session, exitstatus):
     report_dir = session.config.getoption("report_dir")
     run = session.config.stash[_REPORT_KEY]
-    if "outbox" in _RUN:
-        _worker_finish(session.config, run)
+    if "outbox" in _RUN:  # an xdist worker: the controller writes the report
+        out = session_tables.worker_output(run, _RUN["outbox"], _worker_id(session.config))
+        session.config.workeroutput[worker_records.KEY] = out
         return
-    _add_wall_time_breakdown(run)
-    _add_kernel_variants(run)
+    session_tables.wall_time_breakdown(run, _RUN)
+    session_tables.kernel_variants(run, _RUN.get("worker_outputs") or [])
     if _RUN.get("terminated"):
         run.status = "terminated"
     elif exitstatus == pytest.ExitCode.INTERRUPTED:

@@ -45,16 +45,16 @@ def test_a_vector_choice_for_i_a_multiple_of_four_takes_the_wrong_variant(monkey
 
 def test_the_report_lists_every_variant_reached_and_the_designed_ones_not_reached(monkeypatch):
     from lora_suite.core.environment import collect_environment
-    from lora_suite.harness.pytest_plugin import _add_kernel_variants
     from lora_suite.harness.report import RunReport
+    from lora_suite.harness.session_tables import kernel_variants
 
     run = RunReport("r", "quick", collect_environment())
-    _add_kernel_variants(run)
+    kernel_variants(run, [])
     assert run.series == []  # nothing launched: no table
     kv.note("swiglu_forward", "bf16", "VEC=8, I%8=0", (4, 37), (256,))
     kv.note("swiglu_forward", "bf16", "VEC=8, I%8=0", (4, 37), (256,))
     kv.note("swiglu_forward", "bf16", "VEC=1, I%8=2", (4, 37), (256,))
-    _add_kernel_variants(run)
+    kernel_variants(run, [])
     tables = {s.name: s.rows for s in run.series}
     swiglu = tables["RawKernel variants reached: swiglu_forward"]
     assert ("bf16", "VEC=8, I%8=0", 2, "(4, 37) x (256,)", "yes") in swiglu
