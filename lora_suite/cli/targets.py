@@ -90,7 +90,28 @@ def autoload_plugins(target: str) -> bool:
     return target == "selftest" or os.environ.get(AUTOLOAD_ENV) == "1"
 
 
-DEFAULT_WORKERS = {"quick": "4"}  # tiers whose tests are many and short (issue 34: quick inside 30 s)
+# Tiers whose tests are many and short: quick over 6 workers took 31-33 s a run on an H100, one process 37-43 s,
+# 4 workers 38-40 s (interleaved runs, reports/README.md, issue 34). Each worker peaks near 4 GiB of GPU memory
+# (quick's VRAM estimate: 3.83 GiB), so a GPU with less memory gets fewer (total GiB // 4 - 1).
+DEFAULT_WORKERS = {"quick": 6}
+WORKER_GIB = 4
+
+
+def gpu_memory_gib() -> float | None:
+    """The first GPU's total memory (nvidia-smi), or None where it cannot be read."""
+    line = gpu_line()
+    try:
+        return float(line.split(",")[1].strip().split()[0]) / 1024 if line else None  # "81559 MiB"
+    except (IndexError, ValueError):
+        return None
+
+
+def default_workers(target: str) -> str | None:
+    if target not in DEFAULT_WORKERS or gpu_count() == 0:  # no GPU: every test skips, one process is enough
+        return None
+    gib = gpu_memory_gib()
+    cap = DEFAULT_WORKERS[target] if gib is None else max(1, int(gib // WORKER_GIB) - 1)
+    return str(min(DEFAULT_WORKERS[target], cap))
 
 
 def xdist_available() -> bool:
@@ -106,7 +127,7 @@ def worker_args(target: str, workers: str | None) -> list[str]:
     visible: without one every test skips) falls back to one process and the run says so on stderr; the verdicts
     are the same either way.
     """
-    chosen = workers or (DEFAULT_WORKERS.get(target) if gpu_count() > 0 else None)  # no GPU: every test skips
+    chosen = workers or default_workers(target)
     if chosen is None or chosen == "1":
         return []
     if not xdist_available():

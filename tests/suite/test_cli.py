@@ -111,13 +111,18 @@ def test_fused_ops_reaches_pytest_and_only_its_one_value_is_taken():
     assert out.returncode == 2 and "--fused-ops" in out.stderr and "'triton'" in out.stderr
 
 
-def test_quick_spreads_over_four_workers_where_a_gpu_is_visible(monkeypatch):
+def test_quick_spreads_over_six_workers_where_a_large_gpu_is_visible(monkeypatch):
     from lora_suite.cli import targets as T
 
     monkeypatch.setattr(T, "xdist_available", lambda: True)
+    monkeypatch.setattr(T, "gpu_line", lambda: "NVIDIA H100 80GB HBM3, 81559 MiB, 0 MiB, 81000 MiB, 580.159.04")
     monkeypatch.delenv(T.AUTOLOAD_ENV, raising=False)
     monkeypatch.setenv("GPU_TEST_GPU_COUNT", "1")
-    assert T.worker_args("quick", None) == ["-p", "xdist.plugin", "-n", "4", "--dist", "worksteal"]
+    assert T.worker_args("quick", None) == ["-p", "xdist.plugin", "-n", "6", "--dist", "worksteal"]
+    monkeypatch.setattr(T, "gpu_line", lambda: "NVIDIA A10, 23028 MiB, 0 MiB, 23000 MiB, 550.0")
+    assert T.worker_args("quick", None)[3] == "4"  # 22.5 GiB // 4 - 1: each worker peaks near 4 GiB
+    monkeypatch.setattr(T, "gpu_line", lambda: None)
+    assert T.worker_args("quick", None)[3] == "6"
     assert T.worker_args("quick", "auto")[-3:] == ["auto", "--dist", "worksteal"]
     assert T.worker_args("quick", "1") == [] and T.worker_args("convergence", None) == []
     monkeypatch.setenv("GPU_TEST_GPU_COUNT", "0")
