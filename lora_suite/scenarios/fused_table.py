@@ -150,7 +150,8 @@ def eager_run(prepared, window, cfg, *, warmup: int, measured: int) -> EagerFigu
 
 
 KERNEL_KINDS = (  # (kind, substrings of the kernel's name), first match wins
-    ("LoRA SwiGLU (swiglu.cu)", ("swiglu_forward", "swiglu_backward_inplace")),
+    # the template bracket: Liger's Triton kernels are named _swiglu_forward_kernel / _swiglu_backward_kernel
+    ("LoRA SwiGLU (swiglu.cu)", ("swiglu_forward<", "swiglu_backward_inplace<")),
     ("adapter casts (cast.cu)", ("cast_stack_from_f32", "cast_pair_from_f32")),
     ("NF4 dequantisation (nf4.cu)", ("nf4_dequantize", "nf4_quantize", "absmax_quantize")),
     ("Liger (Triton)", ("liger", "_rms_norm", "_rope", "_swiglu", "fused_linear", "cross_entropy", "_geglu")),

@@ -1,0 +1,28 @@
+"""The fused table's kernel kinds (lora_suite.scenarios.fused_table.kernel_kind): each profiled kernel name lands in
+the kind that owns it, so a profile's shares say which code spends the time."""
+
+from __future__ import annotations
+
+import pytest
+
+from lora_suite.scenarios.fused_table import kernel_kind
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        (
+            "void swiglu_backward_inplace<__nv_bfloat16, 8>(__nv_bfloat16*, __nv_bfloat16*, long long, long long)",
+            "LoRA SwiGLU",
+        ),
+        ("void swiglu_forward<float, 1>(float const*, float*, long long, long long)", "LoRA SwiGLU"),
+        ("_swiglu_forward_kernel", "Liger"),  # Liger's Triton kernels, measured on an H100 as "LoRA SwiGLU" before
+        ("_swiglu_backward_kernel", "Liger"),
+        ("void nf4_dequantize<__nv_bfloat16>(unsigned int const*, float const*, signed char const*)", "NF4"),
+        ("void cast_stack_from_f32<__half>(float const*)", "adapter casts"),
+        ("nvjet_sm90_tst_128x128_64x6_2x1_v_bz_NNT", "GEMM"),
+        ("void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add<c10::BFloat16>>", "other"),
+    ],
+)
+def test_a_kernel_lands_in_the_kind_that_owns_it(name, kind):
+    assert kernel_kind(name).startswith(kind)
