@@ -43,7 +43,12 @@ def scorecard(args) -> int:
 
     def lane(impl: str) -> list[list[str]]:
         vram = ["--check-vram"] if args.check_vram else []
-        return [_suite(t, "--lora-impl", impl, "--report-dir", str(out), *vram, *record) for t in SCORECARD_TIERS]
+        # lanes side by side are the parallelism: each tier in one process (six quick workers per lane would
+        # put 6 x jobs processes of ~4 GiB each on the GPU)
+        workers = ["--workers", "1"] if args.jobs > 1 else []
+        return [
+            _suite(t, "--lora-impl", impl, "--report-dir", str(out), *vram, *workers, *record) for t in SCORECARD_TIERS
+        ]
 
     def show(cmd):
         return "would run: lora-suite " + " ".join(cmd[3:])

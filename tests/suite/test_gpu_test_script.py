@@ -241,6 +241,7 @@ def test_scorecard_runs_every_selected_implementation_through_the_tiers_then_bui
     ]
     assert tiers == [(t, i) for i in ("cupy", "peft-bnb") for t in ("quick", "convergence", "memory")]
     assert all("--check-vram" in line and "--record" in line for line in lines if "--lora-impl" in line)
+    assert not any("--workers" in line for line in lines)  # one lane: quick keeps its default workers
     assert lines[-2].startswith(f"lora-suite bench --report-dir {tmp_path} --record --ledger ")
     assert lines[-2].endswith("-- -k speed_interleaved --bench-impls cupy,peft-bnb")
     assert lines[-1] == f"lora-suite render-scorecard {tmp_path} {tmp_path}"
@@ -269,6 +270,7 @@ def test_scorecard_lanes_run_implementations_at_once_each_logged_then_the_bench_
         log = (tmp_path / f"lane-{impl}.log").read_text().splitlines()
         assert [line.split()[3] for line in log] == ["quick", "convergence", "memory"]  # "would run: lora-suite TIER"
         assert all(f"--lora-impl {impl} " in line for line in log)
+        assert all("--workers 1" in line for line in log)  # the lanes are the parallelism: one process a tier
     assert "speed_interleaved --bench-impls cupy,peft,loralib" in out.stdout.splitlines()[-2]
 
 

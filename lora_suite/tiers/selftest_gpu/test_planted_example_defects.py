@@ -33,7 +33,8 @@ def _run(tier: str, impl: str, out: Path) -> dict:
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "examples"), os.environ.get("PYTHONPATH", "")])
     )
-    cmd = [sys.executable, "-m", "lora_suite", tier, "--lora-impl", impl, "--report-dir", str(out)]
+    # --workers 1: PARALLEL runs share the GPU already (quick's default of 6 workers each would not fit 24 GiB)
+    cmd = [sys.executable, "-m", "lora_suite", tier, "--lora-impl", impl, "--report-dir", str(out), "--workers", "1"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     reports = sorted(out.glob("*/report.json"))
     report = json.loads(reports[-1].read_text()) if reports else {}
