@@ -317,8 +317,13 @@ def _drop_unfinished_benchmarks(config, run: RunReport) -> None:
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_sessionfinish(session, exitstatus):
     """Before pytest-benchmark saves (its own wrapper runs inside this one): unfinished benchmarks out; after it,
-    whatever it did, the run report is written."""
+    whatever it did, the run report is written. An xdist worker hands its last records over before the others:
+    xdist's own wrapper (inside this one) sends ``workeroutput`` to the controller when it ends."""
     _drop_unfinished_benchmarks(session.config, session.config.stash[_REPORT_KEY])
+    if "outbox" in _RUN:
+        run = session.config.stash[_REPORT_KEY]
+        out = session_tables.worker_output(run, _RUN["outbox"], _worker_id(session.config))
+        session.config.workeroutput[worker_records.KEY] = out
     try:
         return (yield)
     finally:
@@ -338,9 +343,7 @@ def pytest_testnodedown(node, error):
 def _finish_report(session, exitstatus):
     report_dir = session.config.getoption("report_dir")
     run = session.config.stash[_REPORT_KEY]
-    if "outbox" in _RUN:  # an xdist worker: the controller writes the report
-        out = session_tables.worker_output(run, _RUN["outbox"], _worker_id(session.config))
-        session.config.workeroutput[worker_records.KEY] = out
+    if "outbox" in _RUN:  # an xdist worker: the controller writes the report (pytest_sessionfinish handed over)
         return
     session_tables.wall_time_breakdown(run, _RUN)
     session_tables.kernel_variants(run, _RUN.get("worker_outputs") or [])

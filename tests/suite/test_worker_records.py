@@ -87,6 +87,12 @@ def test_a_session_over_two_workers_writes_one_report_with_every_record(pytester
 
             def test_fails(check):
                 check("bad", 2, "<=", 1, detail="why")
+
+            @pytest.mark.parametrize("j", range(4))
+            def test_launches(j):  # what a worker hands over only when it ends: its RawKernel launches
+                from lora_core.ops import kernel_variants as kv
+
+                kv.note("swiglu_forward", "bf16", "VEC=8, I%8=0", (4, 37), (256,))
             """
         )
     )
@@ -96,10 +102,41 @@ def test_a_session_over_two_workers_writes_one_report_with_every_record(pytester
     report = json.loads((pytester.path / "out" / "report.json").read_text())
     assert sorted(c["name"] for c in report["checks"]) == ["bad"] + [f"case {i}" for i in range(6)]
     assert {c["source"] for c in report["checks"] if c["name"].startswith("case")} == {"gw0", "gw1"}
-    assert len(report["outcomes"]) == 7 and report["summary"]["checks_failed"] == 1
+    assert len(report["outcomes"]) == 11 and report["summary"]["checks_failed"] == 1
     failed = [o for o in report["outcomes"] if o["outcome"] == "failed"]
     assert len(failed) == 1 and "bad: 2 is not <= 1 (why)" in failed[0]["reason"]
     # each worker's "shared table" arrives as its own table, each row once
     tables = [s for s in report["series"] if s["name"] == "shared table"]
     assert sorted(r[0] for s in tables for r in s["rows"]) == list(range(6))
     assert report["status"] == "complete" and not list((pytester.path / "out").glob("gw*"))
+    (swiglu,) = [s for s in report["series"] if s["name"] == "RawKernel variants reached: swiglu_forward"]
+    assert ["bf16", "VEC=8, I%8=0", 4, "(4, 37) x (256,)", "yes"] in swiglu["rows"]  # 4 launches over 2 workers
+
+
+def test_a_cuda_error_in_a_worker_stops_every_worker(pytester, monkeypatch):
+    """A CUDA error leaves its process's context untrusted: the worker stops (the plugin sets shouldstop) and xdist
+    shuts the others down, so the run ends instead of running on; the report says what ran and how it ended."""
+    pytest.importorskip("xdist", reason="pytest-xdist is a declared dependency: pip install pytest-xdist")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    pytester.makeconftest((ROOT / "conftest.py").read_text())
+    pytester.makeini("[pytest]\nmarkers =\n    gpu: gpu\n")
+    pytester.makepyfile(
+        test_sample=textwrap.dedent(
+            """
+            import time, pytest
+
+            @pytest.mark.parametrize("i", range(40))
+            def test_many(i):
+                if i == 0:
+                    raise RuntimeError("CUDA error: misaligned address")
+                time.sleep(0.1)
+            """
+        )
+    )
+    xdist = ["-p", "xdist.plugin"] if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD") else []
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *xdist, "-n", "2", "--report-dir", "out")
+    assert result.ret != 0
+    report = json.loads((pytester.path / "out" / "report.json").read_text())
+    failed = [o["test"] for o in report["outcomes"] if o["outcome"] == "failed"]
+    assert failed == ["test_sample.py::test_many[0]"]
+    assert len(report["outcomes"]) < 40, "the other worker ran on to the end"
