@@ -36,28 +36,30 @@ class Launches:
     block: tuple[int, ...]
 
 
-_REACHED: dict[Variant, Launches] = {}
+# (kernel, dtype name, variant) -> [launches, first grid, block]: plain tuples and lists, since ``note`` runs on
+# every launch, on the host (the eager training step's own path); ``reached`` builds the records
+_REACHED: dict[tuple[str, str, str], list] = {}
 
 
-def note(kernel: str, dtype: torch.dtype | str, variant: str, grid: tuple[int, ...], block: tuple[int, ...]) -> Variant:
+def note(kernel: str, dtype: torch.dtype | str, variant: str, grid: tuple[int, ...], block: tuple[int, ...]) -> None:
     """Record one launch of ``kernel`` taking ``variant``."""
-    v = Variant(kernel, dtype if isinstance(dtype, str) else DTYPE_NAME[dtype], variant)
-    seen = _REACHED.get(v)
+    key = (kernel, dtype if isinstance(dtype, str) else DTYPE_NAME[dtype], variant)
+    seen = _REACHED.get(key)
     if seen is None:
-        _REACHED[v] = Launches(1, tuple(grid), tuple(block))
+        _REACHED[key] = [1, tuple(grid), tuple(block)]
     else:
-        seen.count += 1
-    return v
+        seen[0] += 1
 
 
 def reached() -> dict[Variant, Launches]:
     """Every variant launched in this process so far (a copy: a snapshot to diff against)."""
-    return {v: dataclasses.replace(n) for v, n in _REACHED.items()}
+    return {Variant(*key): Launches(*seen) for key, seen in _REACHED.items()}
 
 
 def reached_since(before: dict[Variant, Launches]) -> set[Variant]:
     """Variants launched after the snapshot ``before`` was taken (new ones and ones launched again)."""
-    return {v for v, n in _REACHED.items() if v not in before or n.count > before[v].count}
+    now = reached()
+    return {v for v, n in now.items() if v not in before or n.count > before[v].count}
 
 
 # ---------------------------------------------------------------------------------------------
