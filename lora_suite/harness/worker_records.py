@@ -51,7 +51,8 @@ class Outbox:
         out = {}
         for field in FIELDS:
             current, sent = getattr(run, field), self._sent[field]
-            changed = [(i, _plain(r)) for i, r in enumerate(current) if i >= len(sent) or sent[i] != r]
+            # records are immutable (frozen dataclasses, strings): a rewritten one is a new object in its place
+            changed = [(i, _plain(r)) for i, r in enumerate(current) if i >= len(sent) or sent[i] is not r]
             if changed:
                 out[field] = changed
             self._sent[field] = list(current)

@@ -69,14 +69,26 @@ def test_variant_launches_add_up_over_workers():
     assert merged == {("k", "bf16", "a"): (5, (4,), (256,)), ("k", "fp32", "b"): (1, (1,), (32,))}
 
 
-def test_a_session_over_two_workers_writes_one_report_with_every_record(pytester, monkeypatch):
+@pytest.fixture
+def two_workers(pytester, monkeypatch):
+    """Runs a test file's ``body`` over two xdist workers as lora-suite does; returns (pytest result, report.json)."""
     pytest.importorskip("xdist", reason="pytest-xdist is a declared dependency: pip install pytest-xdist")
     monkeypatch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     pytester.makeconftest((ROOT / "conftest.py").read_text())
     pytester.makeini("[pytest]\nmarkers =\n    gpu: gpu\n")
-    pytester.makepyfile(
-        test_sample=textwrap.dedent(
-            """
+
+    def run(body: str):
+        pytester.makepyfile(test_sample=textwrap.dedent(body))
+        xdist = ["-p", "xdist.plugin"] if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD") else []
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *xdist, "-n", "2", "--report-dir", "out")
+        return result, json.loads((pytester.path / "out" / "report.json").read_text())
+
+    return run
+
+
+def test_a_session_over_two_workers_writes_one_report_with_every_record(two_workers, pytester):
+    result, report = two_workers(
+        """
             import os, pytest
             from lora_suite.harness.report import Series
 
@@ -93,13 +105,9 @@ def test_a_session_over_two_workers_writes_one_report_with_every_record(pytester
                 from lora_core.ops import kernel_variants as kv
 
                 kv.note("swiglu_forward", "bf16", "VEC=8, I%8=0", (4, 37), (256,))
-            """
-        )
+        """
     )
-    xdist = ["-p", "xdist.plugin"] if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD") else []  # as lora-suite does
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *xdist, "-n", "2", "--report-dir", "out")
     assert result.ret == 1, result.stdout.str()
-    report = json.loads((pytester.path / "out" / "report.json").read_text())
     assert sorted(c["name"] for c in report["checks"]) == ["bad"] + [f"case {i}" for i in range(6)]
     assert {c["source"] for c in report["checks"] if c["name"].startswith("case")} == {"gw0", "gw1"}
     assert len(report["outcomes"]) == 11 and report["summary"]["checks_failed"] == 1
@@ -113,16 +121,11 @@ def test_a_session_over_two_workers_writes_one_report_with_every_record(pytester
     assert ["bf16", "VEC=8, I%8=0", 4, "(4, 37) x (256,)", "yes"] in swiglu["rows"]  # 4 launches over 2 workers
 
 
-def test_a_cuda_error_in_a_worker_stops_every_worker(pytester, monkeypatch):
+def test_a_cuda_error_in_a_worker_stops_every_worker(two_workers):
     """A CUDA error leaves its process's context untrusted: the worker stops (the plugin sets shouldstop) and xdist
     shuts the others down, so the run ends instead of running on; the report says what ran and how it ended."""
-    pytest.importorskip("xdist", reason="pytest-xdist is a declared dependency: pip install pytest-xdist")
-    monkeypatch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    pytester.makeconftest((ROOT / "conftest.py").read_text())
-    pytester.makeini("[pytest]\nmarkers =\n    gpu: gpu\n")
-    pytester.makepyfile(
-        test_sample=textwrap.dedent(
-            """
+    result, report = two_workers(
+        """
             import time, pytest
 
             @pytest.mark.parametrize("i", range(40))
@@ -130,13 +133,9 @@ def test_a_cuda_error_in_a_worker_stops_every_worker(pytester, monkeypatch):
                 if i == 0:
                     raise RuntimeError("CUDA error: misaligned address")
                 time.sleep(0.1)
-            """
-        )
+        """
     )
-    xdist = ["-p", "xdist.plugin"] if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD") else []
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *xdist, "-n", "2", "--report-dir", "out")
     assert result.ret != 0
-    report = json.loads((pytester.path / "out" / "report.json").read_text())
     failed = [o["test"] for o in report["outcomes"] if o["outcome"] == "failed"]
     assert failed == ["test_sample.py::test_many[0]"]
     assert len(report["outcomes"]) < 40, "the other worker ran on to the end"
