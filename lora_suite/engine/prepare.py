@@ -206,6 +206,7 @@ def prepare(
         on_layer=on_layer if per_layer or quantizer is not None else None,
     )
     if not per_layer:
+        built = dataclasses.replace(built, model=impl.load_model(built.model, spec))
         impl.inject(built.model, spec)
     adapters = impl.adapter_parameters(built.model)
     if not adapters:

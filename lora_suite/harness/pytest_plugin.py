@@ -87,6 +87,8 @@ def pytest_configure(config):
     spec = config.getoption("lora_impl") or DEFAULT
     try:
         impl = resolve_implementation(spec)
+        if not _drives_workers(config):  # a process that runs tests
+            impl.preload()
     except ImplementationError as exc:
         raise pytest.UsageError(f"--lora-impl {spec}: {exc}") from None
     config.stash[_IMPL_KEY] = impl

@@ -54,6 +54,16 @@ class LoRAImplementation:
     def describe(self) -> str:
         return self.name
 
+    def preload(self) -> None:
+        """Optional: import what must come before the model library, once, before any model is built (the pytest
+        plugin calls it after selection). Unsloth patches transformers at its import and asks to be first."""
+
+    def load_model(self, model: nn.Module, spec: AdapterSpec) -> nn.Module:
+        """The model ``inject`` is given: ``model`` itself (the default), or, for a stack that trains only models
+        read by its own loader (Unsloth's ``FastLanguageModel.from_pretrained``), the model it loaded from
+        ``model``'s weights; ``model`` is then spent. Called once per whole model, never for per-layer injection."""
+        return model
+
     def inject(self, model: nn.Module, spec: AdapterSpec) -> list[str]:
         raise NotImplementedError
 

@@ -102,7 +102,7 @@ def _require_installed(who: str, modules: tuple[str, ...], hint: str) -> None:
 
 def _count(*layers):
     for layer in layers:
-        layer._axolotl_calls = getattr(layer, "_axolotl_calls", 0) + 1
+        layer._fused_calls = getattr(layer, "_fused_calls", 0) + 1
 
 
 class AxolotlImplementation(BnbBase, PeftImplementation):
@@ -135,43 +135,56 @@ class AxolotlImplementation(BnbBase, PeftImplementation):
             "pip install --no-deps axolotl, with triton and bitsandbytes (what axolotl.kernels.lora imports)",
         )
         adapted = super().inject(model, self._bnb_spec(model, spec))
-        for module in model.modules():
-            if all(hasattr(module, p) for p in ("gate_proj", "up_proj", "down_proj")):
-
-                def mlp_forward(self, x, _k=kernels):
-                    _count(self.gate_proj, self.up_proj, self.down_proj)
-                    return _k.apply_lora_mlp_swiglu(self, x)
-
-                module.forward = types.MethodType(mlp_forward, module)
-            if all(hasattr(module, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")):
-                call = _QKVCall(module, kernels.apply_lora_qkv)
-                for role, proj in enumerate((module.q_proj, module.k_proj, module.v_proj)):
-
-                    def proj_forward(self, x, _call=call, _role=role):
-                        _count(self)
-                        return _call.take(_role, x)
-
-                    proj.forward = types.MethodType(proj_forward, proj)
-
-                def o_forward(self, x, _attn=module, _k=kernels):
-                    _count(self)
-                    return _k.apply_lora_o(_attn, x)
-
-                module.o_proj.forward = types.MethodType(o_forward, module.o_proj)
+        install_fused_lora(model, kernels)
         return adapted
 
     def served_by(self, model):
-        """``axolotl`` when every adapted layer ran through an Axolotl kernel on every call: the peft injection's
-        forward hook counts each call of the layer (``_lora_suite_calls``), the patched forwards count the kernel's
-        (``_axolotl_calls``); a call that ran PEFT's own forward shows as more calls than kernel calls. (The MLP's
-        layers are never called: Axolotl's MLP reads their parameters, so their hook count stays 0.)"""
-        wrong = []
-        for path in sorted({n.rsplit(".", 1)[0] for n in self.adapter_parameters(model)}):
-            layer = model.get_submodule(path)
-            ax, calls = getattr(layer, "_axolotl_calls", 0), getattr(layer, "_lora_suite_calls", 0)
-            if ax == 0 or calls > ax:
-                wrong.append(f"{path}: {calls} calls, {ax} through an axolotl kernel")
-        return self.expected_path if not wrong else "; ".join(wrong[:3]) + (" ..." if len(wrong) > 3 else "")
+        return fused_served_by(self, model)
+
+
+def install_fused_lora(model, kernels, **options) -> None:
+    """The LoRA kernels of ``kernels`` (Axolotl's ``axolotl.kernels.lora`` or Unsloth's
+    ``unsloth.kernels.fast_lora``: the same three entry points) put over PEFT's layers in ``model``: each block's
+    MLP forward becomes ``apply_lora_mlp_swiglu``, q/k/v come from one ``apply_lora_qkv`` call per input, o_proj
+    from ``apply_lora_o``. ``options`` go to the MLP and QKV calls. Every kernel call is counted on the layers it
+    served (``_fused_calls``), for ``fused_served_by``."""
+    for module in model.modules():
+        if all(hasattr(module, p) for p in ("gate_proj", "up_proj", "down_proj")):
+
+            def mlp_forward(self, x, _k=kernels):
+                _count(self.gate_proj, self.up_proj, self.down_proj)
+                return _k.apply_lora_mlp_swiglu(self, x, **options)
+
+            module.forward = types.MethodType(mlp_forward, module)
+        if all(hasattr(module, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")):
+            call = _QKVCall(module, lambda attn, x, _k=kernels: _k.apply_lora_qkv(attn, x, **options))
+            for role, proj in enumerate((module.q_proj, module.k_proj, module.v_proj)):
+
+                def proj_forward(self, x, _call=call, _role=role):
+                    _count(self)
+                    return _call.take(_role, x)
+
+                proj.forward = types.MethodType(proj_forward, proj)
+
+            def o_forward(self, x, _attn=module, _k=kernels):
+                _count(self)
+                return _k.apply_lora_o(_attn, x)
+
+            module.o_proj.forward = types.MethodType(o_forward, module.o_proj)
+
+
+def fused_served_by(impl, model) -> str:
+    """``impl.expected_path`` when every adapted layer ran through a kernel of ``install_fused_lora`` on every call:
+    the PEFT injection's forward hook counts each call of the layer (``_lora_suite_calls``), the patched forwards
+    count the kernel's (``_fused_calls``); a call that ran PEFT's own forward shows as more calls than kernel calls.
+    (The MLP's layers are never called: the MLP kernel reads their parameters, so their hook count stays 0.)"""
+    wrong = []
+    for path in sorted({n.rsplit(".", 1)[0] for n in impl.adapter_parameters(model)}):
+        layer = model.get_submodule(path)
+        fused, calls = getattr(layer, "_fused_calls", 0), getattr(layer, "_lora_suite_calls", 0)
+        if fused == 0 or calls > fused:
+            wrong.append(f"{path}: {calls} calls, {fused} through a {impl.name} kernel")
+    return impl.expected_path if not wrong else "; ".join(wrong[:3]) + (" ..." if len(wrong) > 3 else "")
 
 
 class PeftLigerImplementation(BnbBase, PeftImplementation):

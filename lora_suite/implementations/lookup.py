@@ -44,6 +44,7 @@ BUNDLED = {
     "peft-bnb": "lora_suite.implementations.peft_bnb_impl:PeftBnbImplementation",
     "axolotl": "lora_suite.implementations.fused_peers:AxolotlImplementation",
     "peft-liger": "lora_suite.implementations.fused_peers:PeftLigerImplementation",
+    "unsloth": "lora_suite.implementations.unsloth_impl:UnslothImplementation",
 }
 
 
