@@ -56,6 +56,11 @@ class UnslothImplementation(BnbBase, PeftImplementation):
         PeftImplementation.not_applicable,
         partial_groups="Unsloth installs its fused QKV kernel only where q, k and v all carry LoRA "
         "(patch_peft_model); on part of the group it runs PEFT's forward",
+        inputs_2d="Unsloth's SwiGLU kernel unpacks (batch, seq_len, hidden) from its input (an H100 run at 8c77885: "
+        "'not enough values to unpack (expected 3, got 2)' in unsloth/kernels/swiglu.py); 2-D cases run as "
+        "(1, tokens, features)",
+        autocast_fp32_inputs="Unsloth's kernels hand fp32 activations under autocast back to PEFT's forward "
+        "(unsloth/kernels/fast_lora.py, _autocast_dtype_mismatch): no Unsloth kernel to judge there",
     )
 
     def __init__(self):
@@ -128,7 +133,8 @@ class UnslothImplementation(BnbBase, PeftImplementation):
             )
         except Exception as exc:  # noqa: BLE001
             raise ImplementationError(f"unsloth: get_peft_model failed: {type(exc).__name__}: {exc}") from exc
-        model._lora_suite_unsloth = peft_model  # the PeftModel wrapper; the suite trains the model it wraps
+        # the PeftModel wrapper, kept outside the module tree (it holds the model: a submodule would make a cycle)
+        object.__setattr__(model, "_lora_suite_unsloth", peft_model)
         model._lora_suite_peft_config = peft_model.peft_config["default"]
         adapters = self.adapter_parameters(model)
         if not adapters:
