@@ -185,16 +185,24 @@ def prepare(
             f"lora.quantize: null (a 16-bit base), but implementation {impl.name!r} cannot: {no_16bit}"
         )
     per_layer = impl.inject_per_layer
+    # An implementation that trains only models its own loader read (load_model: Unsloth's) gets the built weights
+    # in host memory, each decoder layer moved there as soon as it is built (one 16-bit layer on the GPU at a time,
+    # as a loader reading a checkpoint), and quantises them itself as it loads them.
+    own_loader = impl.has_own_loader()
     # Whose 4-bit storage the base gets, layer by layer as the model is built (as transformers quantises while it
     # loads: a QLoRA model never exists in 16 bits as a whole, so its build does not set its peak): base_from's,
     # else the implementation's own (quantize_base returns False where it has none and injects per layer).
     quantizer = None if quantize is None else (base_from if base_from is not None else impl)
+    if own_loader and quantizer is impl:
+        quantizer = None
 
     def on_layer(layer: nn.Module) -> None:
         if quantizer is not None:
             quantizer.quantize_base(layer)
         if per_layer:
             impl.inject(layer, spec)
+        if own_loader:
+            layer.to("cpu")
 
     torch.manual_seed(seed)  # adapter init (kaiming A) is the same for the same seed on every backend
     built = build_model(
@@ -203,7 +211,7 @@ def prepare(
         DTYPES[cfg.dtype],
         device,
         seed=seed,
-        on_layer=on_layer if per_layer or quantizer is not None else None,
+        on_layer=on_layer if per_layer or own_loader or quantizer is not None else None,
     )
     if not per_layer:
         built = dataclasses.replace(built, model=impl.load_model(built.model, spec))

@@ -64,6 +64,11 @@ class LoRAImplementation:
         ``model``'s weights; ``model`` is then spent. Called once per whole model, never for per-layer injection."""
         return model
 
+    def has_own_loader(self) -> bool:
+        """Whether ``load_model`` is overridden: the suite then builds the weights in host memory for it, a layer at a
+        time, and leaves quantisation to its loader."""
+        return type(self).load_model is not LoRAImplementation.load_model
+
     def inject(self, model: nn.Module, spec: AdapterSpec) -> list[str]:
         raise NotImplementedError
 

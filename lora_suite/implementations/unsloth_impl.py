@@ -59,6 +59,8 @@ class UnslothImplementation(BnbBase, PeftImplementation):
         inputs_2d="Unsloth's SwiGLU kernel unpacks (batch, seq_len, hidden) from its input (an H100 run at 8c77885: "
         "'not enough values to unpack (expected 3, got 2)' in unsloth/kernels/swiglu.py); 2-D cases run as "
         "(1, tokens, features)",
+        cuda_graph_capture="Unsloth's fused cross-entropy invalidates stream capture (an H100 run at f266ade: "
+        "cudaErrorStreamCaptureInvalidated in unsloth_zoo/fused_losses/fused_linear.py, _keep_index)",
         autocast_fp32_inputs="Unsloth's kernels hand fp32 activations under autocast back to PEFT's forward "
         "(unsloth/kernels/fast_lora.py, _autocast_dtype_mismatch): no Unsloth kernel to judge there",
     )
@@ -85,7 +87,7 @@ class UnslothImplementation(BnbBase, PeftImplementation):
         dtype = model.get_input_embeddings().weight.dtype
         nf4 = spec.quantize == "nf4"
         with tempfile.TemporaryDirectory(prefix="lora_suite_unsloth_") as folder:
-            model.to("cpu")  # the GPU copy goes: the loader's model is the one trained
+            model.to("cpu")  # the rest of the build (embeddings, norm, LM head): the loader's model is the one trained
             model.save_pretrained(folder, safe_serialization=True)
             write_tokenizer(model, folder)
             max_len = int(getattr(model.config, "max_position_embeddings", 2048))

@@ -10,6 +10,8 @@ Stacks (row -> implementation, whether Liger-Kernel's non-LoRA ops are applied o
     cupy+liger        cupy with Liger's ops
     cupy-fused        lora_core's fused MLP and QKV
     cupy-fused+liger  cupy-fused with Liger's RMSNorm, RoPE and fused linear cross-entropy (its SwiGLU is its own)
+    unsloth           Unsloth as its users run it: its loader, get_peft_model, fused LoRA kernels, patched Llama
+                      forward and fused cross-entropy (implementation ``unsloth``), each run in a child process
 
 Eager runs (GPU-bound batches) time each step with four CUDA events: forward (through the loss), backward,
 optimizer step; the figures are medians over the measured steps. Captured runs (the tiers' batches, where an
@@ -39,7 +41,12 @@ STACKS: dict[str, tuple[str, bool]] = {
     "cupy+liger": ("cupy", True),
     "cupy-fused": ("cupy-fused", False),
     "cupy-fused+liger": ("cupy-fused", True),
+    "unsloth": ("unsloth", False),
 }
+# Stacks that patch transformers' Llama classes for their whole process (Unsloth, at its import): each of their runs
+# is measured in a child process of its own (``eager_in_child``), so that no other row runs their model code.
+ISOLATED = frozenset({"unsloth"})
+CHILD_MARK = "lora_suite fused table figures: "
 EAGER_CASES = (
     Case("smollm2-all-r16-32x1024", "smollm2-135m", ("all-linear",), 16, 32, 1024),
     Case("tinyllama-all-r16-16x1024", "tinyllama-1.1b", ("all-linear",), 16, 16, 1024),
@@ -201,3 +208,44 @@ def profile_steps(prepared, cfg, steps: int = 3) -> tuple[float, dict[str, float
 
 def ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b == 0 else a / b
+
+
+def eager_in_child(case: Case, stack: str, *, warmup: int, measured: int, timeout_s: float = 900) -> EagerFigures:
+    """``eager_run`` of ``stack`` on ``case`` in a fresh Python process (``ISOLATED`` stacks): the child imports the
+    implementation first (``preload``), builds, measures and prints its figures on one marked line. A child that
+    fails raises a RuntimeError carrying the end of its output."""
+    import json
+    import subprocess
+    import sys
+
+    args = json.dumps({"case": dataclasses.asdict(case), "stack": stack, "warmup": warmup, "measured": measured})
+    code = "import sys; from lora_suite.scenarios.fused_table import child_main; child_main(sys.argv[1])"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, args], capture_output=True, text=True, timeout=timeout_s, check=False
+    )
+    return parse_child_output(proc.returncode, proc.stdout, proc.stderr, stack)
+
+
+def parse_child_output(returncode: int, stdout: str, stderr: str, stack: str) -> EagerFigures:
+    import json
+
+    lines = [line for line in stdout.splitlines() if line.startswith(CHILD_MARK)]
+    if returncode != 0 or not lines:
+        tail = (stderr or stdout).strip().splitlines()[-12:]
+        raise RuntimeError(f"{stack}: the child process exited {returncode} without figures: " + " | ".join(tail))
+    return EagerFigures(**json.loads(lines[-1][len(CHILD_MARK) :]))
+
+
+def child_main(args_json: str) -> None:
+    """The child's side of ``eager_in_child``."""
+    import json
+
+    from lora_suite.implementations import resolve_implementation
+
+    args = json.loads(args_json)
+    case = Case(**{k: tuple(v) if isinstance(v, list) else v for k, v in args["case"].items()})
+    resolve_implementation(STACKS[args["stack"]][0]).preload()
+    cfg = stack_config(case, args["stack"], "eager", warmup=args["warmup"], measured=args["measured"])
+    with stack_model(cfg, args["stack"]) as (prepared, window):
+        fig = eager_run(prepared, window, cfg, warmup=args["warmup"], measured=args["measured"])
+    print(CHILD_MARK + json.dumps(dataclasses.asdict(fig)), flush=True)
