@@ -12,8 +12,8 @@ settings under which Unsloth's ``patch_peft_model`` installs its kernels: each M
 ``apply_lora_mlp_swiglu`` and each attention gets ``apply_qkv = apply_lora_qkv`` (when q, k and v all carry LoRA)
 and ``apply_o = apply_lora_o``. Those kernels read the LoRA layers' weights without calling the layers.
 
-``served_by`` says ``unsloth`` only when, for every adapted layer, its block (MLP or attention) holds Unsloth's
-kernel, the block ran, and the layer never ran its own (PEFT) forward: a layer served by PEFT's forward is a
+``served_by`` says ``unsloth`` only when the model ran and, for every adapted layer, its block (MLP or attention)
+holds Unsloth's kernel and the layer never ran its own (PEFT) forward: a layer served by PEFT's forward is a
 fallback, named. Unsloth's own rule sends a float32 base through PEFT's forward (its kernels assume 16 bits);
 that path is Unsloth's, so it counts as served there, and ``describe`` says it.
 
@@ -149,13 +149,14 @@ class UnslothImplementation(BnbBase, PeftImplementation):
                     p.data = p.data.to(spec.adapter_dtype)
                 p.requires_grad_(True)
         paths = adapted_modules(adapters)
-        for path in paths:  # served_by() evidence: the layer's own forward calls, its block's calls
-            layer, block = model.get_submodule(path), model.get_submodule(path.rsplit(".", 1)[0])
+        # served_by() evidence: the model's forward calls, and each layer's own (PEFT) forward calls. Not its block's:
+        # Unsloth compiles each decoder layer, and a counter changed inside a compiled region recompiles it each call.
+        model._lora_suite_model_calls = 0
+        model.register_forward_hook(_count_model)
+        for path in paths:
+            layer = model.get_submodule(path)
             layer._lora_suite_calls = 0
             layer.register_forward_hook(count_call)
-            if not hasattr(block, "_lora_suite_block_calls"):
-                block._lora_suite_block_calls = 0
-                block.register_forward_hook(_count_block)
         return paths
 
     def _inject_bare(self, model, spec):
@@ -169,14 +170,14 @@ class UnslothImplementation(BnbBase, PeftImplementation):
         if not getattr(model, "_lora_suite_unsloth_loaded", False):
             return PeftImplementation.served_by(self, model) if _fp32_base(model) else fused_served_by(self, model)
         kernels = _import("unsloth.kernels.fast_lora", "unsloth", HINT)
+        if not getattr(model, "_lora_suite_model_calls", 0):
+            return "unsloth, a model that never ran"
         wrong = []
         for path in adapted_modules(self.adapter_parameters(model)):
             block_path, leaf = path.rsplit(".", 1)
             layer, block = model.get_submodule(path), model.get_submodule(block_path)
-            own, ran = getattr(layer, "_lora_suite_calls", 0), getattr(block, "_lora_suite_block_calls", 0)
-            if ran == 0:
-                wrong.append(f"{path}: its block never ran")
-            elif _fp32_base(layer):
+            own = getattr(layer, "_lora_suite_calls", 0)
+            if _fp32_base(layer):
                 if own == 0:
                     wrong.append(f"{path}: never ran (float32 base: PEFT's forward expected)")
             elif not _holds_kernel(block, leaf, kernels):
@@ -186,8 +187,8 @@ class UnslothImplementation(BnbBase, PeftImplementation):
         return self.expected_path if not wrong else "; ".join(wrong[:3]) + (" ..." if len(wrong) > 3 else "")
 
 
-def _count_block(module, args, output) -> None:
-    module._lora_suite_block_calls += 1
+def _count_model(module, args, output) -> None:
+    module._lora_suite_model_calls += 1
 
 
 def _holds_kernel(block: nn.Module, leaf: str, kernels) -> bool:
