@@ -5,7 +5,8 @@ adapters put in by ``FastLanguageModel.get_peft_model``, training through Unslot
 Whole models. Unsloth trains only models its loader read: ``get_peft_model`` on a ``LlamaForCausalLM`` built in
 memory fails (``AttributeError: 'LlamaForCausalLM' object has no attribute '_saved_temp_tokenizer'``). So
 ``load_model`` writes the model the suite built (its weights, its config and a tokenizer) to a temporary folder and
-reads it back with ``from_pretrained``: 16-bit (``load_in_16bit``) for a 16-bit base, ``load_in_4bit`` for an NF4
+reads it back (the build hands each decoder layer to host memory as it is built: ``prepare`` does that for an
+implementation with its own loader, so the model never sits on the GPU twice) with ``from_pretrained``: 16-bit (``load_in_16bit``) for a 16-bit base, ``load_in_4bit`` for an NF4
 base (bitsandbytes nf4, block 64, double quant: the settings of ``peft-bnb``, so a comparison run quantised by
 ``quantize_base`` has the same codes). ``inject`` then calls ``get_peft_model`` with dropout 0 and no bias, the
 settings under which Unsloth's ``patch_peft_model`` installs its kernels: each MLP's forward becomes
@@ -54,6 +55,9 @@ class UnslothImplementation(BnbBase, PeftImplementation):
     name = expected_path = "unsloth"
     not_applicable = dict(
         PeftImplementation.not_applicable,
+        op_call_count="PEFT's layers under Unsloth's kernels keep no call counter; served_by() checks the kernels and "
+        "the layers' own forward calls instead",
+        lora_core_ops="these tests call lora_core's cupy op and kernels directly, which Unsloth does not use",
         partial_groups="Unsloth installs its fused QKV kernel only where q, k and v all carry LoRA "
         "(patch_peft_model); on part of the group it runs PEFT's forward",
         inputs_2d="Unsloth's SwiGLU kernel unpacks (batch, seq_len, hidden) from its input (an H100 run at 8c77885: "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from lora_suite.scenarios import fused_table as FT
 from lora_suite.scenarios.fused_table import kernel_kind
 
 
@@ -26,3 +27,17 @@ from lora_suite.scenarios.fused_table import kernel_kind
 )
 def test_a_kernel_lands_in_the_kind_that_owns_it(name, kind):
     assert kernel_kind(name).startswith(kind)
+
+
+def test_an_isolated_stacks_child_output_is_read_or_its_failure_named():
+    import dataclasses
+    import json
+
+    fig = FT.EagerFigures(1.0, 2.0, 3.5, 4.25, "unsloth", "none")
+    out = "Unsloth: patching\n" + FT.CHILD_MARK + json.dumps(dataclasses.asdict(fig)) + "\n"
+    assert FT.parse_child_output(0, out, "", "unsloth") == fig
+    with pytest.raises(RuntimeError, match="exited 1 without figures: .*CUDA out of memory"):
+        FT.parse_child_output(1, "", "Traceback\ntorch.OutOfMemoryError: CUDA out of memory", "unsloth")
+    with pytest.raises(RuntimeError, match="exited 0 without figures"):
+        FT.parse_child_output(0, "no mark here", "", "unsloth")
+    assert FT.ISOLATED <= set(FT.STACKS)
