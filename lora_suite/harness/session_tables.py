@@ -66,6 +66,7 @@ def wall_time_breakdown(run: RunReport, state: dict) -> None:
         kernel_loads=loads,
         clock=state["clock"],
         session_s=None if workers else session_s,
+        workers=workers,
     )
     if workers:
         rows.append(

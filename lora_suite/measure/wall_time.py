@@ -65,8 +65,16 @@ def breakdown(
     top: int = 5,
     clock: SessionClock | None = None,
     session_s: float | None = None,
+    workers: int = 0,
 ) -> list[tuple[str, float | None, str]]:
-    """Rows (phase, seconds, detail); epoch seconds in, None where a phase could not be measured."""
+    """Rows (phase, seconds, detail); epoch seconds in, None where a phase could not be measured. ``workers``: the
+    pytest-xdist workers this process drove (it then creates no CUDA context of its own)."""
+    if cuda_context_s is not None:
+        context = "created at the session's start"
+    elif workers:
+        context = f"none in this process: each of the {workers} workers creates its own"
+    else:
+        context = "no GPU"
     rows = [
         (
             "before pytest (gpu-test.sh: interpreter choice, nvidia-smi)",
@@ -79,7 +87,7 @@ def breakdown(
             "process start to pytest_configure",
         ),
         ("collection", session_start - configured, "test modules imported, items selected"),
-        ("CUDA context", cuda_context_s, "created at the session's start" if cuda_context_s is not None else "no GPU"),
+        ("CUDA context", cuda_context_s, context),
     ]
     total = sum(s for _, s in test_seconds)
     slow = sorted(test_seconds, key=lambda t: -t[1])[:top]
@@ -95,7 +103,7 @@ def breakdown(
             (
                 f"  of which RawKernel first loads ({len(kernel_loads)})",
                 sum(kernel_loads.values()),
-                "; ".join(f"{k} {v:.2f} s" for k, v in sorted(kernel_loads.items(), key=lambda kv: -kv[1])),
+                _slowest_loads(kernel_loads, top + 3),
             )
         )
     if clock is not None:
@@ -113,3 +121,10 @@ def breakdown(
             rest = session_s - total - fixtures - clock.writes_s
             rows.append(("rest of the session", rest, f"session {session_s:.2f} s less the tests, fixtures, writes"))
     return rows
+
+
+def _slowest_loads(loads: dict[str, float], top: int) -> str:
+    """The ``top`` slowest first loads, and how many others there were."""
+    ranked = sorted(loads.items(), key=lambda kv: -kv[1])
+    text = "; ".join(f"{k} {v:.2f} s" for k, v in ranked[:top])
+    return text + (f"; {len(ranked) - top} others" if len(ranked) > top else "")

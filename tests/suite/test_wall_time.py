@@ -83,3 +83,20 @@ def test_the_session_clock_names_fixtures_writes_and_the_rest():
     assert got["setup and teardown"] == (2.75, "slowest: a 2.50 s; b 0.25 s")
     assert got["report.json after each test"][0] == 0.75
     assert got["rest of the session"][0] == 14.0 - 10.0 - 2.75 - 0.75
+
+
+def test_a_controller_of_workers_says_where_the_contexts_are_and_trims_the_load_list():
+    loads = {f"gw0 k{i}": i / 100 for i in range(20)}
+    rows = wall_time.breakdown(
+        script_start=None,
+        process_start=None,
+        configured=1.0,
+        session_start=2.0,
+        cuda_context_s=None,
+        test_seconds=[("t", 1.0)],
+        kernel_loads=loads,
+        workers=6,
+    )
+    assert rows[3] == ("CUDA context", None, "none in this process: each of the 6 workers creates its own")
+    detail = dict((r[0], r[2]) for r in rows)["  of which RawKernel first loads (20)"]
+    assert detail.startswith("gw0 k19 0.19 s;") and detail.endswith("; 12 others")
