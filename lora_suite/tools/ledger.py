@@ -35,8 +35,36 @@ from lora_suite.harness.report import atomic_write_text
 
 LOCK_TIMEOUT_S = 300.0  # a writer holds the lock for one read and one rename; five minutes means a stuck holder
 
-BENCH_COLUMNS = ("÷ PEFT eager", "step ms", "peak GiB", "ratio (median)", "fwd ms", "bwd ms", "speed-up", "peak ratio")
-LABEL_COLUMNS = ("case", "run", "implementation", "mode", "shape", "stack", "fused stack", "against", "part")
+BENCH_COLUMNS = (
+    "÷ PEFT eager",
+    "step ms",
+    "peak GiB",
+    "ratio (median)",
+    "fwd ms",
+    "bwd ms",
+    "speed-up",
+    "peak ratio",
+    # the fused table's rounds and its kernel profiles (issue 34: a one-round figure is read beside its repeats)
+    "fwd ms, round",
+    "bwd ms, round",
+    "step ms, round",
+    "peak GiB, round",
+    "ms per step",
+)
+LABEL_COLUMNS = (
+    "case",
+    "run",
+    "round",
+    "implementation",
+    "mode",
+    "shape",
+    "stack",
+    "fused stack",
+    "against",
+    "part",
+    "kernel kind",
+    "kernel",
+)
 FIELDS = (
     "run_id",
     "time",

@@ -78,3 +78,24 @@ def test_rows_after_their_run_row_are_written_short_and_read_whole(tmp_path):
     led.write_text("\n".join(lines[1:]) + "\n")
     with pytest.raises(ledger.LedgerError, match=r"ledger.jsonl:1: not a ledger row .*after its run's run row"):
         ledger.read(led)
+
+
+def test_the_fused_tables_rounds_and_kernel_kinds_are_recorded_figures():
+    report = {
+        "status": "complete",
+        "series": [
+            {
+                "name": "fused table, eager (GPU-bound batches): median ms per step part, peak GiB",
+                "columns": ["case", "round", "stack", "fwd ms, round", "bwd ms, round", "step ms, round"],
+                "rows": [["7b", 1, "cupy+liger", 90.0, 70.0, 171.9]],
+            },
+            {
+                "name": "fused table: kernel time by kind",
+                "columns": ["case", "stack", "kernel kind", "ms per step", "share"],
+                "rows": [["7b", "cupy+liger", "GEMM (cuBLAS)", 87.22, 0.784]],
+            },
+        ],
+    }
+    got = {r["check"]: r["value"] for r in ledger.rows_of_report(report, "run", "g") if r["kind"] == "bench"}
+    assert got["fused table, eager (GPU-bound batches): median ms per step p: 7b 1 cupy+liger: step ms, round"] == 171.9
+    assert got["fused table: kernel time by kind: 7b cupy+liger GEMM (cuBLAS): ms per step"] == 87.22
