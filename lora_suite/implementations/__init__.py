@@ -15,7 +15,10 @@ alpha, rsLoRA, adapter dtype, base storage), an implementation
   a check as not applicable in the report instead of running it or dropping it silently;
 - ``served_by(model)`` says which code path served the latest forward of every adapted layer (the tiers
   compare it with ``expected_path``: no silent fallback), and ``op_calls()`` counts the LoRA op calls where
-  the implementation can (None where it cannot).
+  the implementation can (None where it cannot);
+- optionally, ``load_model(model, spec)`` returns the model to inject into, for a stack that trains only models its own
+  loader read (Unsloth: the suite then builds the weights into host memory a layer at a time and leaves quantisation
+  to that loader), and ``preload()`` imports what must come before transformers.
 
 Built-ins: ``cupy`` (this project's layer on its CuPy/cuBLAS backend, the default), ``torch`` (the same layer
 on the torch reference backend) and ``peft`` (PEFT's LoRA layers). Others come from the entry-point group
