@@ -87,8 +87,8 @@ class UnslothImplementation(BnbBase, PeftImplementation):
         if not (hasattr(model, "save_pretrained") and hasattr(model, "config")):
             return model  # a bare module: nothing to load
         fast = _import("unsloth", "unsloth", HINT).FastLanguageModel
-        device = next(model.parameters()).device
-        dtype = model.get_input_embeddings().weight.dtype
+        embeddings = model.get_input_embeddings().weight  # on the GPU: the build staged only the decoder layers
+        device, dtype = embeddings.device, embeddings.dtype
         nf4 = spec.quantize == "nf4"
         with tempfile.TemporaryDirectory(prefix="lora_suite_unsloth_") as folder:
             model.to("cpu")  # the rest of the build (embeddings, norm, LM head): the loader's model is the one trained
