@@ -8,7 +8,8 @@ Forward (gate and up share every read of x: W_gu = [W_g; W_u] (2I, K), A_gu = [A
     gu   = [s·h_g B_gᵀ | s·h_u B_uᵀ] + x W_guᵀ        (N, 2I)   two rank-r GEMMs into the halves, one base GEMM
     act  = silu(g) · u                               (N, I)    swiglu.cu
     h_d  = act A_dᵀ,  y = s_d·h_d B_dᵀ + act W_dᵀ     (N, H)
-Saved: x, gu, h_gu, h_d; not act (the backward recomputes it from gu), not a 16-bit copy of an NF4 base.
+Saved: x, gu, h_gu, h_d; not act (the backward recomputes it from gu), not a 16-bit copy of an NF4 base (a
+checkpointed recompute's copies are kept for the backward that follows it: ``lora_core.ops.recompute``).
 
 Backward:
     dh_d = dY B_d,  dB_d = s_d·dYᵀ h_d,  dact = s_d·dh_d A_d + dY W_d
@@ -31,6 +32,7 @@ import torch
 from lora_core.backend import count_call
 from lora_core.nf4 import NF4Tensor, dequantize_nf4
 from lora_core.ops import fused_engine as fe
+from lora_core.ops import recompute
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,20 @@ class MLPBases:
         if self.nf4 is None:
             return self.w_d if self.w_d.dtype == dtype else self.w_d.to(dtype)
         return dequantize_nf4(self.nf4[2], dtype)
+
+    def keep(self, part: str, w: torch.Tensor, needed: bool = True) -> None:
+        """Keep the dequantised ``part`` ("gate_up" or "down") of an NF4 base for the backward, if this forward is a
+        checkpointed recompute (``lora_core.ops.recompute``); nothing for a 16-bit base."""
+        if self.nf4 is not None:
+            recompute.keep(self.nf4[0 if part == "gate_up" else 2], part, w, needed)
+
+    def for_backward(self, part: str, dtype: torch.dtype) -> torch.Tensor:
+        """``part`` in ``dtype`` for the backward: kept by its recompute, else made again."""
+        if self.nf4 is not None:
+            kept = recompute.take(self.nf4[0 if part == "gate_up" else 2], part, dtype)
+            if kept is not None:
+                return kept
+        return self.gate_up(dtype) if part == "gate_up" else self.down(dtype)
 
     def shapes(self) -> tuple[tuple[int, int], tuple[int, int]]:
         if self.nf4 is None:
@@ -116,13 +132,17 @@ class FusedLoRAMLP(torch.autograd.Function):
             eng.gemm(gu[:, :inter], h_gu[:, :r], b_g_c, trans_b=True, alpha=scale)
             eng.gemm(gu[:, inter:], h_gu[:, r:], b_u_c, trans_b=True, alpha=scale)
             eng.gemm(gu, x2, w_gu, trans_b=True, beta=1.0)
-            del w_gu  # an NF4 base's scratch is freed here
+            bases.keep("gate_up", w_gu, ctx.needs_input_grad[0])  # the backward reads it for dx only
+            del w_gu  # an NF4 base's scratch is freed here (unless a recompute kept it)
             act = fe.swiglu_forward(eng, gu)
             h_d = torch.empty((n, r), dtype=dtype, device=x.device)
             eng.gemm(h_d, act, a_d_c, trans_b=True)
             y = torch.empty((n, h_out), dtype=dtype, device=x.device)
             eng.gemm(y, h_d, b_d_c, trans_b=True, alpha=scale_d)
-            eng.gemm(y, act, bases.down(dtype), trans_b=True, beta=1.0)
+            w_d = bases.down(dtype)
+            eng.gemm(y, act, w_d, trans_b=True, beta=1.0)
+            bases.keep("down", w_d)  # dact = s_d·dh_d A_d + dY W_d: every backward reads it
+            del w_d
         ctx.save_for_backward(x2, gu, h_gu, h_d, stacked)
         ctx.bases, ctx.scale, ctx.scale_d, ctx.backend = bases, scale, scale_d, backend
         ctx.shapes, ctx.x_shape, ctx.adapter_dtype, ctx.used = shapes, x.shape, a_g.dtype, False
@@ -150,7 +170,7 @@ class FusedLoRAMLP(torch.autograd.Function):
             eng.gemm(db_d, dy2, h_d, trans_a=True, alpha=s_d)
             dact = torch.empty((n, inter), dtype=dtype, device=dev)
             eng.gemm(dact, dh_d, a_d_c, alpha=s_d)
-            eng.gemm(dact, dy2, ctx.bases.down(dtype), beta=1.0)
+            eng.gemm(dact, dy2, ctx.bases.for_backward("down", dtype), beta=1.0)
             swiglu_backward_(eng, dact, gu)  # gu <- [dg | du]; dact <- act
             da_d = torch.empty((r, inter), dtype=acc_dtype, device=dev)
             eng.gemm(da_d, dh_d, dact, trans_a=True, alpha=s_d)
@@ -168,7 +188,7 @@ class FusedLoRAMLP(torch.autograd.Function):
             if ctx.needs_input_grad[0]:
                 dx = torch.empty((n, k), dtype=dtype, device=dev)
                 eng.gemm(dx, dh_gu, stacked[: 2 * r * k].view(2 * r, k), alpha=s)
-                eng.gemm(dx, gu, ctx.bases.gate_up(dtype), beta=1.0)
+                eng.gemm(dx, gu, ctx.bases.for_backward("gate_up", dtype), beta=1.0)
                 dx = dx.view(ctx.x_shape)
         return dx, da_gu[:r], db_g, da_gu[r:], db_u, da_d, db_d, None, None, None, None
 

@@ -7,7 +7,7 @@ Forward:
     h   = x A_qkvᵀ                                   (N, 3r)        one GEMM
     out = [s·h_q B_qᵀ | s·h_k B_kᵀ | s·h_v B_vᵀ] + x W_qkvᵀ   (N, ΣO)  three rank-r GEMMs into the parts, one base GEMM
     q, k, v = the column parts of out (views: no copy; the attention reshapes them per head)
-Saved: x, h.
+Saved: x, h (a checkpointed recompute's dequantised NF4 W_qkv is kept for its backward: ``lora_core.ops.recompute``).
 
 Backward (dq, dk, dv as the attention hands them back; a part with no gradient counts as zero):
     dh   = [dq B_q | dk B_k | dv B_v]                (N, 3r)
@@ -25,6 +25,7 @@ import torch
 from lora_core.backend import count_call
 from lora_core.nf4 import NF4Tensor, dequantize_nf4
 from lora_core.ops import fused_engine as fe
+from lora_core.ops import recompute
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,16 @@ class QKVBases:
             dequantize_nf4(q, dtype, out=out[start : start + q.shape[0]])
             start += q.shape[0]
         return out
+
+    def keep(self, w: torch.Tensor, needed: bool) -> None:
+        """Keep an NF4 base's dequantised W_qkv for the backward, if this forward is a checkpointed recompute."""
+        if self.nf4 is not None:
+            recompute.keep(self.nf4[0], "qkv", w, needed)
+
+    def for_backward(self, dtype: torch.dtype) -> torch.Tensor:
+        """W_qkv in ``dtype`` for the backward: kept by its recompute, else made again."""
+        kept = None if self.nf4 is None else recompute.take(self.nf4[0], "qkv", dtype)
+        return self.weight(dtype) if kept is None else kept
 
     @property
     def in_features(self) -> int:
@@ -96,7 +107,10 @@ class FusedLoRAQKV(torch.autograd.Function):
             for i in range(3):
                 part = out[:, starts[i] : starts[i] + sizes[i]]
                 eng.gemm(part, h[:, i * r : (i + 1) * r], bs[i], trans_b=True, alpha=scale)
-            eng.gemm(out, x2, bases.weight(dtype), trans_b=True, beta=1.0)
+            w = bases.weight(dtype)
+            eng.gemm(out, x2, w, trans_b=True, beta=1.0)
+            bases.keep(w, ctx.needs_input_grad[0])  # the backward reads it for dx only
+            del w
         ctx.save_for_backward(x2, h, stacked)
         ctx.bases, ctx.scale, ctx.backend, ctx.shapes, ctx.x_shape = bases, scale, backend, shapes, x.shape
         ctx.adapter_dtype = a_q.dtype
@@ -129,7 +143,7 @@ class FusedLoRAQKV(torch.autograd.Function):
             if ctx.needs_input_grad[0]:
                 dx = torch.empty((n, k), dtype=dtype, device=dev)
                 eng.gemm(dx, dh, stacked[: 3 * r * k].view(3 * r, k), alpha=s)
-                w = ctx.bases.weight(dtype)
+                w = ctx.bases.for_backward(dtype)
                 start = 0
                 for i, d in enumerate(grads):
                     if d is not None:

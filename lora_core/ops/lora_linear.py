@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from lora_core.backend import count_call, resolve_backend
 from lora_core.nf4 import NF4Tensor, dequantize_nf4
 from lora_core.ops import cupy_interop as cx
-from lora_core.ops import cupy_lora
+from lora_core.ops import cupy_lora, recompute
 from lora_core.ops.registered import lora_linear_op
 
 ACTIVATION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -97,7 +97,8 @@ class CupyLoRALinear(torch.autograd.Function):
     """LoRA linear on cuBLAS (gemmEx) and CuPy RawKernels: the products and their GEMM plan are in
     ``lora_core.ops.cupy_lora``; this Function saves x, h and the compute-dtype adapters between them.
 
-    An NF4 weight is not saved in 16 bits: the backward dequantises it again, only if dx is needed.
+    An NF4 weight is not saved in 16 bits: the backward dequantises it again, only if dx is needed, unless a
+    checkpointed recompute kept its dequantised copy for this backward (``lora_core.ops.recompute``).
     """
 
     @staticmethod
@@ -108,6 +109,8 @@ class CupyLoRALinear(torch.autograd.Function):
         with cx.on_torch_stream(x.device) as cu:
             a_c, b_c = cupy_lora.adapters_in(cu, lora_a, lora_b, x.dtype)  # (r, K), (O, r) act
             y, h = cupy_lora.forward(cu, x2, w, a_c, b_c, scale)
+        if nf4 is not None:
+            recompute.keep(nf4, "w", w, ctx.needs_input_grad[0])
         # ctx keeps a reference to the NF4Tensor itself: frozen module state (like a Parameter), not an activation.
         ctx.save_for_backward(x2, h, None if nf4 is not None else w, a_c, b_c)
         ctx.nf4 = nf4
@@ -123,7 +126,8 @@ class CupyLoRALinear(torch.autograd.Function):
         dy2 = dy.reshape(-1, b_c.shape[0]).contiguous()  # (N, O) act
         if ctx.nf4 is not None:
             nf4 = ctx.nf4
-            w = lambda: dequantize_nf4(nf4, dy2.dtype)  # noqa: E731  (O, K) act scratch, freed on return
+            kept = recompute.take(nf4, "w", dy2.dtype) if need_x else None
+            w = kept if kept is not None else lambda: dequantize_nf4(nf4, dy2.dtype)  # (O, K) act scratch
         with cx.on_torch_stream(dy2.device) as cu:
             dx, da, db = cupy_lora.backward(
                 cu,
@@ -143,7 +147,8 @@ class CupyLoRALinear(torch.autograd.Function):
 
 
 class CupyNF4Linear(torch.autograd.Function):
-    """Frozen NF4 linear: y = x Ŵᵀ, dx = dY Ŵ; Ŵ dequantised (RawKernel) into scratch in each pass."""
+    """Frozen NF4 linear: y = x Ŵᵀ, dx = dY Ŵ; Ŵ dequantised (RawKernel) into scratch in each pass, or in the
+    backward taken from a checkpointed recompute (``lora_core.ops.recompute``)."""
 
     @staticmethod
     def forward(ctx, x, weight):
@@ -153,6 +158,7 @@ class CupyNF4Linear(torch.autograd.Function):
         y = torch.empty((x2.shape[0], out_features), dtype=x.dtype, device=x.device)  # (N, O) act
         with cx.on_torch_stream(x.device) as cu:
             cu.gemm(y, x2, w, trans_b=True)
+        recompute.keep(weight, "w", w, ctx.needs_input_grad[0])
         ctx.nf4, ctx.x_shape = weight, x.shape
         return y.view(*x.shape[:-1], out_features)
 
@@ -162,7 +168,9 @@ class CupyNF4Linear(torch.autograd.Function):
             return None, None
         out_features, in_features = ctx.nf4.shape
         dy2 = dy.reshape(-1, out_features).contiguous()  # (N, O) act
-        w = dequantize_nf4(ctx.nf4, dy2.dtype)  # (O, K) act scratch
+        w = recompute.take(ctx.nf4, "w", dy2.dtype)
+        if w is None:
+            w = dequantize_nf4(ctx.nf4, dy2.dtype)  # (O, K) act scratch
         dx = torch.empty((dy2.shape[0], in_features), dtype=dy2.dtype, device=dy2.device)  # (N, K) act
         with cx.on_torch_stream(dy2.device) as cu:
             cu.gemm(dx, dy2, w)

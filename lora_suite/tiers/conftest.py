@@ -34,10 +34,10 @@ def tier(request, run_report, check, lora_impl) -> Tier:
 @pytest.fixture
 def tiny_cupy_llama():
     """A factory: a small random Llama (2 layers, hidden 256, vocab 512) in bf16 on the GPU with cupy LoRA r8 on
-    every linear and B random (so that adapters matter): for the op-in-a-model checks that do not need a tier's
-    model (capture, torch.compile)."""
+    every linear (or ``targets``; ``quantize``, ``fuse`` as for ``inject_lora``) and B random (so that adapters
+    matter): for the op-in-a-model checks that do not need a tier's model (capture, torch.compile)."""
 
-    def build(seed: int = 0):
+    def build(seed: int = 0, *, targets="all-linear", quantize=None, fuse=()):
         from transformers import LlamaConfig, LlamaForCausalLM
 
         from lora_core.inject import inject_lora
@@ -52,7 +52,7 @@ def tiny_cupy_llama():
             num_key_value_heads=2,
         )
         model = LlamaForCausalLM(cfg).to("cuda", torch.bfloat16)
-        inject_lora(model, ["all-linear"], 8, 16, backend="cupy")
+        inject_lora(model, targets, 8, 16, backend="cupy", quantize=quantize, fuse=fuse)
         for n, p in model.named_parameters():
             if n.endswith("lora_B"):
                 torch.nn.init.normal_(p, std=0.02)

@@ -1,0 +1,175 @@
+"""lora_core.ops.recompute: a checkpointed recompute's dequantised NF4 base reused by the backward that follows it.
+
+On the CPU the fused MLP and QKV Functions run their torch engine, the same code that decides what to keep as on
+the cupy engine; the dequantisations are counted by wrapping the module's ``dequantize_nf4``. The cupy layer's own
+case (CupyLoRALinear, CupyNF4Linear) is the quick tier's ``test_nf4_recompute_reuse``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from lora_core.layer import LoRALinear
+from lora_core.nf4 import quantize_nf4
+from lora_core.ops import fused_mlp, fused_qkv, recompute
+from lora_core.ops.fused_mlp import MLPBases, lora_mlp
+from lora_core.ops.fused_qkv import QKVBases, lora_qkv
+
+K, INTER, R = 64, 128, 4
+
+
+class _Probe(torch.autograd.Function):
+    """x², recording ``in_recompute()`` at each forward (it saves x, so a non-reentrant checkpoint recomputes it)."""
+
+    seen: list[bool] = []
+
+    @staticmethod
+    def forward(ctx, x):
+        _Probe.seen.append(recompute.in_recompute())
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, dy):
+        (x,) = ctx.saved_tensors
+        return 2 * x * dy
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_in_recompute_is_true_only_in_the_forward_a_checkpoint_replays_during_backward(reentrant):
+    _Probe.seen = []
+    x = torch.randn(3, requires_grad=True)
+    _Probe.apply(x).sum().backward()  # a plain forward and backward
+    checkpoint(lambda t: _Probe.apply(t) * 2, x, use_reentrant=reentrant).sum().backward()
+    assert _Probe.seen == [False, False, True]
+    with recompute.reuse_disabled():
+        checkpoint(lambda t: _Probe.apply(t) * 2, x, use_reentrant=reentrant).sum().backward()
+    assert _Probe.seen[3:] == [False, False]
+    assert recompute.in_recompute() is False
+
+
+def _nf4_layers(sizes, seed):
+    g = torch.Generator().manual_seed(seed)
+    layers = []
+    for out_f, in_f in sizes:
+        w = torch.randn(out_f, in_f, generator=g) / in_f**0.5
+        layer = LoRALinear(quantize_nf4(w), r=R, alpha=8, backend="torch", quantize="nf4")
+        with torch.no_grad():
+            layer.lora_B.normal_(0, 0.3, generator=g)
+        layers.append(layer)
+    return layers
+
+
+def _adapters(layers):
+    return tuple(t for m in layers for t in (m.lora_A, m.lora_B))
+
+
+def _counting(monkeypatch, module):
+    calls = []
+    real = module.dequantize_nf4
+
+    def counted(q, *args, **kwargs):
+        calls.append(tuple(q.shape))
+        return real(q, *args, **kwargs)
+
+    monkeypatch.setattr(module, "dequantize_nf4", counted)
+    return calls
+
+
+def _mlp_step(layers, x, ckpt):
+    gate, up, down = layers
+    bases = MLPBases(nf4=(gate.nf4, up.nf4, down.nf4))
+
+    def f(t):
+        return lora_mlp(t, bases, _adapters(layers), gate.scale, down.scale, backend="torch")
+
+    y = checkpoint(f, x, use_reentrant=False) if ckpt else f(x)
+    params = [p for p in (x, *_adapters(layers)) if p.requires_grad]
+    return torch.autograd.grad(y.square().sum(), params)
+
+
+def _qkv_step(layers, x, ckpt):
+    bases = QKVBases(tuple(m.out_features for m in layers), nf4=tuple(m.nf4 for m in layers))
+
+    def f(t):
+        return torch.cat(lora_qkv(t, bases, _adapters(layers), layers[0].scale, backend="torch"), dim=-1)
+
+    y = checkpoint(f, x, use_reentrant=False) if ckpt else f(x)
+    params = [p for p in (x, *_adapters(layers)) if p.requires_grad]
+    return torch.autograd.grad(y.square().sum(), params)
+
+
+CASES = {
+    "mlp": (fused_mlp, _mlp_step, [(INTER, K), (INTER, K), (K, INTER)], 2),  # [W_g; W_u] and W_d kept
+    "qkv": (fused_qkv, _qkv_step, [(K, K), (K // 2, K), (K // 2, K)], 1),  # [W_q; W_k; W_v] kept
+}
+
+
+@pytest.mark.parametrize("what", sorted(CASES))
+def test_a_checkpointed_step_dequantises_each_base_twice_and_its_gradients_do_not_change(what, monkeypatch):
+    module, step, sizes, kept_per_step = CASES[what]
+    layers = _nf4_layers(sizes, seed=7)
+    calls = _counting(monkeypatch, module)
+    x = torch.randn(2, 5, K, requires_grad=True)
+
+    plain = step(layers, x, ckpt=False)
+    assert len(calls) == 6, "a plain step: each of the 3 bases once forward, once backward"
+
+    calls.clear()
+    before = recompute.reuse_counts()
+    with recompute.reuse_disabled():
+        replayed = step(layers, x, ckpt=True)
+    assert len(calls) == 9, "checkpointed without reuse: forward, recompute and backward each dequantise"
+    assert recompute.reuse_counts() == before
+
+    calls.clear()
+    reused = step(layers, x, ckpt=True)
+    assert len(calls) == 6, f"checkpointed with reuse: the backward dequantised again ({calls})"
+    after = recompute.reuse_counts()
+    assert after["kept"] - before["kept"] == kept_per_step
+    assert after["taken"] - before["taken"] == kept_per_step
+    assert after["dropped"] == before["dropped"] and after["held"] == 0
+
+    for a, b, c in zip(plain, replayed, reused):
+        assert torch.equal(a, b) and torch.equal(b, c)
+
+
+def test_a_plain_step_keeps_nothing(monkeypatch):
+    layers = _nf4_layers(CASES["mlp"][2], seed=3)
+    before = recompute.reuse_counts()
+    _mlp_step(layers, torch.randn(4, K, requires_grad=True), ckpt=False)
+    assert recompute.reuse_counts() == before
+
+
+def test_a_base_whose_backward_does_not_read_it_is_not_kept(monkeypatch):
+    """x needs no gradient (a first layer over frozen embeddings): [W_g; W_u] serves only dx, so it is not kept;
+    W_d still serves dact, which the adapters' gradients need."""
+    layers = _nf4_layers(CASES["mlp"][2], seed=5)
+    calls = _counting(monkeypatch, fused_mlp)
+    before = recompute.reuse_counts()
+    _mlp_step(layers, torch.randn(4, K), ckpt=True)
+    after = recompute.reuse_counts()
+    assert (after["kept"] - before["kept"], after["taken"] - before["taken"]) == (1, 1)
+    assert len(calls) == 6  # gate, up, down forward; again in the recompute; nothing in the backward
+
+
+def test_a_kept_base_the_backward_never_takes_is_dropped_when_the_backward_pass_ends():
+    """A region whose QKV output takes no part in the loss: the recompute runs the QKV forward (keeping W_qkv),
+    autograd never reaches its backward, and the entry is dropped when the backward pass ends, not held."""
+    layers = _nf4_layers(CASES["qkv"][2], seed=9)
+    bases = QKVBases(tuple(m.out_features for m in layers), nf4=tuple(m.nf4 for m in layers))
+    x = torch.randn(3, K, requires_grad=True)
+
+    def f(t):
+        q, _, _ = lora_qkv(t, bases, _adapters(layers), layers[0].scale, backend="torch")
+        return q, t * t  # the square's saved t is the last tensor saved: the recompute runs the QKV first
+
+    before = recompute.reuse_counts()
+    _, sq = checkpoint(f, x, use_reentrant=False)
+    (dx,) = torch.autograd.grad(sq.sum(), [x])
+    after = recompute.reuse_counts()
+    torch.testing.assert_close(dx, 2 * x)
+    assert after["kept"] - before["kept"] == 1 and after["taken"] == before["taken"]
+    assert after["dropped"] - before["dropped"] == 1 and after["held"] == 0
