@@ -10,6 +10,7 @@ Run: ``lora-suite bench -- -k fused_table``.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 
 import pytest
@@ -122,11 +123,7 @@ def test_fused_table_captured(case, rnd, stack, run_report, check):
         pytest.skip("NF4 base: lora_core stacks only")
     cfg = FT.stack_config(case, stack, "captured", warmup=5, measured=20, quantize="nf4" if qlora else None)
     try:
-        with FT.stack_model(cfg, stack) as (prepared, window):
-            records = train(prepared.model, prepared.batches, cfg.train, adapters=prepared.adapters).records
-            fig = TB.figures(records, case.batch_size * case.seq_len, 5, window.peak())
-            replayed = sum(r.captured for r in records)
-            served = prepared.implementation.served_by(prepared.model)
+        fig, replayed, served = _captured_run(case, stack, cfg)
     except (ImplementationError, RuntimeError) as exc:
         check.not_applicable(f"fused table captured: {case.name} {stack}", f"{type(exc).__name__}: {exc}"[:300])
         pytest.skip("capture not possible")
@@ -143,6 +140,46 @@ def test_fused_table_captured(case, rnd, stack, run_report, check):
         "==",
         25 - cfg.train.graph_warmup_steps,
     )
+
+
+def _captured_run(case, stack, cfg):
+    """(figures, steps replayed, served_by) of one captured run of ``case`` on ``stack``."""
+    with FT.stack_model(cfg, stack) as (prepared, window):
+        records = train(prepared.model, prepared.batches, cfg.train, adapters=prepared.adapters).records
+        fig = TB.figures(records, case.batch_size * case.seq_len, 5, window.peak())
+        return fig, sum(r.captured for r in records), prepared.implementation.served_by(prepared.model)
+
+
+REUSE_RUNS = FT.schedule((FT.FULL_TIER_CASE,), ("cupy", "cupy no-reuse", "cupy-fused", "cupy-fused no-reuse"))
+REUSE = "full tier's QLoRA step, captured: NF4 bases reused from the checkpointed recompute, or dequantised again"
+_reuse: dict[str, list] = {}
+
+
+@pytest.mark.parametrize("case,rnd,variant", REUSE_RUNS, ids=[f"r{r}-{v.replace(' ', '-')}" for _, r, v in REUSE_RUNS])
+def test_full_tier_step_base_reuse(case, rnd, variant, run_report, check):
+    """The full tier's step with and without ``lora_core.ops.recompute`` (issue 34, item 2), interleaved in one
+    run: step ms, peak GiB, and the bases kept and taken per captured step (the capture's own count)."""
+    from lora_core.ops import recompute
+
+    stack, _, off = variant.partition(" ")
+    _skip_if_missing(stack, check)
+    cfg = FT.stack_config(case, stack, "captured", warmup=5, measured=20, quantize="nf4")
+    counts = recompute.reuse_counts()
+    with recompute.reuse_disabled() if off else contextlib.nullcontext():
+        fig, replayed, _ = _captured_run(case, stack, cfg)
+    after = recompute.reuse_counts()
+    kept, taken = (after[k] - counts[k] for k in ("kept", "taken"))
+    _reuse.setdefault(variant, []).append(fig)
+    run_report.add_row(
+        "benchmarks",
+        REUSE,
+        ("round", "stack", "step ms, round", "peak GiB, round", "bases kept, run", "bases taken, run"),
+        (rnd, variant, round(fig.step_ms, 2), round(fig.peak_gib, 3), kept, taken),
+    )
+    check(f"{REUSE}: {variant} r{rnd}: steps replayed", replayed, "==", 25 - cfg.train.graph_warmup_steps)
+    check(f"{REUSE}: {variant} r{rnd}: every kept base taken by its backward", taken, "==", kept)
+    if not off:
+        check(f"{REUSE}: {variant} r{rnd}: bases kept by the recompute", kept, ">", 0)
 
 
 def _med(runs: dict, key, attr):
@@ -204,6 +241,21 @@ def test_fused_table_summary(run_report):
         targets.append(
             (case.name, "cupy-fused", "cupy", "captured step", None if speed is None else round(speed, 3), None)
         )
+    for stack in ("cupy", "cupy-fused"):
+        with_reuse, without = _reuse.get(stack), _reuse.get(f"{stack} no-reuse")
+        if with_reuse and without:
+            speed = FT.ratio(*(statistics.median(f.step_ms for f in runs) for runs in (without, with_reuse)))
+            peak = FT.ratio(*(statistics.median(f.peak_gib for f in runs) for runs in (with_reuse, without)))
+            targets.append(
+                (
+                    FT.FULL_TIER_CASE.name,
+                    stack,
+                    f"{stack} no-reuse",
+                    "captured step",
+                    None if speed is None else round(speed, 3),
+                    None if peak is None else round(peak, 3),
+                )
+            )
     cols = ("case", "fused stack", "against", "part", "speed-up", "peak ratio")
     for row in targets:
         run_report.add_row(

@@ -177,13 +177,16 @@ def kernel_kind(name: str) -> str:
 
 
 def profile_steps(prepared, cfg, steps: int = 3) -> tuple[float, dict[str, float], list]:
-    """(kernel ms per step, ms per kernel kind, the top kernels) of ``steps`` eager training steps."""
+    """(kernel ms per step, ms per kernel kind, the top kernels) of ``steps`` eager training steps, checkpointed
+    when the case is (as ``eager_run`` and the captured runs: the profile is of the step whose time is reported)."""
     from torch.profiler import ProfilerActivity, profile
 
     from lora_suite.engine.benchmarking import kernel_profile
 
     model = prepared.model
     model.train()
+    if cfg.train.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     opt = torch.optim.AdamW(list(prepared.adapters.values()), lr=cfg.train.lr, fused=True)
     batch = prepared.batches(0)
 

@@ -41,3 +41,41 @@ def test_an_isolated_stacks_child_output_is_read_or_its_failure_named():
     with pytest.raises(RuntimeError, match="exited 0 without figures"):
         FT.parse_child_output(0, "no mark here", "", "unsloth")
     assert FT.ISOLATED <= set(FT.STACKS)
+
+
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_the_profiled_step_is_checkpointed_when_its_case_is(checkpointed, monkeypatch):
+    """The full tier's case is checkpointed; its profile was once taken without checkpointing (no recompute in
+    the kernels it summed), while its timed runs had it. ``profile_steps`` must profile the step it reports on."""
+    import contextlib
+    import types
+
+    import torch
+
+    from lora_suite.engine import benchmarking
+
+    enabled = []
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(()))
+
+        def gradient_checkpointing_enable(self, **kwargs):
+            enabled.append(kwargs)
+
+        def forward(self, input_ids, labels):
+            return types.SimpleNamespace(loss=(self.w * input_ids.float()).sum())
+
+    model = Model()
+    prepared = types.SimpleNamespace(
+        model=model,
+        adapters={"w": model.w},
+        batches=lambda i: {"input_ids": torch.ones(2, 3), "labels": torch.ones(2, 3)},
+    )
+    cfg = types.SimpleNamespace(train=types.SimpleNamespace(lr=1e-3, gradient_checkpointing=checkpointed))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.profiler, "profile", lambda **kw: contextlib.nullcontext())
+    monkeypatch.setattr(benchmarking, "kernel_profile", lambda prof, steps: (1.0, []))
+    FT.profile_steps(prepared, cfg)
+    assert enabled == ([{"gradient_checkpointing_kwargs": {"use_reentrant": False}}] if checkpointed else [])
