@@ -9,7 +9,10 @@ Estimate of the peak torch-allocated memory of one LoRA training step (bytes):
     activations  = tokens · L · (20·H + 8·I) bytes without checkpointing;
                    tokens · (L · 2·H + (20·H + 8·I)) with it (layer inputs kept, one layer recomputed)
     logits       = tokens · V · 14 bytes (bf16 logits, their fp32 copy, log-softmax, and both gradients)
-    dequant      = NF4 only: one 16-bit copy of the largest quantised weight (the scratch buffer)
+    dequant      = NF4 only: one 16-bit copy of the largest quantised weight (the scratch buffer). Under
+                   checkpointing lora_core keeps the bases a layer's recompute dequantised until that layer's
+                   backward (lora_core.ops.recompute): up to one layer's bases at once, not modelled here
+                   (Llama-2-7B: the 6 bases a layer's recompute reruns, 0.29 GiB, 0.21 GiB above this term)
 
 The per-token constants count the tensors a Llama block saves for backward in bf16: the two RMSNorms
 (fp32 input + bf16 output: 6H each), attention (q, k, v expanded to H each, and the output: 8H), the MLP
