@@ -18,6 +18,7 @@ from lora_suite.core.loader import load_tier_config
 from lora_suite.engine.models import CheckpointNotFound
 from lora_suite.engine.prepare import Prepared, fit_to_implementation, prepare
 from lora_suite.engine.trainer import StepRecord, TrainingRun, TrainResult, train
+from lora_suite.harness import recompute_reuse
 from lora_suite.harness.report import Series
 from lora_suite.measure.device_time import DeviceTimer, DeviceWindow
 from lora_suite.measure.device_time import window as device_window
@@ -145,14 +146,15 @@ class Tier:
         """Train and record the per-step series, also when training stops early (NaN, an error, Ctrl-C)."""
         records: list[StepRecord] = []
         try:
-            return train(
-                prepared.model,
-                prepared.batches,
-                cfg.train,
-                records=records,
-                adapters=kw.pop("adapters", prepared.adapters),
-                **kw,
-            )
+            with recompute_reuse.checked(self.check, name, prepared, cfg):  # lora_core, NF4, checkpointing
+                return train(
+                    prepared.model,
+                    prepared.batches,
+                    cfg.train,
+                    records=records,
+                    adapters=kw.pop("adapters", prepared.adapters),
+                    **kw,
+                )
         except BaseException as exc:
             self.report.notes.append(
                 f"{self.nodeid}: {name} stopped after {len(records)} recorded steps: {type(exc).__name__}: {exc}"
