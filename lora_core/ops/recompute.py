@@ -16,9 +16,13 @@ decoder layer: at most 7 bases, 202 M elements, 0.38 GiB in bf16) instead of one
 
 Why a table and not the autograd context: non-reentrant checkpointing runs the backward of the *first* forward's
 graph and only feeds it the recomputed saved tensors, matched by position, so a recompute cannot save a tensor the
-first forward did not. The table is keyed by the NF4 weight object (module state, the same in both forwards), a
-role and the dtype; ``take`` removes the entry, and every entry a backward pass left untaken (a node the backward
-never reached) is dropped when that backward pass ends (an engine callback), so nothing outlives the pass.
+first forward did not. The table is keyed by the NF4 weight's packed codes: the module's buffer tensor, the same
+object in both forwards where the ``NF4Tensor`` wrapper is made anew at each call (an entry holds that buffer, so
+its identity cannot pass to another tensor while the entry lives), a role and the dtype. ``take`` removes the
+entry; every entry a backward pass left untaken (a node the backward never reached) is dropped when that backward
+pass ends (an engine callback), and the table holds at most ``MAX_HELD`` entries (the oldest dropped first: a
+Llama layer keeps at most 7), so nothing outlives the pass and a recompute whose bases are never taken (a wrapper
+that gathers its codes anew at each call, say) cannot pile them up.
 
 Nothing is kept outside a backward pass: a plain forward (no checkpointing) dequantises into scratch and frees it,
 and its backward dequantises again, as before; a checkpointed region's first forward keeps nothing either. A base
@@ -41,7 +45,8 @@ import torch
 _counts: Counter[str] = Counter()
 _enabled = True
 _lock = threading.Lock()
-_kept: dict[tuple, tuple[int, torch.Tensor]] = {}  # (id(nf4), role, dtype) -> (graph task, Ŵ)
+MAX_HELD = 32
+_kept: dict[tuple, tuple[int, torch.Tensor, torch.Tensor]] = {}  # (id(codes), role, dtype) -> (task, Ŵ, codes)
 _tasks_with_cleanup: set[int] = set()
 
 
@@ -50,25 +55,36 @@ def in_recompute() -> bool:
     return _enabled and torch._C._current_graph_task_id() != -1
 
 
-def keep(nf4: object, role: str, w: torch.Tensor, needed: bool = True) -> None:
+def _key(nf4, role: str, dtype: torch.dtype) -> tuple:
+    """The weight's identity across calls: its packed codes buffer, not the wrapper object."""
+    return (id(nf4.packed), role, dtype)
+
+
+def keep(nf4, role: str, w: torch.Tensor, needed: bool = True) -> None:
     """Keep ``w``, the dequantised ``nf4`` base (``role`` tells bases of one weight apart), for the backward that
     follows, if this forward is a recompute and ``needed`` (that backward reads it)."""
     if not (needed and in_recompute()):
         return
     task = torch._C._current_graph_task_id()
     with _lock:
-        _kept[(id(nf4), role, w.dtype)] = (task, w)
+        key = _key(nf4, role, w.dtype)
+        if _kept.pop(key, None) is not None:  # kept again before its backward took it: the older one is dropped
+            _counts["dropped"] += 1
+        _kept[key] = (task, w, nf4.packed)
         _counts["kept"] += 1
+        while len(_kept) > MAX_HELD:  # dicts keep insertion order: the oldest first
+            del _kept[next(iter(_kept))]
+            _counts["dropped"] += 1
         first = task not in _tasks_with_cleanup
         _tasks_with_cleanup.add(task)
     if first:
         torch.autograd.Variable._execution_engine.queue_callback(lambda: _drop_task(task))
 
 
-def take(nf4: object, role: str, dtype: torch.dtype) -> torch.Tensor | None:
+def take(nf4, role: str, dtype: torch.dtype) -> torch.Tensor | None:
     """The base a recompute kept for this backward (removed from the table), or None: dequantise it."""
     with _lock:
-        entry = _kept.pop((id(nf4), role, dtype), None)
+        entry = _kept.pop(_key(nf4, role, dtype), None)
         if entry is not None:
             _counts["taken"] += 1
     return None if entry is None else entry[1]
@@ -76,7 +92,7 @@ def take(nf4: object, role: str, dtype: torch.dtype) -> torch.Tensor | None:
 
 def _drop_task(task: int) -> None:
     with _lock:
-        for key in [k for k, (t, _) in _kept.items() if t == task]:
+        for key in [k for k, (t, *_) in _kept.items() if t == task]:
             del _kept[key]
             _counts["dropped"] += 1
         _tasks_with_cleanup.discard(task)

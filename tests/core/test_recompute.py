@@ -80,9 +80,9 @@ def _counting(monkeypatch, module):
 
 def _mlp_step(layers, x, ckpt):
     gate, up, down = layers
-    bases = MLPBases(nf4=(gate.nf4, up.nf4, down.nf4))
 
-    def f(t):
+    def f(t):  # the bases' wrappers made anew at each call, as lora_core.fuse does (layer.nf4 is a property)
+        bases = MLPBases(nf4=(gate.nf4, up.nf4, down.nf4))
         return lora_mlp(t, bases, _adapters(layers), gate.scale, down.scale, backend="torch")
 
     y = checkpoint(f, x, use_reentrant=False) if ckpt else f(x)
@@ -91,9 +91,8 @@ def _mlp_step(layers, x, ckpt):
 
 
 def _qkv_step(layers, x, ckpt):
-    bases = QKVBases(tuple(m.out_features for m in layers), nf4=tuple(m.nf4 for m in layers))
-
     def f(t):
+        bases = QKVBases(tuple(m.out_features for m in layers), nf4=tuple(m.nf4 for m in layers))
         return torch.cat(lora_qkv(t, bases, _adapters(layers), layers[0].scale, backend="torch"), dim=-1)
 
     y = checkpoint(f, x, use_reentrant=False) if ckpt else f(x)
@@ -173,3 +172,30 @@ def test_a_kept_base_the_backward_never_takes_is_dropped_when_the_backward_pass_
     torch.testing.assert_close(dx, 2 * x)
     assert after["kept"] - before["kept"] == 1 and after["taken"] == before["taken"]
     assert after["dropped"] - before["dropped"] == 1 and after["held"] == 0
+
+
+def test_the_table_holds_at_most_max_held_bases(monkeypatch):
+    """Bases kept and never taken (here: forwards run inside a backward pass that takes none) are capped, the
+    oldest dropped first, and whatever is left is dropped when the pass ends."""
+    monkeypatch.setattr(recompute, "MAX_HELD", 3)
+    weights = [quantize_nf4(torch.randn(8, 64)) for _ in range(5)]
+    held = []
+
+    class KeepAll(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, dy):
+            for q in weights:  # as a recompute would: each base kept for a backward that never comes
+                recompute.keep(q, "w", torch.zeros(8, 64))
+            held.append(recompute.reuse_counts()["held"])
+            return dy * 2
+
+    before = recompute.reuse_counts()
+    KeepAll.apply(torch.ones(2, requires_grad=True)).sum().backward()
+    after = recompute.reuse_counts()
+    assert held == [3]
+    assert after["kept"] - before["kept"] == 5 and after["dropped"] - before["dropped"] == 5 and after["held"] == 0
+    assert recompute.take(weights[-1], "w", torch.float32) is None
