@@ -199,3 +199,40 @@ def test_the_table_holds_at_most_max_held_bases(monkeypatch):
     assert held == [3]
     assert after["kept"] - before["kept"] == 5 and after["dropped"] - before["dropped"] == 5 and after["held"] == 0
     assert recompute.take(weights[-1], "w", torch.float32) is None
+
+
+def test_a_whole_checkpointed_nf4_llama_takes_every_base_its_recompute_kept():
+    """transformers' own checkpointing of a tiny Llama (non-reentrant, torch's early stop), fused MLP and QKV on
+    NF4 bases: every kept base is taken by its layer's backward, none dropped, and the adapters' gradients equal
+    those of the same step without reuse, bit for bit."""
+    from lora_core import inject_lora
+    from lora_core.inject import adapter_parameters
+    from lora_suite.engine.models import build_random
+    from tests.conftest import TINY_ARCH
+
+    model = build_random(TINY_ARCH, torch.float32, "cpu", seed=3)
+    inject_lora(model, "all-linear", r=4, alpha=8, backend="torch", quantize="nf4", fuse=("mlp", "qkv"))
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    params = adapter_parameters(model)
+    with torch.no_grad():
+        for p in params.values():
+            p.normal_(0, 0.1, generator=torch.Generator().manual_seed(5))
+    ids = torch.randint(0, TINY_ARCH.vocab_size, (2, 8), generator=torch.Generator().manual_seed(4))
+
+    def grads():
+        return torch.autograd.grad(model(input_ids=ids, labels=ids).loss, list(params.values()))
+
+    with recompute.reuse_disabled():
+        without = grads()
+    before = recompute.reuse_counts()
+    with_reuse = grads()
+    after = recompute.reuse_counts()
+    kept, taken = after["kept"] - before["kept"], after["taken"] - before["taken"]
+    layers = TINY_ARCH.num_hidden_layers
+    # per layer [W_q; W_k; W_v], [W_g; W_u] and W_d; the first layer's q/k/v only where transformers makes the
+    # checkpointed layer's input require grad (it does, as of 5.x: its dx is then computed)
+    assert kept >= 3 * layers - 1 and taken == kept
+    assert after["dropped"] == before["dropped"] and after["held"] == 0
+    for a, b in zip(without, with_reuse):
+        assert torch.equal(a, b)
