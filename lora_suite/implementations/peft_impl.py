@@ -62,11 +62,7 @@ class PeftImplementation(LoRAImplementation):
             layer = model.get_submodule(path)
             layer._lora_suite_calls = 0
             layer.register_forward_hook(count_call)
-        with torch.no_grad():
-            for p in adapters.values():
-                if spec.adapter_dtype is not None and p.dtype != spec.adapter_dtype:
-                    p.data = p.data.to(spec.adapter_dtype)
-                p.requires_grad_(True)
+        trainable_in(adapters, spec.adapter_dtype)
         return adapted_modules(adapters)
 
     def adapter_parameters(self, model):
@@ -191,6 +187,15 @@ def save_peft_tensors(adapters: dict[str, nn.Parameter], config: dict, path: str
         metadata={"format": "pt"},
     )
     return path
+
+
+def trainable_in(adapters: dict[str, nn.Parameter], dtype: torch.dtype | None) -> None:
+    """The adapters trainable, and in ``dtype`` (None: as the layers made them)."""
+    with torch.no_grad():
+        for p in adapters.values():
+            if dtype is not None and p.dtype != dtype:
+                p.data = p.data.to(dtype)
+            p.requires_grad_(True)
 
 
 def count_call(module, args, output) -> None:

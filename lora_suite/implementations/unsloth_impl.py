@@ -42,7 +42,7 @@ from lora_suite.implementations.fused_peers import (
     fused_served_by,
     install_fused_lora,
 )
-from lora_suite.implementations.peft_impl import PeftImplementation, adapted_modules, count_call
+from lora_suite.implementations.peft_impl import PeftImplementation, adapted_modules, count_call, trainable_in
 
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 HINT = "install lora-gpu-suite[unsloth] (unsloth and unsloth_zoo, on a CUDA GPU)"
@@ -147,11 +147,7 @@ class UnslothImplementation(BnbBase, PeftImplementation):
             raise ImplementationError(f"unsloth: targets {targets} adapted no layer of {type(model).__name__}")
         for p in model.parameters():
             p.requires_grad_(False)
-        with torch.no_grad():
-            for p in adapters.values():
-                if spec.adapter_dtype is not None and p.dtype != spec.adapter_dtype:
-                    p.data = p.data.to(spec.adapter_dtype)
-                p.requires_grad_(True)
+        trainable_in(adapters, spec.adapter_dtype)
         paths = adapted_modules(adapters)
         # served_by() evidence: the model's forward calls, and each layer's own (PEFT) forward calls. Not its block's:
         # Unsloth compiles each decoder layer, and a counter changed inside a compiled region recompiles it each call.
