@@ -112,17 +112,10 @@ def fake_unsloth(monkeypatch):
 def _loaded_llama(fast_lora, *, install=True):
     """A tiny Llama with PEFT's layers on q/k/v/o/MLP, marked and patched as Unsloth's loader and
     ``patch_peft_model`` leave one (the counters as ``UnslothImplementation.inject`` puts them)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from lora_suite.engine.models import build_random
+    from tests.conftest import TINY_ARCH
 
-    cfg = LlamaConfig(
-        vocab_size=64,
-        hidden_size=16,
-        intermediate_size=24,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-    )
-    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    model = build_random(TINY_ARCH, torch.bfloat16, "cpu", seed=0)
     PeftImplementation().inject(model, AdapterSpec(("all-linear",), 4, 8.0))
     model._lora_suite_unsloth_loaded = True
     model._lora_suite_model_calls = 1
