@@ -47,13 +47,15 @@ def test_breakdown_rows_name_each_phase_and_the_slowest_tests():
     assert abs(got["  of which RawKernel first loads (2)"][0] - 0.9) < 1e-9
 
 
+def _unstarted_breakdown(**kw):
+    """A run not started by gpu-test.sh, configured at 1 s and started at 2 s, with no CUDA context of its own."""
+    return wall_time.breakdown(
+        script_start=None, process_start=None, configured=1.0, session_start=2.0, cuda_context_s=None, **kw
+    )
+
+
 def test_a_phase_that_was_not_measured_is_none_and_says_why():
-    rows = wall_time.breakdown(
-        script_start=None,
-        process_start=None,
-        configured=1.0,
-        session_start=2.0,
-        cuda_context_s=None,
+    rows = _unstarted_breakdown(
         test_seconds=[],
         kernel_loads={},
     )
@@ -68,12 +70,7 @@ def test_the_session_clock_names_fixtures_writes_and_the_rest():
     clock.add_phase("t.py::b", "teardown", 0.25)
     assert clock.timed(lambda x: x + 1, 1) == 2 and clock.writes_s >= 0.0
     clock.writes_s = 0.75
-    rows = wall_time.breakdown(
-        script_start=None,
-        process_start=None,
-        configured=1.0,
-        session_start=2.0,
-        cuda_context_s=None,
+    rows = _unstarted_breakdown(
         test_seconds=[("t.py::a", 9.0), ("t.py::b", 1.0)],
         kernel_loads={},
         clock=clock,
@@ -87,12 +84,7 @@ def test_the_session_clock_names_fixtures_writes_and_the_rest():
 
 def test_a_controller_of_workers_says_where_the_contexts_are_and_trims_the_load_list():
     loads = {f"gw0 k{i}": i / 100 for i in range(20)}
-    rows = wall_time.breakdown(
-        script_start=None,
-        process_start=None,
-        configured=1.0,
-        session_start=2.0,
-        cuda_context_s=None,
+    rows = _unstarted_breakdown(
         test_seconds=[("t", 1.0)],
         kernel_loads=loads,
         workers=6,
