@@ -78,26 +78,32 @@ def _counting(monkeypatch, module):
     return calls
 
 
-def _mlp_step(layers, x, ckpt):
+def _backward(y, params):
+    """The gradients of Σy² by ``backward()`` (reentrant checkpointing refuses ``autograd.grad``)."""
+    for p in params:
+        p.grad = None
+    y.square().sum().backward()
+    return [p.grad.clone() for p in params]
+
+
+def _mlp_step(layers, x, ckpt, reentrant=False):
     gate, up, down = layers
 
     def f(t):  # the bases' wrappers made anew at each call, as lora_core.fuse does (layer.nf4 is a property)
         bases = MLPBases(nf4=(gate.nf4, up.nf4, down.nf4))
         return lora_mlp(t, bases, _adapters(layers), gate.scale, down.scale, backend="torch")
 
-    y = checkpoint(f, x, use_reentrant=False) if ckpt else f(x)
-    params = [p for p in (x, *_adapters(layers)) if p.requires_grad]
-    return torch.autograd.grad(y.square().sum(), params)
+    y = checkpoint(f, x, use_reentrant=reentrant) if ckpt else f(x)
+    return _backward(y, [p for p in (x, *_adapters(layers)) if p.requires_grad])
 
 
-def _qkv_step(layers, x, ckpt):
+def _qkv_step(layers, x, ckpt, reentrant=False):
     def f(t):
         bases = QKVBases(tuple(m.out_features for m in layers), nf4=tuple(m.nf4 for m in layers))
         return torch.cat(lora_qkv(t, bases, _adapters(layers), layers[0].scale, backend="torch"), dim=-1)
 
-    y = checkpoint(f, x, use_reentrant=False) if ckpt else f(x)
-    params = [p for p in (x, *_adapters(layers)) if p.requires_grad]
-    return torch.autograd.grad(y.square().sum(), params)
+    y = checkpoint(f, x, use_reentrant=reentrant) if ckpt else f(x)
+    return _backward(y, [p for p in (x, *_adapters(layers)) if p.requires_grad])
 
 
 CASES = {
@@ -106,8 +112,9 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("reentrant", [False, True])
 @pytest.mark.parametrize("what", sorted(CASES))
-def test_a_checkpointed_step_dequantises_each_base_twice_and_its_gradients_do_not_change(what, monkeypatch):
+def test_a_checkpointed_step_dequantises_each_base_twice_and_its_gradients_do_not_change(what, reentrant, monkeypatch):
     module, step, sizes, kept_per_step = CASES[what]
     layers = _nf4_layers(sizes, seed=7)
     calls = _counting(monkeypatch, module)
@@ -119,12 +126,12 @@ def test_a_checkpointed_step_dequantises_each_base_twice_and_its_gradients_do_no
     calls.clear()
     before = recompute.reuse_counts()
     with recompute.reuse_disabled():
-        replayed = step(layers, x, ckpt=True)
+        replayed = step(layers, x, ckpt=True, reentrant=reentrant)
     assert len(calls) == 9, "checkpointed without reuse: forward, recompute and backward each dequantise"
     assert recompute.reuse_counts() == before
 
     calls.clear()
-    reused = step(layers, x, ckpt=True)
+    reused = step(layers, x, ckpt=True, reentrant=reentrant)
     assert len(calls) == 6, f"checkpointed with reuse: the backward dequantised again ({calls})"
     after = recompute.reuse_counts()
     assert after["kept"] - before["kept"] == kept_per_step
