@@ -34,6 +34,8 @@ from lora_core.nf4 import NF4Tensor, dequantize_nf4
 from lora_core.ops import fused_engine as fe
 from lora_core.ops import recompute
 
+_FIRST_NF4 = {"gate_up": 0, "down": 2}  # a part's first weight in MLPBases.nf4 (gate, up, down)
+
 
 @dataclass(frozen=True)
 class MLPBases:
@@ -60,16 +62,16 @@ class MLPBases:
 
     def keep(self, part: str, w: torch.Tensor, needed: bool = True) -> None:
         """Keep the dequantised ``part`` ("gate_up" or "down") of an NF4 base for the backward, if this forward is a
-        checkpointed recompute (``lora_core.ops.recompute``); nothing for a 16-bit base."""
+        checkpointed recompute (``lora_core.ops.recompute``); nothing for a 16-bit base. The part is keyed by its
+        first NF4 weight: gate for [W_g; W_u], down for W_d."""
         if self.nf4 is not None:
-            recompute.keep(self.nf4[0 if part == "gate_up" else 2], part, w, needed)
+            recompute.keep(self.nf4[_FIRST_NF4[part]], part, w, needed)
 
     def for_backward(self, part: str, dtype: torch.dtype) -> torch.Tensor:
         """``part`` in ``dtype`` for the backward: kept by its recompute, else made again."""
-        if self.nf4 is not None:
-            kept = recompute.take(self.nf4[0 if part == "gate_up" else 2], part, dtype)
-            if kept is not None:
-                return kept
+        kept = None if self.nf4 is None else recompute.take(self.nf4[_FIRST_NF4[part]], part, dtype)
+        if kept is not None:
+            return kept
         return self.gate_up(dtype) if part == "gate_up" else self.down(dtype)
 
     def shapes(self) -> tuple[tuple[int, int], tuple[int, int]]:

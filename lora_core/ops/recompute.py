@@ -83,6 +83,8 @@ def keep(nf4, role: str, w: torch.Tensor, needed: bool = True) -> None:
 
 def take(nf4, role: str, dtype: torch.dtype) -> torch.Tensor | None:
     """The base a recompute kept for this backward (removed from the table), or None: dequantise it."""
+    if not _kept:  # every backward without checkpointing: no lock on the step's path
+        return None
     with _lock:
         entry = _kept.pop(_key(nf4, role, dtype), None)
         if entry is not None:
