@@ -268,12 +268,13 @@ def test_fused_table_summary(run_report):
 
 # (case, stack, base quantisation): TinyLlama 16x1024 on four stacks, SmolLM2 32x1024 and Llama-2-7B 2x1024 where
 # fusing was slower than its unfused twin (issue 34), and the full tier's 7B QLoRA step (NF4 base) whose 55 ms target
-# needs its profile first
+# needs its profile first; with Liger's ops too, to measure how much of its elementwise time fused norms and RoPE take
 PROFILED = (
     [(FT.EAGER_CASES[1], s, None) for s in ("cupy+liger", "cupy-fused+liger", "cupy", "cupy-fused")]
     + [(c, s, None) for c in (FT.EAGER_CASES[0], FT.EAGER_CASES[3]) for s in ("cupy+liger", "cupy-fused+liger")]
-    + [(FT.FULL_TIER_CASE, s, "nf4") for s in ("cupy", "cupy-fused")]
+    + [(FT.FULL_TIER_CASE, s, "nf4") for s in ("cupy", "cupy-fused", "cupy+liger", "cupy-fused+liger")]
 )
+TOP_OPS = 15
 
 
 @pytest.mark.parametrize("case,stack,quantize", PROFILED, ids=[f"{c.name}-{s}" for c, s, _ in PROFILED])
@@ -282,17 +283,25 @@ def test_fused_table_kernel_profile(case, stack, quantize, run_report, check):
     _skip_if_missing(stack, check)
     cfg = FT.stack_config(case, stack, "eager", warmup=WARMUP, measured=MEASURED, quantize=quantize)
     with FT.stack_model(cfg, stack) as (prepared, _):
-        total, kinds, kernels = FT.profile_steps(prepared, cfg)
+        prof = FT.profile_steps(prepared, cfg)
     cols = ("case", "stack", "kernel kind", "ms per step", "share")
-    for kind, ms in sorted(kinds.items(), key=lambda kv: -kv[1]):
+    for kind, ms in sorted(prof.kinds.items(), key=lambda kv: -kv[1]):
         run_report.add_row(
             "benchmarks",
             "fused table: kernel time by kind",
             cols,
-            (case.name, stack, kind, round(ms, 2), round(ms / total, 3)),
+            (case.name, stack, kind, round(ms, 2), round(ms / prof.total_ms, 3)),
+        )
+    cols = ("case", "stack", "host op", "calls per step", "device ms per step (self)", "share")
+    for op in prof.ops[:TOP_OPS]:
+        run_report.add_row(
+            "benchmarks",
+            "fused table: device time by the op that launched it",
+            cols,
+            (case.name, stack, op.name[:120], round(op.launches, 1), round(op.ms, 3), round(op.ms / prof.total_ms, 3)),
         )
     cols = ("case", "stack", "kernel", "launches per step", "ms per step")
-    for k in kernels[:12]:
+    for k in prof.kernels[:12]:
         run_report.add_row(
             "benchmarks",
             "fused table: top kernels",

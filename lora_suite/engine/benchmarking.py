@@ -106,6 +106,20 @@ def kernel_profile(prof, calls: int) -> tuple[float, list[KernelTime]]:
     return sum(k.ms for k in kernels), kernels
 
 
+def op_profile(prof, calls: int) -> list[KernelTime]:
+    """Device time per call by the host-side op that launched it, most time first, from a finished profile that
+    recorded CPU and CUDA activity: each op's *self* device time (its own kernels, not its child ops'), so that
+    the "other" kernels (elementwise, copies, reductions) are named by what made them (``aten::mul`` inside
+    transformers' RMSNorm, ``aten::cat`` of its RoPE, ...). ``launches`` here counts the op's calls."""
+    ops = [
+        KernelTime(e.key, e.count / calls, e.self_device_time_total / calls / 1e3)
+        for e in prof.key_averages()
+        if e.device_type.name == "CPU" and e.self_device_time_total > 0
+    ]
+    ops.sort(key=lambda k: k.ms, reverse=True)
+    return ops
+
+
 def dequant_vs_copy(
     shape: tuple[int, int], *, dequant=dequantize_nf4, rounds: int = 7, reps: int = 20
 ) -> tuple[PairedEstimate, int]:

@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import gc
 import statistics
+from typing import NamedTuple
 
 import torch
 
@@ -176,12 +177,19 @@ def kernel_kind(name: str) -> str:
     return "other (elementwise, copies, reductions)"
 
 
-def profile_steps(prepared, cfg, steps: int = 3) -> tuple[float, dict[str, float], list]:
-    """(kernel ms per step, ms per kernel kind, the top kernels) of ``steps`` eager training steps, checkpointed
-    when the case is (as ``eager_run`` and the captured runs: the profile is of the step whose time is reported)."""
+class StepProfile(NamedTuple):
+    total_ms: float  # summed kernel time per step
+    kinds: dict[str, float]  # ms per step by kernel kind (KERNEL_KINDS)
+    kernels: list  # benchmarking.KernelTime per kernel, most time first
+    ops: list  # benchmarking.KernelTime per launching host op (self device time), most time first
+
+
+def profile_steps(prepared, cfg, steps: int = 3) -> StepProfile:
+    """Where ``steps`` eager training steps spend their device time, checkpointed when the case is (as ``eager_run``
+    and the captured runs: the profile is of the step whose time is reported)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from lora_suite.engine.benchmarking import kernel_profile
+    from lora_suite.engine.benchmarking import kernel_profile, op_profile
 
     model = prepared.model
     model.train()
@@ -198,7 +206,7 @@ def profile_steps(prepared, cfg, steps: int = 3) -> tuple[float, dict[str, float
     for _ in range(3):
         step()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
@@ -206,7 +214,7 @@ def profile_steps(prepared, cfg, steps: int = 3) -> tuple[float, dict[str, float
     kinds: dict[str, float] = {}
     for k in kernels:
         kinds[kernel_kind(k.name)] = kinds.get(kernel_kind(k.name), 0.0) + k.ms
-    return total, kinds, kernels
+    return StepProfile(total, kinds, kernels, op_profile(prof, steps))
 
 
 def ratio(a: float | None, b: float | None) -> float | None:

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from lora_suite.engine.benchmarking import kernel_profile
+from lora_suite.engine.benchmarking import kernel_profile, op_profile
 
 
 def _event(key, device, count, us):
@@ -28,3 +28,18 @@ def test_kernel_profile_keeps_cuda_kernels_per_call_most_time_first():
     assert [k.launches for k in kernels] == [4, 2, 1]
     assert [k.ms for k in kernels] == pytest.approx([1.5, 1.0, 0.05])
     assert total == pytest.approx(2.55)
+
+
+def test_op_profile_names_the_host_ops_by_their_own_device_time():
+    prof = SimpleNamespace(
+        key_averages=lambda: [
+            _event("aten::mul", "CPU", 6, 900.0),
+            _event("aten::linear", "CPU", 4, 0.0),  # its time is its child aten::mm's
+            _event("aten::mm", "CPU", 4, 2000.0),
+            _event("gemm", "CUDA", 4, 2000.0),
+        ]
+    )
+    ops = op_profile(prof, calls=2)
+    assert [o.name for o in ops] == ["aten::mm", "aten::mul"]  # kernels and ops without own device time left out
+    assert [o.launches for o in ops] == [2, 3]
+    assert [o.ms for o in ops] == pytest.approx([1.0, 0.45])

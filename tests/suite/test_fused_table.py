@@ -77,5 +77,6 @@ def test_the_profiled_step_is_checkpointed_when_its_case_is(checkpointed, monkey
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(torch.profiler, "profile", lambda **kw: contextlib.nullcontext())
     monkeypatch.setattr(benchmarking, "kernel_profile", lambda prof, steps: (1.0, []))
+    monkeypatch.setattr(benchmarking, "op_profile", lambda prof, steps: [])
     FT.profile_steps(prepared, cfg)
     assert enabled == ([{"gradient_checkpointing_kwargs": {"use_reentrant": False}}] if checkpointed else [])
