@@ -150,7 +150,10 @@ def _captured_run(case, stack, cfg):
         return fig, sum(r.captured for r in records), prepared.implementation.served_by(prepared.model)
 
 
-REUSE_RUNS = FT.schedule((FT.FULL_TIER_CASE,), ("cupy", "cupy no-reuse", "cupy-fused", "cupy-fused no-reuse"))
+# The full tier's step lever by lever: without the reuse, with it, and with Liger's RMSNorm, RoPE and SwiGLU on top
+# (captured: without Liger's fused linear cross-entropy, liger_ops.LCE_LEFT_OUT)
+REUSE_VARIANTS = ("cupy no-reuse", "cupy", "cupy+liger", "cupy-fused no-reuse", "cupy-fused", "cupy-fused+liger")
+REUSE_RUNS = FT.schedule((FT.FULL_TIER_CASE,), REUSE_VARIANTS)
 REUSE = "full tier's QLoRA step, captured: NF4 bases reused from the checkpointed recompute, or dequantised again"
 _reuse: dict[str, list] = {}
 
@@ -244,16 +247,31 @@ def test_fused_table_summary(run_report):
         targets.append(
             (case.name, "cupy-fused", "cupy", "captured step", None if speed is None else round(speed, 3), None)
         )
-    for stack in ("cupy", "cupy-fused"):
-        off = f"{stack} no-reuse"
-        if stack in _reuse and off in _reuse:
-            speed = FT.ratio(_med(_reuse, off, "step_ms"), _med(_reuse, stack, "step_ms"))
-            peak = FT.ratio(_med(_reuse, stack, "peak_gib"), _med(_reuse, off, "peak_gib"))
+    for variant in REUSE_VARIANTS:
+        if variant in _reuse:
+            row = (
+                FT.FULL_TIER_CASE.name,
+                variant,
+                *(round(_med(_reuse, variant, a), 3) for a in ("step_ms", "peak_gib")),
+            )
+            run_report.add_row(
+                "benchmarks", f"{REUSE}: medians of the rounds", ("case", "stack", "step ms", "peak GiB"), row
+            )
+    for stack, base in (
+        ("cupy", "cupy no-reuse"),
+        ("cupy-fused", "cupy-fused no-reuse"),
+        ("cupy+liger", "cupy"),
+        ("cupy-fused+liger", "cupy-fused"),
+        ("cupy-fused+liger", "cupy no-reuse"),
+    ):
+        if stack in _reuse and base in _reuse:
+            speed = FT.ratio(_med(_reuse, base, "step_ms"), _med(_reuse, stack, "step_ms"))
+            peak = FT.ratio(_med(_reuse, stack, "peak_gib"), _med(_reuse, base, "peak_gib"))
             targets.append(
                 (
                     FT.FULL_TIER_CASE.name,
                     stack,
-                    off,
+                    base,
                     "captured step",
                     None if speed is None else round(speed, 3),
                     None if peak is None else round(peak, 3),

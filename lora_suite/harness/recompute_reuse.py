@@ -11,14 +11,15 @@ SOURCE = "lora_core.ops.recompute: NF4 bases kept by the checkpointed recompute 
 
 
 def applies(prepared, cfg) -> bool:
-    """lora_core's cupy layers on an NF4 base, trained with activation checkpointing."""
+    """lora_core's cupy layers on an NF4 base, trained with activation checkpointing. The base is the one the run
+    actually stores (``prepared.quantize``), not the config's: an NF4 tier also trains a 16-bit-base comparison."""
     from lora_suite.implementations.lora_core_impl import LoraCoreImplementation
 
     impl = prepared.implementation
     return (
         isinstance(impl, LoraCoreImplementation)
         and impl.backend == "cupy"
-        and cfg.lora.quantize == "nf4"
+        and prepared.quantize == "nf4"
         and cfg.train.gradient_checkpointing
     )
 

@@ -60,13 +60,9 @@ class Tier:
             if (what, reason) not in recorded:
                 self.check.not_applicable(what, reason)
         if self.request.config.getoption("fused_ops", None) and cfg.train.cuda_graph:
-            from lora_suite.implementations.liger_ops import NOT_CAPTURABLE
+            from lora_suite.implementations.liger_ops import LCE_LEFT_OUT
 
-            self.check.not_applicable(
-                f"captured training steps (configs/{tier}.yaml train.cuda_graph); the tier runs its steps eagerly",
-                f"--fused-ops liger: {NOT_CAPTURABLE}",
-            )
-            cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, cuda_graph=False))
+            self.check.not_applicable("--fused-ops liger: fused linear cross-entropy", LCE_LEFT_OUT)
         self._vram_precheck(cfg)
         return cfg
 
@@ -106,7 +102,7 @@ class Tier:
         if fused_ops and prepared.implementation is self.impl:  # the stack under test only: references stay plain
             from lora_suite.implementations.liger_ops import apply_liger_ops, describe_liger
 
-            apply_liger_ops(prepared.model)
+            apply_liger_ops(prepared.model, captured=cfg.train.cuda_graph)
             ops = f"; --fused-ops {fused_ops}: {describe_liger(prepared.model)}"
         self.report.notes.append(
             f"{self.nodeid}: {prepared.describe(cfg)} (built in {prepared.built.build_seconds:.1f} s){ops}"

@@ -22,6 +22,10 @@ NOT_CAPTURABLE = (
     "Liger's fused linear cross-entropy cannot be captured in a CUDA graph (it stopped the capture with "
     "'operation not permitted when stream is capturing')"
 )
+LCE_LEFT_OUT = (
+    f"{NOT_CAPTURABLE}: captured steps get Liger's RMSNorm, RoPE and SwiGLU, and transformers' own loss over "
+    "materialised logits"
+)
 _PATCHED_NAMES = ("apply_rotary_pos_emb", "LlamaRMSNorm", "LlamaMLP")
 
 
@@ -52,12 +56,15 @@ def restored_llama_names():
             setattr(modeling_llama, name, value)
 
 
-def apply_liger_ops(model: nn.Module, *, swiglu: bool | None = None) -> nn.Module:
+def apply_liger_ops(model: nn.Module, *, swiglu: bool | None = None, captured: bool = False) -> nn.Module:
     """Apply Liger's RMSNorm, RoPE, fused linear cross-entropy (and SwiGLU unless the MLP is fused) to ``model``,
     leaving Liger's module-level patches in place (a process that runs one stack: a tier run, a scorecard lane).
 
     ``swiglu=None``: Liger's SwiGLU wherever every MLP is still transformers' own ``LlamaMLP`` (an MLP that is
-    already fused, lora_core's ``LoRAMLP``, keeps its own)."""
+    already fused, lora_core's ``LoRAMLP``, keeps its own). ``captured``: the steps will be captured in a CUDA
+    graph, so the fused linear cross-entropy (``NOT_CAPTURABLE``) is left out and the loss is transformers' own;
+    RMSNorm, RoPE and SwiGLU are plain Triton launches, which a capture records (the trainer's eager warm-up steps
+    compile them first). The caller records the left-out op (``LCE_LEFT_OUT``)."""
     liger = _liger()
     if type(model).__name__ != "LlamaForCausalLM":
         raise FusedOpsError(f"--fused-ops liger: a LlamaForCausalLM is expected, got {type(model).__name__}")
@@ -66,16 +73,21 @@ def apply_liger_ops(model: nn.Module, *, swiglu: bool | None = None) -> nn.Modul
             type(layer.mlp).__name__ == "LlamaMLP" and "forward" not in vars(layer.mlp) for layer in model.model.layers
         )
     liger.apply_liger_kernel_to_llama(
-        rope=True, rms_norm=True, swiglu=swiglu, cross_entropy=False, fused_linear_cross_entropy=True, model=model
+        rope=True,
+        rms_norm=True,
+        swiglu=swiglu,
+        cross_entropy=False,
+        fused_linear_cross_entropy=not captured,
+        model=model,
     )
     return model
 
 
 @contextlib.contextmanager
-def liger_ops(model: nn.Module, *, swiglu: bool | None = None):
+def liger_ops(model: nn.Module, *, swiglu: bool | None = None, captured: bool = False):
     """``apply_liger_ops`` for the duration of the block, transformers' module-level names put back on exit."""
     with restored_llama_names():
-        yield apply_liger_ops(model, swiglu=swiglu)
+        yield apply_liger_ops(model, swiglu=swiglu, captured=captured)
 
 
 def describe_liger(model: nn.Module) -> str:

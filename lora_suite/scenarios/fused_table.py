@@ -111,8 +111,8 @@ def stack_model(cfg, stack: str):
     try:
         with restored_llama_names():  # peft-liger and the +liger stacks patch them
             prepared = prepare(cfg, "cuda", implementation=impl)
-            if with_liger:
-                apply_liger_ops(prepared.model)
+            if with_liger:  # captured runs: without the fused linear cross-entropy (liger_ops.LCE_LEFT_OUT)
+                apply_liger_ops(prepared.model, captured=cfg.train.cuda_graph)
             yield prepared, window
     finally:
         del prepared

@@ -56,3 +56,14 @@ def test_liger_ops_refuse_a_model_that_is_not_a_llama_and_a_missing_package(fake
     with pytest.raises(FusedOpsError, match="--fused-ops liger needs Liger-Kernel, which does not import"):
         with liger_ops(build_random(TINY_ARCH, torch.float32, "cpu")):
             pass
+
+
+def test_captured_steps_get_liger_without_its_fused_linear_cross_entropy(fake_liger):
+    """Liger's fused linear cross-entropy stops a CUDA-graph capture (NOT_CAPTURABLE); its RMSNorm, RoPE and SwiGLU
+    are kept for captured steps, so that a captured tier is not sent back to eager steps for one op."""
+    with liger_ops(build_random(TINY_ARCH, torch.float32, "cpu"), captured=True):
+        pass
+    with liger_ops(build_random(TINY_ARCH, torch.float32, "cpu")):
+        pass
+    assert [c["fused_linear_cross_entropy"] for c in fake_liger] == [False, True]
+    assert all(c["rms_norm"] and c["rope"] and c["swiglu"] for c in fake_liger)
