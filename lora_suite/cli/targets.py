@@ -91,9 +91,12 @@ def autoload_plugins(target: str) -> bool:
 
 
 # Tiers whose tests are many and short: quick over 6 workers took 31-33 s a run on an H100, one process 37-43 s,
-# 4 workers 38-40 s (interleaved runs, reports/README.md, issue 34). Each worker peaks near 4 GiB of GPU memory
-# (quick's VRAM estimate: 3.83 GiB), so a GPU with less memory gets fewer (total GiB // 4 - 1).
-DEFAULT_WORKERS = {"quick": 6}
+# 4 workers 38-40 s (interleaved runs, reports/README.md, issue 34); 8 workers 28.6 s as the first command on a fresh
+# H100 (6: 30.3 s on another fresh one), then 24.3 s warm against 6 workers' 24.8 s (ledger group
+# `issue34-quick-workers-8`). Each worker peaks near 4 GiB of GPU memory (quick's VRAM estimate: 3.83 GiB), so a
+# GPU with less memory gets fewer (total GiB // 4 - 1); each is a whole Python process importing torch, so a host
+# gets at most one per two CPU cores (the GPU runner's 16 give 8).
+DEFAULT_WORKERS = {"quick": 8}
 WORKER_GIB = 4
 
 
@@ -111,7 +114,8 @@ def default_workers(target: str) -> str | None:
         return None
     gib = gpu_memory_gib()
     cap = DEFAULT_WORKERS[target] if gib is None else max(1, int(gib // WORKER_GIB) - 1)
-    return str(min(DEFAULT_WORKERS[target], cap))
+    cores = max(1, (os.cpu_count() or 2) // 2)
+    return str(min(DEFAULT_WORKERS[target], cap, cores))
 
 
 def xdist_available() -> bool:
