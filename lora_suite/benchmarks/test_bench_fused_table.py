@@ -316,7 +316,7 @@ def test_fused_table_kernel_profile(case, stack, quantize, run_report, check):
             "benchmarks",
             "fused table: device time by the op that launched it",
             cols,
-            (case.name, stack, op.name[:120], round(op.launches, 1), round(op.ms, 3), round(op.ms / prof.total_ms, 3)),
+            (case.name, stack, op.name[:120], round(op.calls, 1), round(op.ms, 3), round(op.ms / prof.total_ms, 3)),
         )
     cols = ("case", "stack", "kernel", "launches per step", "ms per step")
     for k in prof.kernels[:12]:

@@ -94,6 +94,13 @@ class KernelTime:
     ms: float  # device time per call
 
 
+@dataclass(frozen=True)
+class OpTime:
+    name: str  # the host-side op (``aten::mul``, an autograd Function's name)
+    calls: float  # per call of the profiled work
+    ms: float  # its own kernels' device time per call of the profiled work
+
+
 def kernel_profile(prof, calls: int) -> tuple[float, list[KernelTime]]:
     """(summed kernel ms per call, each kernel per call, most time first) from a finished
     ``torch.profiler.profile(activities=[ProfilerActivity.CUDA])`` session that ran the work ``calls`` times."""
@@ -106,17 +113,17 @@ def kernel_profile(prof, calls: int) -> tuple[float, list[KernelTime]]:
     return sum(k.ms for k in kernels), kernels
 
 
-def op_profile(prof, calls: int) -> list[KernelTime]:
+def op_profile(prof, calls: int) -> list[OpTime]:
     """Device time per call by the host-side op that launched it, most time first, from a finished profile that
     recorded CPU and CUDA activity: each op's *self* device time (its own kernels, not its child ops'), so that
     the "other" kernels (elementwise, copies, reductions) are named by what made them (``aten::mul`` inside
-    transformers' RMSNorm, ``aten::cat`` of its RoPE, ...). ``launches`` here counts the op's calls."""
+    transformers' RMSNorm, ``aten::cat`` of its RoPE, ...)."""
     ops = [
-        KernelTime(e.key, e.count / calls, e.self_device_time_total / calls / 1e3)
+        OpTime(e.key, e.count / calls, e.self_device_time_total / calls / 1e3)
         for e in prof.key_averages()
         if e.device_type.name == "CPU" and e.self_device_time_total > 0
     ]
-    ops.sort(key=lambda k: k.ms, reverse=True)
+    ops.sort(key=lambda o: o.ms, reverse=True)
     return ops
 
 

@@ -181,7 +181,7 @@ class StepProfile(NamedTuple):
     total_ms: float  # summed kernel time per step
     kinds: dict[str, float]  # ms per step by kernel kind (KERNEL_KINDS)
     kernels: list  # benchmarking.KernelTime per kernel, most time first
-    ops: list  # benchmarking.KernelTime per launching host op (self device time), most time first
+    ops: list  # benchmarking.OpTime per launching host op (self device time), most time first
 
 
 def profile_steps(prepared, cfg, steps: int = 3) -> StepProfile:

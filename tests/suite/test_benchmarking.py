@@ -41,5 +41,5 @@ def test_op_profile_names_the_host_ops_by_their_own_device_time():
     )
     ops = op_profile(prof, calls=2)
     assert [o.name for o in ops] == ["aten::mm", "aten::mul"]  # kernels and ops without own device time left out
-    assert [o.launches for o in ops] == [2, 3]
+    assert [o.calls for o in ops] == [2, 3]
     assert [o.ms for o in ops] == pytest.approx([1.0, 0.45])
