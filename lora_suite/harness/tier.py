@@ -20,6 +20,7 @@ from lora_suite.engine.prepare import Prepared, fit_to_implementation, prepare
 from lora_suite.engine.trainer import StepRecord, TrainingRun, TrainResult, train
 from lora_suite.harness import recompute_reuse
 from lora_suite.harness.report import Series
+from lora_suite.measure.carried import carried_note
 from lora_suite.measure.device_time import DeviceTimer, DeviceWindow
 from lora_suite.measure.device_time import window as device_window
 from lora_suite.measure.memory import GIB, PeakWindow, estimate_training_memory, measured_split, vram_verdict
@@ -293,7 +294,7 @@ class Tier:
         self.report.notes.append(
             f"{self.nodeid}: {name}: peak measured net of {window.carried / 2**20:.1f} MiB left "
             f"allocated by earlier work ({window.released / 2**20:.1f} MiB of cached cuBLAS "
-            "workspaces released first)"
+            f"workspaces released first){carried_note(window.carried)}"
         )
         return window
 

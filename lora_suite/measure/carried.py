@@ -1,0 +1,99 @@
+"""What keeps memory of an earlier run allocated: the models still alive, and what refers to them.
+
+A run's peak is measured net of what earlier work left allocated (``PeakWindow.carried``), so a model that outlives
+its run does not change the verdict, but it is memory the process holds for nothing, and a leak of the suite or of
+the stack under test. Where a window opens on more than a little carried memory, ``describe_carried`` names the
+live modules that hold it and what refers to each (an attribute of some object, a closure cell, a frame, a
+container), after the garbage collector has run, so that the report says where to look.
+
+Seen first in the full tier under ``--fused-ops liger`` (issue 34): the 16-bit comparison model, 13.05 GB, was still
+allocated when the NF4 run's window opened.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import types
+
+from torch import nn
+
+MAX_MODULES = 3
+MAX_REFERRERS = 4
+
+
+def _param_bytes(module: nn.Module, device_type: str) -> int:
+    seen, total = set(), 0
+    for t in list(module.parameters()) + list(module.buffers()):
+        if t.device.type == device_type and id(t) not in seen:
+            seen.add(id(t))
+            total += t.numel() * t.element_size()
+    return total
+
+
+def live_models(min_bytes: int, device_type: str = "cuda") -> list[tuple[nn.Module, int]]:
+    """The outermost live modules whose parameters and buffers on ``device_type`` reach ``min_bytes``, largest first
+    (a submodule of another such module is left out: its parent is what is alive)."""
+    big = [(m, _param_bytes(m, device_type)) for m in gc.get_objects() if issubclass(type(m), nn.Module)]
+    big = [(m, b) for m, b in big if b >= min_bytes]
+    inner = {id(child) for m, _ in big for child in m.modules() if child is not m}
+    return sorted(((m, b) for m, b in big if id(m) not in inner), key=lambda mb: -mb[1])
+
+
+def _owner_of(d: dict, skip: set[int]) -> str | None:
+    for r in gc.get_referrers(d):
+        if id(r) not in skip and getattr(r, "__dict__", None) is d:
+            return type(r).__name__
+    return None
+
+
+def describe_referrer(r, target, skip: set[int]) -> str:
+    """One referrer of ``target`` in words."""
+    if isinstance(r, types.FrameType):
+        return f"a frame of {r.f_code.co_name} ({r.f_code.co_filename}:{r.f_lineno})"
+    if isinstance(r, types.CellType):
+        closures = [t for t in gc.get_referrers(r) if isinstance(t, tuple)]  # a function's __closure__
+        funcs = [f for t in closures for f in gc.get_referrers(t) if isinstance(f, types.FunctionType)]
+        return f"a closure cell of {funcs[0].__qualname__ if funcs else 'a function'}"
+    if isinstance(r, types.MethodType):
+        return f"a bound method {r.__func__.__qualname__}"
+    attrs = [k for k, v in getattr(r, "__dict__", {}).items() if v is target][:2] if not isinstance(r, type) else []
+    if attrs:  # an instance whose attributes live inline (Python 3.11+ reports the object, not its __dict__)
+        return f"attribute {', '.join(map(repr, attrs))} of a {type(r).__name__}"
+    if isinstance(r, dict):
+        keys = [k for k, v in r.items() if v is target][:2]
+        owner = _owner_of(r, skip)
+        if owner is not None:
+            return f"attribute {', '.join(map(repr, keys))} of a {owner}"
+        return f"a dict, under {', '.join(map(repr, keys))}" if keys else f"a dict of {len(r)} items"
+    if isinstance(r, list | tuple | set):
+        return f"a {type(r).__name__} of {len(r)} items"
+    return f"a {type(r).__name__}"
+
+
+def describe_carried(min_bytes: int = 256 * 2**20, device_type: str = "cuda") -> list[str]:
+    """For each live outermost module holding at least ``min_bytes`` (at most ``MAX_MODULES``): its class, its bytes
+    and what refers to it (at most ``MAX_REFERRERS`` referrers)."""
+    gc.collect()
+    lines = []
+    found = live_models(min_bytes, device_type)[:MAX_MODULES]
+    own = {id(sys._getframe()), id(found)} | {id(pair) for pair in found}  # this call's own references
+    for module, nbytes in found:  # plain loops: a comprehension over ``module`` would be a closure holding it
+        said = []
+        for r in gc.get_referrers(module):
+            if id(r) not in own and len(said) < MAX_REFERRERS:
+                said.append(describe_referrer(r, module, own))
+        lines.append(
+            f"{type(module).__name__} ({nbytes / 2**20:.1f} MiB) referred to by "
+            + ("; ".join(said) if said else "nothing the collector sees (a C extension holds it)")
+        )
+    return lines
+
+
+def carried_note(carried_bytes: int, min_bytes: int = 256 * 2**20, device_type: str = "cuda") -> str:
+    """The words a report note adds where a window opened on ``min_bytes`` or more carried: what holds it (modules
+    of a quarter of that or more)."""
+    if carried_bytes < min_bytes:
+        return ""
+    held = describe_carried(min_bytes // 4, device_type)
+    return "; still alive: " + (" | ".join(held) if held else "no module (tensors held elsewhere)")

@@ -1,0 +1,67 @@
+"""lora_suite.measure.carried on the CPU: the live models left by earlier work, and what refers to them."""
+
+from __future__ import annotations
+
+import gc
+
+from torch import nn
+
+from lora_suite.measure.carried import carried_note, describe_carried, live_models
+
+MIB = 2**20
+
+
+class _Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(512, 512)  # 1 MiB of fp32 weight
+        self.head = nn.Linear(512, 8)
+
+
+class _Run:
+    """Stands for what kept a model alive: a finished run's state."""
+
+    def __init__(self, model):
+        self.model = model
+
+
+def _keeper(model):
+    return lambda: model
+
+
+def test_only_the_outermost_live_model_is_named_with_its_bytes():
+    gc.collect()
+    model = _Model()
+    found = [(m, b) for m, b in live_models(MIB, "cpu") if m is model or m is model.body]
+    assert [m for m, _ in found] == [model]  # its Linear is inside it: the model is what is alive
+    assert found[0][1] == sum(t.numel() * 4 for t in model.parameters())
+
+
+def test_an_attribute_and_a_closure_that_keep_a_model_alive_are_named():
+    gc.collect()
+    model = _Model()
+    run = _Run(model)
+    keep = _keeper(model)
+    del model
+    lines = [line for line in describe_carried(MIB, "cpu") if line.startswith("_Model")]
+    assert len(lines) == 1, lines
+    assert "attribute 'model' of a _Run" in lines[0]
+    assert "a closure cell of _keeper.<locals>.<lambda>" in lines[0]
+    del run, keep
+
+
+def test_nothing_is_named_once_the_model_is_gone():
+    gc.collect()
+    model = _Model()
+    del model
+    assert not [line for line in describe_carried(MIB, "cpu") if line.startswith("_Model")]
+
+
+def test_the_note_names_what_is_alive_only_past_its_threshold():
+    gc.collect()
+    model = _Model()
+    run = _Run(model)
+    assert carried_note(4 * MIB - 1, 4 * MIB, "cpu") == ""  # a little carried memory: nothing to chase
+    note = carried_note(4 * MIB, 4 * MIB, "cpu")
+    assert note.startswith("; still alive: ") and "_Model (1.0 MiB) referred to by attribute 'model' of a _Run" in note
+    del run, model
