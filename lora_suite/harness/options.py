@@ -33,7 +33,7 @@ def pytest_addoption(parser):
         default=None,
         choices=("liger",),
         help="apply fused non-LoRA ops to the model under test: liger (Liger-Kernel's RMSNorm, RoPE, SwiGLU where the "
-        "MLP is not fused already, fused linear cross-entropy)",
+        "MLP is not fused already, fused linear cross-entropy; captured steps leave that loss out and say so)",
     )
     group.addoption(
         "--bench-impls",
