@@ -7,7 +7,8 @@ Forward:
     h   = x A_qkvᵀ                                   (N, 3r)        one GEMM
     out = [s·h_q B_qᵀ | s·h_k B_kᵀ | s·h_v B_vᵀ] + x W_qkvᵀ   (N, ΣO)  three rank-r GEMMs into the parts, one base GEMM
     q, k, v = the column parts of out (views: no copy; the attention reshapes them per head)
-Saved: x, h (a checkpointed recompute's dequantised NF4 W_qkv is kept for its backward: ``lora_core.ops.recompute``).
+Saved: x, h (a checkpointed recompute's dequantised NF4 W_qkv is kept for its backward:
+``lora_core.ops.recompute``).
 
 Backward (dq, dk, dv as the attention hands them back; a part with no gradient counts as zero):
     dh   = [dq B_q | dk B_k | dv B_v]                (N, 3r)

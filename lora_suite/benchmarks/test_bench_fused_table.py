@@ -188,6 +188,10 @@ def test_full_tier_step_base_reuse(case, rnd, variant, run_report, check):
         recompute_reuse.check(check, f"{REUSE}: {variant} r{rnd}", before)
 
 
+def _r3(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
+
+
 def _med(runs: dict, key, attr):
     figs = runs.get(key)
     return None if not figs else statistics.median(getattr(f, attr) for f in figs)
@@ -231,22 +235,11 @@ def test_fused_table_summary(run_report):
             for fused in ("cupy-fused", "cupy-fused+liger"):
                 speed = FT.ratio(f(base, f"{what}_ms"), f(fused, f"{what}_ms"))
                 peak = FT.ratio(f(fused, "peak_gib"), f(base, "peak_gib"))
-                targets.append(
-                    (
-                        case.name,
-                        fused,
-                        base,
-                        what,
-                        None if speed is None else round(speed, 3),
-                        None if peak is None else round(peak, 3),
-                    )
-                )
+                targets.append((case.name, fused, base, what, _r3(speed), _r3(peak)))
     for case in FT.CAPTURED_CASES + (FT.FULL_TIER_CASE,):
         g = lambda s, c=case.name: _med(_captured, (c, s), "step_ms")  # noqa: E731
         speed = FT.ratio(g("cupy"), g("cupy-fused"))
-        targets.append(
-            (case.name, "cupy-fused", "cupy", "captured step", None if speed is None else round(speed, 3), None)
-        )
+        targets.append((case.name, "cupy-fused", "cupy", "captured step", _r3(speed), None))
     for variant in REUSE_VARIANTS:
         if variant in _reuse:
             row = (
@@ -267,16 +260,7 @@ def test_fused_table_summary(run_report):
         if stack in _reuse and base in _reuse:
             speed = FT.ratio(_med(_reuse, base, "step_ms"), _med(_reuse, stack, "step_ms"))
             peak = FT.ratio(_med(_reuse, stack, "peak_gib"), _med(_reuse, base, "peak_gib"))
-            targets.append(
-                (
-                    FT.FULL_TIER_CASE.name,
-                    stack,
-                    base,
-                    "captured step",
-                    None if speed is None else round(speed, 3),
-                    None if peak is None else round(peak, 3),
-                )
-            )
+            targets.append((FT.FULL_TIER_CASE.name, stack, base, "captured step", _r3(speed), _r3(peak)))
     cols = ("case", "fused stack", "against", "part", "speed-up", "peak ratio")
     for row in targets:
         run_report.add_row(

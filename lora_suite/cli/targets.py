@@ -91,12 +91,12 @@ def autoload_plugins(target: str) -> bool:
 
 
 # Tiers whose tests are many and short: quick over 6 workers took 31-33 s a run on an H100, one process 37-43 s,
-# 4 workers 38-40 s (interleaved runs, reports/README.md, issue 34). As the first command on a fresh H100 the tier took
-# 28.6 and 32.4 s over 8 workers, 30.3 and 36.7 s over 6 (four machines: the spread between fresh machines is as large
-# as the difference), and warm, back to back, 24.3 s over 8 against 24.8 over 6 (ledger groups
-# `issue34-quick-workers-8`, `issue34-quick-fresh-default-8`). Each worker peaks near 4 GiB of GPU memory (quick's VRAM estimate: 3.83 GiB), so a
-# GPU with less memory gets fewer (total GiB // 4 - 1); each is a whole Python process importing torch, so a host
-# gets at most one per two CPU cores (the GPU runner's 16 give 8).
+# 4 workers 38-40 s (interleaved runs, reports/README.md, issue 34). As the first command on a fresh H100 the tier
+# took 28.6 and 32.4 s over 8 workers, 30.3 and 36.7 s over 6 (four machines: the spread between fresh machines is
+# as large as the difference), and warm, back to back, 24.3 s over 8 against 24.8 over 6 (ledger groups
+# `issue34-quick-workers-8`, `issue34-quick-fresh-default-8`). Each worker peaks near 4 GiB of GPU memory (quick's
+# VRAM estimate: 3.83 GiB), so a GPU with less memory gets fewer (total GiB // 4 - 1); each is a whole Python process
+# importing torch, so a host gets at most one per two CPU cores (the GPU runner's 16 give 8).
 DEFAULT_WORKERS = {"quick": 8}
 WORKER_GIB = 4
 

@@ -1,5 +1,5 @@
-"""lora_suite.harness.recompute_reuse: a tier that trains lora_core's cupy layers on an NF4 base with checkpointing checks that
-the backward reused the bases the recompute dequantised (lora_core.ops.recompute), and only then."""
+"""lora_suite.harness.recompute_reuse: a tier that trains lora_core's cupy layers on an NF4 base with checkpointing
+checks that the backward reused the bases the recompute dequantised (lora_core.ops.recompute), and only then."""
 
 from __future__ import annotations
 
