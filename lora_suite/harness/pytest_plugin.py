@@ -50,10 +50,9 @@ from lora_suite.measure import wall_time
 _REPORT_KEY = pytest.StashKey[RunReport]()
 _SUMMARY_KEY = pytest.StashKey[list]()  # lines for the terminal summary (report path, wall-time failure)
 _IMPL_KEY = pytest.StashKey[LoRAImplementation]()
-_FAILED_KEY = pytest.StashKey[list]()
-_NA_MODULES_KEY = pytest.StashKey[
-    dict
-]()  # (test module, feature) -> (its not-applicable record, tests covered)  # a test's failed checks: (check, "file:line")
+_FAILED_KEY = pytest.StashKey[list]()  # a test's failed checks: (check, "file:line")
+# (test module, feature) -> (its not-applicable record, tests covered)
+_NA_MODULES_KEY = pytest.StashKey[dict]()
 
 
 class Terminated(KeyboardInterrupt):
@@ -88,7 +87,9 @@ def pytest_configure(config):
     try:
         impl = resolve_implementation(spec)
         if not _drives_workers(config):  # a process that runs tests
+            start = time.perf_counter()
             impl.preload()
+            _RUN["preload_s"] = time.perf_counter() - start
     except ImplementationError as exc:
         raise pytest.UsageError(f"--lora-impl {spec}: {exc}") from None
     config.stash[_IMPL_KEY] = impl
@@ -324,7 +325,7 @@ def pytest_sessionfinish(session, exitstatus):
     _drop_unfinished_benchmarks(session.config, session.config.stash[_REPORT_KEY])
     if "outbox" in _RUN:
         run = session.config.stash[_REPORT_KEY]
-        out = session_tables.worker_output(run, _RUN["outbox"], _worker_id(session.config))
+        out = session_tables.worker_output(run, _RUN, _worker_id(session.config))
         session.config.workeroutput[worker_records.KEY] = out
     try:
         return (yield)

@@ -77,6 +77,8 @@ def wall_time_breakdown(run: RunReport, state: dict) -> None:
                 "each worker also imported torch and created its own CUDA context",
             )
         )
+        timelines = [o["timeline"] for o in state.get("worker_outputs", []) if o.get("timeline")]
+        rows += wall_time.worker_rows(timelines, state["session_start"])
     run.add_series(
         Series(
             "session",
@@ -114,8 +116,9 @@ def kernel_variants(run: RunReport, worker_outputs: list[dict]) -> None:
         )
 
 
-def worker_output(run: RunReport, outbox: worker_records.Outbox, worker: str) -> dict:
-    """An xdist worker at its session's end: its last records, RawKernel variants and kernel load times."""
+def worker_output(run: RunReport, state: dict, worker: str) -> dict:
+    """An xdist worker at its session's end: its last records, RawKernel variants, kernel load times and its
+    timeline (``wall_time.worker_rows``)."""
     kv = sys.modules.get("lora_core.ops.kernel_variants")
     interop = sys.modules.get("lora_core.ops.cupy_interop")
     variants = [
@@ -124,7 +127,15 @@ def worker_output(run: RunReport, outbox: worker_records.Outbox, worker: str) ->
     ]
     return {
         "worker": worker,
-        "changes": outbox.changes(run),
+        "changes": state["outbox"].changes(run),
         "variants": variants,
         "kernel_loads": dict(getattr(interop, "KERNEL_LOAD_SECONDS", {})),
+        "timeline": state["clock"].timeline(
+            worker,
+            process_start=wall_time.process_start_epoch(),
+            configured=state.get("configured"),
+            preload_s=state.get("preload_s"),
+            cuda_context_s=state.get("cuda_context_s"),
+            end=time.time(),
+        ),
     }

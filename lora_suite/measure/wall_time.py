@@ -29,10 +29,29 @@ class SessionClock:
 
     setup_teardown: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     writes_s: float = 0.0
+    first_test: str | None = None  # the first test this process ran, and when its setup began (epoch seconds)
+    first_test_at: float | None = None
+    test_s: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # setup + call + teardown
 
     def add_phase(self, nodeid: str, when: str, seconds: float) -> None:
+        if self.first_test is None:
+            self.first_test, self.first_test_at = nodeid, time.time() - seconds
+        self.test_s[nodeid] += seconds
         if when in ("setup", "teardown"):
             self.setup_teardown[nodeid] += seconds
+
+    def timeline(self, worker: str, **known: float | None) -> dict:
+        """This process's timeline as a worker hands it over (``worker_rows`` reads it): ``known`` adds the
+        process's own epochs and seconds (process_start, configured, preload_s, cuda_context_s, end)."""
+        return {
+            "worker": worker,
+            **known,
+            "first_test": self.first_test_at,
+            "first_test_name": self.first_test or "",
+            "first_test_s": self.test_s.get(self.first_test) if self.first_test else None,
+            "tests": len(self.test_s),
+            "tests_s": sum(self.test_s.values()),
+        }
 
     def timed(self, fn, *args):
         start = time.perf_counter()
@@ -128,3 +147,79 @@ def _slowest_loads(loads: dict[str, float], top: int) -> str:
     ranked = sorted(loads.items(), key=lambda kv: -kv[1])
     text = "; ".join(f"{k} {v:.2f} s" for k, v in ranked[:top])
     return text + (f"; {len(ranked) - top} others" if len(ranked) > top else "")
+
+
+def worker_rows(timelines: list[dict], session_start: float) -> list[tuple[str, float | None, str]]:
+    """Rows of a run spread over pytest-xdist workers: where each worker's own time went before and around its
+    tests, from the timelines the workers hand over (``worker_timeline``; epoch seconds, one host's clock).
+
+    - ``workers' start-up``: a worker's process start to its first test (interpreter, plugin and test-module
+      imports, the implementation's preload, collection), the median and the slowest worker;
+    - ``workers' first tests``: the first test each worker ran, which also pays that process's first use of CUDA,
+      cuBLAS and the model code (the same test run later in a warm process takes less);
+    - ``last worker to finish``: the critical path: its start after the session's, its start-up, its tests.
+    """
+    if not timelines:
+        return []
+    ups = sorted(
+        (t["first_test"] - t["process_start"], t) for t in timelines if _known(t, "first_test", "process_start")
+    )
+    rows: list[tuple[str, float | None, str]] = []
+    if ups:
+        median = ups[len(ups) // 2][0]
+        slow_s, slow = ups[-1]
+        after = _gap(slow, "configured", "first_test")
+        own = (slow.get("preload_s") or 0.0) + (slow.get("cuda_context_s") or 0.0)
+        parts = [
+            ("imports", _gap(slow, "process_start", "configured")),
+            ("implementation preload", slow.get("preload_s")),
+            ("CUDA context", slow.get("cuda_context_s")),
+            ("collection", None if after is None else after - own),
+        ]
+        rows.append(
+            (
+                f"workers' start-up ({len(timelines)})",
+                median,
+                f"median, process start to its first test; slowest {slow['worker']} {slow_s:.2f} s: "
+                + ", ".join(f"{k} {v:.2f} s" for k, v in parts if v is not None),
+            )
+        )
+    firsts = sorted(
+        ((t["first_test_s"], t) for t in timelines if t.get("first_test_s") is not None), key=lambda x: -x[0]
+    )
+    if firsts:
+        rows.append(
+            (
+                "workers' first tests",
+                sum(s for s, _ in firsts),
+                "each pays its process's first use of CUDA, cuBLAS and the model code: "
+                + "; ".join(f"{t['worker']} {t['first_test_name'].split('::')[-1]} {s:.2f} s" for s, t in firsts[:4])
+                + (f"; {len(firsts) - 4} others" if len(firsts) > 4 else ""),
+            )
+        )
+    ended = [t for t in timelines if _known(t, "end")]
+    if ended:
+        last = max(ended, key=lambda t: t["end"])
+        start = _gap(last, "process_start", "first_test")
+        rows.append(
+            (
+                "last worker to finish",
+                last["end"] - session_start,
+                f"{last['worker']}, session start to its end: "
+                + (
+                    f"started {last['process_start'] - session_start:+.2f} s, start-up {start:.2f} s, "
+                    if start is not None
+                    else ""
+                )
+                + f"{last.get('tests', 0)} tests {last.get('tests_s', 0.0):.2f} s",
+            )
+        )
+    return rows
+
+
+def _known(t: dict, *keys: str) -> bool:
+    return all(t.get(k) is not None for k in keys)
+
+
+def _gap(t: dict, a: str, b: str) -> float | None:
+    return t[b] - t[a] if _known(t, a, b) else None

@@ -92,3 +92,64 @@ def test_a_controller_of_workers_says_where_the_contexts_are_and_trims_the_load_
     assert rows[3] == ("CUDA context", None, "none in this process: each of the 6 workers creates its own")
     detail = dict((r[0], r[2]) for r in rows)["  of which RawKernel first loads (20)"]
     assert detail.startswith("gw0 k19 0.19 s;") and detail.endswith("; 12 others")
+
+
+def test_a_worker_clock_knows_its_first_test_and_hands_over_its_timeline():
+    clock = wall_time.SessionClock()
+    before = time.time()
+    clock.add_phase("t.py::a", "setup", 2.0)
+    clock.add_phase("t.py::a", "call", 5.0)
+    clock.add_phase("t.py::b", "call", 1.0)
+    t = clock.timeline("gw3", process_start=1.0, end=2.0)
+    assert t["worker"] == "gw3" and t["process_start"] == 1.0 and t["end"] == 2.0
+    assert t["first_test_name"] == "t.py::a" and t["first_test_s"] == 7.0
+    assert before - 2.0 - 1 < t["first_test"] <= time.time() - 2.0 + 1e-3  # its setup began 2 s before it was told
+    assert (t["tests"], t["tests_s"]) == (2, 8.0)
+
+
+def _timeline(worker, process_start, first_test, end, first_s, **kw):
+    return {
+        "worker": worker,
+        "process_start": process_start,
+        "configured": None if process_start is None else process_start + 3.0,
+        "preload_s": 0.5,
+        "cuda_context_s": 1.0,
+        "first_test": first_test,
+        "first_test_name": f"t.py::first_{worker}",
+        "first_test_s": first_s,
+        "tests": 4,
+        "tests_s": 12.0,
+        "end": end,
+        **kw,
+    }
+
+
+def test_worker_rows_give_the_start_up_the_first_tests_and_the_critical_path():
+    rows = wall_time.worker_rows(
+        [
+            _timeline("gw0", 100.0, 106.0, 120.0, 9.0),
+            _timeline("gw1", 100.5, 110.5, 131.0, 4.0),
+            _timeline("gw2", 101.0, 108.0, 125.0, 6.0),
+        ],
+        session_start=99.0,
+    )
+    got = {phase: (secs, detail) for phase, secs, detail in rows}
+    secs, detail = got["workers' start-up (3)"]
+    assert secs == 7.0  # the median of 6, 7, 10
+    # the slowest: 10 s = imports 3 + preload 0.5 + CUDA context 1 + collection 5.5
+    assert (
+        "slowest gw1 10.00 s: imports 3.00 s, implementation preload 0.50 s, CUDA context 1.00 s, collection 5.50 s"
+        in detail
+    )
+    secs, detail = got["workers' first tests"]
+    assert secs == 19.0 and detail.endswith("gw0 first_gw0 9.00 s; gw2 first_gw2 6.00 s; gw1 first_gw1 4.00 s")
+    secs, detail = got["last worker to finish"]
+    assert (
+        secs == 32.0 and detail == "gw1, session start to its end: started +1.50 s, start-up 10.00 s, 4 tests 12.00 s"
+    )
+
+
+def test_worker_rows_of_no_worker_or_unknown_starts_invent_nothing():
+    assert wall_time.worker_rows([], 0.0) == []
+    rows = wall_time.worker_rows([_timeline("gw0", None, None, 10.0, None)], session_start=0.0)
+    assert rows == [("last worker to finish", 10.0, "gw0, session start to its end: 4 tests 12.00 s")]

@@ -119,6 +119,10 @@ def test_a_session_over_two_workers_writes_one_report_with_every_record(two_work
     assert report["status"] == "complete" and not list((pytester.path / "out").glob("gw*"))
     (swiglu,) = [s for s in report["series"] if s["name"] == "RawKernel variants reached: swiglu_forward"]
     assert ["bf16", "VEC=8, I%8=0", 4, "(4, 37) x (256,)", "yes"] in swiglu["rows"]  # 4 launches over 2 workers
+    (breakdown,) = [s for s in report["series"] if s["name"] == "wall-time breakdown"]
+    phases = {r[0]: r for r in breakdown["rows"]}  # each worker's timeline arrived: where its own time went
+    assert phases["workers' start-up (2)"][1] > 0 and "imports" in phases["workers' start-up (2)"][2]
+    assert "11 tests" not in phases["last worker to finish"][2] and " tests " in phases["last worker to finish"][2]
 
 
 def test_a_cuda_error_in_a_worker_stops_every_worker(two_workers):
