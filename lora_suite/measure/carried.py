@@ -47,10 +47,47 @@ def _owner_of(d: dict, skip: set[int]) -> str | None:
     return None
 
 
+def _frame_keeper(frame: types.FrameType, skip: set[int], depth: int = 0) -> str:
+    """What keeps a finished frame alive, in words: the traceback of an exception (and what holds that exception), a
+    generator, or a deeper frame's ``f_back`` (followed down to what holds the deepest one)."""
+    if depth > 64:
+        return ""
+    for r in gc.get_referrers(frame):
+        if id(r) in skip:
+            continue
+        if isinstance(r, types.FrameType) and r.f_back is frame:  # a call made from this frame: what keeps it?
+            return _frame_keeper(r, skip | {id(frame)}, depth + 1)
+        if isinstance(r, types.TracebackType):
+            exc = _exception_of(r, skip)
+            if exc is None:
+                return ", kept by a traceback"
+            holders = [h for h in gc.get_referrers(exc) if id(h) not in skip and not isinstance(h, types.TracebackType)]
+            held = describe_referrer(holders[0], exc, skip | {id(frame)}) if holders else "nothing the collector sees"
+            return f", kept by the traceback of {type(exc).__name__}({str(exc)[:160]!r}) held by {held}"
+        if isinstance(r, types.GeneratorType | types.CoroutineType):
+            return f", kept by the generator {r.__qualname__}"
+    return ""
+
+
+def _exception_of(tb: types.TracebackType, skip: set[int]) -> BaseException | None:
+    """The exception whose ``__traceback__`` chain reaches ``tb`` (tracebacks link outermost to innermost)."""
+    for _ in range(256):
+        up = [r for r in gc.get_referrers(tb) if id(r) not in skip]
+        exc = next((r for r in up if isinstance(r, BaseException) and r.__traceback__ is tb), None)
+        if exc is not None:
+            return exc
+        outer = next((r for r in up if isinstance(r, types.TracebackType) and r.tb_next is tb), None)
+        if outer is None:
+            return None
+        tb = outer
+    return None
+
+
 def describe_referrer(r, target, skip: set[int]) -> str:
-    """One referrer of ``target`` in words."""
+    """One referrer of ``target`` in words; a frame with what keeps it alive after its call ended."""
     if isinstance(r, types.FrameType):
-        return f"a frame of {r.f_code.co_name} ({r.f_code.co_filename}:{r.f_lineno})"
+        where = f"a frame of {r.f_code.co_name} ({r.f_code.co_filename}:{r.f_lineno})"
+        return where + _frame_keeper(r, skip)
     if isinstance(r, types.CellType):
         closures = [t for t in gc.get_referrers(r) if isinstance(t, tuple)]  # a function's __closure__
         funcs = [f for t in closures for f in gc.get_referrers(t) if isinstance(f, types.FunctionType)]

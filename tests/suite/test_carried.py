@@ -65,3 +65,35 @@ def test_the_note_names_what_is_alive_only_past_its_threshold():
     note = carried_note(4 * MIB, 4 * MIB, "cpu")
     assert note.startswith("; still alive: ") and "_Model (1.0 MiB) referred to by attribute 'model' of a _Run" in note
     del run, model
+
+
+class _Kept:
+    """Stands for a harness object that stored an exception raised inside a model's forward."""
+
+    error: BaseException | None = None
+
+
+def _forward_that_fails(model):
+    inner(model)
+
+
+def inner(model):
+    raise RuntimeError("operation not permitted when stream is capturing")
+
+
+def test_a_frame_kept_by_a_stored_exception_names_the_exception_and_its_holder():
+    gc.collect()
+    model = _Model()
+    kept = _Kept()
+    try:
+        _forward_that_fails(model)
+    except RuntimeError as exc:
+        kept.error = exc
+    del model
+    (line,) = [line for line in describe_carried(MIB, "cpu") if line.startswith("_Model")]
+    assert "a frame of _forward_that_fails" in line, line
+    assert "kept by the traceback of RuntimeError('operation not permitted when stream is capturing')" in line
+    assert "held by attribute 'error' of a _Kept" in line
+    kept.error = None
+    gc.collect()
+    assert not [x for x in describe_carried(MIB, "cpu") if x.startswith("_Model")]
