@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import lora_suite
+from lora_suite.cli import bytecode
 from lora_suite.cli.usage import UsageError
 
 PACKAGE = Path(lora_suite.__file__).resolve().parent
@@ -254,6 +255,7 @@ def _run(names, args, extra, tiers, report_root: Path, have_gpu: bool) -> int:
         gpu = (gpu_line() or "none").split(",")[0]
         baseline = (checkout_root() or Path.cwd()) / "reports" / "baselines" / folder_token(gpu).rstrip("_")
     rows, failed, interrupted = [], False, False
+    warmup = bytecode.warm_up(python(), _child_env(names[0])) if have_gpu and names != ["selftest"] else None
     for t in names:
         run_dir = (
             None
@@ -264,6 +266,9 @@ def _run(names, args, extra, tiers, report_root: Path, have_gpu: bool) -> int:
         print(f"\n=== {t} ===  {' '.join(cmd)}", flush=True)
         start = time.time()
         env = _child_env(t)
+        if warmup is not None:  # the first run of this interpreter on this machine: the breakdown names it
+            env[bytecode.WARMUP_ENV] = f"{warmup:.2f}"
+            warmup = None
         if run_dir is not None:  # the report's run id is its folder's name: `ledger show --run <folder>` finds it
             env["LORA_SUITE_RUN_ID"] = run_dir.name
         proc = subprocess.Popen(cmd, env=env)
@@ -323,7 +328,7 @@ def _record(path: Path, run_dir: Path) -> str:
 
 
 def _child_env(target: str = "selftest") -> dict[str, str]:
-    env = dict(os.environ)
+    env = bytecode.child_env(dict(os.environ))  # bytecode cached where the interpreter was told to write none
     if not autoload_plugins(target):
         env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     root = checkout_root()

@@ -62,7 +62,8 @@ def _frame_keeper(frame: types.FrameType, skip: set[int], depth: int = 0) -> str
             if exc is None:
                 return ", kept by a traceback"
             holders = [h for h in gc.get_referrers(exc) if id(h) not in skip and not isinstance(h, types.TracebackType)]
-            held = describe_referrer(holders[0], exc, skip | {id(frame)}) if holders else "nothing the collector sees"
+            own = skip | {id(frame), id(holders)}  # this list holds them too
+            held = describe_referrer(holders[0], exc, own) if holders else "nothing the collector sees"
             return f", kept by the traceback of {type(exc).__name__}({str(exc)[:160]!r}) held by {held}"
         if isinstance(r, types.GeneratorType | types.CoroutineType):
             return f", kept by the generator {r.__qualname__}"
@@ -104,8 +105,38 @@ def describe_referrer(r, target, skip: set[int]) -> str:
             return f"attribute {', '.join(map(repr, keys))} of a {owner}"
         return f"a dict, under {', '.join(map(repr, keys))}" if keys else f"a dict of {len(r)} items"
     if isinstance(r, list | tuple | set):
-        return f"a {type(r).__name__} of {len(r)} items"
+        return f"a {type(r).__name__} of {len(r)} items" + _container_holder(r, skip)
     return f"a {type(r).__name__}"
+
+
+def _container_holder(container, skip: set[int]) -> str:
+    """One hop up from a list, tuple or set: the module global, attribute, dict entry or object that holds it.
+    Plain loops: a comprehension naming ``container`` would hold it in a cell of its own (Python 3.11)."""
+    stack, frame = set(), sys._getframe()
+    while frame is not None:  # this call's own frames refer to the container as a local
+        stack.add(id(frame))
+        frame = frame.f_back
+    for h in gc.get_referrers(container):
+        if id(h) in skip or id(h) in stack:
+            continue
+        if isinstance(h, dict):
+            key = None
+            for k, v in h.items():
+                if v is container:
+                    key = k
+                    break
+            for m in gc.get_referrers(h):
+                if isinstance(m, types.ModuleType) and vars(m) is h:
+                    return f", the global {key} of {m.__name__}"
+            owner = _owner_of(h, skip)
+            where = f" {key!r}" if key is not None else ""
+            return f", held by attribute{where} of a {owner}" if owner else f", held by a dict under{where or ' a key'}"
+        if isinstance(h, types.FrameType):
+            return f", held by a frame of {h.f_code.co_name} ({h.f_code.co_filename}:{h.f_lineno})"
+        if isinstance(h, types.FunctionType):
+            return f", held by the function {h.__qualname__}"
+        return f", held by a {type(h).__name__}"
+    return ""
 
 
 def describe_carried(min_bytes: int = 256 * 2**20, device_type: str = "cuda") -> list[str]:

@@ -17,6 +17,7 @@ Phases, each measured, never inferred from a total:
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -85,9 +86,11 @@ def breakdown(
     clock: SessionClock | None = None,
     session_s: float | None = None,
     workers: int = 0,
+    warmup_s: float | None = None,
 ) -> list[tuple[str, float | None, str]]:
     """Rows (phase, seconds, detail); epoch seconds in, None where a phase could not be measured. ``workers``: the
-    pytest-xdist workers this process drove (it then creates no CUDA context of its own)."""
+    pytest-xdist workers this process drove (it then creates no CUDA context of its own). ``warmup_s``: the bytecode
+    cache's one-time warm-up before pytest started (``lora_suite.cli.bytecode``), part of the first row."""
     if cuda_context_s is not None:
         context = "created at the session's start"
     elif workers:
@@ -100,10 +103,20 @@ def breakdown(
             None if script_start is None or process_start is None else process_start - script_start,
             "GPU_TEST_T0 to the pytest process's start" if script_start else "not started by gpu-test.sh",
         ),
+    ]
+    if warmup_s is not None:
+        rows.append(
+            (
+                "  of which the bytecode cache's warm-up",
+                warmup_s,
+                "once per interpreter and machine: the modules every test process imports, compiled (lora_suite.cli.bytecode)",
+            )
+        )
+    rows += [
         (
             "interpreter and plugin imports",
             None if process_start is None else configured - process_start,
-            "process start to pytest_configure",
+            "process start to pytest_configure; " + bytecode_note(),
         ),
         ("collection", session_start - configured, "test modules imported, items selected"),
         ("CUDA context", cuda_context_s, context),
@@ -223,3 +236,12 @@ def _known(t: dict, *keys: str) -> bool:
 
 def _gap(t: dict, a: str, b: str) -> float | None:
     return t[b] - t[a] if _known(t, a, b) else None
+
+
+def bytecode_note() -> str:
+    """Where this process keeps the bytecode of what it imports: each process compiles from source when it writes none."""
+    if sys.pycache_prefix:
+        return f"bytecode cached in {sys.pycache_prefix}"
+    if sys.flags.dont_write_bytecode:
+        return "bytecode not written (PYTHONDONTWRITEBYTECODE): modules without a .pyc are compiled in every process"
+    return "bytecode written beside the sources"

@@ -97,3 +97,21 @@ def test_a_frame_kept_by_a_stored_exception_names_the_exception_and_its_holder()
     kept.error = None
     gc.collect()
     assert not [x for x in describe_carried(MIB, "cpu") if x.startswith("_Model")]
+
+
+_RECORD: tuple | None = None  # stands for a library's module-level record of a failed import
+
+
+def test_a_stored_exception_in_a_module_globals_tuple_names_the_global():
+    global _RECORD
+    gc.collect()
+    model = _Model()
+    try:
+        _forward_that_fails(model)
+    except RuntimeError as exc:
+        _RECORD = ("name", exc, "detail", 4)
+    del model
+    (line,) = [line for line in describe_carried(MIB, "cpu") if line.startswith("_Model")]
+    assert "held by a tuple of 4 items, the global _RECORD of " in line, line
+    _RECORD = None
+    gc.collect()
