@@ -142,7 +142,9 @@ def worker_args(target: str, workers: str | None) -> list[str]:
         print(f"lora-suite: pytest-xdist is not installed: {target} runs in one process", file=sys.stderr)
         return []
     plugin = [] if autoload_plugins(target) else ["-p", "xdist.plugin"]
-    return plugin + ["-n", chosen, "--dist", "worksteal"]  # idle workers take queued tests from busy ones
+    # loadgroup: tests that import the model code share a few workers (harness/worker_groups.py); the other tests are
+    # sent one at a time to whichever worker is nearly out of work, the groups first
+    return plugin + ["-n", chosen, "--dist", "loadgroup"]
 
 
 def pytest_args(target: str, args, run_dir: Path | None, tiers: dict) -> list[str]:
@@ -255,7 +257,6 @@ def _run(names, args, extra, tiers, report_root: Path, have_gpu: bool) -> int:
         gpu = (gpu_line() or "none").split(",")[0]
         baseline = (checkout_root() or Path.cwd()) / "reports" / "baselines" / folder_token(gpu).rstrip("_")
     rows, failed, interrupted = [], False, False
-    warmup = bytecode.warm_up(python(), _child_env(names[0])) if have_gpu and names != ["selftest"] else None
     for t in names:
         run_dir = (
             None
@@ -266,9 +267,6 @@ def _run(names, args, extra, tiers, report_root: Path, have_gpu: bool) -> int:
         print(f"\n=== {t} ===  {' '.join(cmd)}", flush=True)
         start = time.time()
         env = _child_env(t)
-        if warmup is not None:  # the first run of this interpreter on this machine: the breakdown names it
-            env[bytecode.WARMUP_ENV] = f"{warmup:.2f}"
-            warmup = None
         if run_dir is not None:  # the report's run id is its folder's name: `ledger show --run <folder>` finds it
             env["LORA_SUITE_RUN_ID"] = run_dir.name
         proc = subprocess.Popen(cmd, env=env)

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
+from pathlib import Path
+
+import pytest
 
 
 def pytest_addoption(parser):
@@ -77,3 +81,15 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise ValueError(f"expected a whole number >= 1, got {text!r}")
     return value
+
+
+def check_report_dir(path: str) -> None:
+    """Fail before anything runs when the report directory cannot be created or written."""
+    target = Path(path)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        probe = target / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise pytest.UsageError(f"--report-dir {path}: not a writable directory ({exc.strerror or exc})") from None

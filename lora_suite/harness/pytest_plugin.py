@@ -31,10 +31,13 @@ import torch
 
 from lora_suite.core.environment import collect_environment
 from lora_suite.core.registry import registry
-from lora_suite.harness import session_tables, worker_records
+from lora_suite.harness import session_tables, worker_groups, worker_records
 from lora_suite.harness.checks import Checker, CheckFailed, failure_text
 from lora_suite.harness.cuda_errors import is_cuda_error
-from lora_suite.harness.options import pytest_addoption  # noqa: F401  (a hook: pytest finds it here)
+from lora_suite.harness.options import (
+    check_report_dir,
+    pytest_addoption,  # noqa: F401  (a hook: pytest finds it here)
+)
 from lora_suite.harness.progress import ProgressLines
 from lora_suite.harness.report import Outcome, RunReport
 from lora_suite.implementations import (
@@ -73,6 +76,7 @@ def pytest_configure(config):
         "(lora_suite.implementations.FEATURES); not applicable where it declares it "
         "unavailable",
     )
+    config.addinivalue_line("markers", worker_groups.DESCRIPTION)
     for tier in _tiers().values():  # the tier registry's markers: a new tier needs no edit of any Python or ini
         config.addinivalue_line("markers", f"{tier.marker}: {tier.entry.description}")
     selection = config.getoption("markexpr") or "all"
@@ -138,6 +142,12 @@ def _tiers() -> dict:
     if "tiers" not in _RUN:
         _RUN["tiers"] = registry()
     return _RUN["tiers"]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` (lora-suite's workers): the tests that import the model code share a few workers."""
+    return worker_groups.make_scheduler(config, log) if config.getoption("dist") == "loadgroup" else None
 
 
 def pytest_collection_modifyitems(config, items):
@@ -273,18 +283,6 @@ def pytest_sessionstart(session):
     _RUN["report_dir"] = None if _is_worker(session.config) else session.config.getoption("report_dir")
     if _RUN["report_dir"]:
         _RUN["report"].write_json(Path(_RUN["report_dir"]))  # status "running" from the first second
-
-
-def check_report_dir(path: str) -> None:
-    """Fail before anything runs when the report directory cannot be created or written."""
-    target = Path(path)
-    try:
-        target.mkdir(parents=True, exist_ok=True)
-        probe = target / f".write-test-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise pytest.UsageError(f"--report-dir {path}: not a writable directory ({exc.strerror or exc})") from None
 
 
 def _report_tier_wall_time(session, run: RunReport) -> None:

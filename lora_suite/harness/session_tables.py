@@ -67,9 +67,6 @@ def wall_time_breakdown(run: RunReport, state: dict) -> None:
         clock=state["clock"],
         session_s=None if workers else session_s,
         workers=workers,
-        warmup_s=float(os.environ["LORA_SUITE_BYTECODE_WARMUP_S"])
-        if os.environ.get("LORA_SUITE_BYTECODE_WARMUP_S")
-        else None,
     )
     if workers:
         rows.append(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from lora_suite.cli import bytecode, targets
@@ -36,22 +35,6 @@ def test_a_folder_that_cannot_be_made_leaves_the_environment_and_says_so(tmp_pat
     env = {"PYTHONDONTWRITEBYTECODE": "1", bytecode.ENV: str(blocker / "sub")}
     assert bytecode.child_env(env) == env
     assert f"bytecode not cached ({bytecode.ENV}={blocker / 'sub'}" in capsys.readouterr().err
-
-
-def test_the_warm_up_compiles_into_the_cache_once(tmp_path):
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "warm_me.py").write_text("X = 1\n")
-    cache = tmp_path / "cache"
-    env = bytecode.child_env({"PYTHONDONTWRITEBYTECODE": "1", bytecode.ENV: str(cache), "PYTHONPATH": str(src)})
-    seconds = bytecode.warm_up(sys.executable, env, ("warm_me", "no_such_module_here"))
-    assert seconds is not None and seconds > 0
-    assert list(cache.rglob("warm_me.*.pyc")), sorted(p.name for p in cache.rglob("*"))
-    assert bytecode.warm_up(sys.executable, env, ("warm_me",)) is None  # filled already: nothing to do
-
-
-def test_no_cache_no_warm_up(tmp_path):
-    assert bytecode.warm_up(sys.executable, {"PYTHONPATH": str(tmp_path)}) is None
 
 
 def test_the_clis_pytest_processes_get_the_cache(tmp_path, monkeypatch):

@@ -119,7 +119,7 @@ def test_quick_spreads_over_eight_workers_where_a_large_gpu_and_16_cores_are_the
     monkeypatch.setattr(T, "gpu_line", lambda: "NVIDIA H100 80GB HBM3, 81559 MiB, 0 MiB, 81000 MiB, 580.159.04")
     monkeypatch.delenv(T.AUTOLOAD_ENV, raising=False)
     monkeypatch.setenv("GPU_TEST_GPU_COUNT", "1")
-    assert T.worker_args("quick", None) == ["-p", "xdist.plugin", "-n", "8", "--dist", "worksteal"]
+    assert T.worker_args("quick", None) == ["-p", "xdist.plugin", "-n", "8", "--dist", "loadgroup"]
     monkeypatch.setattr(T.os, "cpu_count", lambda: 8)
     assert T.worker_args("quick", None)[3] == "4"  # one worker per two cores: each imports torch on its own
     monkeypatch.setattr(T.os, "cpu_count", lambda: 16)
@@ -127,7 +127,7 @@ def test_quick_spreads_over_eight_workers_where_a_large_gpu_and_16_cores_are_the
     assert T.worker_args("quick", None)[3] == "4"  # 22.5 GiB // 4 - 1: each worker peaks near 4 GiB
     monkeypatch.setattr(T, "gpu_line", lambda: None)
     assert T.worker_args("quick", None)[3] == "8"
-    assert T.worker_args("quick", "auto")[-3:] == ["auto", "--dist", "worksteal"]
+    assert T.worker_args("quick", "auto")[-3:] == ["auto", "--dist", "loadgroup"]
     assert T.worker_args("quick", "1") == [] and T.worker_args("convergence", None) == []
     monkeypatch.setenv("GPU_TEST_GPU_COUNT", "0")
     assert T.worker_args("quick", None) == []  # no GPU: every test skips, one process is enough

@@ -155,21 +155,6 @@ def test_worker_rows_of_no_worker_or_unknown_starts_invent_nothing():
     assert rows == [("last worker to finish", 10.0, "gw0, session start to its end: 4 tests 12.00 s")]
 
 
-def test_the_bytecode_warm_up_is_named_inside_the_time_before_pytest():
-    rows = wall_time.breakdown(
-        script_start=100.0,
-        process_start=130.0,
-        configured=133.0,
-        session_start=134.0,
-        cuda_context_s=None,
-        test_seconds=[],
-        kernel_loads={},
-        warmup_s=25.5,
-    )
-    assert rows[0][1] == 30.0 and rows[1][:2] == ("  of which the bytecode cache's warm-up", 25.5)
-    assert rows[2][0] == "interpreter and plugin imports" and "bytecode" in rows[2][2]
-
-
 def test_the_bytecode_note_says_where_this_process_keeps_it(monkeypatch):
     monkeypatch.setattr(wall_time.sys, "pycache_prefix", "/cache/here")
     assert wall_time.bytecode_note() == "bytecode cached in /cache/here"

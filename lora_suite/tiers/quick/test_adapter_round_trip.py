@@ -13,7 +13,7 @@ from lora_suite.engine.models import build_model
 from lora_suite.engine.prepare import DTYPES, adapter_spec
 from lora_suite.engine.probes import spec_scale
 
-pytestmark = [pytest.mark.gpu, pytest.mark.quick]
+pytestmark = [pytest.mark.gpu, pytest.mark.quick, pytest.mark.model_code]
 STEPS = 3  # enough to move every adapter (B starts at zero) and the logits bitwise
 
 

@@ -260,6 +260,7 @@ def test_captured_fused_step_replays_bitwise_equal_to_eager(what, check):
     check(f"fused {what}: captured replay tensors that differ from eager (of {len(eager)})", len(differing), "==", 0)
 
 
+@pytest.mark.model_code
 def test_fused_model_gradients_match_the_fp32_reference(tier):
     """The quick tier's whole-model gradient check (SmolLM2-135M, step 0) with every linear adapted and the MLP and
     QKV fused: the same judge, factor and reference as test_model_gradients.py."""

@@ -95,6 +95,7 @@ def test_cpu_tensors_with_cupy_backend_raise():
         lora_core.lora_linear(x.cuda(), w, a.cuda(), b.cuda(), 1.0, backend="cupy")
 
 
+@pytest.mark.model_code
 def test_parity_with_peft_lora_linear(check):
     peft = pytest.importorskip("peft", reason="peft is not installed: PEFT parity not checked")
     base = torch.nn.Sequential(torch.nn.Linear(1000, 333, bias=True)).to(DEV, BF16)

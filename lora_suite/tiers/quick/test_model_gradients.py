@@ -14,7 +14,7 @@ import torch
 from lora_suite.engine import gradients as G
 from lora_suite.harness.report import Series
 
-pytestmark = [pytest.mark.gpu, pytest.mark.quick]
+pytestmark = [pytest.mark.gpu, pytest.mark.quick, pytest.mark.model_code]
 
 
 def test_whole_model_gradients_match_the_fp32_reference(tier):

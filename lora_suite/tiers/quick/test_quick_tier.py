@@ -10,7 +10,7 @@ import torch
 from lora_suite.engine.optimizer import make_optimizer
 from lora_suite.engine.prepare import targets_left_out
 
-pytestmark = [pytest.mark.gpu, pytest.mark.quick]
+pytestmark = [pytest.mark.gpu, pytest.mark.quick, pytest.mark.model_code]
 
 
 def test_quick_smoke(tier):
