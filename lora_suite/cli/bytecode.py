@@ -10,17 +10,76 @@ site-packages and the checkout, which the interpreter's setting was protecting: 
 interpreter's setting alone, ``LORA_SUITE_PYCACHE=<folder>`` picks the folder. An interpreter that writes bytecode
 anyway (no ``PYTHONDONTWRITEBYTECODE``) is left as it is.
 
-The cache fills as the first run's processes import (its workers compile side by side, as they did without it):
-filling it first in one process, before the tests, took 36.1 s on a fresh H100 runner, against the 7-10 s the
-workers' parallel compiles add to a first run, so there is no separate warm-up.
+``compile_packages``: on an interpreter's first GPU run on a machine (an ephemeral CI container: every run), the
+packages every test process imports are compiled into the cache first, over all CPU cores (``compileall``, as ``pip
+install`` does for what it installs), and the run's wall-time breakdown names that set-up. Importing everything once
+in one process instead took 36.1 s on a fresh H100 runner; leaving it to the run, its workers compile side by side.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 ENV = "LORA_SUITE_PYCACHE"
+SETUP_ENV = "LORA_SUITE_BYTECODE_SETUP_S"  # the set-up's seconds, for the report's wall-time breakdown
+# What a GPU tier's test processes import, directly or through torch and transformers (sklearn, scipy and sympy
+# among them); a package that is not installed is passed over.
+PACKAGES = (
+    "torch",
+    "transformers",
+    "peft",
+    "accelerate",
+    "safetensors",
+    "huggingface_hub",
+    "tokenizers",
+    "numpy",
+    "scipy",
+    "sklearn",
+    "sympy",
+    "networkx",
+    "jinja2",
+    "yaml",
+    "filelock",
+    "fsspec",
+    "packaging",
+    "regex",
+    "tqdm",
+    "triton",
+    "cupy",
+    "cupyx",
+    "nvmath",
+    "cuda",
+    "pynvml",
+    "matplotlib",
+    "PIL",
+    "pytest",
+    "_pytest",
+    "pluggy",
+    "xdist",
+    "execnet",
+    "pytest_benchmark",
+    "lora_core",
+    "lora_suite",
+)
+# Not imported by a test process: test suites, and transformers' other model families (thousands of files)
+SKIP = r"(/tests?/|/testing/_internal/|/transformers/models/(?!llama/|auto/)[^/]+/)"
+_COMPILE = """
+import compileall, importlib.util, re, sys
+skip, ok = re.compile(sys.argv[1]), True
+for name in sys.argv[2:]:
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        continue
+    for place in (spec.submodule_search_locations or []) if spec else []:
+        ok &= bool(compileall.compile_dir(place, quiet=2, workers=0, rx=skip))
+sys.exit(0 if ok else 1)
+"""
 
 
 def cache_folder(env: dict[str, str]) -> Path | None:
@@ -50,3 +109,29 @@ def child_env(env: dict[str, str]) -> dict[str, str]:
     out = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
     out["PYTHONPYCACHEPREFIX"] = str(folder)
     return out
+
+
+def _marker(folder: Path, python: str) -> Path:
+    """One marker per interpreter: another Python's bytecode is another set of files."""
+    return folder / f".compiled-{hashlib.sha1(os.path.realpath(python).encode()).hexdigest()[:12]}"
+
+
+def compile_packages(python: str, env: dict[str, str], packages: tuple[str, ...] = PACKAGES) -> float | None:
+    """Compile ``packages`` into the bytecode cache of ``env`` (``child_env``'s), once per interpreter; its seconds, or
+    None where there is no cache or it was filled already. A file that does not compile is left to the import that
+    needs it (which names it); the marker is written either way, so a broken file costs one attempt, not one a run."""
+    folder = env.get("PYTHONPYCACHEPREFIX")
+    if not folder or "PYTHONDONTWRITEBYTECODE" in env:
+        return None
+    marker = _marker(Path(folder), python)
+    if marker.exists():
+        return None
+    print(
+        f"lora-suite: compiling the bytecode of torch, transformers and the other packages the tests import into {folder} (once for this interpreter)",
+        flush=True,
+    )
+    start = time.perf_counter()
+    subprocess.run([python, "-c", _COMPILE, SKIP, *packages], env=env, capture_output=True)
+    seconds = time.perf_counter() - start
+    marker.write_text(f"{seconds:.2f}\n")
+    return seconds

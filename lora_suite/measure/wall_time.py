@@ -86,9 +86,11 @@ def breakdown(
     clock: SessionClock | None = None,
     session_s: float | None = None,
     workers: int = 0,
+    setup_s: float | None = None,
 ) -> list[tuple[str, float | None, str]]:
     """Rows (phase, seconds, detail); epoch seconds in, None where a phase could not be measured. ``workers``: the
-    pytest-xdist workers this process drove (it then creates no CUDA context of its own)."""
+    pytest-xdist workers this process drove (it then creates no CUDA context of its own). ``setup_s``: the bytecode
+    cache's one-time set-up before pytest started (``lora_suite.cli.bytecode``), part of the first row."""
     if cuda_context_s is not None:
         context = "created at the session's start"
     elif workers:
@@ -101,6 +103,16 @@ def breakdown(
             None if script_start is None or process_start is None else process_start - script_start,
             "GPU_TEST_T0 to the pytest process's start" if script_start else "not started by gpu-test.sh",
         ),
+    ]
+    if setup_s is not None:
+        rows.append(
+            (
+                "  of which compiling the bytecode cache",
+                setup_s,
+                "once per interpreter and machine, over all CPU cores (lora_suite.cli.bytecode)",
+            )
+        )
+    rows += [
         (
             "interpreter and plugin imports",
             None if process_start is None else configured - process_start,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from lora_suite.cli import bytecode, targets
@@ -45,3 +46,27 @@ def test_the_clis_pytest_processes_get_the_cache(tmp_path, monkeypatch):
     env = targets._child_env("quick")
     assert env["PYTHONPYCACHEPREFIX"] == str(Path(tmp_path) / "lora-suite" / "pycache")
     assert "PYTHONDONTWRITEBYTECODE" not in env
+
+
+def test_the_set_up_compiles_the_packages_into_the_cache_once(tmp_path):
+    src = tmp_path / "src" / "pkg_to_compile"
+    (src / "sub").mkdir(parents=True)
+    (src / "__init__.py").write_text("X = 1\n")
+    (src / "sub" / "__init__.py").write_text("")
+    (src / "sub" / "deep.py").write_text("Y = 2\n")
+    (src / "tests").mkdir()
+    (src / "tests" / "test_skipped.py").write_text("Z = 3\n")
+    cache = tmp_path / "cache"
+    env = bytecode.child_env(
+        {"PYTHONDONTWRITEBYTECODE": "1", bytecode.ENV: str(cache), "PYTHONPATH": str(src.parent), "PATH": ""}
+    )
+    seconds = bytecode.compile_packages(sys.executable, env, ("pkg_to_compile", "no_such_package_here"))
+    assert seconds is not None and seconds > 0
+    mirror = cache / src.relative_to(src.anchor)  # the cache mirrors the sources' absolute paths
+    compiled = sorted(p.name.split(".")[0] for p in mirror.rglob("*.pyc"))
+    assert compiled == ["__init__", "__init__", "deep"], compiled  # the package's tests are not compiled
+    assert bytecode.compile_packages(sys.executable, env, ("pkg_to_compile",)) is None  # once per interpreter
+
+
+def test_no_cache_no_set_up(tmp_path):
+    assert bytecode.compile_packages(sys.executable, {"PYTHONPATH": str(tmp_path)}) is None

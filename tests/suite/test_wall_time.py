@@ -163,3 +163,18 @@ def test_the_bytecode_note_says_where_this_process_keeps_it(monkeypatch):
         "bytecode written beside the sources",
         "bytecode not written (PYTHONDONTWRITEBYTECODE): modules without a .pyc are compiled in every process",
     )
+
+
+def test_the_bytecode_set_up_is_named_inside_the_time_before_pytest():
+    rows = wall_time.breakdown(
+        script_start=100.0,
+        process_start=112.0,
+        configured=115.0,
+        session_start=116.0,
+        cuda_context_s=None,
+        test_seconds=[],
+        kernel_loads={},
+        setup_s=10.5,
+    )
+    assert rows[0][1] == 12.0 and rows[1][:2] == ("  of which compiling the bytecode cache", 10.5)
+    assert rows[2][0] == "interpreter and plugin imports"
