@@ -97,7 +97,9 @@ def autoload_plugins(target: str) -> bool:
 # as large as the difference), and warm, back to back, 24.3 s over 8 against 24.8 over 6 (ledger groups
 # `issue34-quick-workers-8`, `issue34-quick-fresh-default-8`). Each worker peaks near 4 GiB of GPU memory (quick's
 # VRAM estimate: 3.83 GiB), so a GPU with less memory gets fewer (total GiB // 4 - 1); each is a whole Python process
-# importing torch, so a host gets at most one per two CPU cores (the GPU runner's 16 give 8).
+# importing torch, so a host gets at most one per two CPU cores (the GPU runner's 16 give 8). With the bytecode cache
+# (cli/bytecode.py) and the model-building tests on 3 of the 8 (harness/worker_groups.py): 23.4-28.9 s fresh,
+# 20.3-21.4 s warm (groups `issue34-item4-model-groups-f3ebf49`, `issue34-item4-bytecode-setup-9458c3e`).
 DEFAULT_WORKERS = {"quick": 8}
 WORKER_GIB = 4
 

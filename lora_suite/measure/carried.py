@@ -7,7 +7,8 @@ live modules that hold it and what refers to each (an attribute of some object, 
 container), after the garbage collector has run, so that the report says where to look.
 
 Seen first in the full tier under ``--fused-ops liger`` (issue 34): the 16-bit comparison model, 13.05 GB, was still
-allocated when the NF4 run's window opened.
+allocated when the NF4 run's window opened; the note then named frames of its forward kept by an ImportError's
+traceback, the exception an argument of a logging record the test's log capture keeps (docs/fused.md).
 """
 
 from __future__ import annotations
