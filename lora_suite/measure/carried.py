@@ -41,10 +41,11 @@ def live_models(min_bytes: int, device_type: str = "cuda") -> list[tuple[nn.Modu
     return sorted(((m, b) for m, b in big if id(m) not in inner), key=lambda mb: -mb[1])
 
 
-def _owner_of(d: dict, skip: set[int]) -> str | None:
+def _owner_object(d: dict, skip: set[int]):
+    """The object whose ``__dict__`` is ``d``, or None."""
     for r in gc.get_referrers(d):
         if id(r) not in skip and getattr(r, "__dict__", None) is d:
-            return type(r).__name__
+            return r
     return None
 
 
@@ -101,23 +102,28 @@ def describe_referrer(r, target, skip: set[int]) -> str:
         return f"attribute {', '.join(map(repr, attrs))} of a {type(r).__name__}"
     if isinstance(r, dict):
         keys = [k for k, v in r.items() if v is target][:2]
-        owner = _owner_of(r, skip)
+        owner = _owner_object(r, skip)
         if owner is not None:
-            return f"attribute {', '.join(map(repr, keys))} of a {owner}"
+            return f"attribute {', '.join(map(repr, keys))} of a {type(owner).__name__}"
         return f"a dict, under {', '.join(map(repr, keys))}" if keys else f"a dict of {len(r)} items"
     if isinstance(r, list | tuple | set):
         return f"a {type(r).__name__} of {len(r)} items" + _container_holder(r, skip)
     return f"a {type(r).__name__}"
 
 
-def _container_holder(container, skip: set[int]) -> str:
-    """One hop up from a list, tuple or set: the module global, attribute, dict entry or object that holds it.
-    Plain loops: a comprehension naming ``container`` would hold it in a cell of its own (Python 3.11)."""
+def _container_holder(container, skip: set[int], hops: int = 3) -> str:
+    """Up to ``hops`` hops up from ``container`` (a list, a tuple, an object holding the target): the module global,
+    attribute, dict entry, frame, function or object that holds it, and what holds that in turn. Plain loops: a
+    comprehension naming ``container`` would hold it in a cell of its own (Python 3.11)."""
+    if hops <= 0:
+        return ""
     stack, frame = set(), sys._getframe()
     while frame is not None:  # this call's own frames refer to the container as a local
         stack.add(id(frame))
         frame = frame.f_back
-    for h in gc.get_referrers(container):
+    refs = gc.get_referrers(container)
+    up = skip | {id(container), id(refs)}  # this list holds the next level's container too
+    for h in refs:
         if id(h) in skip or id(h) in stack:
             continue
         if isinstance(h, dict):
@@ -129,13 +135,26 @@ def _container_holder(container, skip: set[int]) -> str:
             for m in gc.get_referrers(h):
                 if isinstance(m, types.ModuleType) and vars(m) is h:
                     return f", the global {key} of {m.__name__}"
-            owner = _owner_of(h, skip)
+            owner = _owner_object(h, skip)
             where = f" {key!r}" if key is not None else ""
-            return f", held by attribute{where} of a {owner}" if owner else f", held by a dict under{where or ' a key'}"
+            if owner is not None:
+                return f", held by attribute{where} of a {type(owner).__name__}" + _container_holder(
+                    owner, up | {id(h)}, hops - 1
+                )
+            return f", held by a dict under{where or ' a key'}" + _container_holder(h, up, hops - 1)
         if isinstance(h, types.FrameType):
             return f", held by a frame of {h.f_code.co_name} ({h.f_code.co_filename}:{h.f_lineno})"
         if isinstance(h, types.FunctionType):
             return f", held by the function {h.__qualname__}"
+        if isinstance(h, list | tuple | set):
+            return f", held by a {type(h).__name__} of {len(h)} items" + _container_holder(h, up, hops - 1)
+        attr = None
+        for k, v in getattr(h, "__dict__", {}).items():  # an object whose attributes live inline (3.11+)
+            if v is container:
+                attr = k
+                break
+        if attr is not None:
+            return f", held by attribute {attr!r} of a {type(h).__name__}" + _container_holder(h, up, hops - 1)
         return f", held by a {type(h).__name__}"
     return ""
 

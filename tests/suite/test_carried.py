@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import logging
 
 from torch import nn
 
@@ -114,4 +115,38 @@ def test_a_stored_exception_in_a_module_globals_tuple_names_the_global():
     (line,) = [line for line in describe_carried(MIB, "cpu") if line.startswith("_Model")]
     assert "held by a tuple of 4 items, the global _RECORD of " in line, line
     _RECORD = None
+    gc.collect()
+
+
+class _KeepingHandler(logging.Handler):
+    """Stands for a log capture that keeps every record (pytest's keeps a test phase's records until it ends)."""
+
+    def __init__(self):
+        super().__init__()
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+def test_an_exception_logged_as_an_argument_names_the_log_capture_that_keeps_it():
+    gc.collect()
+    model = _Model()
+    handler = _KeepingHandler()
+    log = logging.getLogger("carried-test")
+    log.addHandler(handler)
+    log.propagate = False
+    try:
+        _forward_that_fails(model)
+    except RuntimeError as exc:
+        log.warning("import of %s failed in %s (%s): %s", "tanh", "math", "fallback", exc)
+    del model
+    (line,) = [line for line in describe_carried(MIB, "cpu") if line.startswith("_Model")]
+    want = (
+        "held by a tuple of 4 items, held by attribute 'args' of a LogRecord, held by a list of 1 items, "
+        "held by attribute 'records' of a _KeepingHandler"
+    )
+    assert want in line, line
+    log.removeHandler(handler)
+    handler.records.clear()
     gc.collect()
