@@ -87,3 +87,17 @@ def test_over_workers_the_marked_tests_share_two_workers_and_every_test_runs(pyt
     rows = [json.loads(line) for line in (pytester.path / "where.jsonl").read_text().splitlines()]
     builders = {w for name, w in rows if name.startswith("builds")}
     assert len(rows) == 12 and len(builders) == 2, rows  # 4 workers: two groups, two processes import the model code
+
+
+def test_the_scheduler_keeps_xdists_own_groups_and_deals_the_marked_tests(pytester):
+    pytest.importorskip("xdist", reason="pytest-xdist is a declared dependency: pip install pytest-xdist")
+    pytester.makepyfile(
+        test_m="import pytest\npytestmark = pytest.mark.model_code\n\ndef test_a():\n    pass\n\ndef test_b():\n    pass\n"
+    )
+    xdist = ["-p", "xdist.plugin"] if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD") else []
+    config = pytester.parseconfigure(*xdist, "--tx", "8*popen", "--dist", "loadgroup")
+    sched = WG.make_scheduler(config, None)
+    assert sched._split_scope("test_x.py::test_c[1]@mine") == "mine"  # an xdist_group suffix, where pytest allows it
+    assert sched._split_scope("test_x.py::test_c[1]") == "test_x.py::test_c[1]"  # unmarked: its own unit
+    firsts = [sched._split_scope(n) for n in ("test_m.py::test_a", "test_m.py::test_b", "test_m.py::test_a")]
+    assert firsts == ["model_code-0", "model_code-1", "model_code-0"]  # asked again: the same group
