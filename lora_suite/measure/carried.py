@@ -86,8 +86,10 @@ def _exception_of(tb: types.TracebackType, skip: set[int]) -> BaseException | No
     return None
 
 
-def describe_referrer(r, target, skip: set[int]) -> str:
-    """One referrer of ``target`` in words; a frame with what keeps it alive after its call ended."""
+def describe_referrer(r, target, skip: set[int], hops: int = 3) -> str:
+    """How ``r`` refers to ``target``, in words: a frame with what keeps it alive after its call ended; a container,
+    a dict or an object's attribute followed up to ``hops`` holders further (``_holder``). Plain loops throughout:
+    a comprehension naming ``target`` would hold it in a cell of its own (Python 3.11)."""
     if isinstance(r, types.FrameType):
         where = f"a frame of {r.f_code.co_name} ({r.f_code.co_filename}:{r.f_lineno})"
         return where + _frame_keeper(r, skip)
@@ -97,65 +99,48 @@ def describe_referrer(r, target, skip: set[int]) -> str:
         return f"a closure cell of {funcs[0].__qualname__ if funcs else 'a function'}"
     if isinstance(r, types.MethodType):
         return f"a bound method {r.__func__.__qualname__}"
-    attrs = [k for k, v in getattr(r, "__dict__", {}).items() if v is target][:2] if not isinstance(r, type) else []
-    if attrs:  # an instance whose attributes live inline (Python 3.11+ reports the object, not its __dict__)
-        return f"attribute {', '.join(map(repr, attrs))} of a {type(r).__name__}"
+    if isinstance(r, types.FunctionType):
+        return f"the function {r.__qualname__}"
+    up = skip | {id(target)}
     if isinstance(r, dict):
-        keys = [k for k, v in r.items() if v is target][:2]
+        key = _key_of(r, target)
+        for m in gc.get_referrers(r):
+            if isinstance(m, types.ModuleType) and vars(m) is r:
+                return f"the global {key} of {m.__name__}"
         owner = _owner_object(r, skip)
         if owner is not None:
-            return f"attribute {', '.join(map(repr, keys))} of a {type(owner).__name__}"
-        return f"a dict, under {', '.join(map(repr, keys))}" if keys else f"a dict of {len(r)} items"
+            return f"attribute {key!r} of a {type(owner).__name__}" + _holder(owner, up | {id(r)}, hops)
+        return (f"a dict under {key!r}" if key is not None else f"a dict of {len(r)} items") + _holder(r, up, hops)
     if isinstance(r, list | tuple | set):
-        return f"a {type(r).__name__} of {len(r)} items" + _container_holder(r, skip)
+        return f"a {type(r).__name__} of {len(r)} items" + _holder(r, up, hops)
+    attr = None if isinstance(r, type) else _key_of(getattr(r, "__dict__", {}), target)
+    if attr is not None:  # an instance whose attributes live inline (Python 3.11+ reports the object, not its __dict__)
+        return f"attribute {attr!r} of a {type(r).__name__}" + _holder(r, up, hops)
     return f"a {type(r).__name__}"
 
 
-def _container_holder(container, skip: set[int], hops: int = 3) -> str:
-    """Up to ``hops`` hops up from ``container`` (a list, a tuple, an object holding the target): the module global,
-    attribute, dict entry, frame, function or object that holds it, and what holds that in turn. Plain loops: a
-    comprehension naming ``container`` would hold it in a cell of its own (Python 3.11)."""
+def _key_of(d: dict, value):
+    for k, v in d.items():
+        if v is value:
+            return k
+    return None
+
+
+def _holder(obj, skip: set[int], hops: int) -> str:
+    """ ", held by ..." for what holds ``obj`` (``describe_referrer`` of its first referrer that is not this search's
+    own: a frame on this call stack, a list of referrers made here), or "" once ``hops`` are spent."""
     if hops <= 0:
         return ""
     stack, frame = set(), sys._getframe()
-    while frame is not None:  # this call's own frames refer to the container as a local
+    while frame is not None:  # this call's own frames refer to obj as a local
         stack.add(id(frame))
         frame = frame.f_back
-    refs = gc.get_referrers(container)
-    up = skip | {id(container), id(refs)}  # this list holds the next level's container too
+    refs = gc.get_referrers(obj)
+    up = skip | {id(obj), id(refs)}  # this list holds the next level's object too
     for h in refs:
-        if id(h) in skip or id(h) in stack:
-            continue
-        if isinstance(h, dict):
-            key = None
-            for k, v in h.items():
-                if v is container:
-                    key = k
-                    break
-            for m in gc.get_referrers(h):
-                if isinstance(m, types.ModuleType) and vars(m) is h:
-                    return f", the global {key} of {m.__name__}"
-            owner = _owner_object(h, skip)
-            where = f" {key!r}" if key is not None else ""
-            if owner is not None:
-                return f", held by attribute{where} of a {type(owner).__name__}" + _container_holder(
-                    owner, up | {id(h)}, hops - 1
-                )
-            return f", held by a dict under{where or ' a key'}" + _container_holder(h, up, hops - 1)
-        if isinstance(h, types.FrameType):
-            return f", held by a frame of {h.f_code.co_name} ({h.f_code.co_filename}:{h.f_lineno})"
-        if isinstance(h, types.FunctionType):
-            return f", held by the function {h.__qualname__}"
-        if isinstance(h, list | tuple | set):
-            return f", held by a {type(h).__name__} of {len(h)} items" + _container_holder(h, up, hops - 1)
-        attr = None
-        for k, v in getattr(h, "__dict__", {}).items():  # an object whose attributes live inline (3.11+)
-            if v is container:
-                attr = k
-                break
-        if attr is not None:
-            return f", held by attribute {attr!r} of a {type(h).__name__}" + _container_holder(h, up, hops - 1)
-        return f", held by a {type(h).__name__}"
+        if id(h) not in skip and id(h) not in stack:
+            said = describe_referrer(h, obj, up, hops - 1)
+            return (", " if said.startswith("the global") else ", held by ") + said
     return ""
 
 
