@@ -67,9 +67,7 @@ def wall_time_breakdown(run: RunReport, state: dict) -> None:
         clock=state["clock"],
         session_s=None if workers else session_s,
         workers=workers,
-        setup_s=float(os.environ["LORA_SUITE_BYTECODE_SETUP_S"])
-        if "LORA_SUITE_BYTECODE_SETUP_S" in os.environ
-        else None,
+        setup_s=float(os.environ[wall_time.SETUP_ENV]) if wall_time.SETUP_ENV in os.environ else None,
     )
     if workers:
         rows.append(

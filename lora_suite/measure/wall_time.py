@@ -30,13 +30,12 @@ class SessionClock:
 
     setup_teardown: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     writes_s: float = 0.0
-    first_test: str | None = None  # the first test this process ran, and when its setup began (epoch seconds)
-    first_test_at: float | None = None
-    test_s: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # setup + call + teardown
+    first_test_at: float | None = None  # when the first test's setup began (epoch seconds)
+    test_s: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # setup + call + teardown, in order
 
     def add_phase(self, nodeid: str, when: str, seconds: float) -> None:
-        if self.first_test is None:
-            self.first_test, self.first_test_at = nodeid, time.time() - seconds
+        if self.first_test_at is None:
+            self.first_test_at = time.time() - seconds
         self.test_s[nodeid] += seconds
         if when in ("setup", "teardown"):
             self.setup_teardown[nodeid] += seconds
@@ -44,12 +43,13 @@ class SessionClock:
     def timeline(self, worker: str, **known: float | None) -> dict:
         """This process's timeline as a worker hands it over (``worker_rows`` reads it): ``known`` adds the
         process's own epochs and seconds (process_start, configured, preload_s, cuda_context_s, end)."""
+        first = next(iter(self.test_s), None)  # the first test this process ran
         return {
             "worker": worker,
             **known,
             "first_test": self.first_test_at,
-            "first_test_name": self.first_test or "",
-            "first_test_s": self.test_s.get(self.first_test) if self.first_test else None,
+            "first_test_name": first or "",
+            "first_test_s": self.test_s[first] if first else None,
             "tests": len(self.test_s),
             "tests_s": sum(self.test_s.values()),
         }
@@ -71,6 +71,9 @@ def process_start_epoch(stat_path: str = "/proc/self/stat", uptime_path: str = "
     except (OSError, ValueError, IndexError):
         return None
     return time.time() - uptime + start_ticks / os.sysconf("SC_CLK_TCK")
+
+
+SETUP_ENV = "LORA_SUITE_BYTECODE_SETUP_S"  # the bytecode cache's set-up seconds (lora_suite.cli), for ``breakdown``
 
 
 def breakdown(
@@ -164,7 +167,7 @@ def _slowest_loads(loads: dict[str, float], top: int) -> str:
 
 def worker_rows(timelines: list[dict], session_start: float) -> list[tuple[str, float | None, str]]:
     """Rows of a run spread over pytest-xdist workers: where each worker's own time went before and around its
-    tests, from the timelines the workers hand over (``worker_timeline``; epoch seconds, one host's clock).
+    tests, from the timelines the workers hand over (``SessionClock.timeline``; epoch seconds, one host's clock).
 
     - ``workers' start-up``: a worker's process start to its first test (interpreter, plugin and test-module
       imports, the implementation's preload, collection), the median and the slowest worker;
@@ -174,8 +177,9 @@ def worker_rows(timelines: list[dict], session_start: float) -> list[tuple[str, 
     """
     if not timelines:
         return []
-    ups = sorted(
-        (t["first_test"] - t["process_start"], t) for t in timelines if _known(t, "first_test", "process_start")
+    ups = sorted(  # by seconds alone: two workers with the same start-up must not compare their dicts
+        ((t["first_test"] - t["process_start"], t) for t in timelines if _known(t, "first_test", "process_start")),
+        key=lambda st: st[0],
     )
     rows: list[tuple[str, float | None, str]] = []
     if ups:

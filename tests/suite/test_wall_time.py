@@ -178,3 +178,10 @@ def test_the_bytecode_set_up_is_named_inside_the_time_before_pytest():
     )
     assert rows[0][1] == 12.0 and rows[1][:2] == ("  of which compiling the bytecode cache", 10.5)
     assert rows[2][0] == "interpreter and plugin imports"
+
+
+def test_workers_with_the_same_start_up_are_ranked_without_comparing_their_timelines():
+    rows = wall_time.worker_rows(
+        [_timeline("gw0", 100.0, 106.0, 120.0, 9.0), _timeline("gw1", 100.0, 106.0, 121.0, 9.0)], session_start=99.0
+    )
+    assert rows[0][:2] == ("workers' start-up (2)", 6.0)
