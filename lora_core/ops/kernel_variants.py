@@ -16,10 +16,27 @@ Recording is one dict update per launch, on the host (a captured graph records i
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-DTYPE_NAME = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+class _DtypeNames(dict):
+    """torch dtype -> "fp32"/"bf16"/"fp16", each filled on its first lookup: this module imports no torch, so that a
+    process that only merges other processes' records (the controller of a run spread over workers) never does."""
+
+    _BY_TEXT = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
+
+    def __missing__(self, dtype):
+        name = self._BY_TEXT.get(str(dtype))
+        if name is None:
+            raise KeyError(f"no kernel variants for dtype {dtype}: expected one of {sorted(self._BY_TEXT)}")
+        self[dtype] = name
+        return name
+
+
+DTYPE_NAME = _DtypeNames()
 
 
 @dataclasses.dataclass(frozen=True, order=True)

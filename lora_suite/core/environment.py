@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import importlib.metadata
 import os
@@ -97,26 +98,26 @@ def nvml_host_facts() -> tuple[str | None, int | None]:
         pynvml.nvmlShutdown()
 
 
-def collect_environment() -> Environment:
+CUPY_DISTRIBUTIONS = ("cupy-cuda13x", "cupy-cuda12x", "cupy")
+
+
+def package_environment() -> Environment:
+    """The environment as far as it is known without importing torch or CuPy: the packages' installed versions
+    (not whether they import), git and NVML; no GPU properties, no CUDA version. What the controlling process of a run
+    spread over workers records until its first worker hands over its own ``collect_environment`` (it runs no test,
+    and importing torch there cost 4.1-4.6 s of a fresh H100 runner's quick tier, reports/README.md, issue 34)."""
     commit, dirty = git_state()
     driver, host_gpus = nvml_host_facts()
-    gpu = cc = mem = None
-    import torch  # here, not at module level: the command line reads reports without importing torch
-
-    from lora_core.ops.cupy_interop import cublas_binding_version, cupy_version
-
-    if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
-        gpu, cc, mem = props.name, f"{props.major}.{props.minor}", round(props.total_memory / 2**30, 2)
+    cupy = next(filter(None, map(_dist_version, CUPY_DISTRIBUTIONS)), None)
     return Environment(
-        gpu_name=gpu,
-        compute_capability=cc,
-        gpu_memory_gib=mem,
+        gpu_name=None,
+        compute_capability=None,
+        gpu_memory_gib=None,
         driver=driver,
-        cuda=torch.version.cuda,
-        torch=torch.__version__,
-        cupy=cupy_version(),
-        nvmath=cublas_binding_version(),
+        cuda=None,
+        torch=_dist_version("torch") or "not installed",
+        cupy=cupy,
+        nvmath=_dist_version("nvmath-python"),
         transformers=_dist_version("transformers"),
         peft=_dist_version("peft"),
         python=platform.python_version(),
@@ -125,4 +126,27 @@ def collect_environment() -> Environment:
         hostname=platform.node(),
         timestamp_utc=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         host_gpus=host_gpus,
+    )
+
+
+def collect_environment() -> Environment:
+    """The environment as a test process sees it: ``package_environment`` with torch's view of the GPU and its CUDA
+    version, and CuPy and nvmath as they import (None where they do not)."""
+    import torch  # here, not at module level: the command line reads reports without importing torch
+
+    from lora_core.ops.cupy_interop import cublas_binding_version, cupy_version
+
+    gpu = cc = mem = None
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        gpu, cc, mem = props.name, f"{props.major}.{props.minor}", round(props.total_memory / 2**30, 2)
+    return dataclasses.replace(
+        package_environment(),
+        gpu_name=gpu,
+        compute_capability=cc,
+        gpu_memory_gib=mem,
+        cuda=torch.version.cuda,
+        torch=torch.__version__,
+        cupy=cupy_version(),
+        nvmath=cublas_binding_version(),
     )

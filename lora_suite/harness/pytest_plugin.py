@@ -27,13 +27,13 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
-from lora_suite.core.environment import collect_environment
+from lora_suite.core.environment import collect_environment, package_environment
 from lora_suite.core.registry import registry
 from lora_suite.harness import session_tables, worker_groups, worker_records
 from lora_suite.harness.checks import Checker, CheckFailed, failure_text
 from lora_suite.harness.cuda_errors import is_cuda_error
+from lora_suite.harness.header import header_lines
 from lora_suite.harness.options import (
     check_report_dir,
     pytest_addoption,  # noqa: F401  (a hook: pytest finds it here)
@@ -84,9 +84,10 @@ def pytest_configure(config):
     run_id = os.environ.get("LORA_SUITE_RUN_ID") or f"{now}-{re.sub(r'[^A-Za-z0-9]+', '_', selection)}"
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", run_id):
         raise pytest.UsageError(f"LORA_SUITE_RUN_ID must be a folder name (letters, digits, _ . -), got {run_id!r}")
-    config.stash[_REPORT_KEY] = report = RunReport(
-        run_id=run_id, selection=selection, environment=collect_environment()
-    )
+    # the controlling process of workers imports no torch (4.1-4.6 s of a fresh runner): its report takes the first
+    # worker's environment (harness/worker_records.py); every test process reads its own
+    environment = package_environment() if _drives_workers(config) else collect_environment()
+    config.stash[_REPORT_KEY] = report = RunReport(run_id=run_id, selection=selection, environment=environment)
     spec = config.getoption("lora_impl") or DEFAULT
     try:
         impl = resolve_implementation(spec)
@@ -123,19 +124,8 @@ def _drives_workers(config) -> bool:
 
 
 def pytest_report_header(config):
-    env = config.stash[_REPORT_KEY].environment
-    if env.gpu_name is None:
-        gpu = "no CUDA GPU found (torch.cuda.is_available() is False): tests marked 'gpu' will be skipped"
-    else:
-        gpu = f"GPU {env.gpu_name} (sm {env.compute_capability}, {env.gpu_memory_gib} GiB, driver {env.driver})"
-    impl = config.stash[_IMPL_KEY]
-    return [
-        f"lora-gpu-suite: {gpu}",
-        f"lora-gpu-suite: LoRA implementation under test: {impl.describe()}",
-        f"lora-gpu-suite: torch {env.torch} ({f'CUDA {env.cuda}' if env.cuda else 'a CPU build'}), cupy "
-        f"{env.cupy or 'not installed'}, nvmath {env.nvmath or 'not installed'}, transformers {env.transformers}, "
-        f"peft {env.peft or 'not installed'}, commit {env.git_commit[:12]}{' (dirty)' if env.git_dirty else ''}",
-    ]
+    env, impl = config.stash[_REPORT_KEY].environment, config.stash[_IMPL_KEY]
+    return header_lines(env, impl.describe(), drives_workers=_drives_workers(config))
 
 
 def _tiers() -> dict:
@@ -158,6 +148,8 @@ def pytest_collection_modifyitems(config, items):
         if marker and item.get_closest_marker(marker) is None:
             item.add_marker(getattr(pytest.mark, marker))
             item.add_marker(pytest.mark.gpu)
+    import torch  # a process that collects runs tests: torch is its own import
+
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU: none found (torch.cuda.is_available() is False)")
@@ -206,6 +198,8 @@ def _seed_and_cleanup():
     can matter: when the test leaves more GPU memory allocated than it found (memory that only a cycle may
     still hold). Tests that measure memory collect before they measure (tiers/conftest.py).
     """
+    import torch
+
     random.seed(0)
     torch.manual_seed(0)
     cuda = torch.cuda.is_available()
@@ -271,11 +265,14 @@ def pytest_sessionstart(session):
     _RUN["workers"] = (
         int(getattr(session.config.option, "numprocesses", 0) or 0) if _drives_workers(session.config) else 0
     )
-    if torch.cuda.is_available() and not _RUN["workers"]:  # on its own, so the wall-time breakdown can name it
-        start = time.perf_counter()
-        torch.zeros(1, device="cuda")
-        torch.cuda.synchronize()
-        _RUN["cuda_context_s"] = time.perf_counter() - start
+    if not _RUN["workers"]:  # a process that runs tests (the controlling process of workers imports no torch)
+        import torch
+
+        if torch.cuda.is_available():  # on its own, so the wall-time breakdown can name it
+            start = time.perf_counter()
+            torch.zeros(1, device="cuda")
+            torch.cuda.synchronize()
+            _RUN["cuda_context_s"] = time.perf_counter() - start
     _RUN["report"] = session.config.stash[_REPORT_KEY]
     _RUN["clock"] = wall_time.SessionClock()
     _RUN["start"] = time.perf_counter()
@@ -288,7 +285,7 @@ def pytest_sessionstart(session):
 def _report_tier_wall_time(session, run: RunReport) -> None:
     """``-m <tier>`` GPU runs: the session's wall time against the tier's target (session_tables.tier_wall_time)."""
     tier = session.config.getoption("markexpr")
-    if not tier or not torch.cuda.is_available() or not (session.testscollected or run.outcomes):
+    if not tier or run.environment.gpu_name is None or not (session.testscollected or run.outcomes):
         return
     line = session_tables.tier_wall_time(run, tier, time.perf_counter() - _RUN["start"])
     if line:
@@ -364,7 +361,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     run, tr = config.stash[_REPORT_KEY], terminalreporter
     s = run.summary()
     tr.section("lora-gpu-suite")
-    if run.environment.gpu_name is None:
+    own_reading = "inbox" not in _RUN or _RUN["inbox"].environment_from is not None  # a test process's, not NVML's
+    if own_reading and run.environment.gpu_name is None:
         skipped_gpu = sum(1 for o in run.outcomes if o.outcome == "skipped" and "CUDA GPU" in o.reason)
         nothing = not (s["checks_passed"] or s["checks_failed"] or s.get("passed"))
         tr.write_line(

@@ -8,6 +8,10 @@ report of a killed run still holds what ran. Records are matched by their positi
 record the worker rewrites in place (a table gaining a row, a module's not-applicable count growing) replaces the
 controller's copy instead of appearing twice.
 
+The environment (GPU, torch, CUDA, versions) travels with a worker's first hand-off: the controller, which imports no
+torch, records the packages' versions only (``core.environment.package_environment``) until the first worker's own
+``collect_environment`` replaces them.
+
 What exists only once per worker process (the RawKernel variants it launched, its kernels' first-load times) goes
 through xdist's ``workeroutput`` when the worker ends; ``merge_variants`` adds the launch counts up.
 """
@@ -17,10 +21,12 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, is_dataclass
 
+from lora_suite.core.environment import Environment
 from lora_suite.harness.report import Check, NotApplicable, RunReport, Series
 
 KEY = "lora_suite_records"  # the user_properties entry and the workeroutput key
 FIELDS = ("checks", "not_applicable", "series", "notes")
+ENVIRONMENT = "environment"  # sent once, with a worker's first changes
 
 
 def _plain(record) -> object:
@@ -46,9 +52,13 @@ class Outbox:
 
     def __init__(self) -> None:
         self._sent: dict[str, list] = {f: [] for f in FIELDS}
+        self._environment_sent = False
 
-    def changes(self, run: RunReport) -> dict[str, list[tuple[int, object]]]:
-        out = {}
+    def changes(self, run: RunReport) -> dict[str, object]:
+        out: dict[str, object] = {}
+        if not self._environment_sent:
+            out[ENVIRONMENT] = _plain(run.environment)
+            self._environment_sent = True
         for field in FIELDS:
             current, sent = getattr(run, field), self._sent[field]
             # records are immutable (frozen dataclasses, strings): a rewritten one is a new object in its place
@@ -64,9 +74,15 @@ class Inbox:
 
     def __init__(self) -> None:
         self._where: dict[tuple[str, str, int], int] = {}  # (worker, field, worker's position) -> controller's
+        self.environment_from: str | None = None  # the worker whose environment the report holds
 
     def apply(self, run: RunReport, worker: str, changes: dict) -> None:
         for field, items in changes.items():
+            if field == ENVIRONMENT:
+                if self.environment_from is None:
+                    run.environment = Environment(**items)
+                    self.environment_from = worker
+                continue
             if field not in FIELDS:
                 raise ValueError(f"worker {worker} sent records of {field!r}: expected one of {FIELDS}")
             target = getattr(run, field)

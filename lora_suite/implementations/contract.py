@@ -3,11 +3,13 @@ what each method promises), the features it may declare it cannot do, and its er
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
+if TYPE_CHECKING:  # torch is imported where a model is adapted, not where an implementation is named: the
+    import torch  # controlling process of a run spread over workers resolves --lora-impl and imports no torch
+    from torch import nn
 
 ENTRY_POINT_GROUP = "lora_suite.implementations"
 DEFAULT = "cupy"
@@ -27,6 +29,12 @@ FEATURES = {
 }
 
 
+def _torch():
+    import torch
+
+    return torch
+
+
 class ImplementationError(ValueError):
     """An implementation that cannot be found, built, or that breaks the contract."""
 
@@ -37,7 +45,7 @@ class AdapterSpec:
     r: int
     alpha: float
     use_rslora: bool = False
-    adapter_dtype: torch.dtype | None = torch.float32  # None: the base weight's dtype
+    adapter_dtype: torch.dtype | None = field(default_factory=lambda: _torch().float32)  # None: the base's dtype
     quantize: str | None = None  # None (16-bit base) or "nf4"
 
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
 from lora_suite.implementations.contract import ImplementationError, LoRAImplementation, adapted_modules
+
+if TYPE_CHECKING:  # imported where adapters are handled (contract.py says why)
+    import torch
+    from torch import nn
 
 _PEFT_PARAM = re.compile(r"^(?P<path>.+)\.(?P<which>lora_[AB])\.default\.weight$")
 
@@ -163,6 +165,8 @@ def load_peft_tensors(
         raise ImplementationError(
             f"{who}: {path}: keys that fit no adapter {unknown[:5]}, adapters without a key {missing[:5]}"
         )
+    import torch
+
     with torch.no_grad():
         for key, p in by_key.items():
             if tensors[key].shape != p.shape:
@@ -191,6 +195,8 @@ def save_peft_tensors(adapters: dict[str, nn.Parameter], config: dict, path: str
 
 def trainable_in(adapters: dict[str, nn.Parameter], dtype: torch.dtype | None) -> None:
     """The adapters trainable, and in ``dtype`` (None: as the layers made them)."""
+    import torch
+
     with torch.no_grad():
         for p in adapters.values():
             if dtype is not None and p.dtype != dtype:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import time
 
 import pytest
-import torch
 
-from lora_suite.harness.tier import Tier
+# torch and the harness are imported inside the fixtures: the controlling process of a run spread over workers loads
+# this file too, and runs no test (harness/pytest_plugin.py keeps it free of torch)
 
 
 def pytest_generate_tests(metafunc):
@@ -20,7 +20,11 @@ def pytest_generate_tests(metafunc):
 
 
 @pytest.fixture
-def tier(request, run_report, check, lora_impl) -> Tier:
+def tier(request, run_report, check, lora_impl):
+    import torch
+
+    from lora_suite.harness.tier import Tier
+
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU: none found (torch.cuda.is_available() is False)")
     torch.cuda.init()
@@ -38,6 +42,7 @@ def tiny_cupy_llama():
     matter): for the op-in-a-model checks that do not need a tier's model (capture, torch.compile)."""
 
     def build(seed: int = 0, *, targets="all-linear", quantize=None, fuse=()):
+        import torch
         from transformers import LlamaConfig, LlamaForCausalLM
 
         from lora_core.inject import inject_lora

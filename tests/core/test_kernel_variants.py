@@ -58,3 +58,13 @@ def test_the_catalogue_has_the_issue_named_swiglu_classes_for_every_dtype():
     for dtype, w in kv.SWIGLU_VEC_WIDTH.items():
         got = {v.variant for v in kv.DESIGNED if v.kernel == "swiglu_forward" and v.dtype == dtype}
         assert got == {f"VEC={w}, I%{w}=0", f"VEC=1, I%{w}={w // 2}", "VEC=1, I odd"}
+
+
+def test_a_dtype_without_kernel_variants_is_named():
+    import torch
+
+    from lora_core.ops import kernel_variants as kv
+
+    assert kv.DTYPE_NAME[torch.bfloat16] == "bf16"
+    with pytest.raises(KeyError, match=r"torch\.int8.*expected one of"):
+        kv.DTYPE_NAME[torch.int8]

@@ -3,6 +3,7 @@ hand-off of changed records by position, and a real ``-n 2`` session whose repor
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import textwrap
@@ -27,7 +28,7 @@ def test_only_new_and_changed_records_are_handed_off():
     worker.check("t", "a", 1, "==", 1)
     worker.add_row("t", "table", ("x",), (1,))
     first = out.changes(worker)
-    assert set(first) == {"checks", "series"} and first["checks"][0][0] == 0
+    assert set(first) == {"environment", "checks", "series"} and first["checks"][0][0] == 0
     assert out.changes(worker) == {}  # nothing new
     worker.add_row("t", "table", ("x",), (2,))  # the table is rewritten in place
     worker.notes.append("n")
@@ -69,12 +70,37 @@ def test_variant_launches_add_up_over_workers():
     assert merged == {("k", "bf16", "a"): (5, (4,), (256,)), ("k", "fp32", "b"): (1, (1,), (32,))}
 
 
+# what the controlling process had imported when its session ended
+CONTROLLER_MODULES = """
+import json, sys
+
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput"):
+        open("controller_modules.json", "w").write(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in
+            ("torch", "transformers", "cupy", "peft"))))
+"""
+
+
+def test_the_environment_is_handed_once_and_the_first_workers_is_kept():
+    controller, inbox = _run(), Inbox()
+    controller.environment = dataclasses.replace(controller.environment, gpu_name=None, cuda=None, torch="package")
+    first, second = _run(), _run()
+    first.environment = dataclasses.replace(first.environment, gpu_name="GPU of gw1", cuda="13.0")
+    second.environment = dataclasses.replace(second.environment, gpu_name="GPU of gw0")
+    out1, out0 = Outbox(), Outbox()
+    inbox.apply(controller, "gw1", out1.changes(first))
+    inbox.apply(controller, "gw0", out0.changes(second))
+    assert controller.environment == first.environment and inbox.environment_from == "gw1"
+    first.check("t", "a", 1, "==", 1)
+    assert set(out1.changes(first)) == {"checks"}  # once per worker
+
+
 @pytest.fixture
 def two_workers(pytester, monkeypatch):
     """Runs a test file's ``body`` over two xdist workers as lora-suite does; returns (pytest result, report.json)."""
     pytest.importorskip("xdist", reason="pytest-xdist is a declared dependency: pip install pytest-xdist")
     monkeypatch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    pytester.makeconftest((ROOT / "conftest.py").read_text())
+    pytester.makeconftest((ROOT / "conftest.py").read_text() + CONTROLLER_MODULES)
     pytester.makeini("[pytest]\nmarkers =\n    gpu: gpu\n")
 
     def run(body: str):
@@ -123,6 +149,23 @@ def test_a_session_over_two_workers_writes_one_report_with_every_record(two_work
     phases = {r[0]: r for r in breakdown["rows"]}  # each worker's timeline arrived: where its own time went
     assert phases["workers' start-up (2)"][1] > 0 and "imports" in phases["workers' start-up (2)"][2]
     assert "11 tests" not in phases["last worker to finish"][2] and " tests " in phases["last worker to finish"][2]
+
+
+def test_the_controlling_process_imports_no_torch_and_reports_a_workers_environment(two_workers, pytester):
+    """The controller runs no test: importing torch there cost 4.1-4.6 s of a fresh GPU runner's quick tier. Its
+    report holds the environment a worker read (torch's own version and CUDA build), not the packages' metadata."""
+    result, report = two_workers(
+        """
+            def test_one(check):
+                check("one", 1, "==", 1)
+        """
+    )
+    assert result.ret == 0, result.stdout.str()
+    assert json.loads((pytester.path / "controller_modules.json").read_text()) == []
+    expected = collect_environment()
+    assert (report["environment"]["torch"], report["environment"]["cuda"]) == (expected.torch, expected.cuda)
+    assert report["environment"]["gpu_name"] == expected.gpu_name
+    result.stdout.fnmatch_lines(["*the GPU and CUDA as the workers see them are in the report*"])
 
 
 def test_a_cuda_error_in_a_worker_stops_every_worker(two_workers):
