@@ -361,7 +361,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     run, tr = config.stash[_REPORT_KEY], terminalreporter
     s = run.summary()
     tr.section("lora-gpu-suite")
-    own_reading = "inbox" not in _RUN or _RUN["inbox"].environment_from is not None  # a test process's, not NVML's
+    # a test process's own reading of the GPU (a controller of workers has one once a worker handed it over)
+    own_reading = not _RUN.get("workers") or _RUN["inbox"].environment_from is not None
     if own_reading and run.environment.gpu_name is None:
         skipped_gpu = sum(1 for o in run.outcomes if o.outcome == "skipped" and "CUDA GPU" in o.reason)
         nothing = not (s["checks_passed"] or s["checks_failed"] or s.get("passed"))

@@ -79,8 +79,8 @@ class Inbox:
     def apply(self, run: RunReport, worker: str, changes: dict) -> None:
         for field, items in changes.items():
             if field == ENVIRONMENT:
-                if self.environment_from is None:
-                    run.environment = Environment(**items)
+                if self.environment_from is None:  # the run's own start time stays the controller's
+                    run.environment = Environment(**{**items, "timestamp_utc": run.environment.timestamp_utc})
                     self.environment_from = worker
                 continue
             if field not in FIELDS:

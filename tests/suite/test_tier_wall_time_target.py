@@ -3,6 +3,7 @@ check: a loaded host or another job on the GPU moves it as much as the code does
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from types import SimpleNamespace
 
@@ -20,10 +21,13 @@ def _session(tier: str):
     return SimpleNamespace(config=config, testscollected=3, exitstatus=0)
 
 
+def _on_a_gpu():
+    return dataclasses.replace(collect_environment(), gpu_name="a GPU")
+
+
 @pytest.mark.parametrize(("elapsed", "met"), [(5.0, "yes"), (500.0, "no")])
 def test_wall_time_is_a_series_and_a_summary_line_never_a_check(monkeypatch, elapsed, met):
-    session, run = _session("quick"), RunReport("r", "quick", collect_environment())
-    monkeypatch.setattr(P.torch.cuda, "is_available", lambda: True)
+    session, run = _session("quick"), RunReport("r", "quick", _on_a_gpu())
     monkeypatch.setitem(P._RUN, "start", time.perf_counter() - elapsed)
     P._report_tier_wall_time(session, run)
     assert run.checks == [] and session.exitstatus == 0
@@ -35,11 +39,18 @@ def test_wall_time_is_a_series_and_a_summary_line_never_a_check(monkeypatch, ela
 
 
 def test_a_tier_without_a_target_reports_nothing(monkeypatch):
-    session, run = _session("convergence"), RunReport("r", "convergence", collect_environment())
-    monkeypatch.setattr(P.torch.cuda, "is_available", lambda: True)
+    session, run = _session("convergence"), RunReport("r", "convergence", _on_a_gpu())
     P._report_tier_wall_time(session, run)
     assert run.series == [] and run.checks == []
 
 
 def test_the_former_budget_key_is_named_in_the_error():
     assert RENAMED["tier_seconds_max"] == "tier_seconds_target"
+
+
+def test_a_run_that_saw_no_gpu_reports_no_wall_time_figure(monkeypatch):
+    session = _session("quick")
+    run = RunReport("r", "quick", dataclasses.replace(collect_environment(), gpu_name=None))
+    monkeypatch.setitem(P._RUN, "start", time.perf_counter() - 5.0)
+    P._report_tier_wall_time(session, run)
+    assert run.series == [] and session.config.stash[P._SUMMARY_KEY] == []

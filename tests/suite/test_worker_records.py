@@ -85,12 +85,16 @@ def test_the_environment_is_handed_once_and_the_first_workers_is_kept():
     controller, inbox = _run(), Inbox()
     controller.environment = dataclasses.replace(controller.environment, gpu_name=None, cuda=None, torch="package")
     first, second = _run(), _run()
-    first.environment = dataclasses.replace(first.environment, gpu_name="GPU of gw1", cuda="13.0")
+    first.environment = dataclasses.replace(
+        first.environment, gpu_name="GPU of gw1", cuda="13.0", timestamp_utc="a worker's later time"
+    )
     second.environment = dataclasses.replace(second.environment, gpu_name="GPU of gw0")
     out1, out0 = Outbox(), Outbox()
     inbox.apply(controller, "gw1", out1.changes(first))
     inbox.apply(controller, "gw0", out0.changes(second))
-    assert controller.environment == first.environment and inbox.environment_from == "gw1"
+    started = controller.environment.timestamp_utc
+    assert controller.environment == dataclasses.replace(first.environment, timestamp_utc=started)
+    assert inbox.environment_from == "gw1"
     first.check("t", "a", 1, "==", 1)
     assert set(out1.changes(first)) == {"checks"}  # once per worker
 
