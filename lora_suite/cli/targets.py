@@ -99,7 +99,8 @@ def autoload_plugins(target: str) -> bool:
 # VRAM estimate: 3.83 GiB), so a GPU with less memory gets fewer (total GiB // 4 - 1); each is a whole Python process
 # importing torch, so a host gets at most one per two CPU cores (the GPU runner's 16 give 8). With the bytecode cache
 # (cli/bytecode.py) and the model-building tests on 3 of the 8 (harness/worker_groups.py): 23.4-28.9 s fresh,
-# 20.3-21.4 s warm (groups `issue34-item4-model-groups-f3ebf49`, `issue34-item4-bytecode-setup-9458c3e`).
+# 20.3-21.4 s warm (groups `issue34-item4-model-groups-f3ebf49`, `issue34-item4-bytecode-setup-9458c3e`); with a
+# controlling process that imports no torch: 25.8-26.1 s fresh, 18.9-20.7 s warm (`issue34-item4-controller-*`).
 DEFAULT_WORKERS = {"quick": 8}
 WORKER_GIB = 4
 
