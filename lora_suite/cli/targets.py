@@ -259,7 +259,7 @@ def _run(names, args, extra, tiers, report_root: Path, have_gpu: bool) -> int:
     if args.baseline == "auto":
         gpu = (gpu_line() or "none").split(",")[0]
         baseline = (checkout_root() or Path.cwd()) / "reports" / "baselines" / folder_token(gpu).rstrip("_")
-    rows, failed, interrupted = [], False, False
+    rows, failed, interrupted, terminated = [], False, False, False
     setup = bytecode.compile_packages(python(), _child_env(names[0])) if have_gpu and names != ["selftest"] else None
     for t in names:
         run_dir = (
@@ -276,11 +276,18 @@ def _run(names, args, extra, tiers, report_root: Path, have_gpu: bool) -> int:
         if run_dir is not None:  # the report's run id is its folder's name: `ledger show --run <folder>` finds it
             env["LORA_SUITE_RUN_ID"] = run_dir.name
         proc = subprocess.Popen(cmd, env=env)
+        term = signal.signal(signal.SIGTERM, _raise_terminated)
         try:
             rc = proc.wait()
         except KeyboardInterrupt:  # Ctrl-C reached pytest too: let it write its report, then stop the whole run
             interrupted = True
             rc = _wait_after_interrupt(proc)
+        except Terminated:  # a job's timeout signalled this process alone: pytest gets it too and writes its report
+            interrupted = terminated = True
+            proc.send_signal(signal.SIGTERM)
+            rc = _wait_after_interrupt(proc)
+        finally:
+            signal.signal(signal.SIGTERM, term)
         if baseline and run_dir and not interrupted:
             base = next(
                 (
@@ -298,7 +305,7 @@ def _run(names, args, extra, tiers, report_root: Path, have_gpu: bool) -> int:
                 rc = 6 if crc == 1 else (2 if crc == 2 and rc == 0 else rc)
         if args.record and run_dir and not interrupted and (run_dir / "report.json").is_file():
             print(_record(Path(args.ledger) if args.ledger else default_ledger(), run_dir))
-        verdict = "INTERRUPTED" if interrupted else verdict_of(rc)
+        verdict = ("TERMINATED" if terminated else "INTERRUPTED") if interrupted else verdict_of(rc)
         if not have_gpu and rc == 0 and t != "selftest":  # a GPU target on a machine without one judged nothing
             verdict = "PASS (no GPU: nothing judged)"
         rows.append(f"{t:<12} {verdict:<30} {int(time.time() - start):>6}s  {run_dir or '-'}")
@@ -312,6 +319,9 @@ def _run(names, args, extra, tiers, report_root: Path, have_gpu: bool) -> int:
     print("\nSummary" + (" (no GPU: GPU tests were skipped)" if not have_gpu else ""))
     print(f"{'target':<12} {'result':<30} {'time':>7}  report")
     print("\n".join(rows))
+    if terminated:
+        print("Terminated (SIGTERM): the targets after it did not run.")
+        return 143
     if interrupted:
         print("Interrupted (Ctrl-C): the targets after it did not run.")
         return 130
@@ -339,6 +349,15 @@ def _child_env(target: str = "selftest") -> dict[str, str]:
     if root:  # a checkout's package wins over an installed copy in the runs too
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
     return env
+
+
+class Terminated(Exception):
+    """SIGTERM to the command (a CI job's timeout signals its top process only): without a handler this process
+    would die at once and leave its pytest run going, its report never finished."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated(f"signal {signum}")
 
 
 def _wait_after_interrupt(proc: subprocess.Popen) -> int:

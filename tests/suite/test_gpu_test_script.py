@@ -165,6 +165,49 @@ def test_ctrl_c_stops_the_whole_run_with_130_and_a_summary(tmp_path):
     assert "Interrupted (Ctrl-C)" in out
 
 
+TERM_AWARE_PYTHON = """#!/usr/bin/env bash
+# A python that is real for the script's import checks; in place of pytest it notes a SIGTERM and exits 143.
+for a in "$@"; do [[ "$a" == pytest ]] && exec {py} -c "
+import signal, sys, time
+def stop(*_):
+    open('{marker}', 'w').write('SIGTERM reached pytest')
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+time.sleep(60)"; done
+exec {py} "$@"
+"""
+
+
+def test_sigterm_to_the_command_alone_reaches_pytest_and_stops_the_run_with_143(tmp_path):
+    """A job's timeout signals the top process only (``timeout 400 ./scripts/gpu-test.sh ...``): the command hands
+    the signal to its pytest run, which writes its report as terminated, instead of dying and leaving it running."""
+    import signal
+    import sys
+    import time
+
+    fake, marker = tmp_path / "python", tmp_path / "pytest-got-it"
+    fake.write_text(TERM_AWARE_PYTHON.format(py=sys.executable, marker=marker))
+    fake.chmod(0o755)
+    proc = subprocess.Popen(
+        ["bash", str(SCRIPT), "all", "--continue-on-error", "--report-dir", str(tmp_path / "r")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=dict(os.environ, NO_COLOR="1", PYTHON=str(fake)),
+    )
+    deadline = time.time() + 60
+    while not list((tmp_path / "r").glob("*-quick")) and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)  # the script execs the command: this is the command's process
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, out + err
+    assert marker.read_text() == "SIGTERM reached pytest"
+    assert "quick        TERMINATED" in out and "=== convergence ===" not in out
+    assert "Terminated (SIGTERM)" in out
+
+
 def test_bootstrap_installs_the_cupy_of_torchs_cuda_major_and_peft(tmp_path):
     """A fresh GPU machine: .venv gets torch, then this project with PEFT and cupy-cuda<major>x."""
     env = dict(os.environ, NO_COLOR="1", GPU_TEST_BOOTSTRAP_DRY_RUN="1", GPU_TEST_ASSUME_GPU="1")
