@@ -138,13 +138,12 @@ exec {py} "$@"
 """
 
 
-def test_ctrl_c_stops_the_whole_run_with_130_and_a_summary(tmp_path):
-    import signal
-    import sys
+def _all_run_in_quick(tmp_path, fake_python: str) -> subprocess.Popen:
+    """``gpu-test.sh all`` with ``fake_python`` in place of pytest, returned once its quick run has begun."""
     import time
 
     fake = tmp_path / "python"
-    fake.write_text(SLEEPY_PYTHON.format(py=sys.executable))
+    fake.write_text(fake_python)
     fake.chmod(0o755)
     proc = subprocess.Popen(
         ["bash", str(SCRIPT), "all", "--continue-on-error", "--report-dir", str(tmp_path / "r")],
@@ -158,6 +157,14 @@ def test_ctrl_c_stops_the_whole_run_with_130_and_a_summary(tmp_path):
     while not list((tmp_path / "r").glob("*-quick")) and time.time() < deadline:
         time.sleep(0.2)
     time.sleep(1.0)
+    return proc
+
+
+def test_ctrl_c_stops_the_whole_run_with_130_and_a_summary(tmp_path):
+    import signal
+    import sys
+
+    proc = _all_run_in_quick(tmp_path, SLEEPY_PYTHON.format(py=sys.executable))
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground process group
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, out + err
@@ -183,23 +190,9 @@ def test_sigterm_to_the_command_alone_reaches_pytest_and_stops_the_run_with_143(
     the signal to its pytest run, which writes its report as terminated, instead of dying and leaving it running."""
     import signal
     import sys
-    import time
 
-    fake, marker = tmp_path / "python", tmp_path / "pytest-got-it"
-    fake.write_text(TERM_AWARE_PYTHON.format(py=sys.executable, marker=marker))
-    fake.chmod(0o755)
-    proc = subprocess.Popen(
-        ["bash", str(SCRIPT), "all", "--continue-on-error", "--report-dir", str(tmp_path / "r")],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        env=dict(os.environ, NO_COLOR="1", PYTHON=str(fake)),
-    )
-    deadline = time.time() + 60
-    while not list((tmp_path / "r").glob("*-quick")) and time.time() < deadline:
-        time.sleep(0.2)
-    time.sleep(1.0)
+    marker = tmp_path / "pytest-got-it"
+    proc = _all_run_in_quick(tmp_path, TERM_AWARE_PYTHON.format(py=sys.executable, marker=marker))
     proc.send_signal(signal.SIGTERM)  # the script execs the command: this is the command's process
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, out + err
