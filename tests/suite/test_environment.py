@@ -21,3 +21,23 @@ def test_the_environment_variable_wins_over_a_git_checkout(monkeypatch):
     """A GPU runner's copy carried a .git of the last landed commit: reports named the wrong commit."""
     monkeypatch.setenv(COMMIT_ENV, "0123abc")
     assert git_state() == ("0123abc (from $LORA_SUITE_GIT_COMMIT)", False)
+
+
+def test_the_package_environment_imports_no_torch_and_agrees_with_the_full_one():
+    """What the controlling process of a run over workers records (it imports no torch): the installed versions."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys, dataclasses; from lora_suite.core.environment import package_environment; "
+        "e = package_environment(); print(json.dumps([dataclasses.asdict(e), sorted(m for m in sys.modules "
+        "if m.split('.')[0] in ('torch', 'cupy', 'transformers', 'peft'))]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    light, imported = json.loads(out.stdout)
+    assert imported == []
+    full = collect_environment()
+    assert light["torch"] == full.torch.split("+")[0] or light["torch"] == full.torch
+    assert (light["gpu_name"], light["cuda"]) == (None, None) and light["git_commit"] == full.git_commit
+    assert (light["transformers"], light["peft"], light["python"]) == (full.transformers, full.peft, full.python)
