@@ -11,18 +11,14 @@ from lora_suite.core.environment import Environment
 
 
 def header_lines(env: Environment, implementation: str, *, drives_workers: bool) -> list[str]:
+    cuda = "CUDA: see the workers" if drives_workers else (f"CUDA {env.cuda}" if env.cuda else "a CPU build")
     if drives_workers:
         gpus = "no NVIDIA driver" if env.host_gpus is None else f"{env.host_gpus} GPU(s), driver {env.driver}"
-        gpu, cuda = (
-            f"NVML: {gpus} on the host; the GPU and CUDA as the workers see them are in the report",
-            "CUDA: see the workers",
-        )
+        gpu = f"NVML: {gpus} on the host; the GPU and CUDA as the workers see them are in the report"
     elif env.gpu_name is None:
         gpu = "no CUDA GPU found (torch.cuda.is_available() is False): tests marked 'gpu' will be skipped"
-        cuda = f"CUDA {env.cuda}" if env.cuda else "a CPU build"
     else:
         gpu = f"GPU {env.gpu_name} (sm {env.compute_capability}, {env.gpu_memory_gib} GiB, driver {env.driver})"
-        cuda = f"CUDA {env.cuda}" if env.cuda else "a CPU build"
     return [
         f"lora-gpu-suite: {gpu}",
         f"lora-gpu-suite: LoRA implementation under test: {implementation}",

@@ -29,10 +29,10 @@ FEATURES = {
 }
 
 
-def _torch():
+def _fp32() -> torch.dtype:
     import torch
 
-    return torch
+    return torch.float32
 
 
 class ImplementationError(ValueError):
@@ -45,7 +45,7 @@ class AdapterSpec:
     r: int
     alpha: float
     use_rslora: bool = False
-    adapter_dtype: torch.dtype | None = field(default_factory=lambda: _torch().float32)  # None: the base's dtype
+    adapter_dtype: torch.dtype | None = field(default_factory=_fp32)  # None: the base weight's dtype
     quantize: str | None = None  # None (16-bit base) or "nf4"
 
 
