@@ -37,6 +37,7 @@ class Prepared:
     quantize: str | None  # the base storage actually used (None: 16-bit)
     implementation: LoRAImplementation
     adapters: dict[str, nn.Parameter]  # canonical name (<module path>.lora_A / .lora_B) -> parameter
+    spec: AdapterSpec | None = None  # what inject was asked for (None only for a Prepared built by hand)
 
     def describe(self, cfg: TierConfig) -> str:
         lora = cfg.lora
@@ -227,4 +228,4 @@ def prepare(
             p.requires_grad_(False)
     replaced = adapted_modules(adapters)
     batches = Batches(cfg.data, tokenizer_for(built.tokenizer), cfg.model.architecture.vocab_size, device)
-    return Prepared(built, built.model, batches, replaced, quantize, impl, adapters)
+    return Prepared(built, built.model, batches, replaced, quantize, impl, adapters, spec)

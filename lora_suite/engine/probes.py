@@ -125,19 +125,21 @@ def build_probe(
     device,
     *,
     seed: int = 0,
+    randomise: bool = True,
 ) -> Probe:
     """A ``ProbeBlock`` of random base weights (std 1/√in) in ``dtype`` adapted by ``impl`` per ``spec``, its
     adapters then set to random values (A std 1/√in, B std 1/√r) in their own dtype. With a 4-bit base
     (``spec.quantize``) the weights the reference uses are read from a twin built from the same seed
-    (``effective_weight``), so that the probe under test has run nothing before the test runs it."""
-    probe = _build(impl, shape, spec, dtype, device, seed)
+    (``effective_weight``), so that the probe under test has run nothing before the test runs it.
+    ``randomise=False`` keeps the adapters as ``inject`` made them (the initial state is then what is judged)."""
+    probe = _build(impl, shape, spec, dtype, device, seed, randomise)
     if spec.quantize is not None:
-        twin = _build(impl, shape, spec, dtype, device, seed)
+        twin = _build(impl, shape, spec, dtype, device, seed, randomise)
         probe.weights = {path: effective_weight(twin, path) for path in probe.weights}
     return probe
 
 
-def _build(impl, shape, spec, dtype, device, seed: int) -> Probe:
+def _build(impl, shape, spec, dtype, device, seed: int, randomise: bool = True) -> Probe:
     gen = torch.Generator(device=device).manual_seed(seed)
     block = ProbeBlock(shape, device=device, dtype=dtype)
     weights = {}
@@ -147,10 +149,11 @@ def _build(impl, shape, spec, dtype, device, seed: int) -> Probe:
                 w = torch.randn(m.weight.shape, device=device, generator=gen) * m.in_features**-0.5
                 m.weight.copy_(w.to(dtype))
                 weights[path] = m.weight.detach().clone()
+    torch.manual_seed(seed)  # an implementation's own random init (kaiming A) is the same for the same seed
     adapted = list(impl.inject(block, spec))
     adapters = impl.adapter_parameters(block)
     with torch.no_grad():
-        for _name, p in adapters.items():
+        for _name, p in adapters.items() if randomise else ():
             fan = p.shape[1]
             p.copy_((torch.randn(p.shape, device=device, generator=gen) * fan**-0.5).to(p.dtype))
     return Probe(impl, spec, shape, block, weights, adapters, adapted, spec_scale(spec), dtype)
@@ -247,7 +250,9 @@ def run_probe(probe: Probe, inputs: ProbeInputs, *, inputs_require_grad: bool = 
     )
 
 
-def reference(probe: Probe, inputs: ProbeInputs, *, inputs_require_grad: bool = True) -> ProbeRun:
+def reference(
+    probe: Probe, inputs: ProbeInputs, *, inputs_require_grad: bool = True, backward: bool = True
+) -> ProbeRun:
     """The probe's function in float64 by autograd on the same tensors (none of the code under test):
     each projection ``x Wᵀ + s·(x Âᵀ) B̂ᵀ`` with Â, B̂ the adapters rounded to the activation dtype."""
     s, act = probe.scale, inputs.x.dtype
@@ -276,7 +281,8 @@ def reference(probe: Probe, inputs: ProbeInputs, *, inputs_require_grad: bool = 
         lin("o_proj", x_o),
         lin("down_proj", F.silu(lin("gate_proj", x_m)) * lin("up_proj", x_m)),
     )
-    torch.autograd.backward(outs, [d.double() for d in inputs.dys])
+    if backward:
+        torch.autograd.backward(outs, [d.double() for d in inputs.dys])
     grads = {}
     for path, (a, b) in ad.items():
         grads[f"{path}.lora_A"], grads[f"{path}.lora_B"] = a.grad, b.grad

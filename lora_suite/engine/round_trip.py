@@ -61,7 +61,12 @@ def saved_tensors(folder: Path) -> dict[str, torch.Tensor]:
 
 
 # A folder whose adapter_config.json says another value than the model's: key -> the planted value
-TAMPERED = {"lora_alpha": lambda c: 2 * c["lora_alpha"] + 1, "r": lambda c: 2 * c["r"]}
+TAMPERED = {
+    "lora_alpha": lambda c: 2 * c["lora_alpha"] + 1,
+    "r": lambda c: 2 * c["r"],
+    "use_rslora": lambda c: not c.get("use_rslora", False),  # PEFT's LoraConfig: absent means False
+}
+OPTIONAL = {"use_rslora"}  # keys a folder may leave out (their absence has PEFT's default meaning)
 
 
 def round_trip(
@@ -90,6 +95,7 @@ def round_trip(
             ", ".join(bad[:4]),
         )
     )
+    out += saved_folder_verdicts(trained, folder, want, saved)
     fresh = build()
     out.append(
         Verdict(
@@ -139,6 +145,61 @@ def round_trip(
     return out
 
 
+def saved_folder_verdicts(
+    trained: Prepared, folder: Path, want: dict[str, torch.Tensor], saved: dict[str, torch.Tensor]
+) -> list[Verdict]:
+    """What PEFT's format promises beyond the tensors' values: each tensor in its adapter's dtype, no tensor but the
+    adapters (no base weight), and a config that records the model's r, lora_alpha, use_rslora and targets."""
+    wrong_dtype = [
+        f"{n}: {saved[n].dtype}, adapter {t.dtype}" for n, t in want.items() if n in saved and saved[n].dtype != t.dtype
+    ]
+    extra = sorted(set(saved) - set(want))
+    spec = trained.spec
+    try:
+        config = json.loads((folder / CONFIG_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        config, unreadable = {}, [f"{CONFIG_FILE}: {type(exc).__name__}"]
+    else:
+        unreadable = []
+    leaves = sorted({n.rsplit(".", 2)[-2] for n in want})
+    targets = config.get("target_modules")
+    targets = [targets] if isinstance(targets, str) else (targets or [])
+    expected = {} if spec is None else {"r": spec.r, "lora_alpha": spec.alpha, "use_rslora": spec.use_rslora}
+    bad_config = unreadable + [
+        f"{key}={config.get(key, 'missing')!r}, the model's {value!r}"
+        for key, value in expected.items()
+        if config.get(key, False if key == "use_rslora" else None) != value
+    ]
+    if "all-linear" not in targets and (missing := [t for t in leaves if t not in targets]):
+        bad_config.append(f"target_modules {targets} lacks {missing}")
+    return [
+        Verdict(
+            f"saved folder: tensors not in their adapter's dtype (of {len(want)})",
+            len(wrong_dtype),
+            "==",
+            0,
+            "PEFT saves each adapter in its own dtype",
+            "; ".join(wrong_dtype[:3]),
+        ),
+        Verdict(
+            f"saved folder: tensors that are not adapters ({len(saved)} saved)",
+            len(extra),
+            "==",
+            0,
+            "PEFT's adapter_model.safetensors holds the adapters only, never base weights",
+            ", ".join(extra[:3]),
+        ),
+        Verdict(
+            "saved folder: config settings that are not the model's (r, lora_alpha, use_rslora, target_modules)",
+            len(bad_config),
+            "==",
+            0,
+            "PEFT's adapter_config.json (LoraConfig): what PEFT's loader builds the layers from",
+            "; ".join(bad_config[:3]),
+        ),
+    ]
+
+
 def tampered_folder(trained: Prepared, build: Callable[[], Prepared], folder: Path, key: str) -> Verdict:
     """``trained`` saved to ``folder``, then a copy whose config's ``key`` is planted wrong, loaded into a fresh model:
     refused or honoured, never loaded as if it matched (the trained model's logits are what a match would give)."""
@@ -154,7 +215,7 @@ def _tampered(trained, build, folder: Path, key: str, planted, good_logits) -> V
     bad = folder.with_name(folder.name + f"-wrong-{key.replace('_', '-')}")
     shutil.copytree(folder, bad, dirs_exist_ok=True)
     config = json.loads((bad / CONFIG_FILE).read_text())
-    if key not in config:
+    if key not in config and key not in OPTIONAL:
         return Verdict(
             f"folder with a wrong {key}: its config has no {key}",
             "missing",

@@ -164,17 +164,199 @@ def target_left_out():
     return _planted("target_left_out", targets_of=targets_of)
 
 
-# defect -> (factory name, the tier that must catch it, a fragment of the check that must be among the failures:
-# "" for any check; the leak's must be a memory slope, not a speed verdict that sharing the GPU could move)
+def lora_b_random_init():
+    """lora_B drawn at small random values (std 1e-3) instead of zeros: the adapted model is not the base at step 0."""
+
+    def inject(self, model, spec):
+        adapted = _example().PlainLoRA.inject(self, model, spec)
+        with torch.no_grad():
+            for m in self.layers(model).values():
+                m.lora_B.normal_(0.0, 1e-3)
+        return adapted
+
+    return _planted("lora_b_random_init", inject=inject)
+
+
+def lora_a_zero_init():
+    """lora_A zero as well as lora_B: the model starts as the base, and no gradient ever reaches either adapter."""
+
+    def inject(self, model, spec):
+        adapted = _example().PlainLoRA.inject(self, model, spec)
+        with torch.no_grad():
+            for m in self.layers(model).values():
+                m.lora_A.zero_()
+        return adapted
+
+    return _planted("lora_a_zero_init", inject=inject)
+
+
+def rslora_ignored():
+    """use_rslora=True accepted (and saved) but the scale stays alpha / r."""
+    ex = _example()
+
+    class Layer(ex.PlainLoRALinear):
+        def __init__(self, base, r, alpha, use_rslora, adapter_dtype):
+            super().__init__(base, r, alpha, False, adapter_dtype)
+
+    return _planted("rslora_ignored", layer_type=Layer)
+
+
+def scale_integer_division():
+    """s = alpha // r: right whenever r divides alpha (the usual alpha = 2r), wrong otherwise."""
+    ex = _example()
+
+    class Layer(ex.PlainLoRALinear):
+        def __init__(self, base, r, alpha, use_rslora, adapter_dtype):
+            super().__init__(base, r, alpha, use_rslora, adapter_dtype)
+            self.scale = alpha // (r**0.5 if use_rslora else r)
+
+    return _planted("scale_integer_division", layer_type=Layer)
+
+
+def adapter_dtype_ignored():
+    """Adapters made in the base weight's dtype whatever AdapterSpec.adapter_dtype asks for."""
+    ex = _example()
+
+    class Layer(ex.PlainLoRALinear):
+        def __init__(self, base, r, alpha, use_rslora, adapter_dtype):
+            super().__init__(base, r, alpha, use_rslora, None)
+
+    return _planted("adapter_dtype_ignored", layer_type=Layer)
+
+
+def base_left_trainable():
+    """inject freezes nothing: the base weights stay trainable (an optimizer over model.parameters() moves them)."""
+
+    def inject(self, model, spec):
+        adapted = _example().PlainLoRA.inject(self, model, spec)
+        for m in self.layers(model).values():
+            m.base.weight.requires_grad_(True)
+        return adapted
+
+    return _planted("base_left_trainable", inject=inject)
+
+
+def _input_clipped_in_place(self, x):
+    """Outliers clipped 'to protect fp16' on the LoRA path, in place through .data: the caller's x changes."""
+    self.calls += 1
+    a, b = self.lora_A.to(x.dtype), self.lora_B.to(x.dtype)
+    y = self.base(x)
+    x.data.clamp_(-2.0, 2.0)
+    return y + self.scale * _lora(self, x, a, b)
+
+
+def input_clipped_in_place():
+    return _planted("input_clipped_in_place", forward=_input_clipped_in_place)
+
+
+class _KeptInput(torch.autograd.Function):
+    """The LoRA term with its input kept on the layer (``layer.kept = x``) instead of in ``ctx``: a second forward
+    before the backward overwrites it."""
+
+    @staticmethod
+    def forward(ctx, x, a, b, layer):
+        layer.kept = x.detach()
+        ctx.save_for_backward(a, b)
+        ctx.layer = layer
+        return layer.scale * F.linear(F.linear(x, a), b)
+
+    @staticmethod
+    def backward(ctx, dy):
+        a, b = ctx.saved_tensors
+        x, s = ctx.layer.kept, ctx.layer.scale
+        dh = dy @ b  # (*, r)
+        dx = s * dh @ a
+        da = s * dh.reshape(-1, dh.shape[-1]).T @ x.reshape(-1, x.shape[-1])
+        db = s * dy.reshape(-1, dy.shape[-1]).T @ (x @ a.T).reshape(-1, a.shape[0])
+        return dx, da, db, None
+
+
+def _kept_input(self, x):
+    self.calls += 1
+    a, b = self.lora_A.to(x.dtype), self.lora_B.to(x.dtype)
+    return self.base(x) + _KeptInput.apply(x, a, b, self)
+
+
+def input_kept_on_the_layer():
+    return _planted("input_kept_on_the_layer", forward=_kept_input)
+
+
+def merge_ignores_rslora():
+    """merge_adapters folds B·A with alpha / r even where the forward applies alpha / √r."""
+
+    def merge_adapters(self, model):
+        for m in self.layers(model).values():
+            m.scale = m.alpha / m.r
+        _example().PlainLoRA.merge_adapters(self, model)
+
+    return _planted("merge_ignores_rslora", merge_adapters=merge_adapters)
+
+
+# defect -> (factory name, the tier that must catch it, the check that must be among the failed ones: a fragment of
+# its name, as docs/lora-spec.md names it; the leak's must be a memory slope, not a speed verdict that sharing the
+# GPU could move). A plant counts as caught only when that check failed.
 PLANTS = {
-    "forward scale applied twice": ("scale_twice", "quick", ""),
-    "lora_B frozen (detached in forward)": ("frozen_lora_b", "quick", ""),
-    "input gradient dropped (x detached on the LoRA path)": ("input_grad_dropped", "quick", ""),
-    "save_adapter drops every lora_B": ("save_drops_lora_b", "quick", ""),
-    "load_adapter ignores the folder's lora_alpha and r": ("load_ignores_alpha", "quick", ""),
-    "adapters skipped in eval mode": ("eval_skips_adapters", "quick", ""),
-    "output upcast to fp32": ("output_upcast_fp32", "quick", ""),
-    "a target projection (v_proj) left out": ("target_left_out", "quick", ""),
-    "nondeterministic forward (last bits jitter)": ("nondeterministic_forward", "quick", ""),
-    "1 MiB of GPU memory kept per forward": ("gpu_memory_leak", "extended", "slope"),
+    "forward scale applied twice": ("scale_twice", "quick", "outputs beyond tolerance"),
+    "lora_B frozen (detached in forward)": ("frozen_lora_b", "quick", "dB beyond tolerance"),
+    "input gradient dropped (x detached on the LoRA path)": (
+        "input_grad_dropped",
+        "quick",
+        "input gradients beyond tolerance",
+    ),
+    "save_adapter drops every lora_B": (
+        "save_drops_lora_b",
+        "quick",
+        "saved folder: adapters missing or not bitwise the trained ones",
+    ),
+    "load_adapter ignores the folder's lora_alpha and r": (
+        "load_ignores_alpha",
+        "quick",
+        "folder with a wrong lora_alpha: refused or honoured",
+    ),
+    "adapters skipped in eval mode": ("eval_skips_adapters", "quick", "eval mode: outputs beyond tolerance"),
+    "output upcast to fp32": ("output_upcast_fp32", "quick", "outputs and gradients of the wrong dtype"),
+    "a target projection (v_proj) left out": ("target_left_out", "quick", "target projections left without adapters"),
+    "nondeterministic forward (last bits jitter)": (
+        "nondeterministic_forward",
+        "quick",
+        "same input twice: tensors not bitwise equal",
+    ),
+    "lora_B initialised at small random values, not zero": (
+        "lora_b_random_init",
+        "quick",
+        "at initialisation: outputs differ from the base model's",
+    ),
+    "lora_A initialised at zero too": (
+        "lora_a_zero_init",
+        "quick",
+        "at initialisation: adapted layers that cannot learn",
+    ),
+    "use_rslora=True accepted and ignored": ("rslora_ignored", "quick", "rsLoRA alpha/sqrt(r)=12/4: outputs beyond"),
+    "scale as alpha // r (integer division)": ("scale_integer_division", "quick", "scale alpha/r=12/8: outputs beyond"),
+    "adapters made in the base dtype whatever adapter_dtype asks": (
+        "adapter_dtype_ignored",
+        "quick",
+        "adapters not in the requested dtype",
+    ),
+    "base weights left trainable by inject": (
+        "base_left_trainable",
+        "quick",
+        "after inject: adapters not trainable, or base parameters trainable",
+    ),
+    "input clipped in place on the LoRA path": (
+        "input_clipped_in_place",
+        "quick",
+        "inputs or upstream gradients changed in place",
+    ),
+    "input kept on the layer for the backward (not in ctx)": (
+        "input_kept_on_the_layer",
+        "quick",
+        "two forwards, one backward: gradients not the sum",
+    ),
+    "merge folds alpha / r under rsLoRA": (
+        "merge_ignores_rslora",
+        "quick",
+        "rsLoRA alpha/sqrt(r)=12/4: merged weights: outputs beyond tolerance",
+    ),
+    "1 MiB of GPU memory kept per forward": ("gpu_memory_leak", "extended", "allocated_mib slope after step"),
 }

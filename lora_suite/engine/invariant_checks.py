@@ -1,0 +1,190 @@
+"""Invariants of a correct LoRA layer beyond the parity grid (``docs/lora-spec.md`` cites where each comes from), each
+judged on a probe block of *any* implementation (``lora_suite.engine.probes``) and returned as ``Verdict``s:
+
+- initial state (LoRA §4.1; PEFT's ``init_lora_weights=True``): as ``inject`` leaves them, the adapters change
+  nothing (ΔW = s·B·A = 0, so every output is the base's) and can learn (some adapter gradient is non-zero and all
+  are finite: B = 0 with A random gives dB = s·dYᵀ(x Aᵀ) ≠ 0);
+- adapter dtype: every adapter is made in ``AdapterSpec.adapter_dtype`` (the base weight's dtype where None), on
+  the base's device;
+- frozen base: after ``inject`` the adapters are trainable parameters of the model and nothing else is; after a
+  backward no base parameter holds a gradient;
+- inputs untouched: forward and backward leave the inputs and upstream gradients bitwise as they were;
+- several forwards, one backward: the gradients are the sum of each forward's own (no state kept on the module
+  between a forward and its backward);
+- activation checkpointing (``torch.utils.checkpoint``, both modes): the recomputed forward gives the plain
+  run's outputs and gradients.
+
+Each takes a probe and inputs and returns one Verdict; the quick tier's ``test_layer_invariants.py`` records them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from lora_suite.engine import probes as P
+from lora_suite.engine.layer_checks import PARITY_SOURCE
+from lora_suite.engine.parity import compare
+from lora_suite.measure.criteria import Verdict
+
+INIT_SOURCE = "LoRA (arXiv 2106.09685) §4.1: B = 0 at the start, so ΔW = BA = 0; PEFT init_lora_weights=True"
+
+
+def base_function(probe: P.Probe, inputs: P.ProbeInputs) -> P.ProbeRun:
+    """The probe's function without its adapters, in float64 (the base model's)."""
+    return P.reference(dataclasses.replace(probe, adapters={}), inputs, inputs_require_grad=False, backward=False)
+
+
+def initial_outputs(probe: P.Probe, inputs: P.ProbeInputs) -> Verdict:
+    """``probe`` built with ``randomise=False``: each output against the base-only function in float64."""
+    with torch.no_grad():
+        got = P.run_probe(probe, inputs, inputs_require_grad=False, backward=False)
+    want = base_function(probe, inputs)
+    tols = P.tolerances(probe, inputs)
+    errs = [compare(n, g, r, tols[n]) for n, g, r in zip(P.OUTPUTS, got.outputs, want.outputs)]
+    bad = [e.describe() for e in errs if not e.ok]
+    return Verdict(
+        f"at initialisation: outputs differ from the base model's (of {len(errs)})",
+        len(bad),
+        "==",
+        0,
+        INIT_SOURCE + "; " + PARITY_SOURCE,
+        "; ".join(bad[:3]),
+    )
+
+
+def initial_gradients(probe: P.Probe, inputs: P.ProbeInputs) -> Verdict:
+    """``probe`` built with ``randomise=False``: each adapted layer has a finite, non-zero adapter gradient."""
+    got = P.run_probe(probe, inputs)
+    layers: dict[str, list] = {}
+    for name, g in got.adapter_grads.items():
+        layers.setdefault(name.rsplit(".", 1)[0], []).append(g)
+    bad = []
+    for path, grads in layers.items():
+        if any(g is None or not torch.isfinite(g).all() for g in grads):
+            bad.append(f"{path}: a gradient missing or not finite")
+        elif not any(bool((g != 0).any()) for g in grads):
+            bad.append(f"{path}: dA and dB all zero")
+    return Verdict(
+        f"at initialisation: adapted layers that cannot learn (of {len(layers)})",
+        len(bad),
+        "==",
+        0,
+        INIT_SOURCE + " and A random: dB = s·dYᵀ(x Aᵀ) is non-zero from the first step",
+        "; ".join(bad[:3]),
+    )
+
+
+def adapter_dtypes(probe: P.Probe) -> Verdict:
+    """Every adapter in the spec's ``adapter_dtype`` (the probe's base dtype where None), on the base's device."""
+    want = probe.spec.adapter_dtype or probe.dtype
+    device = next(iter(probe.weights.values())).device
+    bad = [f"{n}: {p.dtype} on {p.device}" for n, p in probe.adapters.items() if p.dtype != want or p.device != device]
+    return Verdict(
+        f"adapters not in the requested dtype {str(want).removeprefix('torch.')} (of {len(probe.adapters)})",
+        len(bad),
+        "==",
+        0,
+        "AdapterSpec.adapter_dtype (PEFT's autocast_adapter_dtype keeps fp32 adapters over a 16-bit base)",
+        "; ".join(bad[:3]),
+    )
+
+
+def frozen_base(probe: P.Probe, inputs: P.ProbeInputs) -> Verdict:
+    """After ``inject``: the trainable parameters are exactly the adapters; after a backward, no other parameter
+    holds a gradient."""
+    adapters = {id(p): n for n, p in probe.adapters.items()}
+    params = dict(probe.block.named_parameters())
+    bad = [
+        f"{n} not a trainable parameter of the model"
+        for n, p in probe.adapters.items()
+        if not p.requires_grad or all(q is not p for q in params.values())
+    ]
+    bad += [f"{n} trainable" for n, p in params.items() if p.requires_grad and id(p) not in adapters]
+    P.run_probe(probe, inputs)
+    bad += [f"{n} got a gradient" for n, p in params.items() if id(p) not in adapters and p.grad is not None]
+    return Verdict(
+        f"after inject: adapters not trainable, or base parameters trainable or given a gradient (of {len(params)})",
+        len(bad),
+        "==",
+        0,
+        "LoRA §4: W0 frozen, only A and B trained; PEFT marks only adapter parameters trainable",
+        "; ".join(bad[:3]),
+    )
+
+
+def inputs_untouched(probe: P.Probe, inputs: P.ProbeInputs) -> Verdict:
+    """Forward and backward leave the inputs and the upstream gradients bitwise as they were."""
+    before = [t.clone() for t in (inputs.x, inputs.x_o, inputs.x_m, *inputs.dys)]
+    xs = [t.requires_grad_() for t in (inputs.x.detach(), inputs.x_o.detach(), inputs.x_m.detach())]
+    torch.autograd.backward(probe.block(*xs), list(inputs.dys))
+    names = list(P.INPUTS) + [f"d{o}" for o in P.OUTPUTS]
+    after = [*xs, *inputs.dys]
+    bad = [n for n, a, b in zip(names, after, before) if not torch.equal(a.detach(), b)]
+    return Verdict(
+        f"forward and backward: inputs or upstream gradients changed in place (of {len(names)})",
+        len(bad),
+        "==",
+        0,
+        "F.linear and autograd never write their inputs",
+        ", ".join(bad),
+    )
+
+
+def several_forwards(probe: P.Probe, inputs: P.ProbeInputs, other: P.ProbeInputs) -> Verdict:
+    """Two forwards (``inputs``, then ``other``) and one backward of both: every adapter and input gradient is the
+    sum of each forward's own, within the parity tolerance."""
+    one, two = P.run_probe(probe, inputs), P.run_probe(probe, other)
+    xs = [[t.detach().requires_grad_() for t in (i.x, i.x_o, i.x_m)] for i in (inputs, other)]
+    for p in probe.adapters.values():
+        p.grad = None
+    outs = [probe.block(*x) for x in xs]  # both forwards before any backward
+    torch.autograd.backward([*outs[0], *outs[1]], [*inputs.dys, *other.dys])
+    tols = P.tolerances(probe, inputs)
+    errs = [
+        compare(f"d[{n}]", p.grad, one.adapter_grads[n].double() + two.adapter_grads[n].double(), tols[f"d[{n}]"])
+        for n, p in probe.adapters.items()
+    ]
+    for k, name in enumerate(P.INPUTS):
+        for x, run, label in ((xs[0][k], one, "first"), (xs[1][k], two, "second")):
+            errs.append(compare(f"d{name} ({label})", x.grad, run.input_grads[k].double(), tols[f"d{name}"]))
+    bad = [e.describe() for e in errs if not e.ok]
+    return Verdict(
+        f"two forwards, one backward: gradients not the sum of each forward's (of {len(errs)})",
+        len(bad),
+        "==",
+        0,
+        "autograd: each forward keeps its own saved tensors (ctx.save_for_backward), none on the module",
+        "; ".join(bad[:3]),
+    )
+
+
+def checkpointed(probe: P.Probe, inputs: P.ProbeInputs, use_reentrant: bool) -> Verdict:
+    """The probe under ``torch.utils.checkpoint`` (its forward recomputed in the backward): outputs and every
+    gradient against the plain run, within the parity tolerance."""
+    plain = P.run_probe(probe, inputs)
+    xs = [t.detach().requires_grad_() for t in (inputs.x, inputs.x_o, inputs.x_m)]
+    for p in probe.adapters.values():
+        p.grad = None
+    outs = checkpoint(probe.block, *xs, use_reentrant=use_reentrant)
+    torch.autograd.backward(outs, list(inputs.dys))
+    got = P.ProbeRun(
+        tuple(o.detach() for o in outs),
+        tuple(x.grad for x in xs),
+        {n: None if p.grad is None else p.grad.detach().clone() for n, p in probe.adapters.items()},
+    )
+    tols = P.tolerances(probe, inputs)
+    have = got.tensors()
+    errs = [compare(n, have[n], want.double(), tols[n]) for n, want in plain.tensors().items() if want is not None]
+    bad = [e.describe() for e in errs if not e.ok]
+    mode = "reentrant" if use_reentrant else "non-reentrant"
+    return Verdict(
+        f"under {mode} activation checkpointing: tensors beyond tolerance of the plain run (of {len(errs)})",
+        len(bad),
+        "==",
+        0,
+        "torch.utils.checkpoint recomputes the same forward; " + PARITY_SOURCE,
+        "; ".join(bad[:3]),
+    )
