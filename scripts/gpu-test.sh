@@ -28,7 +28,7 @@ NVIDIA=0
 if [[ "${GPU_TEST_ASSUME_GPU:-}" == 1 ]] || { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }; then
   NVIDIA=1; NEEDED="$NEEDED cupy nvmath peft"
 fi
-[[ "${1:-}" == selftest ]] && NEEDED="$NEEDED jsonschema ruff"  # the CPU tests validate reports; lint
+[[ "${1:-}" == selftest ]] && NEEDED="$NEEDED jsonschema ruff cosmic_ray"  # the CPU tests validate reports; lint; test the mutation operators
 pick_python() {
   local cand has_all="import importlib.util, sys; sys.exit(0 if all(importlib.util.find_spec(m) for m in '$NEEDED'.split()) else 1)"
   for cand in "${PYTHON:-}" "$ROOT/.venv/bin/python" python3; do
@@ -41,7 +41,7 @@ torch_cuda_major() {  # of the torch installed in .venv ("" for a CPU build); GP
   printf '%s' "${v%%.*}"
 }
 bootstrap() {
-  local dry="${GPU_TEST_BOOTSTRAP_DRY_RUN:-0}" major extras=".[peft,test,loralib,torchtune,peft-bnb]"
+  local dry="${GPU_TEST_BOOTSTRAP_DRY_RUN:-0}" major extras=".[peft,test,mutate,loralib,torchtune,peft-bnb]"
   run_step() { if [[ "$dry" == 1 ]]; then say "would run: $*"; else "$@"; fi; }
   say "${YELLOW}Setting up .venv: torch ${LORA_TORCH_SPEC:-==2.13.0}, then this project and its dependencies${RESET}"
   { [[ -x .venv/bin/python ]] || run_step python3 -m venv .venv; } &&
@@ -50,7 +50,7 @@ bootstrap() {
   if [[ $NVIDIA -eq 1 ]]; then
     major="$(torch_cuda_major)"
     case "$major" in
-      12|13) extras=".[peft,test,loralib,torchtune,peft-bnb,cuda$major]" ;;
+      12|13) extras=".[peft,test,mutate,loralib,torchtune,peft-bnb,cuda$major]" ;;
       "") say "${YELLOW}An NVIDIA GPU is present but the installed torch is a CPU build: no CuPy (the GPU tiers will skip).${RESET}" ;;
       *) say "${RED}torch is built for CUDA $major; CuPy wheels exist for CUDA 12 and 13 only.${RESET}"; return 1 ;;
     esac

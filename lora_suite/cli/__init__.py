@@ -4,7 +4,7 @@
 
 Targets: every tier of the tier registry (``configs/<tier>.yaml`` with a ``suite:`` section, run from
 ``tiers/<tier>/``), ``all``, ``bench``, ``selftest``, ``selftest-gpu``, ``scorecard``, ``render-scorecard``,
-``history``, ``compare`` and ``ledger``. Exit codes: 0 passed, 1 a target failed (or a regression was found),
+``history``, ``compare``, ``ledger`` and ``mutate``. Exit codes: 0 passed, 1 a target failed (or a regression was found),
 2 bad usage, 130 interrupted. ``scripts/gpu-test.sh`` sets up ``.venv`` where needed and hands over to this.
 """
 
@@ -14,7 +14,7 @@ import argparse
 import re
 import sys
 
-from lora_suite.cli import targets
+from lora_suite.cli import mutation, targets
 from lora_suite.cli.usage import UsageError, check_values
 
 TOOLS = {
@@ -28,6 +28,8 @@ TOOLS = {
     "history": "every judged figure over time from the ledger (and run folders), per GPU, implementation and tier",
     "compare": "the night-to-night regression gate between two run folders (exit 1 on a regression)",
     "ledger": "the results ledger: record run folders' judged figures as rows, or show rows",
+    "mutate": "mutation testing of a stack's own source: each mutant through quick's fast checks on the GPU, "
+    "killed / survived / equivalent, the mutation score against --min-score (default 0.9)",
 }
 IMPL_SPEC = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*(:[A-Za-z_][A-Za-z0-9_]*)?")
 
@@ -169,6 +171,7 @@ def build_parser() -> Parser:
     h.add_argument("--html", help="the page to write (default: reports/history/history.html)")
     c = sub.add_parser("compare", help=TOOLS["compare"])
     c.add_argument("runs", nargs="*", metavar="BASELINE RUN", help="two run folders (or their report/benchmark JSON)")
+    mutation.add_parser(sub, TOOLS["mutate"])
     lg = sub.add_parser("ledger", help=TOOLS["ledger"])
     lsub = lg.add_subparsers(dest="action", metavar="ACTION", parser_class=Parser, required=True)
     rec = lsub.add_parser("record", help="append the judged figures of run folders (report.json) to the ledger")

@@ -388,4 +388,8 @@ def dispatch(args, extra: list[str]) -> int:
         return compare.main(args.runs)
     if args.target == "ledger":
         return campaigns.ledger_command(args)
+    if args.target == "mutate":
+        from lora_suite.cli import mutation
+
+        return mutation.mutate(args)
     return run_targets(args, extra)

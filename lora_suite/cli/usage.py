@@ -14,6 +14,9 @@ VALUE_OF = {  # option -> what it needs
     "--workers": "a whole number >= 1 or auto",
     "--html": "a path ending in .html",
     "--group": "a group name",
+    "--source": "a Python source file",
+    "--min-score": "a number from 0 to 1",
+    "--operators": "mutation operator names, comma-separated",
 }
 
 

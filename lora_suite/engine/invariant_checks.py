@@ -12,7 +12,9 @@ judged on a probe block of *any* implementation (``lora_suite.engine.probes``) a
 - several forwards, one backward: the gradients are the sum of each forward's own (no state kept on the module
   between a forward and its backward);
 - activation checkpointing (``torch.utils.checkpoint``, both modes): the recomputed forward gives the plain
-  run's outputs and gradients.
+  run's outputs and gradients;
+- a merge that folds: after ``merge_adapters`` the function no longer depends on adapter tensors the model still
+  holds (zeroing them leaves the merged function), so a merge that left the weights as they were cannot pass.
 
 Each takes a probe and inputs and returns one Verdict; the quick tier's ``test_layer_invariants.py`` records them.
 """
@@ -186,5 +188,27 @@ def checkpointed(probe: P.Probe, inputs: P.ProbeInputs, use_reentrant: bool) -> 
         "==",
         0,
         "torch.utils.checkpoint recomputes the same forward; " + PARITY_SOURCE,
+        "; ".join(bad[:3]),
+    )
+
+
+def merge_folds(probe: P.Probe, inputs: P.ProbeInputs) -> Verdict:
+    """After ``merge_adapters`` (``layer_checks.merged`` ran it on ``probe``): every adapter tensor the model still
+    holds is zeroed, and the outputs must still be the unmerged function's (the merge put s·B·A into W)."""
+    ref = P.reference(probe, inputs, inputs_require_grad=False, backward=False)  # before zeroing: it reads them
+    left = probe.impl.adapter_parameters(probe.block)
+    with torch.no_grad():
+        for p in left.values():
+            p.zero_()
+        got = P.run_probe(probe, inputs, inputs_require_grad=False, backward=False)
+    tols = P.tolerances(probe, inputs)
+    errs = [compare(n, g, r, tols[n]) for n, g, r in zip(P.OUTPUTS, got.outputs, ref.outputs)]
+    bad = [e.describe() for e in errs if not e.ok]
+    return Verdict(
+        f"merged weights with the adapters left zeroed: outputs beyond tolerance (of {len(errs)}, {len(left)} left)",
+        len(bad),
+        "==",
+        0,
+        "LoRA §4.1: W = W0 + BA computes the adapted function by itself; PEFT merge_and_unload",
         "; ".join(bad[:3]),
     )

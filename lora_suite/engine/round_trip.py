@@ -170,6 +170,9 @@ def saved_folder_verdicts(
         for key, value in expected.items()
         if config.get(key, False if key == "use_rslora" else None) != value
     ]
+    for key, value in (("lora_dropout", 0.0), ("fan_in_fan_out", False)):  # the suite trains without dropout, and
+        if key in config and config[key] != value:  # nn.Linear keeps W as (out, in): PEFT reads both from the folder
+            bad_config.append(f"{key}={config[key]!r}, the model's {value!r}")
     if "all-linear" not in targets and (missing := [t for t in leaves if t not in targets]):
         bad_config.append(f"target_modules {targets} lacks {missing}")
     return [
@@ -190,7 +193,8 @@ def saved_folder_verdicts(
             ", ".join(extra[:3]),
         ),
         Verdict(
-            "saved folder: config settings that are not the model's (r, lora_alpha, use_rslora, target_modules)",
+            "saved folder: config settings that are not the model's (r, lora_alpha, use_rslora, target_modules, "
+            "lora_dropout, fan_in_fan_out)",
             len(bad_config),
             "==",
             0,

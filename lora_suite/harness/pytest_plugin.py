@@ -15,6 +15,9 @@ recorded as not applicable (and skipped) when the implementation declares the fe
 
 from __future__ import annotations
 
+from lora_suite.core.mutant_source import install_from_env
+
+install_from_env()  # lora-suite mutate: a mutant's file replaces its module before any implementation is imported
 import dataclasses
 import datetime as dt
 import gc

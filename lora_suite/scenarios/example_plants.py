@@ -292,6 +292,15 @@ def merge_ignores_rslora():
     return _planted("merge_ignores_rslora", merge_adapters=merge_adapters)
 
 
+def merge_folds_nothing():
+    """merge_adapters reports success and leaves every layer as it was (the unmerged function, adapters in place)."""
+
+    def merge_adapters(self, model):
+        return None
+
+    return _planted("merge_folds_nothing", merge_adapters=merge_adapters)
+
+
 # defect -> (factory name, the tier that must catch it, the check that must be among the failed ones: a fragment of
 # its name, as docs/lora-spec.md names it; the leak's must be a memory slope, not a speed verdict that sharing the
 # GPU could move). A plant counts as caught only when that check failed.
@@ -357,6 +366,11 @@ PLANTS = {
         "merge_ignores_rslora",
         "quick",
         "rsLoRA alpha/sqrt(r)=12/4: merged weights: outputs beyond tolerance",
+    ),
+    "merge_adapters folds nothing": (
+        "merge_folds_nothing",
+        "quick",
+        "merged weights with the adapters left zeroed: outputs beyond tolerance",
     ),
     "1 MiB of GPU memory kept per forward": ("gpu_memory_leak", "extended", "allocated_mib slope after step"),
 }

@@ -11,8 +11,8 @@ run, appended by ``lora-suite ledger record RUN...`` (or ``--record`` on a run).
   interrupted, terminated), ``detail`` the base the memory tier stored ("NF4 base" / "16-bit base");
 - ``check``: every check the run recorded, ``verdict`` pass | fail;
 - ``n/a``: a check the implementation declared not applicable, ``detail`` the reason;
-- ``bench``: a benchmark figure (a table cell of ``BENCH_COLUMNS``), ``verdict`` measured; ``check`` is
-  "<table>: <row>: <column>";
+- ``bench``: a measured figure (a table cell of ``BENCH_COLUMNS``: a benchmark's, or a mutation run's killed,
+  survived and equivalent mutants and wall time), ``verdict`` measured; ``check`` is "<table>: <row>: <column>";
 - ``stopped``: a benchmark run that stopped, ``value`` what stopped it, ``verdict`` fail.
 Commits are kept to 12 hex digits. A run already in the ledger is not appended twice (its run id, group and
 implementation identify it). The ledger is written atomically (a temporary file beside it, then renamed): an
@@ -50,6 +50,11 @@ BENCH_COLUMNS = (
     "step ms, round",
     "peak GiB, round",
     "ms per step",
+    # a mutation run's figures (lora-suite mutate: tools/mutation_report.py); its score is a check
+    "mutants killed",
+    "mutants survived",
+    "mutants equivalent",
+    "wall s",
 )
 LABEL_COLUMNS = (
     "case",

@@ -43,6 +43,8 @@ def invariant_verdicts(impl) -> list:
         out += L.parity_verdicts(label, [("tiny", errs, P.dtype_errors(probe, inputs, got))])
         v = L.merged(*_probe(impl, r=r, alpha=alpha, rslora=rslora, seed=7))
         out.append(type(v)(f"{label}: {v.name}", v.value, v.op, v.threshold, v.source, v.detail))
+    probe, inputs = _probe(impl, seed=3)
+    out += [L.merged(probe, inputs), I.merge_folds(probe, inputs)]
     return out
 
 
@@ -52,7 +54,7 @@ def _failed(verdicts) -> list[str]:
 
 def test_the_example_passes_every_invariant():
     verdicts = invariant_verdicts(EP._example().make())
-    assert len(verdicts) == 21
+    assert len(verdicts) == 23
     assert _failed(verdicts) == []
 
 
@@ -66,6 +68,7 @@ PROBE_PLANTS = [
     "input_clipped_in_place",
     "input_kept_on_the_layer",
     "merge_ignores_rslora",
+    "merge_folds_nothing",
 ]
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lora_suite.engine import invariant_checks as I
 from lora_suite.engine import layer_checks as L
 from lora_suite.engine import probes as P
 from lora_suite.harness.report import Series
@@ -152,7 +153,9 @@ def test_merged_weights_give_the_unmerged_function(lora_impl, check):
     if why:
         check.not_applicable("merged weights: outputs within tolerance", why)
         return
-    _record(check, L.merged(*_probe(lora_impl)))
+    probe, inputs = _probe(lora_impl)
+    _record(check, L.merged(probe, inputs))
+    _record(check, I.merge_folds(probe, inputs))
 
 
 def test_captured_replay_equals_eager_bitwise(lora_impl, check):

@@ -1,0 +1,222 @@
+"""``lora-suite mutate``: mutation testing of a LoRA stack's own source against the quick tier's fast checks.
+
+    lora-suite mutate --lora-impl MODULE:FACTORY|NAME [--source FILE...] [--workers N] [--min-score F]
+                      [--operators NAMES] [--report-dir DIR] [--record [--ledger FILE]]
+
+The options are checked before anything runs (a bad one is a usage error naming it, exit 2); the ``mutate`` extra
+must import and a CUDA GPU must be visible (the checks are GPU tests: without one nothing would be judged, and the
+command says so and exits 1 instead of reporting a pass). The run itself is ``lora_suite.tools.mutate``, its report
+``lora_suite.tools.mutation_report``. Exit codes: 0 the score meets ``--min-score``, 1 it does not (or the source
+fails its checks, or no GPU), 2 bad usage, 3 the mutate extra is missing, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from lora_suite.cli import targets
+from lora_suite.cli.usage import UsageError
+
+# The quick tier's fast checks that judge a mutant, cheapest first: pytest runs them in this order and -x stops at
+# the first failure, so most mutants are killed early. A listed file that does not exist is skipped.
+FAST_CHECKS = ("test_layer_invariants.py", "test_layer_probes.py", "test_adapter_round_trip.py")
+MODULE_FACTORY = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
+EXIT_NO_EXTRA = 3
+
+
+def default_workers() -> int:
+    """One mutant process per two CPU cores, at most 8 (each imports torch and holds a few GiB of the GPU)."""
+    return max(1, min(8, (os.cpu_count() or 2) // 2))
+
+
+def add_parser(sub, help_text: str) -> None:
+    m = sub.add_parser("mutate", help=help_text, description=help_text)
+    m.add_argument(
+        "--lora-impl", dest="lora_impl", help="the stack: package.module:factory, or a known name with --source"
+    )
+    m.add_argument("--source", nargs="+", metavar="FILE", help="source files to mutate (default: MODULE's file)")
+    m.add_argument("--workers", help=f"mutants run at once (default: min(8, CPU cores // 2), here {default_workers()})")
+    m.add_argument("--min-score", dest="min_score", help="the score's threshold (default 0.9, the project's target)")
+    m.add_argument("--operators", help="only these mutation operators, comma-separated (default: all)")
+    m.add_argument("--report-dir", help="the run goes to DIR/<stamp>-mutate-<impl>/ (default: reports/)")
+    m.add_argument("--record", action="store_true", help="append the run's figures to the ledger")
+    m.add_argument("--ledger", help="the ledger --record appends to (default: reports/ledger.jsonl)")
+
+
+def tests_dir() -> Path:
+    from lora_suite.core.registry import find_tiers_dir
+
+    root = targets.checkout_root()
+    return (root / "tiers" if root else find_tiers_dir()) / "quick"
+
+
+def fast_checks() -> list[Path]:
+    return [p for p in (tests_dir() / name for name in FAST_CHECKS) if p.is_file()]
+
+
+def checks_command(spec: str, tests: list[Path], report_dir: Path) -> list[str]:
+    """pytest on ``tests`` for implementation ``spec``, stopping at the first failure, its report in ``report_dir``."""
+    root = targets.checkout_root()
+    cmd = [targets.python(), "-m", "pytest", "-p", "no:cacheprovider", "-x", "-q", "-m", "quick", "--lora-impl", spec]
+    cmd += [] if targets.autoload_plugins("quick") else ["-p", "pytest_benchmark.plugin"]  # as the CLI runs quick
+    if root:
+        cmd += ["--rootdir", str(root)]
+    else:
+        ini = targets.PACKAGE / "harness" / "pytest-installed.ini"
+        cmd += ["-c", str(ini), "--rootdir", str(targets.PACKAGE), "-p", "lora_suite.harness.pytest_plugin"]
+    return cmd + [str(t) for t in tests] + [f"--report-dir={report_dir}"]
+
+
+def _workers(text: str | None) -> int:
+    if text is None:
+        return default_workers()
+    if not re.fullmatch(r"[1-9][0-9]*", text):
+        raise UsageError(f"--workers must be a positive whole number, got {text!r}")
+    return int(text)
+
+
+def _min_score(text: str | None) -> float:
+    from lora_suite.tools.mutation_report import MIN_SCORE
+
+    if text is None:
+        return MIN_SCORE
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise UsageError(f"--min-score must be a number from 0 to 1, got {text!r}")
+    return value
+
+
+def _spec(spec: str | None, sources: list[str] | None) -> str:
+    """``spec`` checked: MODULE:FACTORY, or a known name (which needs --source: its module is not ours to guess)."""
+    if not spec:
+        raise UsageError("mutate needs --lora-impl (package.module:factory, or a known name with --source FILE)")
+    if MODULE_FACTORY.fullmatch(spec):
+        return spec
+    from lora_suite.implementations.lookup import BUILTINS, entry_point_names
+
+    known = [*BUILTINS, *entry_point_names()]
+    if spec not in known:
+        raise UsageError(f"--lora-impl must be package.module:factory or one of {', '.join(known)}; got {spec!r}")
+    if not sources:
+        raise UsageError(f"--lora-impl {spec}: a named implementation needs --source FILE (the module to mutate)")
+    return spec
+
+
+def _default_source(spec: str) -> Path:
+    module = spec.partition(":")[0]
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError) as exc:
+        raise UsageError(f"--lora-impl {spec}: module {module!r} cannot be found ({exc}); give --source FILE") from None
+    if found is None or not found.origin or not found.origin.endswith(".py"):
+        raise UsageError(f"--lora-impl {spec}: no Python source for module {module!r} on the path; give --source FILE")
+    return Path(found.origin)
+
+
+def _targets(spec: str, sources: list[str] | None):
+    from lora_suite.tools.mutants import label_of, read_source
+    from lora_suite.tools.mutate import Target, module_of
+
+    paths = [Path(s) for s in sources] if sources else [_default_source(spec)]
+    out = []
+    for p in paths:
+        try:
+            read_source(p)
+            module = module_of(p, spec.partition(":")[0] if ":" in spec else None)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        out.append(Target(p.resolve(), module, label_of(p)))
+    return tuple(out)
+
+
+def _operators(text: str | None) -> tuple[str, ...] | None:
+    if text is None:
+        return None
+    from lora_suite.tools.mutants import operators
+
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in operators()]
+    if unknown or not names:
+        raise UsageError(f"--operators: unknown {unknown or [text]}; known: {', '.join(operators())}")
+    return names
+
+
+def mutate(args) -> int:
+    from lora_suite.tools import mutants
+
+    spec = _spec(args.lora_impl, args.source)
+    workers, min_score = _workers(args.workers), _min_score(args.min_score)
+    report_root = Path(args.report_dir).resolve() if args.report_dir else targets.default_reports()
+    if args.report_dir and not targets.writable_dir(report_root):
+        raise UsageError(f"--report-dir {args.report_dir} is not a writable directory")
+    try:
+        mutants.operators()
+    except mutants.MutateUnavailable as exc:
+        print(f"lora-suite mutate: {exc}", file=sys.stderr)
+        return EXIT_NO_EXTRA
+    plan_targets, names = _targets(spec, args.source), _operators(args.operators)
+    if targets.gpu_count() == 0:
+        print(
+            "lora-suite mutate: needs a CUDA GPU (the checks that judge each mutant are GPU tests): none found; "
+            "nothing was judged",
+            file=sys.stderr,
+        )
+        return 1
+    tests = fast_checks()
+    if not tests:
+        print(f"lora-suite mutate: none of {', '.join(FAST_CHECKS)} under {tests_dir()}", file=sys.stderr)
+        return 1
+    return _run(spec, plan_targets, names, tests, workers, min_score, report_root, args)
+
+
+def _run(spec, plan_targets, names, tests, workers, min_score, report_root: Path, args) -> int:
+    from lora_suite.engine.fingerprint import fingerprint_command
+    from lora_suite.tools import mutate as M
+    from lora_suite.tools import mutation_report as R
+    from lora_suite.tools.ledger import folder_token
+
+    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")  # no network at run time: local weights only
+    env = targets._child_env("quick")
+    plan = M.Plan(
+        targets=plan_targets,
+        command=lambda report_dir: checks_command(spec, tests, report_dir),
+        env=env,
+        fingerprint=M.subprocess_fingerprint(fingerprint_command(targets.python(), spec, "cuda")),
+        workers=workers,
+        operators=names,
+    )
+    print(f"GPU: {targets.gpu_line()}  (name, total, used, free, driver)")
+    print(f"checks: {', '.join(t.name for t in tests)} (-x); {workers} worker(s)", flush=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    workdir = M.scratch_dir()
+    try:
+        run = M.execute(plan, workdir)
+    except M.BaselineFailed as exc:  # the source's failing run stays in the scratch folder for reading
+        print(f"lora-suite mutate: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        shutil.rmtree(workdir, ignore_errors=True)
+        print("Interrupted (Ctrl-C): no report written.", file=sys.stderr)
+        return 130
+    shutil.rmtree(workdir, ignore_errors=True)  # the mutants' files and runs: the report holds every diff and verdict
+    run_dir = targets.new_run_dir(report_root, stamp, f"mutate-{folder_token(spec)}")
+    report = R.build(run, run_dir.name, plan_targets, spec, min_score)
+    md = R.write(run_dir, report, run)
+    check = report.checks[0]
+    killed, survived, equivalent = (run.count(s) for s in M.STATUSES)
+    print(
+        f"\nmutation score {check.value} (killed {killed}, survived {survived}, equivalent {equivalent}; threshold "
+        f">= {min_score}): {'PASS' if check.passed else 'FAIL'}; wall time {run.wall_s:.0f} s; report {md}"
+    )
+    if args.record:
+        print(targets._record(Path(args.ledger) if args.ledger else targets.default_ledger(), run_dir))
+    return 0 if check.passed else 1

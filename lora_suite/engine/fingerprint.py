@@ -1,0 +1,166 @@
+"""What an implementation computes, as hashes: the equivalence rule of ``lora-suite mutate``.
+
+A mutant that survives the checks is *equivalent* when its fingerprint equals the unmutated source's, bit for bit:
+on a small probe block (``lora_suite.engine.probes``) with fixed seeds, in fp32 and in bf16 (and fp32 with rsLoRA
+where the implementation has it),
+
+- ``init``: the adapters as ``inject`` made them (``torch.manual_seed`` first, so random inits repeat);
+- ``forward+backward``: every output and every gradient (inputs and adapters) of one forward and backward, the
+  adapters set to the probe's random values;
+- ``served_by``: what the implementation says served that forward;
+- ``saved folder``: the bytes of every file ``save_adapter`` writes;
+- ``loaded``: the outputs of a fresh block (same base, adapters zeroed) after ``load_adapter`` of that folder;
+- ``merged``: the outputs after ``merge_adapters``, where the implementation has one.
+
+An exception is part of the fingerprint (its type and message), so a mutant that raises where the source does not
+differs. Each part is a SHA-256 over dtypes, shapes and bytes.
+
+Run as a process of its own on the device the checks used (``fingerprint_command``): it prints one JSON object,
+part -> digest. The mutant replaces its module there through ``lora_suite.core.mutant_source`` before this module
+imports any implementation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+SEED = 1234
+PROBE_SEED = 7
+N_SHAPE = (2, 5)  # tokens: (batch, sequence) of the probe's inputs
+DTYPES = ("float32", "bfloat16")
+RANK, ALPHA = 4, 8.0
+
+
+def _digest(items) -> str:
+    import torch
+
+    h = hashlib.sha256()
+    for name, t in items:
+        h.update(name.encode())
+        if t is None:
+            h.update(b"<none>")
+            continue
+        t = t.detach().cpu().contiguous()
+        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _guarded(fn) -> str:
+    """``fn()``'s digest, or the exception it raised (type and message)."""
+    try:
+        return fn()
+    except Exception as exc:  # the exception is the part's value: a mutant that raises differs from one that does not
+        return f"raised {type(exc).__name__}: {exc}"
+
+
+def configurations(impl) -> dict[str, tuple[str, bool]]:
+    """label -> (dtype name, rsLoRA): fp32 and bf16, and fp32 with rsLoRA where the implementation has it."""
+    out = {name: (name, False) for name in DTYPES}
+    if impl.reason_not_applicable("rslora") is None:
+        out["float32+rslora"] = ("float32", True)
+    return out
+
+
+def fingerprint(impl, device: str = "cuda") -> dict[str, str]:
+    """part -> digest (module docstring) of ``impl`` on ``device``, each part under its configuration's label."""
+    out: dict[str, str] = {}
+    for label, (dtype, rslora) in configurations(impl).items():
+        out.update({f"{label}: {part}": v for part, v in _parts(impl, dtype, rslora, device).items()})
+    return out
+
+
+def _parts(impl, dtype_name: str, rslora: bool, device: str) -> dict[str, str]:
+    import torch
+
+    from lora_suite.engine import probes as P
+    from lora_suite.implementations import AdapterSpec
+
+    shape = P.BlockShape("fingerprint", 48, 40, 16, 76)
+    dtype = getattr(torch, dtype_name)
+    spec = AdapterSpec(P.PROBE_TARGETS, RANK, ALPHA, use_rslora=rslora, adapter_dtype=dtype)
+    inputs = P.random_inputs(shape, N_SHAPE, dtype, device, seed=PROBE_SEED + 1)
+    out: dict[str, str] = {}
+    state: dict = {}
+
+    def init():
+        block = P.ProbeBlock(shape, device=device, dtype=dtype)
+        torch.manual_seed(SEED)
+        impl.inject(block, spec)
+        return _digest(sorted(impl.adapter_parameters(block).items()))
+
+    def build():
+        torch.manual_seed(SEED)
+        return P.build_probe(impl, shape, spec, dtype, device, seed=PROBE_SEED)
+
+    def forward_backward():
+        state["probe"] = probe = build()
+        return _digest(sorted(P.run_probe(probe, inputs).tensors().items()))
+
+    out["init"] = _guarded(init)
+    out["forward+backward"] = _guarded(forward_backward)
+    out["served_by"] = _guarded(lambda: str(impl.served_by(state["probe"].block)))
+    with tempfile.TemporaryDirectory(prefix="lora-suite-fingerprint-") as tmp:
+        folder = Path(tmp) / "adapter"
+
+        def saved():
+            impl.save_adapter(state["probe"].block, folder)
+            h = hashlib.sha256()
+            for f in sorted(p for p in folder.rglob("*") if p.is_file()):
+                h.update(str(f.relative_to(folder)).encode() + b"\0" + f.read_bytes())
+            return h.hexdigest()
+
+        def loaded():
+            fresh = build()
+            with torch.no_grad():
+                for p in fresh.adapters.values():
+                    p.zero_()
+            impl.load_adapter(fresh.block, folder)
+            return _outputs(P, fresh, inputs)
+
+        out["saved folder"] = _guarded(saved)
+        out["loaded"] = _guarded(loaded)
+    if impl.merge_reason() is None:
+
+        def merged():
+            probe = build()
+            impl.merge_adapters(probe.block)
+            return _outputs(P, probe, inputs)
+
+        out["merged"] = _guarded(merged)
+    return out
+
+
+def _outputs(P, probe, inputs) -> str:
+    import torch
+
+    with torch.no_grad():
+        run = P.run_probe(probe, inputs, inputs_require_grad=False, backward=False)
+    return _digest(zip(P.OUTPUTS, run.outputs))
+
+
+def differing(a: dict[str, str], b: dict[str, str]) -> list[str]:
+    """The parts whose digests differ (a part one side lacks counts)."""
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+
+
+def fingerprint_command(python: str, spec: str, device: str) -> list[str]:
+    """The command that prints the fingerprint of implementation ``spec`` (a mutant in the environment replaces its
+    module first)."""
+    code = (
+        "from lora_suite.core.mutant_source import install_from_env; install_from_env(); "
+        "from lora_suite.engine.fingerprint import main; main()"
+    )
+    return [python, "-c", code, spec, device]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``SPEC DEVICE`` -> the fingerprint as one JSON line on stdout."""
+    spec, device = (sys.argv[1:] if argv is None else argv)[:2]
+    from lora_suite.implementations import resolve_implementation
+
+    print(json.dumps(fingerprint(resolve_implementation(spec), device), sort_keys=True))

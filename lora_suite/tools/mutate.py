@@ -1,0 +1,267 @@
+"""Mutation testing of a LoRA stack: each mutant of its source (``mutants``) through the fast checks, classified.
+
+    killed      a check failed (named), a test crashed (the test and its exception), or the run passed its timeout
+    survived    every check passed; its diff is reported, and what it changes (the fingerprint parts that differ)
+    equivalent  it survived and its fingerprint (``lora_suite.engine.fingerprint``) is bitwise the source's: outputs,
+                gradients, saved files and the rest on a probe grid; no check could tell it apart
+
+The mutation score is killed / (killed + survived): the equivalent mutants are left out of it.
+
+The unmutated source runs first and must pass (a score on a stack that fails its checks means nothing); its time
+sets each mutant's timeout (``TIMEOUT_FACTOR`` x it + ``TIMEOUT_SLACK_S`` by default). Mutants run in processes of their own,
+``workers`` at a time; a mutant's file replaces its module through ``lora_suite.core.mutant_source``. What runs per
+mutant is a command (``Plan.command``: the CLI gives pytest on the quick tier's fast tests; the CPU self-tests a
+stand-in) whose run writes a ``report.json`` in the run report's format.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lora_suite.core.mutant_source import mutant_env
+from lora_suite.tools.mutants import Mutant, mutants_of, read_source
+
+TIMEOUT_FACTOR, TIMEOUT_SLACK_S = 3.0, 30.0  # a mutant that runs 3x the source's time and half a minute is stuck
+BASELINE_TIMEOUT_S = 1800.0  # the unmutated source's own run: half an hour means something is wrong
+STATUSES = ("killed", "survived", "equivalent")
+
+
+class BaselineFailed(RuntimeError):
+    """The unmutated source does not pass the checks: there is nothing to measure mutants against."""
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One run of the checks: passed, or what killed it (a check, a crashed test, "timeout")."""
+
+    passed: bool
+    killed_by: str
+    seconds: float
+    judged: int = 0  # tests that passed: 0 means the run judged nothing
+
+
+@dataclass(frozen=True)
+class Target:
+    """A source file to mutate and the module name it is imported under."""
+
+    path: Path
+    module: str
+    label: str  # how the file is named in ids and reports
+
+
+@dataclass(frozen=True)
+class MutantResult:
+    id: str
+    file: str
+    operator: str
+    line: int
+    diff: str
+    status: str  # one of STATUSES
+    killed_by: str = ""  # killed: the check, the crash or "timeout"
+    reason: str = ""  # survived: what it changes that no check saw; equivalent: the rule that made it so
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    targets: tuple[Target, ...]
+    command: Callable[[Path], list[str]]  # report folder -> the argv of one run of the checks
+    env: dict[str, str]  # the environment of every run (a mutant's two variables are added to it)
+    fingerprint: Callable[[dict[str, str]], dict[str, str]]  # environment -> fingerprint (engine/fingerprint.py)
+    workers: int = 1
+    operators: tuple[str, ...] | None = None  # None: every operator of mutants.operators()
+    timeout_factor: float = TIMEOUT_FACTOR
+    timeout_slack_s: float = TIMEOUT_SLACK_S
+    log: Callable[[str], None] = field(default=lambda line: print(line, flush=True))
+
+
+@dataclass(frozen=True)
+class MutationRun:
+    results: tuple[MutantResult, ...]
+    baseline: Attempt
+    baseline_report: dict  # the unmutated run's report.json (its environment and implementation)
+    timeout_s: float
+    wall_s: float
+
+    def count(self, status: str) -> int:
+        return sum(r.status == status for r in self.results)
+
+
+def score(killed: int, survived: int) -> float | None:
+    """killed / (killed + survived); None where no mutant counts (every one equivalent, or none at all)."""
+    if killed < 0 or survived < 0:
+        raise ValueError(f"counts must not be negative, got killed={killed}, survived={survived}")
+    return killed / (killed + survived) if killed + survived else None
+
+
+def killed_by(report: dict | None, returncode: int, output: str) -> tuple[str, int]:
+    """What killed a run (empty where it passed) and how many tests passed, from its report.json and exit code."""
+    report = report or {}
+    failed = [c for c in report.get("checks", []) if not c.get("passed")]
+    outcomes = report.get("outcomes", [])
+    passed = sum(o.get("outcome") == "passed" for o in outcomes)
+    if failed:
+        c = failed[0]
+        return f"check {c.get('name')!r} ({_short(c.get('test', ''))})", passed
+    crashed = [o for o in outcomes if o.get("outcome") in ("failed", "error")]
+    if crashed:
+        o = crashed[0]
+        return f"{_short(o.get('test', ''))}: {_first_line(o.get('reason', '')) or 'failed'}", passed
+    if returncode != 0:
+        return f"exit {returncode}: {_last_lines(output)[:300] or 'no output'}", passed
+    return "", passed
+
+
+def _short(nodeid: str) -> str:
+    return nodeid.rsplit("/", 1)[-1]
+
+
+def _first_line(text: str) -> str:
+    for line in str(text).splitlines():
+        if line.strip():
+            return line.strip()[:300]
+    return ""
+
+
+def _last_lines(text: str) -> str:
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+def run_checks(command: list[str], env: dict[str, str], report_dir: Path, timeout: float) -> Attempt:
+    """Run ``command`` and classify it by the ``report.json`` it leaves in ``report_dir``."""
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return Attempt(False, f"timeout (over {timeout:.0f} s)", time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    path = report_dir / "report.json"
+    try:
+        report = json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, json.JSONDecodeError):
+        report = None
+    why, passed = killed_by(report, proc.returncode, proc.stdout + proc.stderr)
+    return Attempt(not why, why, seconds, passed)
+
+
+def execute(plan: Plan, workdir: Path) -> MutationRun:
+    """The whole run: the source, then every mutant, then the fingerprints of the survivors."""
+    start = time.perf_counter()
+    mutants: list[tuple[Target, Mutant]] = []
+    for t in plan.targets:
+        mutants += [(t, m) for m in mutants_of(read_source(t.path), t.label, plan.operators)]
+    plan.log(f"mutate: {len(mutants)} mutants of {', '.join(t.label for t in plan.targets)}; the source first")
+    base_dir = workdir / "source"
+    base_dir.mkdir(parents=True, exist_ok=True)
+    baseline = run_checks(plan.command(base_dir), dict(plan.env), base_dir, BASELINE_TIMEOUT_S)
+    if not baseline.passed or baseline.judged == 0:
+        why = baseline.killed_by or "no test passed: the checks judged nothing (is a CUDA GPU visible to torch?)"
+        raise BaselineFailed(
+            f"the unmutated source does not pass the checks ({why}); a mutation score on a failing stack means "
+            f"nothing: fix it first (its run: {base_dir})"
+        )
+    baseline_report = json.loads((base_dir / "report.json").read_text())
+    timeout = plan.timeout_factor * baseline.seconds + plan.timeout_slack_s
+    plan.log(f"mutate: the source passed in {baseline.seconds:.1f} s; each mutant's timeout {timeout:.0f} s")
+    done = [0]
+
+    def one(item: tuple[int, tuple[Target, Mutant]]) -> MutantResult:
+        n, (target, m) = item
+        folder = workdir / f"mutant-{n:04d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / target.path.name
+        path.write_text(m.source)
+        env = {**plan.env, **mutant_env(target.module, path)}
+        a = run_checks(plan.command(folder / "report"), env, folder / "report", timeout)
+        status = "survived" if a.passed else "killed"
+        done[0] += 1
+        plan.log(f"[{done[0]}/{len(mutants)}] {status:<8} {m.id}  {a.killed_by}".rstrip())
+        return MutantResult(m.id, m.file, m.operator, m.line, m.diff, status, a.killed_by, "", round(a.seconds, 2))
+
+    with ThreadPoolExecutor(max_workers=max(1, plan.workers)) as pool:
+        results = list(pool.map(one, enumerate(mutants)))
+        results = _judge_survivors(plan, workdir, mutants, results, pool)
+    return MutationRun(tuple(results), baseline, baseline_report, timeout, time.perf_counter() - start)
+
+
+def _judge_survivors(plan: Plan, workdir: Path, mutants, results: list[MutantResult], pool) -> list[MutantResult]:
+    """Each survivor's fingerprint against the source's: equal is equivalent; else the parts it changes."""
+    survivors = [i for i, r in enumerate(results) if r.status == "survived"]
+    if not survivors:
+        return results
+    plan.log(f"mutate: fingerprints of the source and of {len(survivors)} survivor(s)")
+    try:
+        original = plan.fingerprint(dict(plan.env))
+    except Exception as exc:  # the survivors stay survivors, with the reason their equivalence is unknown
+        return [
+            _with_reason(r, f"not judged for equivalence: the source's fingerprint failed ({exc})") for r in results
+        ]
+
+    def judge(i: int) -> MutantResult:
+        target = mutants[i][0]
+        path = workdir / f"mutant-{i:04d}" / target.path.name
+        try:
+            fp = plan.fingerprint({**plan.env, **mutant_env(target.module, path)})
+        except Exception as exc:  # as above: reported, never a pass
+            return _with_reason(results[i], f"not judged for equivalence: its fingerprint failed ({exc})")
+        parts = sorted(k for k in set(fp) | set(original) if fp.get(k) != original.get(k))
+        if not parts:
+            return dataclasses.replace(results[i], status="equivalent", reason="bitwise the source's fingerprint")
+        return _with_reason(results[i], f"changes {', '.join(parts)}; no check saw it")
+
+    judged = dict(zip(survivors, pool.map(judge, survivors)))
+    return [judged.get(i, r) for i, r in enumerate(results)]
+
+
+def _with_reason(r: MutantResult, reason: str) -> MutantResult:
+    return r if r.status != "survived" else dataclasses.replace(r, reason=reason)
+
+
+def subprocess_fingerprint(command: list[str], timeout: float = 600.0) -> Callable[[dict[str, str]], dict[str, str]]:
+    """A ``Plan.fingerprint`` that runs ``command`` (``engine.fingerprint.fingerprint_command``) and reads its JSON."""
+
+    def take(env: dict[str, str]) -> dict[str, str]:
+        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"exit {proc.returncode}: {_last_lines(proc.stderr) or 'no output'}")
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    return take
+
+
+def module_of(path: Path, spec_module: str | None = None, search: list[str] | None = None) -> str:
+    """The module name ``path`` is imported under: ``spec_module`` (from ``--lora-impl MODULE:FACTORY``) where it
+    names this file, else the dotted path under the entries of ``sys.path`` (packages with ``__init__.py`` first)."""
+    path = Path(path).resolve()
+    found = []
+    for entry in search if search is not None else sys.path:
+        root = Path(entry or ".").resolve()
+        try:
+            rel = path.relative_to(root).with_suffix("")
+        except ValueError:
+            continue
+        if not all(p.isidentifier() for p in rel.parts):
+            continue
+        regular = all((root.joinpath(*rel.parts[:i]) / "__init__.py").is_file() for i in range(1, len(rel.parts)))
+        name = ".".join(p for p in rel.parts if p != "__init__" or len(rel.parts) == 1)
+        found.append((name != spec_module, not regular, len(rel.parts), name))
+    if not found:
+        raise ValueError(
+            f"--source {path}: not importable from the Python path (put its folder on PYTHONPATH, or name a module of "
+            "an installed package)"
+        )
+    return min(found)[3]
+
+
+def scratch_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="lora-suite-mutants-"))
