@@ -19,6 +19,8 @@ import os
 import sys
 from pathlib import Path
 
+from lora_suite.core.line_trace import start_from_env
+
 MODULE_ENV, FILE_ENV = "LORA_SUITE_MUTANT_MODULE", "LORA_SUITE_MUTANT_FILE"
 
 
@@ -57,8 +59,10 @@ def install(module: str, path: str | Path) -> MutantFinder:
 
 
 def install_from_env(environ=None) -> MutantFinder | None:
-    """``install`` from the two environment variables; None (nothing done) where neither is set."""
+    """``install`` from the two environment variables; None (nothing done) where neither is set. A line trace the
+    environment asks for (``lora_suite.core.line_trace``: the source's own run) starts first."""
     env = os.environ if environ is None else environ
+    start_from_env(env)
     module, path = env.get(MODULE_ENV), env.get(FILE_ENV)
     if not module and not path:
         return None

@@ -8,7 +8,9 @@ where the implementation has it),
 - ``forward+backward``: every output and every gradient (inputs and adapters) of one forward and backward, the
   adapters set to the probe's random values;
 - ``served_by``: what the implementation says served that forward;
-- ``saved folder``: the bytes of every file ``save_adapter`` writes;
+- ``saved folder``: what every file ``save_adapter`` writes holds: a JSON file's parsed content (its whitespace and
+  key order are not content), a safetensors file's tensors (names, dtypes, shapes, bytes) and metadata, any other
+  file's bytes;
 - ``loaded``: the outputs of a fresh block (same base, adapters zeroed) after ``load_adapter`` of that folder;
 - ``merged``: the outputs after ``merge_adapters``, where the implementation has one.
 
@@ -111,7 +113,7 @@ def _parts(impl, dtype_name: str, rslora: bool, device: str) -> dict[str, str]:
             impl.save_adapter(state["probe"].block, folder)
             h = hashlib.sha256()
             for f in sorted(p for p in folder.rglob("*") if p.is_file()):
-                h.update(str(f.relative_to(folder)).encode() + b"\0" + f.read_bytes())
+                h.update(str(f.relative_to(folder)).encode() + b"\0" + _content(f))
             return h.hexdigest()
 
         def loaded():
@@ -164,3 +166,22 @@ def main(argv: list[str] | None = None) -> None:
     from lora_suite.implementations import resolve_implementation
 
     print(json.dumps(fingerprint(resolve_implementation(spec), device), sort_keys=True))
+
+
+def _content(path: Path) -> bytes:
+    """What a saved file holds, independent of how it was laid out: see the module's ``saved folder``."""
+    if path.suffix == ".json":
+        try:
+            return json.dumps(json.loads(path.read_text()), sort_keys=True).encode()
+        except ValueError:
+            return path.read_bytes()
+    if path.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        h = hashlib.sha256()
+        with safe_open(str(path), framework="pt") as f:
+            h.update(json.dumps(f.metadata(), sort_keys=True).encode())
+            for key in sorted(f.keys()):
+                h.update(_digest([(key, f.get_tensor(key))]).encode())
+        return h.hexdigest().encode()
+    return path.read_bytes()

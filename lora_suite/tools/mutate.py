@@ -8,7 +8,11 @@
 The mutation score is killed / (killed + survived): the equivalent mutants are left out of it.
 
 The unmutated source runs first and must pass (a score on a stack that fails its checks means nothing); its time
-sets each mutant's timeout (``TIMEOUT_FACTOR`` x it + ``TIMEOUT_SLACK_S`` by default). Mutants run in processes of their own,
+sets each mutant's timeout (``TIMEOUT_FACTOR`` x it + ``TIMEOUT_SLACK_S`` by default). That run also records which
+lines of the source the checks execute (``lora_suite.core.line_trace``): a mutant on a line they never run cannot
+change their outcome, so it is not run, and goes straight to the fingerprint (equivalent, or a survivor "not run by
+the checks"). A mutant that passes its timeout while others share the host is run again alone, with
+``ALONE_FACTOR`` times the timeout, before "timeout" counts as its kill: a slow host must not kill mutants. Mutants run in processes of their own,
 ``workers`` at a time; a mutant's file replaces its module through ``lora_suite.core.mutant_source``. What runs per
 mutant is a command (``Plan.command``: the CLI gives pytest on the quick tier's fast tests; the CPU self-tests a
 stand-in) whose run writes a ``report.json`` in the run report's format.
@@ -27,10 +31,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lora_suite.core.line_trace import executed, statement_starts, trace_env
 from lora_suite.core.mutant_source import mutant_env
 from lora_suite.tools.mutants import Mutant, mutants_of, read_source
 
 TIMEOUT_FACTOR, TIMEOUT_SLACK_S = 3.0, 30.0  # a mutant that runs 3x the source's time and half a minute is stuck
+ALONE_FACTOR = 3.0  # a timed-out mutant's second run, alone on the host: 3x the timeout it passed
 BASELINE_TIMEOUT_S = 1800.0  # the unmutated source's own run: half an hour means something is wrong
 STATUSES = ("killed", "survived", "equivalent")
 
@@ -81,6 +87,7 @@ class Plan:
     operators: tuple[str, ...] | None = None  # None: every operator of mutants.operators()
     timeout_factor: float = TIMEOUT_FACTOR
     timeout_slack_s: float = TIMEOUT_SLACK_S
+    alone_factor: float = ALONE_FACTOR
     log: Callable[[str], None] = field(default=lambda line: print(line, flush=True))
 
 
@@ -163,7 +170,9 @@ def execute(plan: Plan, workdir: Path) -> MutationRun:
     plan.log(f"mutate: {len(mutants)} mutants of {', '.join(t.label for t in plan.targets)}; the source first")
     base_dir = workdir / "source"
     base_dir.mkdir(parents=True, exist_ok=True)
-    baseline = run_checks(plan.command(base_dir), dict(plan.env), base_dir, BASELINE_TIMEOUT_S)
+    trace_out = base_dir / "executed-lines.json"
+    base_env = {**plan.env, **trace_env([t.path for t in plan.targets], trace_out)}
+    baseline = run_checks(plan.command(base_dir), base_env, base_dir, BASELINE_TIMEOUT_S)
     if not baseline.passed or baseline.judged == 0:
         why = baseline.killed_by or "no test passed: the checks judged nothing (is a CUDA GPU visible to torch?)"
         raise BaselineFailed(
@@ -173,6 +182,8 @@ def execute(plan: Plan, workdir: Path) -> MutationRun:
     baseline_report = json.loads((base_dir / "report.json").read_text())
     timeout = plan.timeout_factor * baseline.seconds + plan.timeout_slack_s
     plan.log(f"mutate: the source passed in {baseline.seconds:.1f} s; each mutant's timeout {timeout:.0f} s")
+    not_run = _not_run(plan, mutants, trace_out)
+    plan.log(f"mutate: {len(not_run)} mutant(s) on lines the checks never execute: fingerprint only")
     done = [0]
 
     def one(item: tuple[int, tuple[Target, Mutant]]) -> MutantResult:
@@ -182,16 +193,53 @@ def execute(plan: Plan, workdir: Path) -> MutationRun:
         path = folder / target.path.name
         path.write_text(m.source)
         env = {**plan.env, **mutant_env(target.module, path)}
-        a = run_checks(plan.command(folder / "report"), env, folder / "report", timeout)
+        if n in not_run:
+            a = Attempt(True, "", 0.0)
+        else:
+            a = run_checks(plan.command(folder / "report"), env, folder / "report", timeout)
         status = "survived" if a.passed else "killed"
         done[0] += 1
         plan.log(f"[{done[0]}/{len(mutants)}] {status:<8} {m.id}  {a.killed_by}".rstrip())
-        return MutantResult(m.id, m.file, m.operator, m.line, m.diff, status, a.killed_by, "", round(a.seconds, 2))
+        note = f"not run: the checks never execute line {m.line}" if n in not_run else ""
+        return MutantResult(m.id, m.file, m.operator, m.line, m.diff, status, a.killed_by, note, round(a.seconds, 2))
+
+    def alone(n: int, r: MutantResult) -> MutantResult:
+        """A mutant that timed out beside the others, run again with nothing else running."""
+        target = mutants[n][0]
+        folder = workdir / f"mutant-{n:04d}"
+        env = {**plan.env, **mutant_env(target.module, folder / target.path.name)}
+        a = run_checks(plan.command(folder / "alone"), env, folder / "alone", plan.alone_factor * timeout)
+        why = a.killed_by.replace(")", ", run alone)") if a.killed_by.startswith("timeout") else a.killed_by
+        plan.log(f"[alone] {'survived' if a.passed else 'killed':<8} {r.id}  {why}".rstrip())
+        status = "survived" if a.passed else "killed"
+        return dataclasses.replace(r, status=status, killed_by=why, seconds=round(r.seconds + a.seconds, 2))
 
     with ThreadPoolExecutor(max_workers=max(1, plan.workers)) as pool:
         results = list(pool.map(one, enumerate(mutants)))
+        timed_out = [n for n, r in enumerate(results) if r.killed_by.startswith("timeout")]
+        if timed_out:
+            plan.log(f"mutate: {len(timed_out)} mutant(s) timed out beside the others: each again, alone")
+        for n in timed_out:
+            results[n] = alone(n, results[n])
         results = _judge_survivors(plan, workdir, mutants, results, pool)
     return MutationRun(tuple(results), baseline, baseline_report, timeout, time.perf_counter() - start)
+
+
+def _not_run(plan: Plan, mutants, trace_out: Path) -> set[int]:
+    """The indices of the mutants whose line the source's run never executed (none where no trace was written: then
+    every mutant runs)."""
+    try:
+        lines = {f: set(v) for f, v in json.loads(trace_out.read_text()).items()}
+    except (OSError, ValueError):
+        plan.log("mutate: the source's run left no line trace: every mutant runs the checks")
+        return set()
+    starts = {str(t.path.resolve()): statement_starts(read_source(t.path)) for t in plan.targets}
+    out = set()
+    for n, (target, m) in enumerate(mutants):
+        key = str(target.path.resolve())
+        if key in lines and not executed(m.line, lines[key], starts[key]):
+            out.add(n)
+    return out
 
 
 def _judge_survivors(plan: Plan, workdir: Path, mutants, results: list[MutantResult], pool) -> list[MutantResult]:
@@ -215,9 +263,12 @@ def _judge_survivors(plan: Plan, workdir: Path, mutants, results: list[MutantRes
         except Exception as exc:  # as above: reported, never a pass
             return _with_reason(results[i], f"not judged for equivalence: its fingerprint failed ({exc})")
         parts = sorted(k for k in set(fp) | set(original) if fp.get(k) != original.get(k))
+        note = f"{results[i].reason}; " if results[i].reason else ""
         if not parts:
-            return dataclasses.replace(results[i], status="equivalent", reason="bitwise the source's fingerprint")
-        return _with_reason(results[i], f"changes {', '.join(parts)}; no check saw it")
+            return dataclasses.replace(
+                results[i], status="equivalent", reason=f"{note}bitwise the source's fingerprint"
+            )
+        return _with_reason(results[i], f"{note}changes {', '.join(parts)}; no check saw it")
 
     judged = dict(zip(survivors, pool.map(judge, survivors)))
     return [judged.get(i, r) for i, r in enumerate(results)]

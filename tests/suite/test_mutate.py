@@ -104,6 +104,7 @@ def _plan(folder: Path, env: dict, **kw) -> M.Plan:
         workers=2,
         operators=("DeleteStatement", "ReplaceBinaryOperator_Mul_Div"),
         timeout_slack_s=2.0,
+        alone_factor=1.0,
         log=lambda line: None,
     )
     return M.Plan(**{**defaults, **kw})
@@ -116,7 +117,10 @@ def test_each_mutant_is_killed_survives_or_is_equivalent_for_its_reason(calc_sta
     assert len(run.results) == 10
     assert by[(2, "DeleteStatement")].killed_by == "check 'scale(8, 4) is 2' (check_calc.py::test_calc)"
     assert by[(11, "DeleteStatement")].killed_by == "check_calc.py::test_calc: NameError: name 'k' is not defined"
-    assert by[(18, "DeleteStatement")].killed_by.startswith("timeout")
+    assert (
+        by[(18, "DeleteStatement")].killed_by.startswith("timeout")
+        and "run alone" in by[(18, "DeleteStatement")].killed_by
+    )
     survivor = by[(7, "ReplaceBinaryOperator_Mul_Div")]
     assert survivor.status == "survived" and "-    return x * 2\n+    return x / 2\n" in survivor.diff
     assert survivor.reason == "changes double(0), double(3); no check saw it"
@@ -124,6 +128,20 @@ def test_each_mutant_is_killed_survives_or_is_equivalent_for_its_reason(calc_sta
     assert by[(6, "ReplaceBinaryOperator_Mul_Div")].status == "equivalent"
     assert (run.count("killed"), run.count("survived"), run.count("equivalent")) == (7, 1, 2)
     assert all(r.seconds > 0 for r in run.results if r.status != "equivalent")
+
+
+def test_a_mutant_on_a_line_the_checks_never_run_is_not_run_and_goes_to_the_fingerprint(calc_stack, tmp_path):
+    folder, env = calc_stack
+    (folder / "calc.py").write_text(CALC + "\n\ndef rarely(x):\n    if x > 100:\n        return x * 3\n    return x\n")
+    (folder / "check_calc.py").write_text(
+        CHECKS.replace('("count(3) is 3"', '("rarely(1) is 1", lambda: calc.rarely(1) == 1),\n        ("count(3) is 3"')
+    )
+    run = M.execute(_plan(folder, env, operators=("ReplaceBinaryOperator_Mul_Div",)), tmp_path / "work")
+    by = {r.line: r for r in run.results}
+    skipped = by[24]  # `return x * 3`: never reached by rarely(1)
+    assert skipped.status == "equivalent" and skipped.seconds == 0.0, skipped
+    assert skipped.reason == "not run: the checks never execute line 24; bitwise the source's fingerprint"
+    assert by[7].status == "survived" and by[7].seconds > 0  # x * 2 runs: its mutant ran the checks
 
 
 def test_a_failing_source_stops_the_run_before_any_mutant(calc_stack, tmp_path):
