@@ -186,6 +186,9 @@ def _run(spec, plan_targets, names, tests, workers, min_score, report_root: Path
 
     os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")  # no network at run time: local weights only
     env = targets._child_env("quick")
+    # each mutant's process gets its share of the CPU cores for torch's threads (16 threads in each of 8 processes
+    # would oversubscribe the host); a value the user set is kept
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
     plan = M.Plan(
         targets=plan_targets,
         command=lambda report_dir: checks_command(spec, tests, report_dir),

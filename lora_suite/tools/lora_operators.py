@@ -11,15 +11,18 @@ of a parso node, ``mutate(node, index)`` returns the node that replaces it):
 - ``SwapArguments``: two neighbouring positional arguments of a call change places (``F.linear(a, x)``);
 - ``SqrtToArgument``: ``math.sqrt(x)`` / ``torch.sqrt(x)`` becomes ``x`` (rsLoRA's scale).
 
-parso and cosmic-ray are imported by ``mutants.operators()``, not here at module level: the command line must be able
-to say that the ``mutate`` extra is missing in one line.
+This module is imported by ``mutants.operators()`` only, which turns a missing ``mutate`` extra (parso, cosmic-ray)
+into one line naming it; here the import is guarded so that nothing imports the extra at collection time.
 """
 
 from __future__ import annotations
 
-import parso
-from cosmic_ray.operators.operator import Example, Operator
-from parso.python.tree import Keyword
+try:  # the mutate extra: ``mutants.operators()`` names it when it is missing
+    import parso
+    from cosmic_ray.operators.operator import Example, Operator
+    from parso.python.tree import Keyword
+except ImportError as exc:
+    raise ImportError(f"{exc}: install lora-gpu-suite[mutate]") from exc
 
 TRANSPOSES = ("t", "T", "mT", "transpose")
 CASTS = ("to", "float", "half", "bfloat16", "double", "type")
