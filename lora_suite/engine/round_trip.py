@@ -145,6 +145,59 @@ def round_trip(
     return out
 
 
+def _drop_one(tensors: dict) -> dict:
+    return dict(list(tensors.items())[:-1])
+
+
+def _add_unknown(tensors: dict) -> dict:
+    some = next(iter(tensors.values()))
+    return {**tensors, f"{PEFT_PREFIX}model.no_such_module.lora_A.weight": torch.zeros_like(some)}
+
+
+def _reshape_one(tensors: dict) -> dict:
+    key, t = next(iter(tensors.items()))
+    return {**tensors, key: torch.cat([t, t[:1]])}  # one row more: another rank's or another layer's tensor
+
+
+# A folder whose weights do not fit the model: what -> how the saved tensors are changed. Each must be refused: a
+# loader that takes the rest leaves a layer as it was (peft#2773: weights silently not loaded), or reads a tensor
+# into a layer of another shape.
+BROKEN = {
+    "an adapter missing": _drop_one,
+    "a tensor that fits no adapter": _add_unknown,
+    "an adapter of another shape": _reshape_one,
+}
+
+
+def broken_folder(trained: Prepared, build: Callable[[], Prepared], folder: Path, what: str) -> Verdict:
+    """``trained`` saved to ``folder``, then a copy whose weights are broken as ``BROKEN[what]`` says, loaded into a
+    fresh model: it must be refused."""
+    from safetensors.torch import load_file, save_file
+
+    if what not in BROKEN:
+        raise ValueError(f"broken_folder: {what!r} is not one of {sorted(BROKEN)}")
+    trained.implementation.save_adapter(trained.model, folder)
+    bad = folder.with_name(folder.name + "-broken-" + what.replace(" ", "-"))
+    shutil.copytree(folder, bad, dirs_exist_ok=True)
+    tensors = BROKEN[what](load_file(str(bad / WEIGHTS_FILE)))
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(bad / WEIGHTS_FILE), metadata={"format": "pt"})
+    fresh = build()
+    try:
+        fresh.implementation.load_adapter(fresh.model, bad)
+    except Exception as exc:  # noqa: BLE001  (the refusal is the right answer; it is named in the detail)
+        refused, detail = True, f"refused: {type(exc).__name__}: {str(exc)[:200]}"
+    else:
+        refused, detail = False, "loaded without an error"
+    return Verdict(
+        f"folder with {what}: refused (never loaded in part)",
+        refused,
+        "==",
+        True,
+        "a folder that does not fit the model is not the trained adapter (peft#2773)",
+        detail,
+    )
+
+
 def saved_folder_verdicts(
     trained: Prepared, folder: Path, want: dict[str, torch.Tensor], saved: dict[str, torch.Tensor]
 ) -> list[Verdict]:

@@ -301,6 +301,22 @@ def merge_folds_nothing():
     return _planted("merge_folds_nothing", merge_adapters=merge_adapters)
 
 
+def load_takes_what_fits():
+    """load_adapter copies the tensors whose key and shape fit and skips the rest (a non-strict load, silently)."""
+
+    def load_adapter(self, model, path):
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(Path(path) / "adapter_model.safetensors"))
+        with torch.no_grad():
+            for n, p in self.adapter_parameters(model).items():
+                t = tensors.get(f"{_example().PEFT_PREFIX}{n}.weight")
+                if t is not None and t.shape == p.shape:
+                    p.copy_(t)
+
+    return _planted("load_takes_what_fits", load_adapter=load_adapter)
+
+
 # defect -> (factory name, the tier that must catch it, the check that must be among the failed ones: a fragment of
 # its name, as docs/lora-spec.md names it; the leak's must be a memory slope, not a speed verdict that sharing the
 # GPU could move). A plant counts as caught only when that check failed.
@@ -366,6 +382,11 @@ PLANTS = {
         "merge_ignores_rslora",
         "quick",
         "rsLoRA alpha/sqrt(r)=12/4: merged weights: outputs beyond tolerance",
+    ),
+    "load_adapter takes what fits and skips the rest": (
+        "load_takes_what_fits",
+        "quick",
+        "folder with an adapter missing: refused",
     ),
     "merge_adapters folds nothing": (
         "merge_folds_nothing",

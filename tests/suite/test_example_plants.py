@@ -101,3 +101,31 @@ def test_builtins_pass_the_probe_checks_on_the_cpu(name):
     assert _failed(_parity(impl)) == []
     probe, inputs = _probe(impl)
     assert _failed([L.determinism(probe, inputs), L.eval_mode(probe, inputs), L.merged(probe, inputs)]) == []
+
+
+@pytest.mark.parametrize("what", list(RT.BROKEN))
+def test_the_example_refuses_a_folder_whose_weights_do_not_fit_and_a_lenient_loader_does_not(what, tiny_cfg, tmp_path):
+    cfg = dataclasses.replace(tiny_cfg, dtype="float32")
+
+    def verdict(impl):
+        trained = prepare(cfg, "cpu", implementation=impl)
+        return RT.broken_folder(trained, lambda: prepare(cfg, "cpu", implementation=impl), tmp_path / impl.name, what)
+
+    assert verdict(EP._example().make()).passed
+    lenient = EP.load_takes_what_fits()
+    lenient.name = "lenient"
+    v = verdict(lenient)
+    assert not v.passed and v.name == f"folder with {what}: refused (never loaded in part)"
+
+
+@pytest.mark.parametrize("name", ["torch", "peft"])
+def test_the_builtins_refuse_a_folder_whose_weights_do_not_fit(name, tiny_cfg, tmp_path):
+    pytest.importorskip("peft") if name == "peft" else None
+    from lora_suite.implementations import resolve_implementation
+
+    cfg = dataclasses.replace(tiny_cfg, dtype="float32")
+    impl = resolve_implementation(name)
+    for what in RT.BROKEN:
+        trained = prepare(cfg, "cpu", implementation=impl)
+        v = RT.broken_folder(trained, lambda: prepare(cfg, "cpu", implementation=impl), tmp_path / what[:12], what)
+        assert v.passed, (what, v.detail)

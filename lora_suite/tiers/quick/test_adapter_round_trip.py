@@ -1,8 +1,9 @@
 """The adapter round trip of the implementation under test (``lora_suite.engine.round_trip``): three training steps,
 ``save_adapter``, a fresh model, ``load_adapter``: the folder holds the trained tensors, the fresh model gets them
 back bitwise and computes the trained logits bitwise; folders with a planted wrong lora_alpha or r are refused (or
-honoured), never loaded as if they matched; on a 16-bit base PEFT's own loader reads the same tensors and scale.
-Four tests, each training its own model, so that worker processes (``--workers``) can run them side by side."""
+honoured), never loaded as if they matched; folders whose weights do not fit (an adapter missing, a tensor of no
+adapter, a shape changed) are refused; on a 16-bit base PEFT's own loader reads the same tensors and scale.
+Tests that each build their own model, so that worker processes (``--workers``) can run them side by side."""
 
 from __future__ import annotations
 
@@ -32,6 +33,14 @@ def test_a_folder_with_a_wrong_setting_is_not_loaded_as_matching(tier, tmp_path,
     trained = tier.prepare(cfg)
     RT.train_a_few(trained, STEPS, cfg.train.lr)
     v = RT.tampered_folder(trained, lambda: tier.prepare(cfg), tmp_path / "adapter", key)
+    tier.check(v.name, v.value, v.op, v.threshold, source=v.source, detail=v.detail)
+
+
+@pytest.mark.parametrize("what", list(RT.BROKEN))
+def test_a_folder_whose_weights_do_not_fit_is_refused(tier, tmp_path, what):
+    cfg = tier.config("quick")
+    trained = tier.prepare(cfg)
+    v = RT.broken_folder(trained, lambda: tier.prepare(cfg), tmp_path / "adapter", what)
     tier.check(v.name, v.value, v.op, v.threshold, source=v.source, detail=v.detail)
 
 
