@@ -31,6 +31,12 @@ from lora_suite.engine.layer_checks import PARITY_SOURCE
 from lora_suite.engine.parity import compare
 from lora_suite.measure.criteria import Verdict
 
+
+def none_of(name: str, bad: list[str], source: str, sep: str = "; ") -> Verdict:
+    """The verdict "no tensor, parameter or layer is in ``bad``": its count against 0, the first three named."""
+    return Verdict(name, len(bad), "==", 0, source, sep.join(bad[:3]))
+
+
 INIT_SOURCE = "LoRA (arXiv 2106.09685) §4.1: B = 0 at the start, so ΔW = BA = 0; PEFT init_lora_weights=True"
 
 
@@ -39,21 +45,23 @@ def base_function(probe: P.Probe, inputs: P.ProbeInputs) -> P.ProbeRun:
     return P.reference(dataclasses.replace(probe, adapters={}), inputs, inputs_require_grad=False, backward=False)
 
 
-def initial_outputs(probe: P.Probe, inputs: P.ProbeInputs) -> Verdict:
-    """``probe`` built with ``randomise=False``: each output against the base-only function in float64."""
+def outputs_beyond(probe: P.Probe, inputs: P.ProbeInputs, want: P.ProbeRun) -> tuple[list[str], int]:
+    """The probe's outputs now (no gradients) against ``want``'s, each within its parity tolerance: the ones beyond
+    it, described, and how many were compared."""
     with torch.no_grad():
         got = P.run_probe(probe, inputs, inputs_require_grad=False, backward=False)
-    want = base_function(probe, inputs)
     tols = P.tolerances(probe, inputs)
     errs = [compare(n, g, r, tols[n]) for n, g, r in zip(P.OUTPUTS, got.outputs, want.outputs)]
-    bad = [e.describe() for e in errs if not e.ok]
-    return Verdict(
-        f"at initialisation: outputs differ from the base model's (of {len(errs)})",
-        len(bad),
-        "==",
-        0,
+    return [e.describe() for e in errs if not e.ok], len(errs)
+
+
+def initial_outputs(probe: P.Probe, inputs: P.ProbeInputs) -> Verdict:
+    """``probe`` built with ``randomise=False``: each output against the base-only function in float64."""
+    bad, n = outputs_beyond(probe, inputs, base_function(probe, inputs))
+    return none_of(
+        f"at initialisation: outputs differ from the base model's (of {n})",
+        bad,
         INIT_SOURCE + "; " + PARITY_SOURCE,
-        "; ".join(bad[:3]),
     )
 
 
@@ -69,13 +77,10 @@ def initial_gradients(probe: P.Probe, inputs: P.ProbeInputs) -> Verdict:
             bad.append(f"{path}: a gradient missing or not finite")
         elif not any(bool((g != 0).any()) for g in grads):
             bad.append(f"{path}: dA and dB all zero")
-    return Verdict(
+    return none_of(
         f"at initialisation: adapted layers that cannot learn (of {len(layers)})",
-        len(bad),
-        "==",
-        0,
+        bad,
         INIT_SOURCE + " and A random: dB = s·dYᵀ(x Aᵀ) is non-zero from the first step",
-        "; ".join(bad[:3]),
     )
 
 
@@ -84,13 +89,10 @@ def adapter_dtypes(probe: P.Probe) -> Verdict:
     want = probe.spec.adapter_dtype or probe.dtype
     device = next(iter(probe.weights.values())).device
     bad = [f"{n}: {p.dtype} on {p.device}" for n, p in probe.adapters.items() if p.dtype != want or p.device != device]
-    return Verdict(
+    return none_of(
         f"adapters not in the requested dtype {str(want).removeprefix('torch.')} (of {len(probe.adapters)})",
-        len(bad),
-        "==",
-        0,
+        bad,
         "AdapterSpec.adapter_dtype (PEFT's autocast_adapter_dtype keeps fp32 adapters over a 16-bit base)",
-        "; ".join(bad[:3]),
     )
 
 
@@ -107,13 +109,10 @@ def frozen_base(probe: P.Probe, inputs: P.ProbeInputs) -> Verdict:
     bad += [f"{n} trainable" for n, p in params.items() if p.requires_grad and id(p) not in adapters]
     P.run_probe(probe, inputs)
     bad += [f"{n} got a gradient" for n, p in params.items() if id(p) not in adapters and p.grad is not None]
-    return Verdict(
+    return none_of(
         f"after inject: adapters not trainable, or base parameters trainable or given a gradient (of {len(params)})",
-        len(bad),
-        "==",
-        0,
+        bad,
         "LoRA §4: W0 frozen, only A and B trained; PEFT marks only adapter parameters trainable",
-        "; ".join(bad[:3]),
     )
 
 
@@ -125,13 +124,11 @@ def inputs_untouched(probe: P.Probe, inputs: P.ProbeInputs) -> Verdict:
     names = list(P.INPUTS) + [f"d{o}" for o in P.OUTPUTS]
     after = [*xs, *inputs.dys]
     bad = [n for n, a, b in zip(names, after, before) if not torch.equal(a.detach(), b)]
-    return Verdict(
+    return none_of(
         f"forward and backward: inputs or upstream gradients changed in place (of {len(names)})",
-        len(bad),
-        "==",
-        0,
+        bad,
         "F.linear and autograd never write their inputs",
-        ", ".join(bad),
+        sep=", ",
     )
 
 
@@ -153,13 +150,10 @@ def several_forwards(probe: P.Probe, inputs: P.ProbeInputs, other: P.ProbeInputs
         for x, run, label in ((xs[0][k], one, "first"), (xs[1][k], two, "second")):
             errs.append(compare(f"d{name} ({label})", x.grad, run.input_grads[k].double(), tols[f"d{name}"]))
     bad = [e.describe() for e in errs if not e.ok]
-    return Verdict(
+    return none_of(
         f"two forwards, one backward: gradients not the sum of each forward's (of {len(errs)})",
-        len(bad),
-        "==",
-        0,
+        bad,
         "autograd: each forward keeps its own saved tensors (ctx.save_for_backward), none on the module",
-        "; ".join(bad[:3]),
     )
 
 
@@ -182,13 +176,10 @@ def checkpointed(probe: P.Probe, inputs: P.ProbeInputs, use_reentrant: bool) -> 
     errs = [compare(n, have[n], want.double(), tols[n]) for n, want in plain.tensors().items() if want is not None]
     bad = [e.describe() for e in errs if not e.ok]
     mode = "reentrant" if use_reentrant else "non-reentrant"
-    return Verdict(
+    return none_of(
         f"under {mode} activation checkpointing: tensors beyond tolerance of the plain run (of {len(errs)})",
-        len(bad),
-        "==",
-        0,
+        bad,
         "torch.utils.checkpoint recomputes the same forward; " + PARITY_SOURCE,
-        "; ".join(bad[:3]),
     )
 
 
@@ -200,15 +191,9 @@ def merge_folds(probe: P.Probe, inputs: P.ProbeInputs) -> Verdict:
     with torch.no_grad():
         for p in left.values():
             p.zero_()
-        got = P.run_probe(probe, inputs, inputs_require_grad=False, backward=False)
-    tols = P.tolerances(probe, inputs)
-    errs = [compare(n, g, r, tols[n]) for n, g, r in zip(P.OUTPUTS, got.outputs, ref.outputs)]
-    bad = [e.describe() for e in errs if not e.ok]
-    return Verdict(
-        f"merged weights with the adapters left zeroed: outputs beyond tolerance (of {len(errs)}, {len(left)} left)",
-        len(bad),
-        "==",
-        0,
+    bad, n = outputs_beyond(probe, inputs, ref)
+    return none_of(
+        f"merged weights with the adapters left zeroed: outputs beyond tolerance (of {n}, {len(left)} left)",
+        bad,
         "LoRA §4.1: W = W0 + BA computes the adapted function by itself; PEFT merge_and_unload",
-        "; ".join(bad[:3]),
     )

@@ -40,7 +40,7 @@ REPOSITORIES = {
 
 def _is_check_call(func: ast.expr) -> bool:
     name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
-    return name in ("Verdict", "check", "not_applicable")
+    return name in ("Verdict", "none_of", "check", "not_applicable")
 
 
 def _template(node: ast.expr) -> str | None:
@@ -53,8 +53,8 @@ def _template(node: ast.expr) -> str | None:
 
 
 def check_templates(path: Path) -> list[str]:
-    """The name templates of every check a module records or returns (``Verdict(name, …)``, ``check(name, …)``,
-    ``check.not_applicable(name, …)``) whose name is written there."""
+    """The name templates of every check a module records or returns (``Verdict(name, …)``, ``none_of(name, …)``,
+    ``check(name, …)``, ``check.not_applicable(name, …)``) whose name is written there."""
     out = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Call) and _is_check_call(node.func) and node.args:
