@@ -215,7 +215,7 @@ def _run(spec, plan_targets, names, tests, workers, min_score, report_root: Path
     report = R.build(run, run_dir.name, plan_targets, spec, min_score)
     md = R.write(run_dir, report, run)
     check = report.checks[0]
-    killed, survived, equivalent = (run.count(s) for s in M.STATUSES)
+    killed, survived, equivalent = run.counts()
     print(
         f"\nmutation score {check.value} (killed {killed}, survived {survived}, equivalent {equivalent}; threshold "
         f">= {min_score}): {'PASS' if check.passed else 'FAIL'}; wall time {run.wall_s:.0f} s; report {md}"

@@ -9,9 +9,10 @@ The process is told what to trace by two environment variables,
 
     LORA_SUITE_TRACE_FILES=<file>[<os.pathsep><file>…]   LORA_SUITE_TRACE_OUT=<a JSON file to write at exit>
 
-and writes ``{file: [line, …]}``. On Python 3.12 and later ``sys.monitoring`` sees every thread (autograd runs a
-custom Function's backward on threads of its own); before 3.12, ``sys.settrace`` and ``threading.settrace`` see the
-threads Python starts, which is why a file executed only on another thread must not be judged by an older Python.
+and writes ``{"every_thread": bool, "lines": {file: [line, …]}}``. On Python 3.12 and later ``sys.monitoring`` sees
+every thread (autograd runs a custom Function's backward on CUDA tensors on threads of its own); before 3.12,
+``sys.settrace`` and ``threading.settrace`` see only the threads Python starts, so the trace says ``every_thread:
+false`` and a mutation run then skips nothing on it.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class LineTrace:
         self.files = {str(Path(f).resolve()) for f in files}
         self.lines: dict[str, set[int]] = {f: set() for f in self.files}
         self._names: dict[str, str | None] = {}  # co_filename -> the traced file it is, or None
+        self.every_thread = False  # whether lines run on threads Python did not start are seen too
 
     def _which(self, filename: str) -> str | None:
         if filename not in self._names:
@@ -43,6 +45,7 @@ class LineTrace:
 
     def start(self) -> LineTrace:
         monitoring = getattr(sys, "monitoring", None)
+        self.every_thread = monitoring is not None
         if monitoring is not None:
             tool = monitoring.COVERAGE_ID
             monitoring.use_tool_id(tool, _TOOL_NAME)
@@ -69,8 +72,8 @@ class LineTrace:
             sys.settrace(global_)
         return self
 
-    def as_json(self) -> dict[str, list[int]]:
-        return {f: sorted(lines) for f, lines in self.lines.items()}
+    def as_json(self) -> dict:
+        return {"every_thread": self.every_thread, "lines": {f: sorted(lines) for f, lines in self.lines.items()}}
 
 
 def start_from_env(environ=None) -> LineTrace | None:

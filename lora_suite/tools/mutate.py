@@ -33,6 +33,7 @@ from pathlib import Path
 
 from lora_suite.core.line_trace import executed, statement_starts, trace_env
 from lora_suite.core.mutant_source import mutant_env
+from lora_suite.engine.fingerprint import differing
 from lora_suite.tools.mutants import Mutant, mutants_of, read_source
 
 TIMEOUT_FACTOR, TIMEOUT_SLACK_S = 3.0, 30.0  # a mutant that runs 3x the source's time and half a minute is stuck
@@ -101,6 +102,10 @@ class MutationRun:
 
     def count(self, status: str) -> int:
         return sum(r.status == status for r in self.results)
+
+    def counts(self) -> tuple[int, int, int]:
+        """(killed, survived, equivalent)."""
+        return tuple(self.count(s) for s in STATUSES)
 
 
 def score(killed: int, survived: int) -> float | None:
@@ -226,13 +231,17 @@ def execute(plan: Plan, workdir: Path) -> MutationRun:
 
 
 def _not_run(plan: Plan, mutants, trace_out: Path) -> set[int]:
-    """The indices of the mutants whose line the source's run never executed (none where no trace was written: then
-    every mutant runs)."""
+    """The indices of the mutants whose line the source's run never executed; none where the run left no trace, or
+    one that may have missed threads (``line_trace``: before Python 3.12): then every mutant runs."""
     try:
-        lines = {f: set(v) for f, v in json.loads(trace_out.read_text()).items()}
+        trace = json.loads(trace_out.read_text())
     except (OSError, ValueError):
         plan.log("mutate: the source's run left no line trace: every mutant runs the checks")
         return set()
+    if not trace.get("every_thread"):
+        plan.log("mutate: the line trace could not see every thread (Python < 3.12): every mutant runs the checks")
+        return set()
+    lines = {f: set(v) for f, v in trace["lines"].items()}
     starts = {str(t.path.resolve()): statement_starts(read_source(t.path)) for t in plan.targets}
     out = set()
     for n, (target, m) in enumerate(mutants):
@@ -262,7 +271,7 @@ def _judge_survivors(plan: Plan, workdir: Path, mutants, results: list[MutantRes
             fp = plan.fingerprint({**plan.env, **mutant_env(target.module, path)})
         except Exception as exc:  # as above: reported, never a pass
             return _with_reason(results[i], f"not judged for equivalence: its fingerprint failed ({exc})")
-        parts = sorted(k for k in set(fp) | set(original) if fp.get(k) != original.get(k))
+        parts = differing(fp, original)
         note = f"{results[i].reason}; " if results[i].reason else ""
         if not parts:
             return dataclasses.replace(

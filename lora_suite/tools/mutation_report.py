@@ -37,7 +37,7 @@ def _environment(report: dict) -> Environment:
 
 def build(run: MutationRun, run_id: str, targets: tuple[Target, ...], spec: str, min_score: float) -> RunReport:
     """The run report of a mutation run."""
-    killed, survived, equivalent = (run.count(s) for s in ("killed", "survived", "equivalent"))
+    killed, survived, equivalent = run.counts()
     value = score(killed, survived)
     report = RunReport(run_id=run_id, selection="mutate", environment=_environment(run.baseline_report))
     report.status = "complete"
@@ -86,7 +86,7 @@ def build(run: MutationRun, run_id: str, targets: tuple[Target, ...], spec: str,
 def markdown(report: RunReport, run: MutationRun) -> str:
     """report.md: the score first, then the survivors with their diffs, then what killed the others."""
     check = report.checks[0]
-    killed, survived, equivalent = (run.count(s) for s in ("killed", "survived", "equivalent"))
+    killed, survived, equivalent = run.counts()
     verdict = "PASS" if check.passed else "FAIL"
     value = "n/a" if check.value != check.value else f"{check.value:.3f}"
     lines = [
