@@ -4,7 +4,8 @@ A mutant that survives the checks is *equivalent* when its fingerprint equals th
 on a small probe block (``lora_suite.engine.probes``) with fixed seeds, in fp32 and in bf16 (and fp32 with rsLoRA
 where the implementation has it),
 
-- ``init``: the adapters as ``inject`` made them (``torch.manual_seed`` first, so random inits repeat);
+- ``init``: the adapters as ``inject`` made them (``build_probe(randomise=False)``, which seeds torch first, so random
+  inits repeat);
 - ``forward+backward``: every output and every gradient (inputs and adapters) of one forward and backward, the
   adapters set to the probe's random values;
 - ``served_by``: what the implementation says served that forward;
@@ -30,7 +31,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-SEED = 1234
 PROBE_SEED = 7
 N_SHAPE = (2, 5)  # tokens: (batch, sequence) of the probe's inputs
 DTYPES = ("float32", "bfloat16")
@@ -89,14 +89,11 @@ def _parts(impl, dtype_name: str, rslora: bool, device: str) -> dict[str, str]:
     out: dict[str, str] = {}
     state: dict = {}
 
-    def init():
-        block = P.ProbeBlock(shape, device=device, dtype=dtype)
-        torch.manual_seed(SEED)
-        impl.inject(block, spec)
-        return _digest(sorted(impl.adapter_parameters(block).items()))
+    def init():  # build_probe seeds torch's generator first, so an implementation's random init repeats
+        probe = P.build_probe(impl, shape, spec, dtype, device, seed=PROBE_SEED, randomise=False)
+        return _digest(sorted(probe.adapters.items()))
 
     def build():
-        torch.manual_seed(SEED)
         return P.build_probe(impl, shape, spec, dtype, device, seed=PROBE_SEED)
 
     def forward_backward():

@@ -121,13 +121,23 @@ def nondeterministic_forward():
     return _planted("nondeterministic_forward", forward=_nondeterministic)
 
 
-def gpu_memory_leak():
+def _inject_then(name: str, change, **kw):
+    """The example whose ``inject`` runs as shipped, then ``change(layers, adapted paths, model)`` (under no_grad)."""
+
     def inject(self, model, spec):
         adapted = _example().PlainLoRA.inject(self, model, spec)
-        model.get_submodule(adapted[0]).leaks = True
+        with torch.no_grad():
+            change(list(self.layers(model).values()), adapted, model)
         return adapted
 
-    return _planted("gpu_memory_leak", forward=_leaky, inject=inject)
+    return _planted(name, inject=inject, **kw)
+
+
+def gpu_memory_leak():
+    def first_leaks(layers, adapted, model):
+        model.get_submodule(adapted[0]).leaks = True
+
+    return _inject_then("gpu_memory_leak", first_leaks, forward=_leaky)
 
 
 def save_drops_lora_b():
@@ -167,27 +177,21 @@ def target_left_out():
 def lora_b_random_init():
     """lora_B drawn at small random values (std 1e-3) instead of zeros: the adapted model is not the base at step 0."""
 
-    def inject(self, model, spec):
-        adapted = _example().PlainLoRA.inject(self, model, spec)
-        with torch.no_grad():
-            for m in self.layers(model).values():
-                m.lora_B.normal_(0.0, 1e-3)
-        return adapted
+    def random_b(layers, adapted, model):
+        for m in layers:
+            m.lora_B.normal_(0.0, 1e-3)
 
-    return _planted("lora_b_random_init", inject=inject)
+    return _inject_then("lora_b_random_init", random_b)
 
 
 def lora_a_zero_init():
     """lora_A zero as well as lora_B: the model starts as the base, and no gradient ever reaches either adapter."""
 
-    def inject(self, model, spec):
-        adapted = _example().PlainLoRA.inject(self, model, spec)
-        with torch.no_grad():
-            for m in self.layers(model).values():
-                m.lora_A.zero_()
-        return adapted
+    def zero_a(layers, adapted, model):
+        for m in layers:
+            m.lora_A.zero_()
 
-    return _planted("lora_a_zero_init", inject=inject)
+    return _inject_then("lora_a_zero_init", zero_a)
 
 
 def rslora_ignored():
@@ -227,13 +231,11 @@ def adapter_dtype_ignored():
 def base_left_trainable():
     """inject freezes nothing: the base weights stay trainable (an optimizer over model.parameters() moves them)."""
 
-    def inject(self, model, spec):
-        adapted = _example().PlainLoRA.inject(self, model, spec)
-        for m in self.layers(model).values():
+    def trainable_base(layers, adapted, model):
+        for m in layers:
             m.base.weight.requires_grad_(True)
-        return adapted
 
-    return _planted("base_left_trainable", inject=inject)
+    return _inject_then("base_left_trainable", trainable_base)
 
 
 def _input_clipped_in_place(self, x):
