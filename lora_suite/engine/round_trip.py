@@ -177,25 +177,35 @@ def broken_folder(trained: Prepared, build: Callable[[], Prepared], folder: Path
     if what not in BROKEN:
         raise ValueError(f"broken_folder: {what!r} is not one of {sorted(BROKEN)}")
     trained.implementation.save_adapter(trained.model, folder)
-    bad = folder.with_name(folder.name + "-broken-" + what.replace(" ", "-"))
-    shutil.copytree(folder, bad, dirs_exist_ok=True)
+    bad = _copy(folder, "broken-" + what.replace(" ", "-"))
     tensors = BROKEN[what](load_file(str(bad / WEIGHTS_FILE)))
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(bad / WEIGHTS_FILE), metadata={"format": "pt"})
-    fresh = build()
-    try:
-        fresh.implementation.load_adapter(fresh.model, bad)
-    except Exception as exc:  # noqa: BLE001  (the refusal is the right answer; it is named in the detail)
-        refused, detail = True, f"refused: {type(exc).__name__}: {str(exc)[:200]}"
-    else:
-        refused, detail = False, "loaded without an error"
+    _, refusal = _load_fresh(build, bad)
     return Verdict(
         f"folder with {what}: refused (never loaded in part)",
-        refused,
+        refusal is not None,
         "==",
         True,
         "a folder that does not fit the model is not the trained adapter (peft#2773)",
-        detail,
+        f"refused: {refusal}" if refusal else "loaded without an error",
     )
+
+
+def _copy(folder: Path, suffix: str) -> Path:
+    """A copy of ``folder`` beside it, to plant a defect in."""
+    bad = folder.with_name(f"{folder.name}-{suffix}")
+    shutil.copytree(folder, bad, dirs_exist_ok=True)
+    return bad
+
+
+def _load_fresh(build: Callable[[], Prepared], folder: Path) -> tuple[Prepared, str | None]:
+    """A fresh model with ``folder`` loaded into it, and the loader's refusal (its error, named; None: it loaded)."""
+    fresh = build()
+    try:
+        fresh.implementation.load_adapter(fresh.model, folder)
+    except Exception as exc:  # noqa: BLE001  (a refusal is an answer the callers judge; it is named)
+        return fresh, f"{type(exc).__name__}: {str(exc)[:200]}"
+    return fresh, None
 
 
 def saved_folder_verdicts(
@@ -269,8 +279,7 @@ def tampered_folder(trained: Prepared, build: Callable[[], Prepared], folder: Pa
 def _tampered(trained, build, folder: Path, key: str, planted, good_logits) -> Verdict:
     """A copy of ``folder`` whose config's ``key`` is not the model's: ``load_adapter`` must refuse it, or load it
     under that value (logits then differ); loading it as if it matched is the defect."""
-    bad = folder.with_name(folder.name + f"-wrong-{key.replace('_', '-')}")
-    shutil.copytree(folder, bad, dirs_exist_ok=True)
+    bad = _copy(folder, f"wrong-{key.replace('_', '-')}")
     config = json.loads((bad / CONFIG_FILE).read_text())
     if key not in config and key not in OPTIONAL:
         return Verdict(
@@ -282,11 +291,9 @@ def _tampered(trained, build, folder: Path, key: str, planted, good_logits) -> V
         )
     config[key] = planted(config)
     (bad / CONFIG_FILE).write_text(json.dumps(config))
-    fresh = build()
-    try:
-        fresh.implementation.load_adapter(fresh.model, bad)
-    except Exception as exc:  # noqa: BLE001  (any refusal is the right answer; it is named in the detail)
-        outcome, detail = "refused", f"{type(exc).__name__}: {str(exc)[:200]}"
+    fresh, refusal = _load_fresh(build, bad)
+    if refusal is not None:  # any refusal is the right answer; it is named in the detail
+        outcome, detail = "refused", refusal
     else:
         same = torch.equal(logits(fresh.model, trained.batches(10_000)), good_logits)
         outcome, detail = ("ignored" if same else "honoured"), f"{key}={config[key]} in the folder"
