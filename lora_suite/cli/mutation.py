@@ -1,7 +1,7 @@
 """``lora-suite mutate``: mutation testing of a LoRA stack's own source against the quick tier's fast checks.
 
     lora-suite mutate --lora-impl MODULE:FACTORY|NAME [--source FILE...] [--workers N] [--min-score F]
-                      [--operators NAMES] [--report-dir DIR] [--record [--ledger FILE]]
+                      [--operators NAMES] [--no-fork-server] [--report-dir DIR] [--record [--ledger FILE]]
 
 The options are checked before anything runs (a bad one is a usage error naming it, exit 2); the ``mutate`` extra
 must import and a CUDA GPU must be visible (the checks are GPU tests: without one nothing would be judged, and the
@@ -23,11 +23,15 @@ from pathlib import Path
 from lora_suite.cli import targets
 from lora_suite.cli.usage import UsageError
 
-# The quick tier's fast checks that judge a mutant, cheapest first: pytest runs them in this order and -x stops at
-# the first failure, so most mutants are killed early. A listed file that does not exist is skipped.
+# The quick tier's fast checks that judge a mutant, cheapest first: pytest runs them in this order (after the tests
+# that reached the mutant's line, where the source's run traced them) and -x stops at the first failure, so most
+# mutants are killed early. A listed file that does not exist is skipped.
 FAST_CHECKS = ("test_layer_invariants.py", "test_layer_probes.py", "test_adapter_round_trip.py")
 MODULE_FACTORY = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 EXIT_NO_EXTRA = 3
+# What the fork server imports once for every mutant's run (``tools.forked_runs``): the heavy packages the checks
+# import. A package that holds a file under mutation is left out (its children must import the mutant).
+PRELOAD = ("torch", "numpy", "safetensors", "transformers", "peft", "pytest")
 
 
 def default_workers() -> int:
@@ -44,6 +48,12 @@ def add_parser(sub, help_text: str) -> None:
     m.add_argument("--workers", help=f"mutants run at once (default: min(8, CPU cores // 2), here {default_workers()})")
     m.add_argument("--min-score", dest="min_score", help="the score's threshold (default 0.9, the project's target)")
     m.add_argument("--operators", help="only these mutation operators, comma-separated (default: all)")
+    m.add_argument(
+        "--no-fork-server",
+        dest="fork_server",
+        action="store_false",
+        help="start every mutant's run as a fresh Python process (slower: each imports torch and the stack anew)",
+    )
     m.add_argument("--report-dir", help="the run goes to DIR/<stamp>-mutate-<impl>/ (default: reports/)")
     m.add_argument("--record", action="store_true", help="append the run's figures to the ledger")
     m.add_argument("--ledger", help="the ledger --record appends to (default: reports/ledger.jsonl)")
@@ -60,8 +70,9 @@ def fast_checks() -> list[Path]:
     return [p for p in (tests_dir() / name for name in FAST_CHECKS) if p.is_file()]
 
 
-def checks_command(spec: str, tests: list[Path], report_dir: Path) -> list[str]:
-    """pytest on ``tests`` for implementation ``spec``, stopping at the first failure, its report in ``report_dir``."""
+def checks_command(spec: str, tests: list[Path], report_dir: Path, order: tuple[str, ...] = ()) -> list[str]:
+    """pytest on ``tests`` for implementation ``spec``, stopping at the first failure, its report in ``report_dir``;
+    with ``order`` (test ids as the run report names them, relative to the root dir), those tests in that order."""
     root = targets.checkout_root()
     cmd = [targets.python(), "-m", "pytest", "-p", "no:cacheprovider", "-x", "-q", "-m", "quick", "--lora-impl", spec]
     cmd += [] if targets.autoload_plugins("quick") else ["-p", "pytest_benchmark.plugin"]  # as the CLI runs quick
@@ -70,7 +81,43 @@ def checks_command(spec: str, tests: list[Path], report_dir: Path) -> list[str]:
     else:
         ini = targets.PACKAGE / "harness" / "pytest-installed.ini"
         cmd += ["-c", str(ini), "--rootdir", str(targets.PACKAGE), "-p", "lora_suite.harness.pytest_plugin"]
-    return cmd + [str(t) for t in tests] + [f"--report-dir={report_dir}"]
+    base = root or targets.PACKAGE
+    selection = [f"{base}{os.sep}{t}" for t in order] if order else [str(t) for t in tests]  # ids keep their "/"
+    return cmd + selection + [f"--report-dir={report_dir}"]
+
+
+def preloads(plan_targets) -> list[str]:
+    """``PRELOAD``'s installed packages that hold none of the files under mutation."""
+    out = []
+    for name in PRELOAD:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        if spec is None:
+            continue
+        roots = [Path(p).resolve() for p in (spec.submodule_search_locations or [])] or [Path(spec.origin).resolve()]
+        if not any(t.path == r or r in t.path.parents for t in plan_targets for r in roots):
+            out.append(name)
+    return out
+
+
+def _runner(plan_targets, env: dict[str, str], workdir: Path, wanted: bool):
+    """A fork server's ``run`` (``tools.forked_runs``) and how to close it; the ordinary subprocess where it is not
+    wanted or refuses to serve (the console says why)."""
+    from lora_suite.tools.forked_runs import ForkServer, ForkServerError, run_subprocess
+
+    if not wanted or not hasattr(os, "fork"):
+        print(f"runs: each a fresh process ({'--no-fork-server' if not wanted else 'no os.fork here'})")
+        return run_subprocess, lambda: None
+    loads = preloads(plan_targets)
+    try:
+        server = ForkServer(targets.python(), env, loads, [t.module for t in plan_targets], workdir / "fork-server")
+    except ForkServerError as exc:
+        print(f"runs: each a fresh process: the fork server refused ({exc})")
+        return run_subprocess, lambda: None
+    print(f"runs: forked from a process that imported {', '.join(loads) or 'nothing'} once")
+    return server.run, server.close
 
 
 def _workers(text: str | None) -> int:
@@ -189,18 +236,20 @@ def _run(spec, plan_targets, names, tests, workers, min_score, report_root: Path
     # each mutant's process gets its share of the CPU cores for torch's threads (16 threads in each of 8 processes
     # would oversubscribe the host); a value the user set is kept
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
+    workdir = M.scratch_dir()
+    runner, close = _runner(plan_targets, env, workdir, getattr(args, "fork_server", True))
     plan = M.Plan(
         targets=plan_targets,
-        command=lambda report_dir: checks_command(spec, tests, report_dir),
+        command=lambda report_dir, order: checks_command(spec, tests, report_dir, order),
         env=env,
-        fingerprint=M.subprocess_fingerprint(fingerprint_command(targets.python(), spec, "cuda")),
+        fingerprint=M.subprocess_fingerprint(fingerprint_command(targets.python(), spec, "cuda"), runner=runner),
         workers=workers,
         operators=names,
+        runner=runner,
     )
     print(f"GPU: {targets.gpu_line()}  (name, total, used, free, driver)")
     print(f"checks: {', '.join(t.name for t in tests)} (-x); {workers} worker(s)", flush=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    workdir = M.scratch_dir()
     try:
         run = M.execute(plan, workdir)
     except M.BaselineFailed as exc:  # the source's failing run stays in the scratch folder for reading
@@ -210,6 +259,8 @@ def _run(spec, plan_targets, names, tests, workers, min_score, report_root: Path
         shutil.rmtree(workdir, ignore_errors=True)
         print("Interrupted (Ctrl-C): no report written.", file=sys.stderr)
         return 130
+    finally:
+        close()
     shutil.rmtree(workdir, ignore_errors=True)  # the mutants' files and runs: the report holds every diff and verdict
     run_dir = targets.new_run_dir(report_root, stamp, f"mutate-{folder_token(spec)}")
     report = R.build(run, run_dir.name, plan_targets, spec, min_score)

@@ -9,7 +9,9 @@ The process is told what to trace by two environment variables,
 
     LORA_SUITE_TRACE_FILES=<file>[<os.pathsep><file>…]   LORA_SUITE_TRACE_OUT=<a JSON file to write at exit>
 
-and writes ``{"every_thread": bool, "lines": {file: [line, …]}}``. On Python 3.12 and later ``sys.monitoring`` sees
+and writes ``{"every_thread": bool, "lines": {file: [line, …]}, "tests": {file: {line: [test id, …]}}}``: for each
+line, the tests that ran it (pytest's ``PYTEST_CURRENT_TEST`` without its phase; "" for a line run outside any test,
+at import or collection), so a mutation run can start each mutant with the tests that reach its line. On Python 3.12 and later ``sys.monitoring`` sees
 every thread (autograd runs a custom Function's backward on CUDA tensors on threads of its own); before 3.12,
 ``sys.settrace`` and ``threading.settrace`` see only the threads Python starts, so the trace says ``every_thread:
 false`` and a mutation run then skips nothing on it.
@@ -25,6 +27,7 @@ import threading
 from pathlib import Path
 
 FILES_ENV, OUT_ENV = "LORA_SUITE_TRACE_FILES", "LORA_SUITE_TRACE_OUT"
+TEST_ENV = "PYTEST_CURRENT_TEST"  # pytest sets it to "<node id> (<phase>)" while a test runs
 _TOOL_NAME = "lora-suite line trace"
 
 
@@ -34,6 +37,7 @@ class LineTrace:
     def __init__(self, files):
         self.files = {str(Path(f).resolve()) for f in files}
         self.lines: dict[str, set[int]] = {f: set() for f in self.files}
+        self.tests: dict[str, dict[int, set[str]]] = {f: {} for f in self.files}  # file -> line -> test ids
         self._names: dict[str, str | None] = {}  # co_filename -> the traced file it is, or None
         self.every_thread = False  # whether lines run on threads Python did not start are seen too
 
@@ -52,9 +56,9 @@ class LineTrace:
 
             def on_line(code, line):
                 which = self._which(code.co_filename)
-                if which is not None:
-                    self.lines[which].add(line)
-                return monitoring.DISABLE  # each location once: later events there add nothing
+                if which is None:
+                    return monitoring.DISABLE  # a file not traced: never again at this location
+                self._add(which, line)  # a traced file's line stays armed: a later test may run it too
 
             monitoring.register_callback(tool, monitoring.events.LINE, on_line)
             monitoring.set_events(tool, monitoring.events.LINE)
@@ -62,7 +66,7 @@ class LineTrace:
 
             def local(frame, event, arg):
                 if event == "line":
-                    self.lines[self._which(frame.f_code.co_filename)].add(frame.f_lineno)
+                    self._add(self._which(frame.f_code.co_filename), frame.f_lineno)
                 return local
 
             def global_(frame, event, arg):
@@ -72,8 +76,17 @@ class LineTrace:
             sys.settrace(global_)
         return self
 
+    def _add(self, which: str, line: int) -> None:
+        self.lines[which].add(line)
+        test = os.environ.get(TEST_ENV, "").rsplit(" (", 1)[0]
+        self.tests[which].setdefault(line, set()).add(test)
+
     def as_json(self) -> dict:
-        return {"every_thread": self.every_thread, "lines": {f: sorted(lines) for f, lines in self.lines.items()}}
+        return {
+            "every_thread": self.every_thread,
+            "lines": {f: sorted(lines) for f, lines in self.lines.items()},
+            "tests": {f: {str(n): sorted(ids) for n, ids in sorted(by.items())} for f, by in self.tests.items()},
+        }
 
 
 def start_from_env(environ=None) -> LineTrace | None:
@@ -112,6 +125,13 @@ def statement_starts(source: str) -> dict[int, int]:
                 if starts.get(line, 0) < node.lineno:  # the innermost statement starts last
                     starts[line] = node.lineno
     return starts
+
+
+def tests_of(line: int, tests: dict[str, list[str]], starts: dict[int, int]) -> set[str] | None:
+    """The tests that ran ``line`` (or its statement's first line), from a trace's ``tests`` of one file; None where
+    it also ran outside any test (at import or collection: every test may depend on it)."""
+    ids = set(tests.get(str(line), ())) | set(tests.get(str(starts.get(line, line)), ()))
+    return None if "" in ids else ids
 
 
 def executed(line: int, lines: set[int], starts: dict[int, int]) -> bool:

@@ -11,18 +11,21 @@ The unmutated source runs first and must pass (a score on a stack that fails its
 sets each mutant's timeout (``TIMEOUT_FACTOR`` x it + ``TIMEOUT_SLACK_S`` by default). That run also records which
 lines of the source the checks execute (``lora_suite.core.line_trace``): a mutant on a line they never run cannot
 change their outcome, so it is not run, and goes straight to the fingerprint (equivalent, or a survivor "not run by
-the checks"). A mutant that passes its timeout while others share the host is run again alone, with
+the checks"). The trace also names the tests that ran each line: a mutant's run starts with those, then the rest in
+the source run's order, so the check that kills it comes early (the checks stop at the first failure); every test
+still runs for a mutant that survives, so the order changes the time and never the verdict. A mutant that passes its timeout while others share the host is run again alone, with
 ``ALONE_FACTOR`` times the timeout, before "timeout" counts as its kill: a slow host must not kill mutants. Mutants run in processes of their own,
 ``workers`` at a time; a mutant's file replaces its module through ``lora_suite.core.mutant_source``. What runs per
 mutant is a command (``Plan.command``: the CLI gives pytest on the quick tier's fast tests; the CPU self-tests a
-stand-in) whose run writes a ``report.json`` in the run report's format.
+stand-in) whose run writes a ``report.json`` in the run report's format; ``Plan.runner`` starts it (the CLI: a child
+of a fork server that has imported torch and the stack's packages once, ``forked_runs``). The source's own run is
+always a fresh process (its line trace is written at exit).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,9 +34,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lora_suite.core.line_trace import executed, statement_starts, trace_env
+from lora_suite.core.line_trace import executed, statement_starts, tests_of, trace_env
 from lora_suite.core.mutant_source import mutant_env
 from lora_suite.engine.fingerprint import differing
+from lora_suite.tools.forked_runs import Finished, run_subprocess
 from lora_suite.tools.mutants import Mutant, mutants_of, read_source
 
 TIMEOUT_FACTOR, TIMEOUT_SLACK_S = 3.0, 30.0  # a mutant that runs 3x the source's time and half a minute is stuck
@@ -81,7 +85,8 @@ class MutantResult:
 @dataclass(frozen=True)
 class Plan:
     targets: tuple[Target, ...]
-    command: Callable[[Path], list[str]]  # report folder -> the argv of one run of the checks
+    # (report folder, test ids in the order to run them; () for the default selection) -> the argv of one run
+    command: Callable[[Path, tuple[str, ...]], list[str]]
     env: dict[str, str]  # the environment of every run (a mutant's two variables are added to it)
     fingerprint: Callable[[dict[str, str]], dict[str, str]]  # environment -> fingerprint (engine/fingerprint.py)
     workers: int = 1
@@ -90,6 +95,7 @@ class Plan:
     timeout_slack_s: float = TIMEOUT_SLACK_S
     alone_factor: float = ALONE_FACTOR
     log: Callable[[str], None] = field(default=lambda line: print(line, flush=True))
+    runner: Callable[[list[str], dict[str, str], float], Finished] = run_subprocess  # argv, env, timeout -> run
 
 
 @dataclass(frozen=True)
@@ -149,21 +155,20 @@ def _last_lines(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-def run_checks(command: list[str], env: dict[str, str], report_dir: Path, timeout: float) -> Attempt:
-    """Run ``command`` and classify it by the ``report.json`` it leaves in ``report_dir``."""
-    start = time.perf_counter()
-    try:
-        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return Attempt(False, f"timeout (over {timeout:.0f} s)", time.perf_counter() - start)
-    seconds = time.perf_counter() - start
+def run_checks(
+    command: list[str], env: dict[str, str], report_dir: Path, timeout: float, runner=run_subprocess
+) -> Attempt:
+    """Run ``command`` (through ``runner``) and classify it by the ``report.json`` it leaves in ``report_dir``."""
+    done = runner(command, env, timeout)
+    if done.returncode is None:
+        return Attempt(False, f"timeout (over {timeout:.0f} s)", done.seconds)
     path = report_dir / "report.json"
     try:
         report = json.loads(path.read_text()) if path.is_file() else None
     except (OSError, json.JSONDecodeError):
         report = None
-    why, passed = killed_by(report, proc.returncode, proc.stdout + proc.stderr)
-    return Attempt(not why, why, seconds, passed)
+    why, passed = killed_by(report, done.returncode, done.output)
+    return Attempt(not why, why, done.seconds, passed)
 
 
 def execute(plan: Plan, workdir: Path) -> MutationRun:
@@ -177,7 +182,7 @@ def execute(plan: Plan, workdir: Path) -> MutationRun:
     base_dir.mkdir(parents=True, exist_ok=True)
     trace_out = base_dir / "executed-lines.json"
     base_env = {**plan.env, **trace_env([t.path for t in plan.targets], trace_out)}
-    baseline = run_checks(plan.command(base_dir), base_env, base_dir, BASELINE_TIMEOUT_S)
+    baseline = run_checks(plan.command(base_dir, ()), base_env, base_dir, BASELINE_TIMEOUT_S)
     if not baseline.passed or baseline.judged == 0:
         why = baseline.killed_by or "no test passed: the checks judged nothing (is a CUDA GPU visible to torch?)"
         raise BaselineFailed(
@@ -187,8 +192,10 @@ def execute(plan: Plan, workdir: Path) -> MutationRun:
     baseline_report = json.loads((base_dir / "report.json").read_text())
     timeout = plan.timeout_factor * baseline.seconds + plan.timeout_slack_s
     plan.log(f"mutate: the source passed in {baseline.seconds:.1f} s; each mutant's timeout {timeout:.0f} s")
-    not_run = _not_run(plan, mutants, trace_out)
+    trace = _trace(plan, trace_out)
+    not_run = _not_run(plan, mutants, trace)
     plan.log(f"mutate: {len(not_run)} mutant(s) on lines the checks never execute: fingerprint only")
+    order = _orders(plan, mutants, trace, baseline_report)
     done = [0]
 
     def one(item: tuple[int, tuple[Target, Mutant]]) -> MutantResult:
@@ -201,7 +208,9 @@ def execute(plan: Plan, workdir: Path) -> MutationRun:
         if n in not_run:
             a = Attempt(True, "", 0.0)
         else:
-            a = run_checks(plan.command(folder / "report"), env, folder / "report", timeout)
+            a = run_checks(
+                plan.command(folder / "report", order.get(n, ())), env, folder / "report", timeout, plan.runner
+            )
         status = "survived" if a.passed else "killed"
         done[0] += 1
         plan.log(f"[{done[0]}/{len(mutants)}] {status:<8} {m.id}  {a.killed_by}".rstrip())
@@ -213,7 +222,8 @@ def execute(plan: Plan, workdir: Path) -> MutationRun:
         target = mutants[n][0]
         folder = workdir / f"mutant-{n:04d}"
         env = {**plan.env, **mutant_env(target.module, folder / target.path.name)}
-        a = run_checks(plan.command(folder / "alone"), env, folder / "alone", plan.alone_factor * timeout)
+        command = plan.command(folder / "alone", order.get(n, ()))
+        a = run_checks(command, env, folder / "alone", plan.alone_factor * timeout, plan.runner)
         why = a.killed_by.replace(")", ", run alone)") if a.killed_by.startswith("timeout") else a.killed_by
         plan.log(f"[alone] {'survived' if a.passed else 'killed':<8} {r.id}  {why}".rstrip())
         status = "survived" if a.passed else "killed"
@@ -230,13 +240,19 @@ def execute(plan: Plan, workdir: Path) -> MutationRun:
     return MutationRun(tuple(results), baseline, baseline_report, timeout, time.perf_counter() - start)
 
 
-def _not_run(plan: Plan, mutants, trace_out: Path) -> set[int]:
+def _trace(plan: Plan, trace_out: Path) -> dict | None:
+    """The source run's line trace (``line_trace``); None where it left none."""
+    try:
+        return json.loads(trace_out.read_text())
+    except (OSError, ValueError):
+        plan.log("mutate: the source's run left no line trace: every mutant runs the checks, in their own order")
+        return None
+
+
+def _not_run(plan: Plan, mutants, trace: dict | None) -> set[int]:
     """The indices of the mutants whose line the source's run never executed; none where the run left no trace, or
     one that may have missed threads (``line_trace``: before Python 3.12): then every mutant runs."""
-    try:
-        trace = json.loads(trace_out.read_text())
-    except (OSError, ValueError):
-        plan.log("mutate: the source's run left no line trace: every mutant runs the checks")
+    if trace is None:
         return set()
     if not trace.get("every_thread"):
         plan.log("mutate: the line trace could not see every thread (Python < 3.12): every mutant runs the checks")
@@ -248,6 +264,22 @@ def _not_run(plan: Plan, mutants, trace_out: Path) -> set[int]:
         key = str(target.path.resolve())
         if key in lines and not executed(m.line, lines[key], starts[key]):
             out.add(n)
+    return out
+
+
+def _orders(plan: Plan, mutants, trace: dict | None, baseline_report: dict) -> dict[int, tuple[str, ...]]:
+    """Each mutant -> every test of the source's run, those that ran its line first (both in the source run's
+    order); no entry (the default order) where the trace names no tests, or its line also ran outside any test."""
+    every = list(dict.fromkeys(o["test"] for o in baseline_report.get("outcomes", []) if o.get("test")))
+    if trace is None or not every or "tests" not in trace:
+        return {}
+    starts = {str(t.path.resolve()): statement_starts(read_source(t.path)) for t in plan.targets}
+    out = {}
+    for n, (target, m) in enumerate(mutants):
+        key = str(target.path.resolve())
+        first = tests_of(m.line, trace["tests"].get(key, {}), starts[key])
+        if first:
+            out[n] = tuple([t for t in every if t in first] + [t for t in every if t not in first])
     return out
 
 
@@ -287,14 +319,21 @@ def _with_reason(r: MutantResult, reason: str) -> MutantResult:
     return r if r.status != "survived" else dataclasses.replace(r, reason=reason)
 
 
-def subprocess_fingerprint(command: list[str], timeout: float = 600.0) -> Callable[[dict[str, str]], dict[str, str]]:
-    """A ``Plan.fingerprint`` that runs ``command`` (``engine.fingerprint.fingerprint_command``) and reads its JSON."""
+def subprocess_fingerprint(
+    command: list[str], timeout: float = 600.0, runner=run_subprocess
+) -> Callable[[dict[str, str]], dict[str, str]]:
+    """A ``Plan.fingerprint`` that runs ``command`` (``engine.fingerprint.fingerprint_command``) through ``runner``
+    and reads the JSON line it prints last."""
 
     def take(env: dict[str, str]) -> dict[str, str]:
-        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
-        if proc.returncode != 0:
-            raise RuntimeError(f"exit {proc.returncode}: {_last_lines(proc.stderr) or 'no output'}")
-        return json.loads(proc.stdout.strip().splitlines()[-1])
+        done = runner(command, env, timeout)
+        if done.returncode != 0:
+            what = "timeout" if done.returncode is None else f"exit {done.returncode}"
+            raise RuntimeError(f"{what}: {_last_lines(done.output) or 'no output'}")
+        lines = [ln for ln in done.output.strip().splitlines() if ln.startswith("{")]
+        if not lines:
+            raise RuntimeError(f"no fingerprint printed: {_last_lines(done.output) or 'no output'}")
+        return json.loads(lines[-1])
 
     return take
 

@@ -52,3 +52,24 @@ def test_a_trace_without_somewhere_to_write_is_refused():
     with pytest.raises(ValueError, match="LORA_SUITE_TRACE_OUT"):
         T.start_from_env({T.FILES_ENV: "x.py"})
     assert T.start_from_env({}) is None
+
+
+def test_each_line_names_the_tests_that_ran_it_and_import_time_runs_name_none(tmp_path):
+    (tmp_path / "mod.py").write_text(MOD)
+    script = (
+        "import os\nfrom lora_suite.core.line_trace import start_from_env\nstart_from_env()\nimport mod\n"
+        "os.environ['PYTEST_CURRENT_TEST'] = 'a.py::t1 (call)'\nmod.f(1)\n"
+        "os.environ['PYTEST_CURRENT_TEST'] = 'a.py::t2[x (y)] (setup)'\nmod.f(1)\nmod.f(-1)\n"
+    )
+    out = tmp_path / "lines.json"
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]), **T.trace_env([tmp_path / "mod.py"], out)
+    )
+    env.pop(T.TEST_ENV, None)
+    subprocess.run([sys.executable, "-c", script], env=env, check=True, cwd=tmp_path)
+    tests = next(iter(json.loads(out.read_text())["tests"].values()))
+    starts = T.statement_starts(MOD)
+    assert T.tests_of(2, tests, starts) == {"a.py::t1", "a.py::t2[x (y)]"}  # a line two tests ran names both
+    assert T.tests_of(4, tests, starts) == {"a.py::t2[x (y)]"} == T.tests_of(5, tests, starts)  # x < 0: t2 only
+    assert T.tests_of(1, tests, starts) is None  # `def f` ran at import, outside any test: every test may need it
+    assert T.tests_of(7, tests, starts) == set()  # no test ran it

@@ -45,7 +45,7 @@ def count(n):
 # The stand-in for the quick tier: a process that loads the (mutated) module the way the pytest plugin does and
 # writes a report.json of checks and outcomes as the suite's run report does.
 CHECKS = """\
-import json, sys
+import json, os, sys
 from pathlib import Path
 
 from lora_suite.core.mutant_source import install_from_env
@@ -53,24 +53,27 @@ from lora_suite.core.mutant_source import install_from_env
 install_from_env()
 import calc
 
-test = "check_calc.py::test_calc"
-checks, outcome = [], {"test": test, "outcome": "passed", "reason": ""}
-try:
-    for name, ok in (
-        ("scale(8, 4) is 2", lambda: calc.scale(8, 4) == 2),
-        ("double(0) is 0", lambda: calc.double(0) == 0),
-        ("shifted(1) is 2", lambda: calc.shifted(1) == 2),
-        ("count(3) is 3", lambda: calc.count(3) == 3),
-    ):
+TESTS = {
+    "check_calc.py::test_scale": ("scale(8, 4) is 2", lambda: calc.scale(8, 4) == 2),
+    "check_calc.py::test_double": ("double(0) is 0", lambda: calc.double(0) == 0),
+    "check_calc.py::test_shifted": ("shifted(1) is 2", lambda: calc.shifted(1) == 2),
+    "check_calc.py::test_count": ("count(3) is 3", lambda: calc.count(3) == 3),
+}
+checks, outcomes = [], []
+for test in sys.argv[2:] or TESTS:  # the order given, else the file's; stop at the first failure, as -x does
+    os.environ["PYTEST_CURRENT_TEST"] = f"{test} (call)"
+    name, ok = TESTS[test]
+    try:
         checks.append({"test": test, "name": name, "passed": bool(ok())})
-except Exception as exc:
-    outcome = {"test": test, "outcome": "failed", "reason": f"{type(exc).__name__}: {exc}"}
-if any(not c["passed"] for c in checks):
-    outcome["outcome"] = "failed"
+        outcomes.append({"test": test, "outcome": "passed" if checks[-1]["passed"] else "failed", "reason": ""})
+    except Exception as exc:
+        outcomes.append({"test": test, "outcome": "failed", "reason": f"{type(exc).__name__}: {exc}"})
+    if outcomes[-1]["outcome"] == "failed":
+        break
 out = Path(sys.argv[1])
 out.mkdir(parents=True, exist_ok=True)
-(out / "report.json").write_text(json.dumps({"checks": checks, "outcomes": [outcome]}))
-sys.exit(0 if outcome["outcome"] == "passed" else 1)
+(out / "report.json").write_text(json.dumps({"checks": checks, "outcomes": outcomes}))
+sys.exit(0 if all(o["outcome"] == "passed" for o in outcomes) else 1)
 """
 
 FINGERPRINT = """\
@@ -98,7 +101,7 @@ def calc_stack(tmp_path):
 def _plan(folder: Path, env: dict, **kw) -> M.Plan:
     defaults = dict(
         targets=(M.Target(folder / "calc.py", "calc", "calc.py"),),
-        command=lambda report: [sys.executable, str(folder / "check_calc.py"), str(report)],
+        command=lambda report, order: [sys.executable, str(folder / "check_calc.py"), str(report), *order],
         env=env,
         fingerprint=M.subprocess_fingerprint([sys.executable, str(folder / "fingerprint_calc.py")]),
         workers=2,
@@ -115,8 +118,8 @@ def test_each_mutant_is_killed_survives_or_is_equivalent_for_its_reason(calc_sta
     run = M.execute(_plan(folder, env), tmp_path / "work")
     by = {(r.line, r.operator): r for r in run.results}
     assert len(run.results) == 10
-    assert by[(2, "DeleteStatement")].killed_by == "check 'scale(8, 4) is 2' (check_calc.py::test_calc)"
-    assert by[(11, "DeleteStatement")].killed_by == "check_calc.py::test_calc: NameError: name 'k' is not defined"
+    assert by[(2, "DeleteStatement")].killed_by == "check 'scale(8, 4) is 2' (check_calc.py::test_scale)"
+    assert by[(11, "DeleteStatement")].killed_by == "check_calc.py::test_shifted: NameError: name 'k' is not defined"
     assert (
         by[(18, "DeleteStatement")].killed_by.startswith("timeout")
         and "run alone" in by[(18, "DeleteStatement")].killed_by
@@ -134,7 +137,10 @@ def test_a_mutant_on_a_line_the_checks_never_run_is_not_run_and_goes_to_the_fing
     folder, env = calc_stack
     (folder / "calc.py").write_text(CALC + "\n\ndef rarely(x):\n    if x > 100:\n        return x * 3\n    return x\n")
     (folder / "check_calc.py").write_text(
-        CHECKS.replace('("count(3) is 3"', '("rarely(1) is 1", lambda: calc.rarely(1) == 1),\n        ("count(3) is 3"')
+        CHECKS.replace(
+            '    "check_calc.py::test_count"',
+            '    "check_calc.py::test_rarely": ("rarely(1) is 1", lambda: calc.rarely(1) == 1),\n    "check_calc.py::test_count"',
+        )
     )
     run = M.execute(_plan(folder, env, operators=("ReplaceBinaryOperator_Mul_Div",)), tmp_path / "work")
     by = {r.line: r for r in run.results}
@@ -157,10 +163,48 @@ def test_only_a_trace_that_saw_every_thread_lets_mutants_go_unrun(calc_stack, tm
     target = plan.targets[0]
     mutants = [(target, m) for m in mutants_of(read_source(target.path), target.label, plan.operators)]
     ran = [2, 7, 8, 12, 13, 17, 18, 19]  # every line but 6 (`unused = x * 1`)
-    trace = tmp_path / "lines.json"
-    trace.write_text(json.dumps({"every_thread": every_thread, "lines": {str(target.path.resolve()): ran}}))
+    trace = {"every_thread": every_thread, "lines": {str(target.path.resolve()): ran}}
     not_run = {mutants[n][1].line for n in M._not_run(plan, mutants, trace)}
     assert not_run == ({6} if every_thread else set())
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork servers need os.fork (POSIX)")
+def test_runs_forked_from_a_fork_server_give_the_same_verdicts(calc_stack, tmp_path):
+    from lora_suite.tools.forked_runs import ForkServer
+
+    folder, env = calc_stack
+    fresh = M.execute(_plan(folder, env), tmp_path / "fresh")
+    server = ForkServer(sys.executable, env, ["json"], ["calc"], tmp_path / "fs")
+    try:
+        plan = _plan(
+            folder,
+            env,
+            command=lambda report, order: [sys.executable, "-m", "check_calc", str(report), *order],
+            fingerprint=M.subprocess_fingerprint([sys.executable, "-m", "fingerprint_calc"], runner=server.run),
+            runner=server.run,
+        )
+        forked = M.execute(plan, tmp_path / "forked")
+    finally:
+        server.close()
+    assert forked.counts() == fresh.counts() == (7, 1, 2)
+
+    def verdicts(run):  # a timeout's seconds come from the source's own time, which differs between the two runs
+        return [(r.id, r.status, r.killed_by.split(" (over")[0], r.reason) for r in run.results]
+
+    assert verdicts(forked) == verdicts(fresh)
+
+
+def test_a_mutant_runs_the_tests_that_reach_its_line_first_and_every_test_where_it_survives(calc_stack, tmp_path):
+    folder, env = calc_stack
+    run = M.execute(_plan(folder, env), tmp_path / "work")
+    ran = {}
+    for n, r in enumerate(run.results):
+        report = tmp_path / "work" / f"mutant-{n:04d}" / "report" / "report.json"
+        if report.is_file():
+            ran[(r.line, r.operator)] = [o["test"].split("::")[1] for o in json.loads(report.read_text())["outcomes"]]
+    assert ran[(12, "DeleteStatement")] == ["test_shifted"]  # `k = 1` deleted: killed by the first test it runs
+    assert ran[(7, "ReplaceBinaryOperator_Mul_Div")] == ["test_double", "test_scale", "test_shifted", "test_count"]
+    assert ran[(2, "DeleteStatement")] == ["test_scale"]
 
 
 def test_a_failing_source_stops_the_run_before_any_mutant(calc_stack, tmp_path):
@@ -176,7 +220,7 @@ def test_a_source_whose_checks_judge_nothing_stops_the_run(calc_stack, tmp_path)
     nothing = folder / "nothing.py"
     nothing.write_text("import sys\n")  # exits 0, writes no report: every GPU test skipped
     with pytest.raises(M.BaselineFailed, match="judged nothing"):
-        M.execute(_plan(folder, env, command=lambda report: [sys.executable, str(nothing)]), tmp_path / "work")
+        M.execute(_plan(folder, env, command=lambda report, order: [sys.executable, str(nothing)]), tmp_path / "work")
 
 
 @pytest.mark.parametrize(
@@ -330,7 +374,7 @@ def test_a_mutant_of_the_example_is_killed_by_the_probe_check_it_breaks(tmp_path
     source = ROOT / "examples" / "plain_lora.py"
     plan = M.Plan(
         targets=(M.Target(source, "plain_lora", "examples/plain_lora.py"),),
-        command=lambda report: [sys.executable, str(script), str(report)],
+        command=lambda report, order: [sys.executable, str(script), str(report)],
         env=env,
         fingerprint=lambda env: {},
         workers=2,
@@ -438,4 +482,17 @@ def test_the_fast_checks_run_cheapest_first_and_stop_at_the_first_failure(tmp_pa
     assert cmd[cmd.index("--lora-impl") + 1] == "plain_lora:make" and "-x" in cmd
     assert cmd[cmd.index("quick") - 1] == "-m"
     assert cmd[-3:] == ["a.py", "b.py", f"--report-dir={tmp_path}"]
+    ids = ("tiers/quick/b.py::test_x[fp32/2d]", "tiers/quick/a.py::test_y")  # a mutant's order: run as given
+    cmd = mutation.checks_command("plain_lora:make", [Path("a.py"), Path("b.py")], tmp_path, ids)
+    root = cmd[cmd.index("--rootdir") + 1]
+    assert cmd[-3:] == [f"{root}{os.sep}{ids[0]}", f"{root}{os.sep}{ids[1]}", f"--report-dir={tmp_path}"]
     assert all(p.is_file() for p in mutation.fast_checks())
+
+
+def test_the_fork_server_preloads_no_package_that_holds_a_file_under_mutation():
+    from lora_suite.cli import mutation
+
+    inside = M.Target(Path(pytest.__file__).resolve(), "pytest", "pytest/__init__.py")
+    elsewhere = M.Target(ROOT / "examples" / "plain_lora.py", "plain_lora", "examples/plain_lora.py")
+    assert "pytest" in mutation.preloads((elsewhere,)) and "torch" in mutation.preloads((elsewhere,))
+    assert "pytest" not in mutation.preloads((inside,)) and "torch" in mutation.preloads((inside,))
