@@ -8,6 +8,7 @@ judged on a probe block of *any* implementation (``lora_suite.engine.probes``) a
   the base's device;
 - frozen base: after ``inject`` the adapters are trainable parameters of the model and nothing else is; after a
   backward no base parameter holds a gradient;
+- targets that name no layer: ``inject`` refuses them (PEFT raises), instead of a model that trains nothing;
 - inputs untouched: forward and backward leave the inputs and upstream gradients bitwise as they were;
 - several forwards, one backward: the gradients are the sum of each forward's own (no state kept on the module
   between a forward and its backward);
@@ -113,6 +114,30 @@ def frozen_base(probe: P.Probe, inputs: P.ProbeInputs) -> Verdict:
         f"after inject: adapters not trainable, or base parameters trainable or given a gradient (of {len(params)})",
         bad,
         "LoRA §4: W0 frozen, only A and B trained; PEFT marks only adapter parameters trainable",
+    )
+
+
+NO_SUCH_TARGET = "no_such_proj"
+
+
+def unmatched_targets(impl, shape: P.BlockShape, spec, dtype: torch.dtype, device) -> Verdict:
+    """``inject`` with targets that name no layer of the model: refused (an error), never a model that then trains
+    nothing while its loss falls no lower than the base's."""
+    block = P.ProbeBlock(shape, device=device, dtype=dtype)
+    try:
+        adapted = list(impl.inject(block, dataclasses.replace(spec, targets=(NO_SUCH_TARGET,))))
+    except Exception as exc:  # noqa: BLE001  (the refusal is the answer: it is named)
+        refused, detail = True, f"refused: {type(exc).__name__}: {str(exc)[:160]}"
+    else:
+        trainable = sum(p.requires_grad for p in block.parameters())
+        refused, detail = False, f"accepted: {len(adapted)} layer(s) adapted, {trainable} trainable parameter(s)"
+    return Verdict(
+        "inject with targets that name no layer: refused",
+        refused,
+        "==",
+        True,
+        "PEFT's inject_adapter raises 'Target modules ... not found in the base model'",
+        detail,
     )
 
 

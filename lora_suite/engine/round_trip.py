@@ -145,6 +145,20 @@ def round_trip(
     return out
 
 
+def _tensors(change: Callable[[dict], dict]) -> Callable[[Path], None]:
+    """A folder change that rewrites the saved tensors with ``change``."""
+
+    def apply(folder: Path) -> None:
+        from safetensors.torch import load_file, save_file
+
+        tensors = change(load_file(str(folder / WEIGHTS_FILE)))
+        save_file(
+            {k: v.contiguous() for k, v in tensors.items()}, str(folder / WEIGHTS_FILE), metadata={"format": "pt"}
+        )
+
+    return apply
+
+
 def _drop_one(tensors: dict) -> dict:
     return dict(list(tensors.items())[:-1])
 
@@ -159,34 +173,47 @@ def _reshape_one(tensors: dict) -> dict:
     return {**tensors, key: torch.cat([t, t[:1]])}  # one row more: another rank's or another layer's tensor
 
 
-# A folder whose weights do not fit the model: what -> how the saved tensors are changed. Each must be refused: a
-# loader that takes the rest leaves a layer as it was (peft#2773: weights silently not loaded), or reads a tensor
-# into a layer of another shape.
+def _config_text(text: str | None) -> Callable[[Path], None]:
+    """A folder change that replaces the config file with ``text`` (None: removes it)."""
+
+    def apply(folder: Path) -> None:
+        if text is None:
+            (folder / CONFIG_FILE).unlink()
+        else:
+            (folder / CONFIG_FILE).write_text(text)
+
+    return apply
+
+
+# A folder that does not fit the model: what -> how the saved folder is changed. Each must be refused: a loader that
+# takes the rest leaves a layer as it was (peft#2773: weights silently not loaded), reads a tensor into a layer of
+# another shape, or loads weights under settings it guessed (no config, or one it could not read).
 BROKEN = {
-    "an adapter missing": _drop_one,
-    "a tensor that fits no adapter": _add_unknown,
-    "an adapter of another shape": _reshape_one,
+    "an adapter missing": _tensors(_drop_one),
+    "a tensor that fits no adapter": _tensors(_add_unknown),
+    "an adapter of another shape": _tensors(_reshape_one),
+    "no adapter_config.json": _config_text(None),
+    "an adapter_config.json that is not JSON": _config_text('{"r": 8, "lora_alpha":'),
+    "an adapter_config.json that is a JSON list": _config_text("[]"),
 }
 
 
 def broken_folder(trained: Prepared, build: Callable[[], Prepared], folder: Path, what: str) -> Verdict:
-    """``trained`` saved to ``folder``, then a copy whose weights are broken as ``BROKEN[what]`` says, loaded into a
-    fresh model: it must be refused."""
-    from safetensors.torch import load_file, save_file
-
+    """``trained`` saved to ``folder``, then a copy broken as ``BROKEN[what]`` says, loaded into a fresh model: it
+    must be refused."""
     if what not in BROKEN:
         raise ValueError(f"broken_folder: {what!r} is not one of {sorted(BROKEN)}")
     trained.implementation.save_adapter(trained.model, folder)
-    bad = _copy(folder, "broken-" + what.replace(" ", "-"))
-    tensors = BROKEN[what](load_file(str(bad / WEIGHTS_FILE)))
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(bad / WEIGHTS_FILE), metadata={"format": "pt"})
+    bad = _copy(folder, "broken-" + "".join(c if c.isalnum() else "-" for c in what))
+    BROKEN[what](bad)
     _, refusal = _load_fresh(build, bad)
     return Verdict(
         f"folder with {what}: refused (never loaded in part)",
         refusal is not None,
         "==",
         True,
-        "a folder that does not fit the model is not the trained adapter (peft#2773)",
+        "a folder that does not fit the model, or whose settings cannot be read, is not the trained adapter "
+        "(peft#2773)",
         f"refused: {refusal}" if refusal else "loaded without an error",
     )
 

@@ -52,7 +52,6 @@ from lora_suite.implementations.peft_impl import (
     adapted_modules,
     count_call,
     load_peft_tensors,
-    save_peft_tensors,
 )
 
 __all__ = [
@@ -75,5 +74,4 @@ __all__ = [
     "load_peft_tensors",
     "require_module",
     "resolve_implementation",
-    "save_peft_tensors",
 ]

@@ -176,23 +176,6 @@ def load_peft_tensors(
             p.copy_(tensors[key])
 
 
-def save_peft_tensors(adapters: dict[str, nn.Parameter], config: dict, path: str | Path) -> Path:
-    """Write ``adapters`` (canonical names) and ``config`` as a PEFT folder (PEFT's key names)."""
-    from safetensors.torch import save_file
-
-    from lora_core.adapters import CONFIG_FILE, PREFIX, WEIGHTS_FILE
-
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / CONFIG_FILE).write_text(json.dumps(config, indent=2))
-    save_file(
-        {f"{PREFIX}{name}.weight": p.detach().to("cpu").contiguous() for name, p in adapters.items()},
-        str(path / WEIGHTS_FILE),
-        metadata={"format": "pt"},
-    )
-    return path
-
-
 def trainable_in(adapters: dict[str, nn.Parameter], dtype: torch.dtype | None) -> None:
     """The adapters trainable, and in ``dtype`` (None: as the layers made them)."""
     import torch

@@ -8,6 +8,9 @@ of a target, freezing, the dtype check, a forward-count hook (``served_by``'s ev
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from torch import nn
 
 from lora_core.inject import replace_module, target_linears
@@ -18,7 +21,6 @@ from lora_suite.implementations import (
     adapted_modules,
     count_call,
     load_peft_tensors,
-    save_peft_tensors,
 )
 
 
@@ -106,3 +108,20 @@ class WrappedLinearPeer(LoRAImplementation):
             return None if isinstance(m, self.layer_type) else f"{type(m).__name__} (not a {self.layer_type.__name__})"
 
         return self.served_by_adapted_layers(model, wrong, self.inactive)
+
+
+def save_peft_tensors(adapters: dict[str, nn.Parameter], config: dict, path: str | Path) -> Path:
+    """Write ``adapters`` (canonical names) and ``config`` as a PEFT folder (PEFT's key names)."""
+    from safetensors.torch import save_file
+
+    from lora_core.adapters import CONFIG_FILE, PREFIX, WEIGHTS_FILE
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / CONFIG_FILE).write_text(json.dumps(config, indent=2))
+    save_file(
+        {f"{PREFIX}{name}.weight": p.detach().to("cpu").contiguous() for name, p in adapters.items()},
+        str(path / WEIGHTS_FILE),
+        metadata={"format": "pt"},
+    )
+    return path

@@ -189,6 +189,9 @@ def _child(request: dict) -> None:
 
         traceback.print_exception(exc)
     finally:
+        import atexit
+
+        atexit._run_exitfuncs()  # as a process's exit runs them (a line trace is written by one)
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()

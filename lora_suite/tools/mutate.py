@@ -3,7 +3,9 @@
     killed      a check failed (named), a test crashed (the test and its exception), or the run passed its timeout
     survived    every check passed; its diff is reported, and what it changes (the fingerprint parts that differ)
     equivalent  it survived and its fingerprint (``lora_suite.engine.fingerprint``) is bitwise the source's: outputs,
-                gradients, saved files and the rest on a probe grid; no check could tell it apart
+                gradients, saved files and the rest on a probe grid; no check could tell it apart. Only where the
+                source's fingerprint runs the mutated line: where it does not, the sameness proves nothing and the
+                mutant stays a survivor (a refusal no check triggers, code the stack never calls)
 
 The mutation score is killed / (killed + survived): the equivalent mutants are left out of it.
 
@@ -284,27 +286,37 @@ def _orders(plan: Plan, mutants, trace: dict | None, baseline_report: dict) -> d
 
 
 def _judge_survivors(plan: Plan, workdir: Path, mutants, results: list[MutantResult], pool) -> list[MutantResult]:
-    """Each survivor's fingerprint against the source's: equal is equivalent; else the parts it changes."""
+    """Each survivor's fingerprint against the source's: equal, on a line the fingerprint runs, is equivalent; else
+    it survives, with the parts it changes or the reason its sameness proves nothing."""
     survivors = [i for i, r in enumerate(results) if r.status == "survived"]
     if not survivors:
         return results
     plan.log(f"mutate: fingerprints of the source and of {len(survivors)} survivor(s)")
-    try:
-        original = plan.fingerprint(dict(plan.env))
+    trace_out = workdir / "source" / "fingerprint-lines.json"
+    try:  # the source's fingerprint, traced: a mutant on a line it never runs is not shown equivalent by it
+        original = plan.fingerprint({**plan.env, **trace_env([t.path for t in plan.targets], trace_out)})
     except Exception as exc:  # the survivors stay survivors, with the reason their equivalence is unknown
         return [
             _with_reason(r, f"not judged for equivalence: the source's fingerprint failed ({exc})") for r in results
         ]
+    ran = _fingerprint_lines(plan, trace_out)
 
     def judge(i: int) -> MutantResult:
-        target = mutants[i][0]
+        target, m = mutants[i]
+        note = f"{results[i].reason}; " if results[i].reason else ""
+        key = str(target.path.resolve())
+        if ran is None:
+            return _with_reason(results[i], f"{note}not judged for equivalence: the fingerprint left no line trace")
+        if not executed(m.line, ran[key][0], ran[key][1]):
+            return _with_reason(
+                results[i], f"{note}the fingerprint never runs line {m.line} either: its sameness proves nothing"
+            )
         path = workdir / f"mutant-{i:04d}" / target.path.name
         try:
             fp = plan.fingerprint({**plan.env, **mutant_env(target.module, path)})
         except Exception as exc:  # as above: reported, never a pass
-            return _with_reason(results[i], f"not judged for equivalence: its fingerprint failed ({exc})")
+            return _with_reason(results[i], f"{note}not judged for equivalence: its fingerprint failed ({exc})")
         parts = differing(fp, original)
-        note = f"{results[i].reason}; " if results[i].reason else ""
         if not parts:
             return dataclasses.replace(
                 results[i], status="equivalent", reason=f"{note}bitwise the source's fingerprint"
@@ -313,6 +325,19 @@ def _judge_survivors(plan: Plan, workdir: Path, mutants, results: list[MutantRes
 
     judged = dict(zip(survivors, pool.map(judge, survivors)))
     return [judged.get(i, r) for i, r in enumerate(results)]
+
+
+def _fingerprint_lines(plan: Plan, trace_out: Path) -> dict[str, tuple[set[int], dict[int, int]]] | None:
+    """Each target -> (the lines the source's fingerprint ran, its statement starts); None where it left no trace."""
+    try:
+        lines = json.loads(trace_out.read_text())["lines"]
+    except (OSError, ValueError, KeyError):
+        plan.log("mutate: the fingerprint left no line trace: no survivor can be shown equivalent")
+        return None
+    return {
+        str(t.path.resolve()): (set(lines.get(str(t.path.resolve()), ())), statement_starts(read_source(t.path)))
+        for t in plan.targets
+    }
 
 
 def _with_reason(r: MutantResult, reason: str) -> MutantResult:

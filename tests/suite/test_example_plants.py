@@ -127,5 +127,10 @@ def test_the_builtins_refuse_a_folder_whose_weights_do_not_fit(name, tiny_cfg, t
     impl = resolve_implementation(name)
     for what in RT.BROKEN:
         trained = prepare(cfg, "cpu", implementation=impl)
-        v = RT.broken_folder(trained, lambda: prepare(cfg, "cpu", implementation=impl), tmp_path / what[:12], what)
+        v = RT.broken_folder(
+            trained,
+            lambda: prepare(cfg, "cpu", implementation=impl),
+            tmp_path / f"b{list(RT.BROKEN).index(what)}",
+            what,
+        )
         assert v.passed, (what, v.detail)

@@ -32,6 +32,7 @@ def invariant_verdicts(impl) -> list:
         I.adapter_dtypes(_probe(impl, BF16, adapter_dtype=F32)[0]),
         I.adapter_dtypes(_probe(impl, BF16, adapter_dtype=BF16)[0]),
         I.frozen_base(*_probe(impl)),
+        I.unmatched_targets(impl, SHAPE, AdapterSpec(P.PROBE_TARGETS, 4, 8.0, False, F32), F32, "cpu"),
         I.inputs_untouched(*_probe(impl)),
         I.several_forwards(*_probe(impl), P.random_inputs(SHAPE, (2, 5), F32, "cpu", seed=55)),
         I.checkpointed(*_probe(impl), False),
@@ -54,7 +55,7 @@ def _failed(verdicts) -> list[str]:
 
 def test_the_example_passes_every_invariant():
     verdicts = invariant_verdicts(EP._example().make())
-    assert len(verdicts) == 23
+    assert len(verdicts) == 24
     assert _failed(verdicts) == []
 
 
@@ -69,6 +70,7 @@ PROBE_PLANTS = [
     "input_kept_on_the_layer",
     "merge_ignores_rslora",
     "merge_folds_nothing",
+    "inject_accepts_unmatched_targets",
 ]
 
 

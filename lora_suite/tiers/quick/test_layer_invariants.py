@@ -4,7 +4,8 @@ is (``docs/lora-spec.md`` gives each one's source; ``lora_suite.engine.invariant
 - the initial state as ``inject`` leaves it (the grid randomises the adapters first): the base model's function,
   adapters that can learn;
 - the scale s = alpha / r with alpha not a multiple of r, and rsLoRA's alpha / √r (outputs, gradients and the merge);
-- adapters in the requested dtype; only the adapters trainable; inputs never written; several forwards before one
+- adapters in the requested dtype; only the adapters trainable; targets that name no layer refused; inputs never
+  written; several forwards before one
   backward; activation checkpointing in both of torch's modes.
 
 Each costs well under a second on a GPU. What the implementation declares it cannot do is recorded as not applicable
@@ -89,6 +90,8 @@ def test_adapters_are_made_in_the_requested_dtype(lora_impl, check):
 
 def test_only_the_adapters_train_and_inputs_are_never_written(lora_impl, check):
     _record(check, I.frozen_base(*_probe(lora_impl)))
+    spec = AdapterSpec(P.PROBE_TARGETS, 8, 16.0, False, _adapter_dtype(lora_impl, BF16), _quantize(lora_impl))
+    _record(check, I.unmatched_targets(lora_impl, ODD, spec, BF16, DEV))
     _record(check, I.inputs_untouched(*_probe(lora_impl)))
 
 

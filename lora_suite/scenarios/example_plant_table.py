@@ -1,0 +1,86 @@
+"""Which check must catch each planted defect of ``example_plants``: a table of names, kept apart from the plants'
+code (selftest-gpu, the CPU tests and ``docs/lora-spec.md``'s test read it)."""
+
+# defect -> (factory name, the tier that must catch it, the check that must be among the failed ones: a fragment of
+# its name, as docs/lora-spec.md names it; the leak's must be a memory slope, not a speed verdict that sharing the
+# GPU could move). A plant counts as caught only when that check failed.
+PLANTS = {
+    "forward scale applied twice": ("scale_twice", "quick", "outputs beyond tolerance"),
+    "lora_B frozen (detached in forward)": ("frozen_lora_b", "quick", "dB beyond tolerance"),
+    "input gradient dropped (x detached on the LoRA path)": (
+        "input_grad_dropped",
+        "quick",
+        "input gradients beyond tolerance",
+    ),
+    "save_adapter drops every lora_B": (
+        "save_drops_lora_b",
+        "quick",
+        "saved folder: adapters missing or not bitwise the trained ones",
+    ),
+    "load_adapter ignores the folder's lora_alpha and r": (
+        "load_ignores_alpha",
+        "quick",
+        "folder with a wrong lora_alpha: refused or honoured",
+    ),
+    "adapters skipped in eval mode": ("eval_skips_adapters", "quick", "eval mode: outputs beyond tolerance"),
+    "output upcast to fp32": ("output_upcast_fp32", "quick", "outputs and gradients of the wrong dtype"),
+    "a target projection (v_proj) left out": ("target_left_out", "quick", "target projections left without adapters"),
+    "nondeterministic forward (last bits jitter)": (
+        "nondeterministic_forward",
+        "quick",
+        "same input twice: tensors not bitwise equal",
+    ),
+    "lora_B initialised at small random values, not zero": (
+        "lora_b_random_init",
+        "quick",
+        "at initialisation: outputs differ from the base model's",
+    ),
+    "lora_A initialised at zero too": (
+        "lora_a_zero_init",
+        "quick",
+        "at initialisation: adapted layers that cannot learn",
+    ),
+    "use_rslora=True accepted and ignored": ("rslora_ignored", "quick", "rsLoRA alpha/sqrt(r)=12/4: outputs beyond"),
+    "scale as alpha // r (integer division)": ("scale_integer_division", "quick", "scale alpha/r=12/8: outputs beyond"),
+    "adapters made in the base dtype whatever adapter_dtype asks": (
+        "adapter_dtype_ignored",
+        "quick",
+        "adapters not in the requested dtype",
+    ),
+    "base weights left trainable by inject": (
+        "base_left_trainable",
+        "quick",
+        "after inject: adapters not trainable, or base parameters trainable",
+    ),
+    "input clipped in place on the LoRA path": (
+        "input_clipped_in_place",
+        "quick",
+        "inputs or upstream gradients changed in place",
+    ),
+    "input kept on the layer for the backward (not in ctx)": (
+        "input_kept_on_the_layer",
+        "quick",
+        "two forwards, one backward: gradients not the sum",
+    ),
+    "merge folds alpha / r under rsLoRA": (
+        "merge_ignores_rslora",
+        "quick",
+        "rsLoRA alpha/sqrt(r)=12/4: merged weights: outputs beyond tolerance",
+    ),
+    "load_adapter takes what fits and skips the rest": (
+        "load_takes_what_fits",
+        "quick",
+        "folder with an adapter missing: refused",
+    ),
+    "merge_adapters folds nothing": (
+        "merge_folds_nothing",
+        "quick",
+        "merged weights with the adapters left zeroed: outputs beyond tolerance",
+    ),
+    "targets that match no layer accepted (nothing adapted)": (
+        "inject_accepts_unmatched_targets",
+        "quick",
+        "inject with targets that name no layer: refused",
+    ),
+    "1 MiB of GPU memory kept per forward": ("gpu_memory_leak", "extended", "allocated_mib slope after step"),
+}
