@@ -4,7 +4,7 @@
 #   scripts/gpu-test.sh TARGET [options] [-- extra pytest args]  ==  lora-suite TARGET [options] [-- ...]
 # `scripts/gpu-test.sh --help` lists the targets (every tier of the registry in configs/, all, bench, selftest,
 # selftest-gpu, scorecard, render-scorecard, history, compare, ledger). Exit codes are the CLI's (0 passed, 1 a target
-# failed or regressed, 2 bad usage, 130 interrupted) plus 3: the Python environment could not be set up.
+# failed or regressed, 2 bad usage, 4 not judged, 130 interrupted) plus 3: the Python environment could not be set up.
 set -uo pipefail
 export GPU_TEST_T0="${GPU_TEST_T0:-$(date +%s.%N)}"  # the run's start: the report's wall-time breakdown counts from it
 

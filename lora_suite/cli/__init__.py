@@ -5,7 +5,7 @@
 Targets: every tier of the tier registry (``configs/<tier>.yaml`` with a ``suite:`` section, run from
 ``tiers/<tier>/``), ``all``, ``bench``, ``selftest``, ``selftest-gpu``, ``scorecard``, ``render-scorecard``,
 ``history``, ``compare``, ``ledger`` and ``mutate``. Exit codes: 0 passed, 1 a target failed (or a regression was found),
-2 bad usage, 130 interrupted. ``scripts/gpu-test.sh`` sets up ``.venv`` where needed and hands over to this.
+2 bad usage, 4 not judged (a target judged nothing on a GPU, or ``--require-gpu`` found none), 130 interrupted. ``scripts/gpu-test.sh`` sets up ``.venv`` where needed and hands over to this.
 """
 
 from __future__ import annotations
@@ -41,9 +41,14 @@ EPILOG = """run options (tiers, all, bench, selftest-gpu; `lora-suite TARGET --h
   --lora-impl NAME|MODULE:FACTORY   the implementation under test (default cupy)
   --weights auto|pretrained|random  --gpus N  --workers N|auto  --baseline DIR|auto  -v/--verbose
   --record [--ledger FILE]       append each run's judged figures to the ledger (default reports/ledger.jsonl)
+  --require-gpu                  no CUDA GPU is a failure (exit 4), not a run whose GPU tests skip (also
+                                 LORA_SUITE_REQUIRE_GPU=1: for CI runners that must have one)
 
-Exit codes: 0 all passed (GPU tests skip, with a reason, without a GPU), 1 a target failed or a regression was found,
-2 bad usage, 130 interrupted (scripts/gpu-test.sh adds 3: the Python environment could not be set up)."""
+A target whose tests all skipped (the VRAM pre-check, every test not applicable, nothing selected) judged nothing: its
+verdict is NOT JUDGED (why), never PASS. Exit codes: 0 all passed, or judged nothing because the machine has no GPU
+(the summary says NOT JUDGED (no GPU)), 1 a target failed or a regression was found, 2 bad usage, 4 not judged (a
+target judged nothing on a machine with a GPU, or --require-gpu found none), 130 interrupted (scripts/gpu-test.sh
+adds 3: the Python environment could not be set up)."""
 
 
 def registry_names() -> list[str]:
@@ -96,6 +101,11 @@ def _run_options(p: argparse.ArgumentParser, tier: bool = True) -> None:
     )
     g.add_argument("--record", action="store_true", help="append each finished run's judged figures to the ledger")
     g.add_argument("--ledger", help="the ledger --record appends to (default: reports/ledger.jsonl)")
+    g.add_argument(
+        "--require-gpu",
+        action="store_true",
+        help="fail (exit 4) when no CUDA GPU is found instead of skipping the GPU tests (or LORA_SUITE_REQUIRE_GPU=1)",
+    )
     g.add_argument("-v", "--verbose", action="store_true", help="verbose pytest output with live progress lines")
     g.add_argument("--backend", help=argparse.SUPPRESS)
 

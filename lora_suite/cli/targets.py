@@ -199,8 +199,35 @@ def pytest_args(target: str, args, run_dir: Path | None, tiers: dict) -> list[st
     return out
 
 
+EXIT_NOT_JUDGED = 4  # a target judged nothing on a machine with a GPU, or --require-gpu found none
+REQUIRE_GPU_ENV = "LORA_SUITE_REQUIRE_GPU"
+
+
 def verdict_of(rc: int) -> str:
     return {0: "PASS", 5: "FAIL (no tests collected)", 6: "FAIL (regression vs baseline)"}.get(rc, f"FAIL (exit {rc})")
+
+
+def judged_verdict(run_dir: Path | None, rc: int, have_gpu: bool) -> tuple[str, int]:
+    """The summary's verdict and the target's exit code: pytest's, unless its run report says it judged nothing
+    (``RunReport.verdict``): then NOT JUDGED (why), exit 4 on a machine with a GPU and 0 on one without (a CPU
+    machine running the README's commands is not a failure; ``--require-gpu`` made it one before anything ran)."""
+    import json
+
+    if rc != 0 or run_dir is None:
+        return verdict_of(rc), rc
+    try:
+        verdict = json.loads((run_dir / "report.json").read_text()).get("verdict") or {}
+    except (OSError, ValueError):
+        return "FAIL (no run report)", 1
+    if verdict.get("result") != "NOT JUDGED":
+        return verdict_of(rc), rc
+    if not have_gpu:
+        return "NOT JUDGED (no GPU)", 0
+    return f"NOT JUDGED ({verdict.get('why', '')})", EXIT_NOT_JUDGED
+
+
+def require_gpu(args) -> bool:
+    return bool(getattr(args, "require_gpu", False)) or os.environ.get(REQUIRE_GPU_ENV, "") not in ("", "0")
 
 
 def run_targets(args, extra: list[str]) -> int:
@@ -236,6 +263,13 @@ def run_targets(args, extra: list[str]) -> int:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")  # progress lines appear as they happen in CI logs
     os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")  # no network at run time: local weights only
     have_gpu = target == "selftest" or _announce_gpu(target)
+    if not have_gpu and require_gpu(args):
+        how = "--require-gpu" if getattr(args, "require_gpu", False) else f"{REQUIRE_GPU_ENV}=1"
+        print(
+            f"lora-suite {target}: {how}: no NVIDIA GPU found (nvidia-smi / NVML sees no device); nothing was judged",
+            file=sys.stderr,
+        )
+        return EXIT_NOT_JUDGED
     return _run(names, args, extra, tiers, report_root, have_gpu)
 
 
@@ -259,7 +293,7 @@ def _run(names, args, extra, tiers, report_root: Path, have_gpu: bool) -> int:
     if args.baseline == "auto":
         gpu = (gpu_line() or "none").split(",")[0]
         baseline = (checkout_root() or Path.cwd()) / "reports" / "baselines" / folder_token(gpu).rstrip("_")
-    rows, failed, interrupted, terminated = [], False, False, False
+    rows, failed, interrupted, terminated, not_judged = [], False, False, False, False
     setup = bytecode.compile_packages(python(), _child_env(names[0])) if have_gpu and names != ["selftest"] else None
     for t in names:
         run_dir = (
@@ -305,13 +339,14 @@ def _run(names, args, extra, tiers, report_root: Path, have_gpu: bool) -> int:
                 rc = 6 if crc == 1 else (2 if crc == 2 and rc == 0 else rc)
         if args.record and run_dir and not interrupted and (run_dir / "report.json").is_file():
             print(_record(Path(args.ledger) if args.ledger else default_ledger(), run_dir))
-        verdict = ("TERMINATED" if terminated else "INTERRUPTED") if interrupted else verdict_of(rc)
-        if not have_gpu and rc == 0 and t != "selftest":  # a GPU target on a machine without one judged nothing
-            verdict = "PASS (no GPU: nothing judged)"
+        verdict, rc = judged_verdict(run_dir, rc, have_gpu)  # nothing judged is never PASS
+        if interrupted:
+            verdict = "TERMINATED" if terminated else "INTERRUPTED"
+        not_judged = not_judged or rc == EXIT_NOT_JUDGED
         rows.append(f"{t:<12} {verdict:<30} {int(time.time() - start):>6}s  {run_dir or '-'}")
         if interrupted:
             break
-        if rc != 0:
+        if rc not in (0, EXIT_NOT_JUDGED):
             failed = True
             if not args.continue_on_error and len(names) > 1:
                 print(f"{t} failed; stopping (use --continue-on-error to run the rest).")
@@ -325,7 +360,7 @@ def _run(names, args, extra, tiers, report_root: Path, have_gpu: bool) -> int:
     if interrupted:
         print("Interrupted (Ctrl-C): the targets after it did not run.")
         return 130
-    return 1 if failed else 0
+    return 1 if failed else (EXIT_NOT_JUDGED if not_judged else 0)
 
 
 def _record(path: Path, run_dir: Path) -> str:

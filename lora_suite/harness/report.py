@@ -62,8 +62,8 @@ class Outcome:
 
 
 # 1: reports before the field existed (reports/schema/report-v1.schema.json); 2: status, before issue 9;
-# 3: the implementation under test and the not-applicable checks
-SCHEMA_VERSION = 3
+# 3: the implementation under test and the not-applicable checks; 4: the verdict
+SCHEMA_VERSION = 4
 STATUSES = ("running", "complete", "interrupted", "terminated")
 
 
@@ -137,12 +137,34 @@ class RunReport:
             "environment": asdict(self.environment),
             "implementation": self.implementation,
             "notes": self.notes,
+            "verdict": dict(zip(("result", "why"), self.verdict())),
             "summary": self.summary(),
             "outcomes": [asdict(o) for o in self.outcomes],
             "checks": [asdict(c) for c in self.checks],
             "not_applicable": [asdict(n) for n in self.not_applicable],
             "series": [asdict(s) for s in self.series],
         }
+
+    def verdict(self) -> tuple[str, str]:
+        """(result, why). A run that judged nothing (no check recorded, no test passed or failed: every test skipped,
+        not applicable, or none selected) is NOT JUDGED, never PASS; why names the commonest skip reason."""
+        stopped = {"interrupted": "INTERRUPTED", "terminated": "TERMINATED"}.get(self.status)
+        failed = [o.test for o in self.outcomes if o.outcome in ("failed", "error")]
+        failed_checks = [c.name for c in self.checks if not c.passed]
+        if failed or failed_checks:
+            what = f"{len(failed_checks)} check(s) failed" if failed_checks else f"{len(failed)} test(s) failed"
+            return stopped or "FAIL", what + (f" before the run was {self.status}" if stopped else "")
+        if stopped:
+            return stopped, f"the run was {self.status} before it finished"
+        judged = len(self.checks) + sum(o.outcome == "passed" for o in self.outcomes)
+        if judged == 0:
+            return "NOT JUDGED", _why_nothing_judged(self.outcomes)
+        if self.status == "running":
+            return "RUNNING", f"{judged} judgement(s) so far"
+        return (
+            "PASS",
+            f"{len(self.checks)} check(s) and {sum(o.outcome == 'passed' for o in self.outcomes)} test(s) passed",
+        )
 
     def summary(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -168,6 +190,18 @@ class RunReport:
         md = directory / "report.md"
         atomic_write_text(md, render_markdown(self, plots))
         return md
+
+
+def _why_nothing_judged(outcomes: list[Outcome]) -> str:
+    """The commonest reason the tests of a run that judged nothing were skipped, with the count."""
+    if not outcomes:
+        return "no test ran (none selected)"
+    reasons: dict[str, int] = {}
+    for o in outcomes:
+        key = (o.reason or o.outcome).splitlines()[0][:200] if (o.reason or o.outcome) else o.outcome
+        reasons[key] = reasons.get(key, 0) + 1
+    reason, count = max(reasons.items(), key=lambda kv: kv[1])
+    return f"{count} of {len(outcomes)} test(s) skipped: {reason}"
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -262,6 +296,8 @@ def render_markdown(report: RunReport, plots: dict[int, str] | None = None) -> s
     s = report.summary()
     lines = [
         f"# LoRA GPU suite report: {report.selection}",
+        "",
+        f"**{report.verdict()[0]}**: {report.verdict()[1]}",
         "",
         f"Run `{report.run_id}` ({report.status}): " + ", ".join(f"{k} {v}" for k, v in s.items()),
         "",

@@ -71,8 +71,9 @@ def test_a_tier_is_one_yaml_and_one_test_folder(tmp_path):
     out = lora_suite("smoke", "--report-dir", str(tmp_path / "r"), cwd=copy, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     # selected by the marker the registry registered; a tier's tests need a GPU, so here it skips saying so
-    assert "1 skipped" in out.stdout and "smoke        PASS" in out.stdout and "needs a CUDA GPU" in out.stdout
-    assert "PASS (no GPU: nothing judged)" in out.stdout and "nothing was judged (no check ran)" in out.stdout
+    assert "1 skipped" in out.stdout and "smoke        NOT JUDGED (no GPU)" in out.stdout  # never PASS
+    assert "needs a CUDA GPU" in out.stdout and "nothing was judged (no check ran)" in out.stdout
+    assert "PASS" not in out.stdout.split("\nSummary")[1]
     report_path = next((tmp_path / "r").glob("*-smoke/report.json"))
     report = report_path.read_text()
     assert json.loads(report)["run_id"] == report_path.parent.name  # the folder's name is the run id (issue 33)
@@ -153,3 +154,40 @@ def test_a_bad_workers_value_is_named(bad, capsys):
     assert main(["quick", f"--workers={bad}"]) == 2
     err = capsys.readouterr().err
     assert "--workers" in err and (repr(bad) in err or bad in err)
+
+
+def test_require_gpu_makes_a_machine_without_one_a_failure_that_names_it(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "LORA_SUITE_REQUIRE_GPU"}
+    for how, extra_env in ((["--require-gpu"], {}), ([], {"LORA_SUITE_REQUIRE_GPU": "1"})):
+        out = lora_suite("quick", *how, "--report-dir", str(tmp_path), env={**env, **extra_env})
+        assert out.returncode == 4, out.stdout[-2000:] + out.stderr[-2000:]
+        assert "no NVIDIA GPU found" in out.stderr and "nothing was judged" in out.stderr
+        assert not list(tmp_path.iterdir())  # it stopped before running anything
+
+
+@pytest.mark.parametrize(
+    "verdict, rc, have_gpu, want",
+    [
+        (
+            {"result": "NOT JUDGED", "why": "1 of 1 test(s) skipped: NOT enough free VRAM"},
+            0,
+            True,
+            ("NOT JUDGED (1 of 1 test(s) skipped: NOT enough free VRAM)", 4),
+        ),
+        (
+            {"result": "NOT JUDGED", "why": "1 of 1 test(s) skipped: needs a CUDA GPU"},
+            0,
+            False,
+            ("NOT JUDGED (no GPU)", 0),
+        ),
+        ({"result": "PASS", "why": "3 check(s) and 1 test(s) passed"}, 0, True, ("PASS", 0)),
+        ({"result": "FAIL", "why": "1 check(s) failed"}, 1, True, ("FAIL (exit 1)", 1)),
+        ({"result": "NOT JUDGED", "why": "x"}, 6, True, ("FAIL (regression vs baseline)", 6)),
+    ],
+)
+def test_the_summary_verdict_and_exit_code_follow_the_run_reports_verdict(tmp_path, verdict, rc, have_gpu, want):
+    from lora_suite.cli.targets import judged_verdict
+
+    (tmp_path / "report.json").write_text(json.dumps({"verdict": verdict}))
+    assert judged_verdict(tmp_path, rc, have_gpu) == want
+    assert judged_verdict(tmp_path / "missing", 0, True) == ("FAIL (no run report)", 1)
