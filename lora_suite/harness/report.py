@@ -146,8 +146,9 @@ class RunReport:
         }
 
     def verdict(self) -> tuple[str, str]:
-        """(result, why). A run that judged nothing (no check recorded, no test passed or failed: every test skipped,
-        not applicable, or none selected) is NOT JUDGED, never PASS; why names the commonest skip reason."""
+        """(result, why). A run that judged nothing (no check recorded, no test passed but ones that recorded only
+        "not applicable", none failed: every test skipped, not applicable, or none selected) is NOT JUDGED, never
+        PASS; why names the commonest skip reason."""
         stopped = {"interrupted": "INTERRUPTED", "terminated": "TERMINATED"}.get(self.status)
         failed = [o.test for o in self.outcomes if o.outcome in ("failed", "error")]
         failed_checks = [c.name for c in self.checks if not c.passed]
@@ -156,9 +157,12 @@ class RunReport:
             return stopped or "FAIL", what + (f" before the run was {self.status}" if stopped else "")
         if stopped:
             return stopped, f"the run was {self.status} before it finished"
-        judged = len(self.checks) + sum(o.outcome == "passed" for o in self.outcomes)
+        only_not_applicable = {n.test for n in self.not_applicable} - {c.test for c in self.checks}
+        judged = len(self.checks) + sum(
+            o.outcome == "passed" and o.test not in only_not_applicable for o in self.outcomes
+        )  # a test that passed recording only "not applicable" judged nothing
         if judged == 0:
-            return "NOT JUDGED", _why_nothing_judged(self.outcomes)
+            return "NOT JUDGED", _why_nothing_judged(self.outcomes, self.not_applicable)
         if self.status == "running":
             return "RUNNING", f"{judged} judgement(s) so far"
         return (
@@ -192,16 +196,20 @@ class RunReport:
         return md
 
 
-def _why_nothing_judged(outcomes: list[Outcome]) -> str:
-    """The commonest reason the tests of a run that judged nothing were skipped, with the count."""
+def _why_nothing_judged(outcomes: list[Outcome], not_applicable: list[NotApplicable]) -> str:
+    """The commonest reason the tests of a run that judged nothing judged nothing (skipped, or not applicable)."""
     if not outcomes:
         return "no test ran (none selected)"
+    na = {n.test: n.reason for n in not_applicable}
     reasons: dict[str, int] = {}
     for o in outcomes:
-        key = (o.reason or o.outcome).splitlines()[0][:200] if (o.reason or o.outcome) else o.outcome
+        if o.outcome == "skipped":
+            key = "skipped: " + ((o.reason or "").splitlines() or ["(no reason given)"])[0][:200]
+        else:
+            key = "not applicable: " + na.get(o.test, o.outcome)[:200]
         reasons[key] = reasons.get(key, 0) + 1
     reason, count = max(reasons.items(), key=lambda kv: kv[1])
-    return f"{count} of {len(outcomes)} test(s) skipped: {reason}"
+    return f"{count} of {len(outcomes)} test(s) {reason}"
 
 
 def atomic_write_text(path: Path, text: str) -> None:

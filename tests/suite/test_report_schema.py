@@ -106,3 +106,11 @@ def test_a_run_that_judged_nothing_is_not_judged_never_a_pass(outcomes, checks, 
     jsonschema.validate(data, schema_for(4))
     assert data["verdict"] == dict(zip(("result", "why"), want))
     assert r.write(tmp_path).read_text().splitlines()[2] == f"**{want[0]}**: {want[1]}"  # report.md's first lines
+
+
+def test_a_test_that_passed_recording_only_not_applicable_judged_nothing():
+    r = RunReport("r", "memory", collect_environment())
+    r.outcomes = [_outcome("t", "passed")]
+    r.mark_not_applicable("t", "QLoRA peak < 16-bit peak", "no NF4 base")
+    r.status = "complete"
+    assert r.verdict() == ("NOT JUDGED", "1 of 1 test(s) not applicable: no NF4 base")
