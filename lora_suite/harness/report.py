@@ -204,7 +204,8 @@ def _why_nothing_judged(outcomes: list[Outcome], not_applicable: list[NotApplica
     reasons: dict[str, int] = {}
     for o in outcomes:
         if o.outcome == "skipped":
-            key = "skipped: " + ((o.reason or "").splitlines() or ["(no reason given)"])[0][:200]
+            first = ((o.reason or "").splitlines() or ["(no reason given)"])[0]
+            key = "skipped: " + first.removeprefix("Skipped: ")[:200]  # pytest's own prefix, once is enough
         else:
             key = "not applicable: " + na.get(o.test, o.outcome)[:200]
         reasons[key] = reasons.get(key, 0) + 1
