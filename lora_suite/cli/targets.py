@@ -15,6 +15,7 @@ from pathlib import Path
 import lora_suite
 from lora_suite.cli import bytecode
 from lora_suite.cli.usage import UsageError
+from lora_suite.cli.verdicts import EXIT_NOT_JUDGED, REQUIRE_GPU_ENV, judged_verdict, require_gpu
 
 PACKAGE = Path(lora_suite.__file__).resolve().parent
 
@@ -197,37 +198,6 @@ def pytest_args(target: str, args, run_dir: Path | None, tiers: dict) -> list[st
     if args.strict_vram:
         out.append("--strict-vram")
     return out
-
-
-EXIT_NOT_JUDGED = 4  # a target judged nothing on a machine with a GPU, or --require-gpu found none
-REQUIRE_GPU_ENV = "LORA_SUITE_REQUIRE_GPU"
-
-
-def verdict_of(rc: int) -> str:
-    return {0: "PASS", 5: "FAIL (no tests collected)", 6: "FAIL (regression vs baseline)"}.get(rc, f"FAIL (exit {rc})")
-
-
-def judged_verdict(run_dir: Path | None, rc: int, have_gpu: bool) -> tuple[str, int]:
-    """The summary's verdict and the target's exit code: pytest's, unless its run report says it judged nothing
-    (``RunReport.verdict``): then NOT JUDGED (why), exit 4 on a machine with a GPU and 0 on one without (a CPU
-    machine running the README's commands is not a failure; ``--require-gpu`` made it one before anything ran)."""
-    import json
-
-    if rc != 0 or run_dir is None:
-        return verdict_of(rc), rc
-    try:
-        verdict = json.loads((run_dir / "report.json").read_text()).get("verdict") or {}
-    except (OSError, ValueError):
-        return "FAIL (no run report)", 1
-    if verdict.get("result") != "NOT JUDGED":
-        return verdict_of(rc), rc
-    if not have_gpu:
-        return "NOT JUDGED (no GPU)", 0
-    return f"NOT JUDGED ({verdict.get('why', '')})", EXIT_NOT_JUDGED
-
-
-def require_gpu(args) -> bool:
-    return bool(getattr(args, "require_gpu", False)) or os.environ.get(REQUIRE_GPU_ENV, "") not in ("", "0")
 
 
 def run_targets(args, extra: list[str]) -> int:

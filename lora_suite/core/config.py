@@ -187,6 +187,18 @@ class Criteria:
 
 
 @dataclass(frozen=True)
+class FigureSpec:
+    """A headline figure a tier declares (``suite.figures``) and records in its report (``RunReport.figure``): the
+    nightly gate (``lora_suite.tools.compare``) judges a device-clocked one with its noise rule and lists a
+    host-clocked one, never failing it."""
+
+    name: str
+    unit: str
+    clock: str  # device (a GPU clock, CUDA events, or the device's memory: the code's) | host (the host's speed in it)
+    better: str  # lower | higher: which way a change is an improvement
+
+
+@dataclass(frozen=True)
 class SuiteEntry:
     """A tier's entry in the tier registry (``lora_suite.core.registry``): how the command line and pytest find and
     run it. A YAML in configs/ with a ``suite:`` section is a tier; one without (multigpu_fsdp.yaml) is a config
@@ -198,6 +210,7 @@ class SuiteEntry:
     gpus: int = 1  # GPUs it needs: fewer visible and its tests skip (multigpu: 2; `all` adds it only then)
     in_all: bool = True  # part of the `all` target
     order: int = 100  # position in `all` and in --help, lowest first
+    figures: tuple[FigureSpec, ...] = ()  # the tier's headline figures (FigureSpec), gated night to night
 
 
 @dataclass(frozen=True)

@@ -382,6 +382,14 @@ def validate_suite_entry(e: SuiteEntry, where: str) -> None:
         ("tests", e.tests, e.tests == "" or bool(name_ok.fullmatch(e.tests)), "a folder name under tiers/"),
         ("gpus", e.gpus, e.gpus >= 1, ">= 1"),
     ]
+    names = [f.name for f in e.figures]
+    rules += [("figures", names, len(set(names)) == len(names), "figure names that differ")]
+    for i, f in enumerate(e.figures):
+        rules += [
+            (f"figures[{i}].name", f.name, bool(f.name.strip()), "a non-empty name"),
+            (f"figures[{i}].clock", f.clock, f.clock in ("device", "host"), "device or host"),
+            (f"figures[{i}].better", f.better, f.better in ("lower", "higher"), "lower or higher"),
+        ]
     for key, value, ok, expected in rules:
         if not ok:
             raise ConfigError(f"{where}.{key}: {value!r}; expected {expected}")

@@ -34,6 +34,22 @@ class Check:
 
 
 @dataclass(frozen=True)
+class Figure:
+    """A tier's headline figure (its YAML's ``suite.figures``): a value with its unit, the clock that measured it and,
+    where it is a median of samples, their 20th and 80th percentiles (``compare`` reads the spread from them)."""
+
+    test: str
+    name: str
+    value: float
+    unit: str
+    clock: str  # device | host
+    better: str  # lower | higher
+    p20: float | None = None
+    p80: float | None = None
+    samples: int = 1
+
+
+@dataclass(frozen=True)
 class NotApplicable:
     """A check the implementation under test cannot take by design, with its reason: shown, never dropped."""
 
@@ -81,6 +97,16 @@ class RunReport:
     series: list[Series] = field(default_factory=list)
     outcomes: list[Outcome] = field(default_factory=list)
     not_applicable: list[NotApplicable] = field(default_factory=list)
+    figures: list[Figure] = field(default_factory=list)
+
+    def figure(self, record: Figure) -> Figure:
+        """Record a headline figure (one per name: a second of the same name is an error)."""
+        if any(f.name == record.name for f in self.figures):
+            raise ValueError(f"figure {record.name!r} is already recorded in this run")
+        if not (isinstance(record.value, (int, float)) and math.isfinite(record.value)):
+            raise ValueError(f"figure {record.name!r}: value {record.value!r} is not a finite number")
+        self.figures.append(record)
+        return record
 
     def check(
         self, test: str, name: str, value, op: str, threshold, *, unit: str = "", source: str = "", detail: str = ""
@@ -142,33 +168,15 @@ class RunReport:
             "outcomes": [asdict(o) for o in self.outcomes],
             "checks": [asdict(c) for c in self.checks],
             "not_applicable": [asdict(n) for n in self.not_applicable],
+            "figures": [asdict(f) for f in self.figures],
             "series": [asdict(s) for s in self.series],
         }
 
     def verdict(self) -> tuple[str, str]:
-        """(result, why). A run that judged nothing (no check recorded, no test passed but ones that recorded only
-        "not applicable", none failed: every test skipped, not applicable, or none selected) is NOT JUDGED, never
-        PASS; why names the commonest skip reason."""
-        stopped = {"interrupted": "INTERRUPTED", "terminated": "TERMINATED"}.get(self.status)
-        failed = [o.test for o in self.outcomes if o.outcome in ("failed", "error")]
-        failed_checks = [c.name for c in self.checks if not c.passed]
-        if failed or failed_checks:
-            what = f"{len(failed_checks)} check(s) failed" if failed_checks else f"{len(failed)} test(s) failed"
-            return stopped or "FAIL", what + (f" before the run was {self.status}" if stopped else "")
-        if stopped:
-            return stopped, f"the run was {self.status} before it finished"
-        only_not_applicable = {n.test for n in self.not_applicable} - {c.test for c in self.checks}
-        judged = len(self.checks) + sum(
-            o.outcome == "passed" and o.test not in only_not_applicable for o in self.outcomes
-        )  # a test that passed recording only "not applicable" judged nothing
-        if judged == 0:
-            return "NOT JUDGED", _why_nothing_judged(self.outcomes, self.not_applicable)
-        if self.status == "running":
-            return "RUNNING", f"{judged} judgement(s) so far"
-        return (
-            "PASS",
-            f"{len(self.checks)} check(s) and {sum(o.outcome == 'passed' for o in self.outcomes)} test(s) passed",
-        )
+        """(result, why): PASS, FAIL, NOT JUDGED, INTERRUPTED, TERMINATED or RUNNING (``harness/verdict.py``)."""
+        from lora_suite.harness.verdict import run_verdict
+
+        return run_verdict(self)
 
     def summary(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -194,23 +202,6 @@ class RunReport:
         md = directory / "report.md"
         atomic_write_text(md, render_markdown(self, plots))
         return md
-
-
-def _why_nothing_judged(outcomes: list[Outcome], not_applicable: list[NotApplicable]) -> str:
-    """The commonest reason the tests of a run that judged nothing judged nothing (skipped, or not applicable)."""
-    if not outcomes:
-        return "no test ran (none selected)"
-    na = {n.test: n.reason for n in not_applicable}
-    reasons: dict[str, int] = {}
-    for o in outcomes:
-        if o.outcome == "skipped":
-            first = ((o.reason or "").splitlines() or ["(no reason given)"])[0]
-            key = "skipped: " + first.removeprefix("Skipped: ")[:200]  # pytest's own prefix, once is enough
-        else:
-            key = "not applicable: " + na.get(o.test, o.outcome)[:200]
-        reasons[key] = reasons.get(key, 0) + 1
-    reason, count = max(reasons.items(), key=lambda kv: kv[1])
-    return f"{count} of {len(outcomes)} test(s) {reason}"
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -347,6 +338,14 @@ def render_markdown(report: RunReport, plots: dict[int, str] | None = None) -> s
             for c in checks
         ]
         lines.append("")
+    if report.figures:
+        lines += ["", "## Figures", "", "| figure | value | p20-p80 | clock | better |", "|---|---|---|---|---|"]
+        lines += [
+            f"| {f.name} | {f.value:.4g} {f.unit} | "
+            + (f"{f.p20:.4g}-{f.p80:.4g} ({f.samples} samples)" if f.p20 is not None and f.p80 is not None else "-")
+            + f" | {f.clock} | {f.better} |"
+            for f in report.figures
+        ]
     if report.not_applicable:
         lines += ["", "## Not applicable to this implementation", "", "| test | check | reason |", "|---|---|---|"]
         lines += [f"| `{_short(n.test)}` | {n.name} | {_cell(n.reason, 500)} |" for n in report.not_applicable]

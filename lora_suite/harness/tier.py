@@ -19,6 +19,7 @@ from lora_suite.engine.models import CheckpointNotFound
 from lora_suite.engine.prepare import Prepared, fit_to_implementation, prepare
 from lora_suite.engine.trainer import StepRecord, TrainingRun, TrainResult, train
 from lora_suite.harness import recompute_reuse
+from lora_suite.harness.figures import record_figure
 from lora_suite.harness.report import Series
 from lora_suite.measure.carried import carried_note
 from lora_suite.measure.device_time import DeviceTimer, DeviceWindow
@@ -345,6 +346,7 @@ class Tier:
     def check_memory(self, cfg: TierConfig, peak: int, bf16) -> None:
         """Peak within the budget of the base actually used, and (NF4) below the 16-bit-base peak."""
         crit, yaml = cfg.criteria, f"configs/{cfg.tier}.yaml"
+        record_figure(self.report, self.nodeid, cfg.tier, "peak GPU memory", peak / 2**30, missing_ok=True)
         nf4_skipped = self.configured_quantize and not cfg.lora.quantize
         budget, key = (
             (crit.vram_budget_16bit_base_gib, "vram_budget_16bit_base_gib")

@@ -28,6 +28,12 @@ captured ÷ captured) that fell by more than max(MIN_REL, Z · √((se_base/r_ba
 regression. A ratio across modes (captured ÷ eager) keeps the host's speed in it (cupy captured ÷ PEFT eager read
 5.68 and 4.09 on two hosts) and is listed, not judged.
 
+A tier's headline figures (report.json ``figures``: the full tier's captured step device time, tokens/s and peak,
+memory's peak, convergence's loss drop) follow the benchmark rows' rule with their own direction: a device-clocked
+figure that moved the worse way (``better``: lower or higher) by more than max(MIN_REL, Z · √(s_base² + s_run²))
+is a regression, s from the figure's p20/p80 as above (0 for a single value); a device-clocked figure the baseline
+has and the run lost is a regression too. Host-clocked figures are listed, never failed.
+
 Checks retired by an issue (``RETIRED_CHECKS``) are not counted missing: a baseline recorded before the
 retirement still compares with a run after it.
 
@@ -55,7 +61,7 @@ SPEED_KEY = "_speed_vs_"
 
 @dataclass(frozen=True)
 class Change:
-    kind: str  # test | check | benchmark | ratio | retired
+    kind: str  # test | check | benchmark | ratio | figure | retired
     name: str
     before: str
     after: str
@@ -156,6 +162,40 @@ def compare_benchmarks(base: dict, run: dict) -> list[Change]:
     return out
 
 
+def _figure_spread(f: dict) -> float:
+    med, p20, p80 = f["value"], f.get("p20"), f.get("p80")
+    if p20 is None or p80 is None or not med:
+        return 0.0
+    return abs(p80 - p20) / (P80_MINUS_P20_IN_SIGMA * abs(med))
+
+
+def compare_figures(base: dict, run: dict) -> list[Change]:
+    """The report's headline figures (module docstring): device-clocked ones judged, host-clocked ones listed."""
+    out = []
+    now = {f["name"]: f for f in run.get("figures", [])}
+    for b in base.get("figures", []):
+        r, host = now.get(b["name"]), b.get("clock") == "host"
+        if r is None:
+            out.append(Change("figure", b["name"], f"{b['value']:.4g} {b['unit']}", "missing", "-", not host))
+            continue
+        threshold = max(MIN_REL, Z * math.hypot(_figure_spread(b), _figure_spread(r)))
+        move = r["value"] / b["value"] - 1 if b["value"] else math.inf
+        worse = -move if b.get("better") == "higher" else move
+        if abs(move) > threshold:
+            out.append(
+                Change(
+                    "figure",
+                    b["name"],
+                    f"{b['value']:.4g} {b['unit']}",
+                    f"{r['value']:.4g} {r['unit']} ({move:+.1%})",
+                    f"±{threshold:.1%}",
+                    worse > threshold and not host,
+                    "host-clocked: listed, never failed" if host and worse > threshold else "",
+                )
+            )
+    return out
+
+
 def compare_speed_ratios(fullname: str, base: dict, run: dict) -> list[Change]:
     """The in-run speed ratios of an interleaved row (module docstring): a fall beyond the threshold regresses."""
     out = []
@@ -206,6 +246,8 @@ def compare_runs(baseline: Path, run: Path) -> list[Change]:
                     "nothing to compare, and a pass here would mean nothing"
                 )
             changes += fn(b, r)
+            if name == "report.json":
+                changes += compare_figures(b, r)
     if not found:
         raise FileNotFoundError(
             f"nothing to compare: {baseline} and {run} share neither report.json nor benchmark.json"

@@ -96,7 +96,7 @@ def figure_of(row: dict) -> tuple[str, float, float | None, str, bool] | None:
     value = _number(row["value"])
     if value is None:
         return None
-    if row["kind"] == "bench":
+    if row["kind"] in ("bench", "figure"):
         return row["check"], value, None, "", True
     threshold = _number(row["threshold"])
     if row["kind"] != "check" or threshold is None or row["op"] not in _ORDERED:

@@ -13,7 +13,9 @@ run, appended by ``lora-suite ledger record RUN...`` (or ``--record`` on a run).
 - ``n/a``: a check the implementation declared not applicable, ``detail`` the reason;
 - ``bench``: a measured figure (a table cell of ``BENCH_COLUMNS``: a benchmark's, or a mutation run's killed,
   survived and equivalent mutants and wall time), ``verdict`` measured; ``check`` is "<table>: <row>: <column>";
-- ``stopped``: a benchmark run that stopped, ``value`` what stopped it, ``verdict`` fail.
+- ``stopped``: a benchmark run that stopped, ``value`` what stopped it, ``verdict`` fail;
+- ``figure``: a tier's headline figure (report.json ``figures``: its YAML's ``suite.figures``), ``verdict``
+  measured, ``detail`` its p20/p80, samples, clock and direction.
 Commits are kept to 12 hex digits. A run already in the ledger is not appended twice (its run id, group and
 implementation identify it). The ledger is written atomically (a temporary file beside it, then renamed): an
 interruption leaves the old one whole. Appends are serialised by an OS file lock on ``<ledger>.lock`` held across the
@@ -91,7 +93,7 @@ FIELDS = (
     "source",
     "detail",
 )
-KINDS = ("run", "check", "n/a", "bench", "stopped")
+KINDS = ("run", "check", "n/a", "bench", "stopped", "figure")
 NF4_NOTE = "stored as NF4"  # Prepared.describe's words in a run's notes when the base was quantised
 
 
@@ -187,6 +189,10 @@ def rows_of_report(report: dict, run: str, group: str = "") -> list[dict]:
         name = item.get("name") or item.get("test", "") if isinstance(item, dict) else str(item)
         reason = item.get("reason", "") if isinstance(item, dict) else ""
         out.append(row("n/a", name, None, "n/a", detail=reason))
+    for f in report.get("figures") or []:  # a tier's headline figures: the spread and clock ride in the detail
+        spread = f"p20 {f['p20']:.6g}, p80 {f['p80']:.6g}, " if f.get("p20") is not None else ""
+        detail = f"{spread}{f.get('samples', 1)} sample(s), {f['clock']} clock, {f['better']} is better"
+        out.append(row("figure", f["name"], f["value"], "measured", unit=f.get("unit", ""), detail=detail))
     for s in report.get("series", []):
         cols = list(s.get("columns", []))
         keys = [i for i, c in enumerate(cols) if c in LABEL_COLUMNS]

@@ -186,7 +186,7 @@ def test_require_gpu_makes_a_machine_without_one_a_failure_that_names_it(tmp_pat
     ],
 )
 def test_the_summary_verdict_and_exit_code_follow_the_run_reports_verdict(tmp_path, verdict, rc, have_gpu, want):
-    from lora_suite.cli.targets import judged_verdict
+    from lora_suite.cli.verdicts import judged_verdict
 
     (tmp_path / "report.json").write_text(json.dumps({"verdict": verdict}))
     assert judged_verdict(tmp_path, rc, have_gpu) == want

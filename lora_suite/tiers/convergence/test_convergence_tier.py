@@ -36,6 +36,7 @@ import torch
 
 from lora_suite.engine.gradients import copy_adapters, perturb_lora_a
 from lora_suite.engine.trainer import train
+from lora_suite.harness.figures import record_figure
 from lora_suite.harness.report import Series
 from lora_suite.implementations import ImplementationError, resolve_implementation
 from lora_suite.measure.criteria import loss_drop, loss_match
@@ -127,6 +128,7 @@ def test_convergence_and_match_to_reference(tier):
     )
     tier.record_steps(f"convergence ({name})", ours.records)
     drop = loss_drop(ours.losses, crit.loss_window)
+    record_figure(tier.report, tier.nodeid, "convergence", "loss drop", drop)
     source = "max(loss_match_factor*e(t), loss_match_floor): configs/convergence.yaml"
     tier.check(
         f"loss drop, mean of first {crit.loss_window} vs last {crit.loss_window} steps",

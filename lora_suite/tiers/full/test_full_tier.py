@@ -8,14 +8,38 @@ from __future__ import annotations
 
 import gc
 
+import numpy as np
 import pytest
 import torch
 
 from lora_suite.engine.checkpoint import load_adapter_checkpoint, save_adapter_checkpoint
+from lora_suite.harness.figures import record_figure
 from lora_suite.measure.criteria import loss_drop
 from lora_suite.measure.memory import measured_split
 
 pytestmark = [pytest.mark.gpu, pytest.mark.full]
+
+
+def step_figures(tier, cfg, result) -> None:
+    """The captured step's device time (CUDA events; median, 20th and 80th percentile of every captured step) and the
+    tokens per second it gives: the tier's headline figures. An implementation that cannot capture has none."""
+    ms = [r.gpu_time_s * 1e3 for r in result.records if r.captured and r.gpu_time_s is not None]
+    if not ms:
+        tier.report.notes.append(f"{tier.nodeid}: no captured step: the step-time figures are not recorded")
+        return
+    p20, med, p80 = (float(v) for v in np.percentile(ms, [20, 50, 80]))
+    record_figure(tier.report, tier.nodeid, "full", "captured step device time", med, p20=p20, p80=p80, samples=len(ms))
+    tokens = cfg.data.batch_size * cfg.data.seq_len
+    record_figure(
+        tier.report,
+        tier.nodeid,
+        "full",
+        "tokens per second (captured step device time)",
+        tokens / (med / 1e3),
+        p20=tokens / (p80 / 1e3),
+        p80=tokens / (p20 / 1e3),
+        samples=len(ms),
+    )
 
 
 def test_llama7b_end_to_end(tier, tmp_path):
@@ -31,6 +55,7 @@ def test_llama7b_end_to_end(tier, tmp_path):
         cfg, "full", peak, measured_split(prepared.model, result.optimizer, peak, prepared.adapters), bf16
     )
     tier.check_memory(cfg, peak, bf16)
+    step_figures(tier, cfg, result)
     drop = loss_drop(result.losses, crit.loss_window)
     tier.check(
         f"loss drop, mean of first {crit.loss_window} vs last {crit.loss_window} steps",

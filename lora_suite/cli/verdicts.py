@@ -1,0 +1,37 @@
+"""A target's verdict in the summary and its exit code, from its run report's verdict (``RunReport.verdict``):
+nothing judged is never PASS; and whether a machine without a GPU is a failure (``--require-gpu``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+EXIT_NOT_JUDGED = 4  # a target judged nothing on a machine with a GPU, or --require-gpu found none
+REQUIRE_GPU_ENV = "LORA_SUITE_REQUIRE_GPU"
+
+
+def verdict_of(rc: int) -> str:
+    return {0: "PASS", 5: "FAIL (no tests collected)", 6: "FAIL (regression vs baseline)"}.get(rc, f"FAIL (exit {rc})")
+
+
+def judged_verdict(run_dir: Path | None, rc: int, have_gpu: bool) -> tuple[str, int]:
+    """The summary's verdict and the target's exit code: pytest's, unless its run report says it judged nothing
+    (``RunReport.verdict``): then NOT JUDGED (why), exit 4 on a machine with a GPU and 0 on one without (a CPU
+    machine running the README's commands is not a failure; ``--require-gpu`` made it one before anything ran)."""
+    import json
+
+    if rc != 0 or run_dir is None:
+        return verdict_of(rc), rc
+    try:
+        verdict = json.loads((run_dir / "report.json").read_text()).get("verdict") or {}
+    except (OSError, ValueError):
+        return "FAIL (no run report)", 1
+    if verdict.get("result") != "NOT JUDGED":
+        return verdict_of(rc), rc
+    if not have_gpu:
+        return "NOT JUDGED (no GPU)", 0
+    return f"NOT JUDGED ({verdict.get('why', '')})", EXIT_NOT_JUDGED
+
+
+def require_gpu(args) -> bool:
+    return bool(getattr(args, "require_gpu", False)) or os.environ.get(REQUIRE_GPU_ENV, "") not in ("", "0")

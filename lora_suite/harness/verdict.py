@@ -1,0 +1,52 @@
+"""What a run judged, as one verdict: PASS, FAIL, NOT JUDGED, INTERRUPTED, TERMINATED or RUNNING, and why.
+
+A run that judged nothing is NOT JUDGED, never PASS: no check recorded, and no test passed but ones that recorded
+only "not applicable" (every test skipped by the VRAM pre-check or for want of a GPU, every test not applicable,
+nothing selected). The reason names the commonest skip or not-applicable reason, with its count. The run report
+writes the verdict into report.json and report.md's first line; the command line's summary and exit code follow it
+(``lora_suite/cli/verdicts.py``).
+"""
+
+from __future__ import annotations
+
+
+def run_verdict(report) -> tuple[str, str]:
+    """(result, why) of a ``RunReport``."""
+    stopped = {"interrupted": "INTERRUPTED", "terminated": "TERMINATED"}.get(report.status)
+    failed = [o.test for o in report.outcomes if o.outcome in ("failed", "error")]
+    failed_checks = [c.name for c in report.checks if not c.passed]
+    if failed or failed_checks:
+        what = f"{len(failed_checks)} check(s) failed" if failed_checks else f"{len(failed)} test(s) failed"
+        return stopped or "FAIL", what + (f" before the run was {report.status}" if stopped else "")
+    if stopped:
+        return stopped, f"the run was {report.status} before it finished"
+    only_not_applicable = {n.test for n in report.not_applicable} - {c.test for c in report.checks}
+    judged = len(report.checks) + sum(
+        o.outcome == "passed" and o.test not in only_not_applicable for o in report.outcomes
+    )  # a test that passed recording only "not applicable" judged nothing
+    if judged == 0:
+        return "NOT JUDGED", _why_nothing_judged(report.outcomes, report.not_applicable)
+    if report.status == "running":
+        return "RUNNING", f"{judged} judgement(s) so far"
+    return (
+        "PASS",
+        f"{len(report.checks)} check(s) and {sum(o.outcome == 'passed' for o in report.outcomes)} test(s) passed",
+    )
+
+
+def _why_nothing_judged(outcomes: list, not_applicable: list) -> str:
+    """The commonest reason (with its count) why the tests of a run judged nothing: skipped, or not applicable
+    (``Outcome`` and ``NotApplicable`` records of the run report)."""
+    if not outcomes:
+        return "no test ran (none selected)"
+    na = {n.test: n.reason for n in not_applicable}
+    reasons: dict[str, int] = {}
+    for o in outcomes:
+        if o.outcome == "skipped":
+            first = ((o.reason or "").splitlines() or ["(no reason given)"])[0]
+            key = "skipped: " + first.removeprefix("Skipped: ")[:200]  # pytest's own prefix, once is enough
+        else:
+            key = "not applicable: " + na.get(o.test, o.outcome)[:200]
+        reasons[key] = reasons.get(key, 0) + 1
+    reason, count = max(reasons.items(), key=lambda kv: kv[1])
+    return f"{count} of {len(outcomes)} test(s) {reason}"

@@ -1,0 +1,73 @@
+"""selftest-gpu: the nightly gate on the full tier's headline figures. The full tier runs three times, as a user runs
+it (``python -m lora_suite full``, its own process and run report): clean, with the planted slowdown
+(``lora_suite.scenarios.step_slowdown:cupy_slowed``: about 20% more device time per captured step), and clean again.
+``compare`` of the planted run against the first clean one must fail naming the captured step's device time; of
+the two clean runs, it must pass. The figures and both comparisons go into this run's report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lora_suite.harness.report import Series
+
+pytestmark = [pytest.mark.gpu, pytest.mark.selftest_gpu]
+ROOT = Path(__file__).resolve().parents[3]
+FIGURE = "captured step device time"
+
+
+def _full(out: Path, *extra: str) -> Path:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "lora_suite", "full", "--report-dir", str(out), *extra],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    (run,) = sorted(p.parent for p in out.glob("*/report.json"))
+    return run
+
+
+def _compare(base: Path, run: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "lora_suite.tools.compare", str(base), str(run)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _figure(run: Path) -> float:
+    figures = json.loads((run / "report.json").read_text()).get("figures", [])
+    return next(f["value"] for f in figures if f["name"] == FIGURE)
+
+
+def test_a_slower_captured_step_fails_the_gate_and_a_clean_rerun_passes_it(tier, tmp_path):
+    clean = _full(tmp_path / "clean")
+    planted = _full(tmp_path / "planted", "--lora-impl", "lora_suite.scenarios.step_slowdown:cupy_slowed")
+    again = _full(tmp_path / "again")
+    slow, same = _compare(clean, planted), _compare(clean, again)
+    rows = [
+        (name, f"{_figure(r):.3f}", str(r.name))
+        for name, r in (("clean", clean), ("planted", planted), ("clean again", again))
+    ]
+    tier.report.add_series(
+        Series(
+            tier.nodeid, "full tier: captured step device time (ms)", ("run", "median ms", "run folder"), tuple(rows)
+        )
+    )
+    tier.report.notes.append(f"compare clean planted (exit {slow.returncode}):\n{slow.stdout.strip()}")
+    tier.report.notes.append(f"compare clean again (exit {same.returncode}):\n{same.stdout.strip()}")
+    caught = slow.returncode == 1 and any(FIGURE in ln and "REGRESSION" in ln for ln in slow.stdout.splitlines())
+    tier.check("planted ~20% slower captured step: compare fails naming its device time", caught, "==", True)
+    tier.check("two clean full runs: compare passes", same.returncode, "==", 0, detail=same.stdout[-500:])
