@@ -149,5 +149,5 @@ def test_the_planted_slowdown_reports_itself_as_the_implementation_it_slows():
     from lora_suite.scenarios.step_slowdown import SPIN_MS, cupy_slowed
 
     impl = cupy_slowed()
-    assert impl.name == "cupy" and f"{SPIN_MS} ms of GPU spin" in impl.describe()
+    assert impl.name == "cupy" and f"{SPIN_MS} ms of GPU spin before each adapted layer" in impl.describe()
     assert dataclasses.is_dataclass(FigureSpec)
