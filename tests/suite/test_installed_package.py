@@ -104,7 +104,7 @@ def test_the_built_wheel_judges_a_third_party_implementation_from_its_own_direct
         env=env,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "quick        PASS" in out.stdout
+    assert "quick        NOT JUDGED (no GPU)" in out.stdout  # a CPU machine: the run says it judged nothing
     report = next((project / "reports").glob("*-quick-their_lora_make/report.json"))
     text = report.read_text()
     assert '"name": "toy"' in text and str(ROOT) not in text.split('"outcomes"')[0], "judged from the checkout"
