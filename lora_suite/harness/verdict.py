@@ -24,10 +24,10 @@ def run_verdict(report) -> tuple[str, str]:
     judged = len(report.checks) + sum(
         o.outcome == "passed" and o.test not in only_not_applicable for o in report.outcomes
     )  # a test that passed recording only "not applicable" judged nothing
+    if report.status == "running":  # a report written while the run goes on: its verdict is not in yet
+        return "RUNNING", f"{judged} judgement(s) so far"
     if judged == 0:
         return "NOT JUDGED", _why_nothing_judged(report.outcomes, report.not_applicable)
-    if report.status == "running":
-        return "RUNNING", f"{judged} judgement(s) so far"
     return (
         "PASS",
         f"{len(report.checks)} check(s) and {sum(o.outcome == 'passed' for o in report.outcomes)} test(s) passed",

@@ -92,6 +92,7 @@ def _outcome(test, outcome, reason=""):
         ([("a", "failed", "boom")], 0, "complete", ("FAIL", "1 test(s) failed")),
         ([("a", "skipped", "x")], 0, "terminated", ("TERMINATED", "the run was terminated before it finished")),
         ([("a", "passed")], 0, "running", ("RUNNING", "1 judgement(s) so far")),
+        ([], 0, "running", ("RUNNING", "0 judgement(s) so far")),  # not NOT JUDGED before its first test ends
     ],
 )
 def test_a_run_that_judged_nothing_is_not_judged_never_a_pass(outcomes, checks, status, want, tmp_path):
