@@ -38,6 +38,7 @@ def test_the_tiers_declare_their_headline_figures():
         "peak GPU memory",
     ]
     assert figures["memory"] == ["peak GPU memory"] and figures["convergence"] == ["loss drop"]
+    assert figures["quick"] == ["tier wall time"]
     full = load_tier_config(CONFIG_DIR / "full.yaml").suite.figures[0]
     assert full == FigureSpec("captured step device time", "ms", "device", "lower")
 

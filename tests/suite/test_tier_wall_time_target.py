@@ -36,6 +36,10 @@ def test_wall_time_is_a_series_and_a_summary_line_never_a_check(monkeypatch, ela
     assert target == 30 and got_met == met and abs(seconds - elapsed) < 1 and source == "quick.yaml criteria"
     (line,) = session.config.stash[P._SUMMARY_KEY]
     assert ("MISSED" in line) == (met == "no") and "not a check" in line
+    (fig,) = run.figures  # quick's headline figure: host-clocked, so compare lists it and never fails it
+    assert (fig.name, fig.unit, fig.clock, fig.value) == ("tier wall time", "s", "host", seconds)
+    P._report_tier_wall_time(session, run)  # once per run, however often the hook runs
+    assert len(run.figures) == 1
 
 
 def test_a_tier_without_a_target_reports_nothing(monkeypatch):
