@@ -232,14 +232,14 @@ def run_targets(args, extra: list[str]) -> int:
         return 0
     os.environ.setdefault("PYTHONUNBUFFERED", "1")  # progress lines appear as they happen in CI logs
     os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")  # no network at run time: local weights only
-    have_gpu = target == "selftest" or _announce_gpu(target)
-    if not have_gpu and require_gpu(args):
+    if target != "selftest" and require_gpu(args) and not gpu_line():  # before the "will be skipped" lines
         how = "--require-gpu" if getattr(args, "require_gpu", False) else f"{REQUIRE_GPU_ENV}=1"
         print(
             f"lora-suite {target}: {how}: no NVIDIA GPU found (nvidia-smi / NVML sees no device); nothing was judged",
             file=sys.stderr,
         )
         return EXIT_NOT_JUDGED
+    have_gpu = target == "selftest" or _announce_gpu(target)
     return _run(names, args, extra, tiers, report_root, have_gpu)
 
 
