@@ -122,6 +122,16 @@ def compare_reports(base: dict, run: dict) -> list[Change]:
     return out
 
 
+def _spread(med: float, p20: float, p80: float) -> float:
+    """Relative spread σ/median estimated from p20 and p80 (module docstring); infinite for a zero median."""
+    return abs(p80 - p20) / (P80_MINUS_P20_IN_SIGMA * abs(med)) if med else math.inf
+
+
+def _threshold(s_base: float, s_run: float) -> float:
+    """The smallest relative move that counts as real: max(MIN_REL, Z · √(s_base² + s_run²))."""
+    return max(MIN_REL, Z * math.hypot(s_base, s_run))
+
+
 def _row_stats(row: dict) -> tuple[float, float]:
     """(median, relative spread) of a pytest-benchmark row, CUDA-event figures when present."""
     info = row.get("extra_info") or {}
@@ -131,8 +141,7 @@ def _row_stats(row: dict) -> tuple[float, float]:
     else:
         stats = row["stats"]
         med, p20, p80 = stats["median"], stats.get("q1", stats["median"]), stats.get("q3", stats["median"])
-    spread = (p80 - p20) / (P80_MINUS_P20_IN_SIGMA * med) if med > 0 else math.inf
-    return med, spread
+    return med, _spread(med, p20, p80) if med > 0 else math.inf
 
 
 def compare_benchmarks(base: dict, run: dict) -> list[Change]:
@@ -143,7 +152,7 @@ def compare_benchmarks(base: dict, run: dict) -> list[Change]:
         if b is None:
             continue
         (t0, s0), (t1, s1) = _row_stats(b), _row_stats(row)
-        threshold = max(MIN_REL, Z * math.hypot(s0, s1))
+        threshold = _threshold(s0, s1)
         rise = t1 / t0 - 1 if t0 > 0 else math.inf
         host = (row.get("extra_info") or {}).get("clock") == "host"
         if abs(rise) > threshold:
@@ -163,10 +172,10 @@ def compare_benchmarks(base: dict, run: dict) -> list[Change]:
 
 
 def _figure_spread(f: dict) -> float:
-    med, p20, p80 = f["value"], f.get("p20"), f.get("p80")
-    if p20 is None or p80 is None or not med:
+    """A figure's relative spread: 0 for a single value (no p20/p80)."""
+    if f.get("p20") is None or f.get("p80") is None:
         return 0.0
-    return abs(p80 - p20) / (P80_MINUS_P20_IN_SIGMA * abs(med))
+    return _spread(f["value"], f["p20"], f["p80"])
 
 
 def compare_figures(base: dict, run: dict) -> list[Change]:
@@ -178,7 +187,7 @@ def compare_figures(base: dict, run: dict) -> list[Change]:
         if r is None:
             out.append(Change("figure", b["name"], f"{b['value']:.4g} {b['unit']}", "missing", "-", not host))
             continue
-        threshold = max(MIN_REL, Z * math.hypot(_figure_spread(b), _figure_spread(r)))
+        threshold = _threshold(_figure_spread(b), _figure_spread(r))
         move = r["value"] / b["value"] - 1 if b["value"] else math.inf
         worse = -move if b.get("better") == "higher" else move
         if abs(move) > threshold:
@@ -205,7 +214,7 @@ def compare_speed_ratios(fullname: str, base: dict, run: dict) -> list[Change]:
         r0, se0, se1 = base[key], base.get(f"{key}_se", 0.0), run.get(f"{key}_se", 0.0)
         if not (r0 > 0 and r1 > 0):
             continue
-        threshold = max(MIN_REL, Z * math.hypot(se0 / r0, se1 / r1))
+        threshold = _threshold(se0 / r0, se1 / r1)
         fall = 1 - r1 / r0
         name, ref = key.split(SPEED_KEY, 1)
         mixed = name.rsplit("-", 1)[-1] != ref.rsplit("-", 1)[-1]  # eager vs captured: the host's speed stays in

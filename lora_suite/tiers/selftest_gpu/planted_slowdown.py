@@ -12,17 +12,9 @@ import torch
 
 from lora_suite.engine import benchmarking
 from lora_suite.measure.timing import cuda_time
+from lora_suite.scenarios.step_slowdown import cycles_per_ms
 
 SLOWDOWN = 0.20
-
-
-def _cycles_per_ms() -> float:
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    torch.cuda._sleep(10_000_000)
-    b.record()
-    b.synchronize()
-    return 10_000_000 / a.elapsed_time(b)
 
 
 def pytest_configure(config):
@@ -32,7 +24,7 @@ def pytest_configure(config):
         step = real(impl, *args, **kw)
         if not impl.startswith("cupy"):
             return step
-        cycles = int(SLOWDOWN * cuda_time(step, warmup=5, reps=20).median_ms * _cycles_per_ms())
+        cycles = int(SLOWDOWN * cuda_time(step, warmup=5, reps=20).median_ms * cycles_per_ms())
 
         def slow_step():
             out = step()
