@@ -195,9 +195,10 @@ def execute(plan: Plan, workdir: Path) -> MutationRun:
     timeout = plan.timeout_factor * baseline.seconds + plan.timeout_slack_s
     plan.log(f"mutate: the source passed in {baseline.seconds:.1f} s; each mutant's timeout {timeout:.0f} s")
     trace = _trace(plan, trace_out)
-    not_run = _not_run(plan, mutants, trace)
+    starts = _starts(plan.targets)  # each line's statement, for the trace's questions below
+    not_run = _not_run(plan, mutants, trace, starts)
     plan.log(f"mutate: {len(not_run)} mutant(s) on lines the checks never execute: fingerprint only")
-    order = _orders(plan, mutants, trace, baseline_report)
+    order = _orders(plan, mutants, trace, baseline_report, starts)
     done = [0]
 
     def one(item: tuple[int, tuple[Target, Mutant]]) -> MutantResult:
@@ -238,8 +239,13 @@ def execute(plan: Plan, workdir: Path) -> MutationRun:
             plan.log(f"mutate: {len(timed_out)} mutant(s) timed out beside the others: each again, alone")
         for n in timed_out:
             results[n] = alone(n, results[n])
-        results = _judge_survivors(plan, workdir, mutants, results, pool)
+        results = _judge_survivors(plan, workdir, mutants, results, pool, starts)
     return MutationRun(tuple(results), baseline, baseline_report, timeout, time.perf_counter() - start)
+
+
+def _starts(targets: tuple[Target, ...]) -> dict[str, dict[int, int]]:
+    """Each target's resolved path -> ``line_trace.statement_starts`` of its source."""
+    return {str(t.path.resolve()): statement_starts(read_source(t.path)) for t in targets}
 
 
 def _trace(plan: Plan, trace_out: Path) -> dict | None:
@@ -251,7 +257,7 @@ def _trace(plan: Plan, trace_out: Path) -> dict | None:
         return None
 
 
-def _not_run(plan: Plan, mutants, trace: dict | None) -> set[int]:
+def _not_run(plan: Plan, mutants, trace: dict | None, starts: dict[str, dict[int, int]]) -> set[int]:
     """The indices of the mutants whose line the source's run never executed; none where the run left no trace, or
     one that may have missed threads (``line_trace``: before Python 3.12): then every mutant runs."""
     if trace is None:
@@ -260,7 +266,6 @@ def _not_run(plan: Plan, mutants, trace: dict | None) -> set[int]:
         plan.log("mutate: the line trace could not see every thread (Python < 3.12): every mutant runs the checks")
         return set()
     lines = {f: set(v) for f, v in trace["lines"].items()}
-    starts = {str(t.path.resolve()): statement_starts(read_source(t.path)) for t in plan.targets}
     out = set()
     for n, (target, m) in enumerate(mutants):
         key = str(target.path.resolve())
@@ -269,13 +274,12 @@ def _not_run(plan: Plan, mutants, trace: dict | None) -> set[int]:
     return out
 
 
-def _orders(plan: Plan, mutants, trace: dict | None, baseline_report: dict) -> dict[int, tuple[str, ...]]:
+def _orders(plan: Plan, mutants, trace: dict | None, baseline_report: dict, starts) -> dict[int, tuple[str, ...]]:
     """Each mutant -> every test of the source's run, those that ran its line first (both in the source run's
     order); no entry (the default order) where the trace names no tests, or its line also ran outside any test."""
     every = list(dict.fromkeys(o["test"] for o in baseline_report.get("outcomes", []) if o.get("test")))
     if trace is None or not every or "tests" not in trace:
         return {}
-    starts = {str(t.path.resolve()): statement_starts(read_source(t.path)) for t in plan.targets}
     out = {}
     for n, (target, m) in enumerate(mutants):
         key = str(target.path.resolve())
@@ -285,7 +289,9 @@ def _orders(plan: Plan, mutants, trace: dict | None, baseline_report: dict) -> d
     return out
 
 
-def _judge_survivors(plan: Plan, workdir: Path, mutants, results: list[MutantResult], pool) -> list[MutantResult]:
+def _judge_survivors(
+    plan: Plan, workdir: Path, mutants, results: list[MutantResult], pool, starts
+) -> list[MutantResult]:
     """Each survivor's fingerprint against the source's: equal, on a line the fingerprint runs, is equivalent; else
     it survives, with the parts it changes or the reason its sameness proves nothing."""
     survivors = [i for i, r in enumerate(results) if r.status == "survived"]
@@ -299,7 +305,7 @@ def _judge_survivors(plan: Plan, workdir: Path, mutants, results: list[MutantRes
         return [
             _with_reason(r, f"not judged for equivalence: the source's fingerprint failed ({exc})") for r in results
         ]
-    ran = _fingerprint_lines(plan, trace_out)
+    ran = _fingerprint_lines(plan, trace_out, starts)
 
     def judge(i: int) -> MutantResult:
         target, m = mutants[i]
@@ -327,17 +333,14 @@ def _judge_survivors(plan: Plan, workdir: Path, mutants, results: list[MutantRes
     return [judged.get(i, r) for i, r in enumerate(results)]
 
 
-def _fingerprint_lines(plan: Plan, trace_out: Path) -> dict[str, tuple[set[int], dict[int, int]]] | None:
+def _fingerprint_lines(plan: Plan, trace_out: Path, starts) -> dict[str, tuple[set[int], dict[int, int]]] | None:
     """Each target -> (the lines the source's fingerprint ran, its statement starts); None where it left no trace."""
     try:
         lines = json.loads(trace_out.read_text())["lines"]
     except (OSError, ValueError, KeyError):
         plan.log("mutate: the fingerprint left no line trace: no survivor can be shown equivalent")
         return None
-    return {
-        str(t.path.resolve()): (set(lines.get(str(t.path.resolve()), ())), statement_starts(read_source(t.path)))
-        for t in plan.targets
-    }
+    return {key: (set(lines.get(key, ())), by_line) for key, by_line in starts.items()}
 
 
 def _with_reason(r: MutantResult, reason: str) -> MutantResult:

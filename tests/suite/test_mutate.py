@@ -165,7 +165,7 @@ def test_only_a_trace_that_saw_every_thread_lets_mutants_go_unrun(calc_stack, tm
     mutants = [(target, m) for m in mutants_of(read_source(target.path), target.label, plan.operators)]
     ran = [2, 7, 8, 12, 13, 17, 18, 19]  # every line but 6 (`unused = x * 1`)
     trace = {"every_thread": every_thread, "lines": {str(target.path.resolve()): ran}}
-    not_run = {mutants[n][1].line for n in M._not_run(plan, mutants, trace)}
+    not_run = {mutants[n][1].line for n in M._not_run(plan, mutants, trace, M._starts(plan.targets))}
     assert not_run == ({6} if every_thread else set())
 
 
