@@ -3,6 +3,7 @@ nothing judged is never PASS; and whether a machine without a GPU is a failure (
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -18,8 +19,6 @@ def judged_verdict(run_dir: Path | None, rc: int, have_gpu: bool) -> tuple[str, 
     """The summary's verdict and the target's exit code: pytest's, unless its run report says it judged nothing
     (``RunReport.verdict``): then NOT JUDGED (why), exit 4 on a machine with a GPU and 0 on one without (a CPU
     machine running the README's commands is not a failure; ``--require-gpu`` made it one before anything ran)."""
-    import json
-
     if rc != 0 or run_dir is None:
         return verdict_of(rc), rc
     try:

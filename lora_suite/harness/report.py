@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from lora_suite.core.environment import Environment
+from lora_suite.harness.verdict import run_verdict
 from lora_suite.measure.criteria import OPS as _OPS
 
 
@@ -174,8 +175,6 @@ class RunReport:
 
     def verdict(self) -> tuple[str, str]:
         """(result, why): PASS, FAIL, NOT JUDGED, INTERRUPTED, TERMINATED or RUNNING (``harness/verdict.py``)."""
-        from lora_suite.harness.verdict import run_verdict
-
         return run_verdict(self)
 
     def summary(self) -> dict[str, int]:
@@ -297,7 +296,7 @@ def render_markdown(report: RunReport, plots: dict[int, str] | None = None) -> s
     lines = [
         f"# LoRA GPU suite report: {report.selection}",
         "",
-        f"**{report.verdict()[0]}**: {report.verdict()[1]}",
+        "**{}**: {}".format(*report.verdict()),
         "",
         f"Run `{report.run_id}` ({report.status}): " + ", ".join(f"{k} {v}" for k, v in s.items()),
         "",
