@@ -38,7 +38,7 @@ def test_the_tiers_declare_their_headline_figures():
         "peak GPU memory",
     ]
     assert figures["memory"] == ["peak GPU memory"] and figures["convergence"] == ["loss drop"]
-    assert figures["quick"] == ["tier wall time"]
+    assert figures["quick"] == ["tier wall time"] and figures["extended"] == ["device time per step"]
     full = load_tier_config(CONFIG_DIR / "full.yaml").suite.figures[0]
     assert full == FigureSpec("captured step device time", "ms", "device", "lower")
 
@@ -86,6 +86,29 @@ def test_a_figure_the_tier_does_not_declare_is_refused():
         record_figure(report, "t", "full", "captured step device time", 50.0)
     with pytest.raises(ValueError, match="not a finite number"):
         record_figure(report, "t", "full", "peak GPU memory", float("nan"))
+
+
+def test_the_extended_tier_figure_is_the_median_device_time_past_the_warm_up():
+    from types import SimpleNamespace
+
+    from lora_suite.core.environment import collect_environment
+    from lora_suite.harness.report import RunReport
+    from lora_suite.measure.device_time import DeviceWindow
+    from lora_suite.tiers.extended.test_extended_tier import step_device_time_figure
+
+    tier = SimpleNamespace(report=RunReport("r", "extended", collect_environment()), nodeid="t")
+    step_device_time_figure(tier, None)
+    assert tier.report.figures == [] and "no profiled step" in tier.report.notes[0]
+    ms = (0.5, 0.02, 0.021, 0.022, 0.019, 0.020)  # warm-up's CUPTI set-up must not count
+    windows = {
+        "warm-up": DeviceWindow("warm-up", (45,), (ms[0],), (ms[0],), (300,)),
+        "early": DeviceWindow("early", (50, 51), (9.0, 9.0), ms[1:3], (300, 300)),
+        "late": DeviceWindow("late", (98, 99, 100), (9.0,) * 3, ms[3:], (300,) * 3),
+    }
+    step_device_time_figure(tier, windows)
+    (fig,) = tier.report.figures
+    assert (fig.name, fig.unit, fig.clock, fig.samples) == ("device time per step", "ms", "device", 5)
+    assert fig.value == pytest.approx(20.0) and fig.p20 < fig.value < fig.p80 < 22.0
 
 
 @pytest.mark.parametrize(

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import statistics
 
+import numpy as np
 import pytest
 
 from lora_suite.core.config import TierConfig
 from lora_suite.engine.trainer import StepRecord
+from lora_suite.harness.figures import record_figure
 from lora_suite.harness.report import Series
 from lora_suite.measure.criteria import host_normalised_drift
 from lora_suite.measure.device_time import DeviceTimer
@@ -33,6 +35,7 @@ def test_long_run_no_leak_loss_falls_steady_speed(tier):
     tier.check_served(prepared)
     tier.note_process_memory(result)
     windows = tier.device_windows(cfg, timer, result.records)
+    step_device_time_figure(tier, windows)
     pairs = tier.aged_vs_fresh(cfg, result) if crit.aged_vs_fresh_slowdown_max is not None else None
     record_host_speed(tier, cfg, result.records)
     tier.report.add_series(
@@ -44,6 +47,18 @@ def test_long_run_no_leak_loss_falls_steady_speed(tier):
         )
     )
     tier.record_verdicts(extended_verdicts(cfg, result.records, windows, pairs))
+
+
+def step_device_time_figure(tier, windows) -> None:
+    """The tier's headline figure: the device time of a step, T_j (launch durations, outliers clipped to their median;
+    lora_suite/measure/device_time.py), median and 20th/80th percentile over every profiled step past the warm-up
+    window. None profiled (no CUPTI): a note, no figure."""
+    ms = [t * 1e3 for w in (windows or {}).values() if w.name != "warm-up" for t in w.clipped_s]
+    if not ms:
+        tier.report.notes.append(f"{tier.nodeid}: no profiled step: the device-time figure is not recorded")
+        return
+    p20, med, p80 = (float(v) for v in np.percentile(ms, [20, 50, 80]))
+    record_figure(tier.report, tier.nodeid, "extended", "device time per step", med, p20=p20, p80=p80, samples=len(ms))
 
 
 def record_host_speed(tier, cfg: TierConfig, records: list[StepRecord]) -> None:

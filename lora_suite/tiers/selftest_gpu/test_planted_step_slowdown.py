@@ -2,7 +2,8 @@
 it (``python -m lora_suite full``, its own process and run report): clean, with the planted slowdown
 (``lora_suite.scenarios.step_slowdown:cupy_slowed``: about 20% more device time per captured step), and clean again.
 ``compare`` of the planted run against the first clean one must fail naming the captured step's device time; of
-the two clean runs, it must pass. The figures and both comparisons go into this run's report.
+the two clean runs, it must pass. The figures and both comparisons go into this run's report; the three full runs'
+folders are kept inside this run's folder (``full-runs/``) so that ``ledger record`` can keep them too.
 """
 
 from __future__ import annotations
@@ -52,10 +53,12 @@ def _figure(run: Path) -> float:
     return next(f["value"] for f in figures if f["name"] == FIGURE)
 
 
-def test_a_slower_captured_step_fails_the_gate_and_a_clean_rerun_passes_it(tier, tmp_path):
-    clean = _full(tmp_path / "clean")
-    planted = _full(tmp_path / "planted", "--lora-impl", "lora_suite.scenarios.step_slowdown:cupy_slowed")
-    again = _full(tmp_path / "again")
+def test_a_slower_captured_step_fails_the_gate_and_a_clean_rerun_passes_it(tier, tmp_path, request):
+    report_dir = request.config.getoption("report_dir")
+    runs = Path(report_dir) / "full-runs" if report_dir else tmp_path
+    clean = _full(runs / "clean")
+    planted = _full(runs / "planted", "--lora-impl", "lora_suite.scenarios.step_slowdown:cupy_slowed")
+    again = _full(runs / "again")
     slow, same = _compare(clean, planted), _compare(clean, again)
     rows = [
         (name, f"{_figure(r):.3f}", str(r.name))
