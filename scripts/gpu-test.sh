@@ -43,10 +43,12 @@ torch_cuda_major() {  # of the torch installed in .venv ("" for a CPU build); GP
 bootstrap() {
   local dry="${GPU_TEST_BOOTSTRAP_DRY_RUN:-0}" major extras=".[peft,test,mutate,loralib,torchtune,peft-bnb]"
   run_step() { if [[ "$dry" == 1 ]]; then say "would run: $*"; else "$@"; fi; }
-  say "${YELLOW}Setting up .venv: torch ${LORA_TORCH_SPEC:-==2.13.0}, then this project and its dependencies${RESET}"
-  { [[ -x .venv/bin/python ]] || run_step python3 -m venv .venv; } &&
-    run_step .venv/bin/python -m pip install -q --upgrade pip &&
-    run_step .venv/bin/python -m pip install -q "torch${LORA_TORCH_SPEC:-==2.13.0}" || return 1
+  step() { say "${YELLOW}[set-up $(( SECONDS - T_SETUP ))s] $*${RESET}"; }  # a line per step: pip itself runs quiet
+  T_SETUP=$SECONDS
+  say "${YELLOW}Setting up .venv (once per checkout): torch ${LORA_TORCH_SPEC:-==2.13.0}, then this project and its dependencies${RESET}"
+  { [[ -x .venv/bin/python ]] || { step "creating .venv"; run_step python3 -m venv .venv; }; } &&
+    { step "upgrading pip"; run_step .venv/bin/python -m pip install -q --upgrade pip; } &&
+    { step "installing torch (the largest download)"; run_step .venv/bin/python -m pip install -q "torch${LORA_TORCH_SPEC:-==2.13.0}"; } || return 1
   if [[ $NVIDIA -eq 1 ]]; then
     major="$(torch_cuda_major)"
     case "$major" in
@@ -55,7 +57,9 @@ bootstrap() {
       *) say "${RED}torch is built for CUDA $major; CuPy wheels exist for CUDA 12 and 13 only.${RESET}"; return 1 ;;
     esac
   fi
-  run_step .venv/bin/python -m pip install -q -e "$extras"
+  step "installing this project with $extras (transformers, PEFT, pytest and the rest)"
+  run_step .venv/bin/python -m pip install -q -e "$extras" || return 1
+  step "done: the command line is $ROOT/.venv/bin/lora-suite (or run 'source .venv/bin/activate', then 'lora-suite')"
 }
 if [[ "${GPU_TEST_BOOTSTRAP_DRY_RUN:-0}" == 1 ]]; then bootstrap; exit $?; fi
 if ! pick_python; then

@@ -14,7 +14,7 @@ import argparse
 import re
 import sys
 
-from lora_suite.cli import mutation, targets
+from lora_suite.cli import mutation, preflight, targets
 from lora_suite.cli.usage import UsageError, check_values
 
 TOOLS = {
@@ -52,9 +52,14 @@ adds 3: the Python environment could not be set up)."""
 
 
 def registry_names() -> list[str]:
-    from lora_suite.core.registry import registry
+    return list(_broken_and_tiers()[1])
 
-    return list(registry())
+
+def _broken_and_tiers() -> tuple[dict, dict]:
+    from lora_suite.core.registry import scan
+
+    tiers, broken = scan()
+    return broken, tiers
 
 
 class Parser(argparse.ArgumentParser):
@@ -79,7 +84,8 @@ def _run_options(p: argparse.ArgumentParser, tier: bool = True) -> None:
             "--workers",
             type=_workers,
             help="spread the tier's tests over N pytest-xdist worker processes (auto: one per CPU core), one merged "
-            "report; default: quick 6 (fewer on GPUs under 28 GiB) where pytest-xdist imports, the others 1",
+            "report; at most the CPU count; default: quick 8 (at most one per two CPU cores, fewer on GPUs under 36 GiB) "
+            "where pytest-xdist imports and a GPU is visible, the others 1",
         )
     g.add_argument("--continue-on-error", action="store_true", help="run the remaining targets after a failure")
     g.add_argument("--report-dir", help="run reports go to DIR/<run-id>/ (default: reports/, ignored by git)")
@@ -138,9 +144,9 @@ def _impl(text: str) -> str:
 
 
 def build_parser() -> Parser:
-    from lora_suite.core.registry import registry
+    from lora_suite.core.registry import scan
 
-    tiers = registry()
+    tiers, broken = scan()
     p = Parser(
         prog="lora-suite",
         description="The LoRA GPU validation suite: one subcommand per target, --help on each.",
@@ -151,6 +157,8 @@ def build_parser() -> Parser:
     for name, t in tiers.items():
         desc = t.entry.description.replace("%", "%%")  # argparse formats help with %
         _run_options(sub.add_parser(name, help=desc, description=desc))
+    for name, error in broken.items():  # listed, and refused with its error when run (cli/preflight.py)
+        sub.add_parser(name, help=f"BROKEN: {error}".replace("%", "%%"), add_help=False)
     names = ", ".join(n for n, t in tiers.items() if t.entry.in_all)
     _run_options(
         sub.add_parser(
@@ -212,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         if not argv[0].startswith("-") and argv[0] not in choices:
             raise UsageError(f"unknown target {argv[0]!r} (expected one of: {', '.join(choices)})")
         check_values(argv)
+        preflight.check_broken(argv[0], *_broken_and_tiers())
         args, unknown = parser.parse_known_args(argv)
         if unknown:
             first = unknown[0]

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from lora_suite.cli import preflight
 from lora_suite.cli.targets import default_ledger, default_reports, python
 from lora_suite.cli.usage import UsageError
 from lora_suite.tools import history as history_tool
@@ -32,9 +33,14 @@ def scorecard(args) -> int:
 
     from lora_suite.implementations import installed_names
 
+    preflight.check_ledger_option(args)
+    if args.report_dir:
+        preflight.check_report_dir(args.report_dir)
     impls = args.impls if args.impls is not None else ",".join(installed_names())
     if not re.fullmatch(r"[A-Za-z0-9_.:,-]+", impls or ""):
         raise UsageError(f"--lora-impl must be names separated by commas, got {impls!r}")
+    for impl in impls.split(","):
+        preflight.check_implementation(impl)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out = Path(args.report_dir) if args.report_dir else default_reports() / f"{stamp}-scorecard"
     dry = os.environ.get("SCORECARD_DRY_RUN") == "1"
@@ -89,6 +95,9 @@ def _quote(s: str) -> str:
 
 
 def render_scorecard(args) -> int:
+    preflight.check_existing("render-scorecard", args.dirs)
+    if args.ledger:
+        preflight.check_existing("render-scorecard --ledger", [args.ledger], kind="ledger file")
     try:
         rows = ledger.rows_of_runs([Path(d) for d in args.dirs]) if args.dirs else []
         if args.group or args.ledger:
@@ -119,6 +128,9 @@ def _dedupe(rows: list[dict]) -> list[dict]:
 
 def history(args) -> int:
     html = Path(args.html) if args.html else default_reports() / "history" / "history.html"
+    preflight.check_existing("history", args.dirs)
+    if args.ledger:
+        preflight.check_existing("history --ledger", [args.ledger], kind="ledger file")
     if html.suffix != ".html":
         raise UsageError(f"--html needs a path ending in .html, got {args.html!r}")
     try:
@@ -143,6 +155,10 @@ def history(args) -> int:
 
 def ledger_command(args) -> int:
     path = Path(args.ledger) if args.ledger else default_ledger()
+    if args.action == "show" and args.ledger:
+        preflight.check_existing("ledger show --ledger", [args.ledger], kind="ledger file")
+    if args.action == "record":
+        preflight.check_existing("ledger record", args.runs)
     try:
         if args.action == "record":
             added = ledger.record(path, [Path(r) for r in args.runs], args.group)

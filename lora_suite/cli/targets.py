@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 import lora_suite
-from lora_suite.cli import bytecode
+from lora_suite.cli import bytecode, preflight
 from lora_suite.cli.usage import UsageError
-from lora_suite.cli.verdicts import EXIT_NOT_JUDGED, REQUIRE_GPU_ENV, judged_verdict, require_gpu
+from lora_suite.cli.verdicts import EXIT_NOT_JUDGED, EXIT_USAGE, REQUIRE_GPU_ENV, judged_verdict, require_gpu
 
 PACKAGE = Path(lora_suite.__file__).resolve().parent
 
@@ -205,14 +205,7 @@ def run_targets(args, extra: list[str]) -> int:
 
     tiers = registry()
     target = args.target
-    if getattr(args, "strict_vram", False) and not args.check_vram:
-        raise UsageError("--strict-vram only makes sense with --check-vram")
-    if args.backend:
-        raise UsageError("--backend was replaced by --lora-impl (cupy, torch, peft or package.module:factory)")
-    if args.baseline and args.baseline != "auto" and not Path(args.baseline).is_dir():
-        raise UsageError(f"--baseline {args.baseline} is not a directory")
-    if target == "selftest" and args.report_dir:  # issue 28: it was accepted, and the folder stayed empty
-        raise UsageError("--report-dir: selftest (the CPU tests) writes no run report; it is for the GPU targets")
+    preflight.check_run_options(args, target, tiers)
     if target == "selftest" and checkout_root() is None:
         raise UsageError("selftest runs the CPU tests of a checkout (tests/ is not installed with the package)")
     report_root = Path(args.report_dir).resolve() if args.report_dir else default_reports()
@@ -263,7 +256,7 @@ def _run(names, args, extra, tiers, report_root: Path, have_gpu: bool) -> int:
     if args.baseline == "auto":
         gpu = (gpu_line() or "none").split(",")[0]
         baseline = (checkout_root() or Path.cwd()) / "reports" / "baselines" / folder_token(gpu).rstrip("_")
-    rows, failed, interrupted, terminated, not_judged = [], False, False, False, False
+    rows, failed, interrupted, terminated, not_judged, usage = [], False, False, False, False, False
     setup = bytecode.compile_packages(python(), _child_env(names[0])) if have_gpu and names != ["selftest"] else None
     for t in names:
         run_dir = (
@@ -312,7 +305,10 @@ def _run(names, args, extra, tiers, report_root: Path, have_gpu: bool) -> int:
         verdict, rc = judged_verdict(run_dir, rc, have_gpu)  # nothing judged is never PASS
         if interrupted:
             verdict = "TERMINATED" if terminated else "INTERRUPTED"
-        not_judged = not_judged or rc == EXIT_NOT_JUDGED
+        not_judged, usage = not_judged or rc == EXIT_NOT_JUDGED, usage or rc == EXIT_USAGE
+        if rc == EXIT_USAGE and run_dir and not any(run_dir.iterdir()):  # refused before it ran: no empty folder
+            run_dir.rmdir()
+            run_dir = None
         rows.append(f"{t:<12} {verdict:<30} {int(time.time() - start):>6}s  {run_dir or '-'}")
         if interrupted:
             break
@@ -330,7 +326,7 @@ def _run(names, args, extra, tiers, report_root: Path, have_gpu: bool) -> int:
     if interrupted:
         print("Interrupted (Ctrl-C): the targets after it did not run.")
         return 130
-    return 1 if failed else (EXIT_NOT_JUDGED if not_judged else 0)
+    return EXIT_USAGE if usage else 1 if failed else (EXIT_NOT_JUDGED if not_judged else 0)
 
 
 def _record(path: Path, run_dir: Path) -> str:
@@ -390,6 +386,7 @@ def dispatch(args, extra: list[str]) -> int:
 
         if len(args.runs) != 2:
             raise UsageError(f"compare needs two run directories: compare BASELINE RUN, got {len(args.runs)}")
+        preflight.check_existing("compare", args.runs)
         return compare.main(args.runs)
     if args.target == "ledger":
         return campaigns.ledger_command(args)

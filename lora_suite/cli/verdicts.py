@@ -11,8 +11,26 @@ EXIT_NOT_JUDGED = 4  # a target judged nothing on a machine with a GPU, or --req
 REQUIRE_GPU_ENV = "LORA_SUITE_REQUIRE_GPU"
 
 
+EXIT_USAGE = 2
+# pytest's exit codes (and 6: a regression against the baseline) as the summary's words and the suite's exit code:
+# the summary names what happened, never a pytest exit code; pytest's usage error (4) is the suite's bad usage (2)
+PYTEST_OUTCOMES = {
+    0: ("PASS", 0),
+    1: ("FAIL", 1),
+    2: ("INTERRUPTED", 130),
+    3: ("ERROR (pytest crashed: see above)", 1),
+    4: ("USAGE ERROR (see above)", EXIT_USAGE),
+    5: ("FAIL (no tests collected)", 1),
+    6: ("FAIL (regression vs baseline)", 1),
+}
+
+
 def verdict_of(rc: int) -> str:
-    return {0: "PASS", 5: "FAIL (no tests collected)", 6: "FAIL (regression vs baseline)"}.get(rc, f"FAIL (exit {rc})")
+    return PYTEST_OUTCOMES.get(rc, (f"FAIL (the run ended with status {rc})", 1))[0]
+
+
+def exit_of(rc: int) -> int:
+    return PYTEST_OUTCOMES.get(rc, ("", 1))[1]
 
 
 def judged_verdict(run_dir: Path | None, rc: int, have_gpu: bool) -> tuple[str, int]:
@@ -20,13 +38,13 @@ def judged_verdict(run_dir: Path | None, rc: int, have_gpu: bool) -> tuple[str, 
     (``RunReport.verdict``): then NOT JUDGED (why), exit 4 on a machine with a GPU and 0 on one without (a CPU
     machine running the README's commands is not a failure; ``--require-gpu`` made it one before anything ran)."""
     if rc != 0 or run_dir is None:
-        return verdict_of(rc), rc
+        return verdict_of(rc), exit_of(rc)
     try:
         verdict = json.loads((run_dir / "report.json").read_text()).get("verdict") or {}
     except (OSError, ValueError):
         return "FAIL (no run report)", 1
     if verdict.get("result") != "NOT JUDGED":
-        return verdict_of(rc), rc
+        return verdict_of(rc), exit_of(rc)
     if not have_gpu:
         return "NOT JUDGED (no GPU)", 0
     return f"NOT JUDGED ({verdict.get('why', '')})", EXIT_NOT_JUDGED

@@ -2,7 +2,8 @@
 
 ``load_tier_config("configs/quick.yaml")`` returns a ``TierConfig``; the model section names a file
 ``configs/models/<name>.yaml`` holding the architecture. Every unknown key is an error that names the
-key and the file; nothing below this module sees a dict.
+key and the file; nothing below this module sees a dict. Each settings dataclass checks its own fields when built,
+from YAML or in Python (``Checked``; the rules are ``lora_suite.core.settings_rules.RULES``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from lora_suite.core.settings_rules import first_problem
 
 CONFIG_ENV = "LORA_SUITE_CONFIG_DIR"
 
@@ -28,7 +31,6 @@ def find_config_dir() -> Path:
 
 
 CONFIG_DIR = find_config_dir()
-WEIGHTS_MODES = ("auto", "pretrained", "random")
 IMPLEMENTATION_SPEC = re.compile(r"[A-Za-z_][\w.-]*(:[A-Za-z_]\w*)?")  # a name, or package.module:factory
 RENAMED = {  # old key -> new key, named in the error
     "backend": "implementation",
@@ -47,8 +49,27 @@ class ConfigError(ValueError):
     """A config file is malformed, has an unknown key, or a value out of range."""
 
 
+class SettingsError(ConfigError):
+    """A settings object built with a value its rules refuse (``lora_suite.core.settings_rules``): ``owner`` is the
+    class, ``key`` the field, ``detail`` the rest of the message ("1e+30 is out of range; expected ...")."""
+
+    def __init__(self, owner: str, key: str, detail: str):
+        super().__init__(f"{owner}.{key}: {detail}")
+        self.owner, self.key, self.detail = owner, key, detail
+
+
+class Checked:
+    """A frozen settings dataclass that checks its field types and its rules (``settings_rules.RULES``) when built,
+    by the YAML loader or in Python, and raises ``SettingsError`` naming the first wrong field."""
+
+    def __post_init__(self) -> None:
+        problem = first_problem(self)
+        if problem is not None:
+            raise SettingsError(type(self).__name__, *problem)
+
+
 @dataclass(frozen=True)
-class LlamaArchitecture:
+class LlamaArchitecture(Checked):
     hidden_size: int
     intermediate_size: int
     num_hidden_layers: int
@@ -66,7 +87,7 @@ class LlamaArchitecture:
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(Checked):
     name: str
     checkpoint: str  # the Hugging Face id of the real checkpoint (looked up in the local cache only)
     architecture: LlamaArchitecture
@@ -74,7 +95,7 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
-class LoRASettings:
+class LoRASettings(Checked):
     targets: tuple[str, ...] = ("q_proj", "v_proj")  # or ("all-linear",)
     r: int = 8
     alpha: float = 16
@@ -84,7 +105,7 @@ class LoRASettings:
 
 
 @dataclass(frozen=True)
-class DataSettings:
+class DataSettings(Checked):
     source: str = "embedded"  # embedded | jsonl
     path: str | None = None  # the Alpaca-format JSONL file when source is jsonl
     batch_size: int = 8
@@ -96,7 +117,7 @@ class DataSettings:
 
 
 @dataclass(frozen=True)
-class TrainSettings:
+class TrainSettings(Checked):
     steps: int = 10
     lr: float = 1e-3
     warmup_steps: int = 0
@@ -118,7 +139,7 @@ class TrainSettings:
 
 
 @dataclass(frozen=True)
-class Criteria:
+class Criteria(Checked):
     """Pass/fail thresholds; which apply depends on the tier. Each YAML value carries its provenance."""
 
     loss_drop_min: float | None = None  # (mean first window - mean last window) / mean first window
@@ -187,7 +208,7 @@ class Criteria:
 
 
 @dataclass(frozen=True)
-class FigureSpec:
+class FigureSpec(Checked):
     """A headline figure a tier declares (``suite.figures``) and records in its report (``RunReport.figure``): the
     nightly gate (``lora_suite.tools.compare``) judges a device-clocked one with its noise rule and lists a
     host-clocked one, never failing it."""
@@ -199,7 +220,7 @@ class FigureSpec:
 
 
 @dataclass(frozen=True)
-class SuiteEntry:
+class SuiteEntry(Checked):
     """A tier's entry in the tier registry (``lora_suite.core.registry``): how the command line and pytest find and
     run it. A YAML in configs/ with a ``suite:`` section is a tier; one without (multigpu_fsdp.yaml) is a config
     another tier reads."""
@@ -214,7 +235,7 @@ class SuiteEntry:
 
 
 @dataclass(frozen=True)
-class TierConfig:
+class TierConfig(Checked):
     tier: str
     model: ModelConfig
     weights: str = "auto"

@@ -42,24 +42,42 @@ class RegisteredTier:
 
 
 def registry(config_dir: Path | None = None, tiers_dir: Path | None = None) -> dict[str, RegisteredTier]:
-    """name -> tier, in ``order`` (then name). A tier whose test folder is missing is an error naming both."""
+    """name -> tier, in ``order`` (then name): the tiers whose YAML loads. A broken one is left out here and named by
+    ``broken_tiers`` (a broken tier YAML breaks that tier only: ``--help`` and the other tiers still work)."""
+    return scan(config_dir, tiers_dir)[0]
+
+
+def broken_tiers(config_dir: Path | None = None, tiers_dir: Path | None = None) -> dict[str, str]:
+    """name (the YAML's stem) -> the ConfigError of each tier YAML that does not load, or YAML that does not parse."""
+    return scan(config_dir, tiers_dir)[1]
+
+
+def scan(config_dir: Path | None = None, tiers_dir: Path | None = None):
+    """(tiers, broken): every YAML in ``config_dir`` with a ``suite:`` section, loaded, or its error. A tier whose
+    test folder is missing, or whose ``tier:`` is not its file's name, is broken with an error naming both."""
     config_dir = Path(config_dir or CONFIG_DIR)
     tiers_dir = Path(tiers_dir or find_tiers_dir())
-    found = []
+    found, broken = [], {}
     for path in sorted(config_dir.glob("*.yaml")):
-        raw = read_yaml(path)
-        if not isinstance(raw, dict) or "suite" not in raw:
-            continue
-        cfg = load_tier_config(path, config_dir)
-        entry = cfg.suite
-        tests_dir = tiers_dir / (entry.tests or cfg.tier)
-        if not tests_dir.is_dir():
-            raise ConfigError(
-                f"{path}.suite.tests: the tier {cfg.tier!r} runs the tests in {tests_dir}, which is not a folder; "
-                "a tier is its YAML plus one test folder under tiers/"
-            )
-        if cfg.tier != path.stem:
-            raise ConfigError(f"{path}.tier: {cfg.tier!r}; a tier's YAML is named for it: expected {path.stem!r}")
-        found.append(RegisteredTier(cfg.tier, entry, path, tests_dir))
+        try:
+            raw = read_yaml(path)
+            if not isinstance(raw, dict) or "suite" not in raw:
+                continue
+            found.append(_load(path, config_dir, tiers_dir))
+        except ConfigError as exc:
+            broken[path.stem] = str(exc)
     found.sort(key=lambda t: (t.entry.order, t.name))
-    return {t.name: t for t in found}
+    return {t.name: t for t in found}, broken
+
+
+def _load(path: Path, config_dir: Path, tiers_dir: Path) -> RegisteredTier:
+    cfg = load_tier_config(path, config_dir)
+    tests_dir = tiers_dir / (cfg.suite.tests or cfg.tier)
+    if not tests_dir.is_dir():
+        raise ConfigError(
+            f"{path}.suite.tests: the tier {cfg.tier!r} runs the tests in {tests_dir}, which is not a folder; "
+            "a tier is its YAML plus one test folder under tiers/"
+        )
+    if cfg.tier != path.stem:
+        raise ConfigError(f"{path}.tier: {cfg.tier!r}; a tier's YAML is named for it: expected {path.stem!r}")
+    return RegisteredTier(cfg.tier, cfg.suite, path, tests_dir)

@@ -38,4 +38,13 @@ def read_yaml(path: Path):
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506  (a SafeLoader subclass)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: malformed YAML: {exc}") from exc
+        raise ConfigError(f"{path}: malformed YAML: {_one_line(exc)}") from None
+
+
+def _one_line(exc: yaml.YAMLError) -> str:
+    """PyYAML's error as one line: where (line and column, 1-based) and what, without its quoted source lines."""
+    mark = getattr(exc, "problem_mark", None)
+    what = " ".join(str(x) for x in (getattr(exc, "context", None), getattr(exc, "problem", None)) if x)
+    if mark is None or not what:
+        return " ".join(str(exc).split())
+    return f"line {mark.line + 1}, column {mark.column + 1}: {what}"

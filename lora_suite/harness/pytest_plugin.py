@@ -76,8 +76,7 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers",
         "needs_feature(name): needs a feature of the LoRA implementation under test "
-        "(lora_suite.implementations.FEATURES); not applicable where it declares it "
-        "unavailable",
+        "(lora_suite.implementations.FEATURES); not applicable where it declares it unavailable",
     )
     config.addinivalue_line("markers", worker_groups.DESCRIPTION)
     for tier in _tiers().values():  # the tier registry's markers: a new tier needs no edit of any Python or ini
@@ -98,8 +97,9 @@ def pytest_configure(config):
             start = time.perf_counter()
             impl.preload()
             _RUN["preload_s"] = time.perf_counter() - start
-    except ImplementationError as exc:
-        raise pytest.UsageError(f"--lora-impl {spec}: {exc}") from None
+    except Exception as exc:  # an ImplementationError, or what the user's preload raised: a usage error, one line
+        why = exc if isinstance(exc, ImplementationError) else repr(exc)
+        raise pytest.UsageError(f"--lora-impl {spec}: {why}") from None
     config.stash[_IMPL_KEY] = impl
     report.implementation = implementation_record(impl, spec)
     if config.getoption("report_dir"):

@@ -8,6 +8,7 @@ import importlib.metadata
 import importlib.util
 import re
 
+from lora_suite.core.implementation_names import BUILTINS, BUNDLED, entry_point_names
 from lora_suite.implementations.contract import (
     DEFAULT,
     ENTRY_POINT_GROUP,
@@ -33,24 +34,6 @@ def _builtin(name: str) -> LoRAImplementation | None:
             ) from None
         return PeftImplementation()
     return None
-
-
-BUILTINS = ("cupy", "cupy-fused", "torch", "peft")
-# Peers bundled with the suite (lora_suite/peers): the same specs as pyproject's entry points, so that a source
-# checkout on PYTHONPATH (a GPU runner may run the suite uninstalled) finds them by name too.
-BUNDLED = {
-    "loralib": "lora_suite.implementations.loralib_impl:LoralibImplementation",
-    "torchtune": "lora_suite.implementations.torchtune_impl:TorchtuneImplementation",
-    "peft-bnb": "lora_suite.implementations.peft_bnb_impl:PeftBnbImplementation",
-    "axolotl": "lora_suite.implementations.fused_peers:AxolotlImplementation",
-    "peft-liger": "lora_suite.implementations.fused_peers:PeftLigerImplementation",
-    "unsloth": "lora_suite.implementations.unsloth_impl:UnslothImplementation",
-}
-
-
-def entry_point_names() -> list[str]:
-    """Names of the entry points of ``ENTRY_POINT_GROUP`` and of the bundled peers."""
-    return sorted({ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)} | set(BUNDLED))
 
 
 def installed_names() -> list[str]:
@@ -84,10 +67,10 @@ def resolve_implementation(spec: str | None) -> LoRAImplementation:
             )
         try:
             factory = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
+        except Exception as exc:  # the user's module: whatever it raises at import is named in one line, with where
             raise ImplementationError(
                 f"LoRA implementation {spec!r}: cannot load {attr!r} from module "
-                f"{module_name!r} ({type(exc).__name__}: {exc})"
+                f"{module_name!r} ({type(exc).__name__}: {exc}{raised_at(exc)})"
             ) from None
         impl = _call_factory(factory, spec)
     elif impl is None:
@@ -99,9 +82,23 @@ def resolve_implementation(spec: str | None) -> LoRAImplementation:
                 f"LoRA implementation {spec!r} is not known: built-ins {list(BUILTINS)}, entry points of "
                 f"{ENTRY_POINT_GROUP!r} {sorted(eps)}, or give 'package.module:factory'"
             )
-        factory = eps[spec].load()
+        try:
+            factory = eps[spec].load()
+        except Exception as exc:
+            raise ImplementationError(
+                f"LoRA implementation {spec!r}: its entry point {eps[spec].value!r} does not load "
+                f"({type(exc).__name__}: {exc}{raised_at(exc)})"
+            ) from None
         impl = _call_factory(factory, spec)
     return check_contract(impl, spec)
+
+
+def raised_at(exc: BaseException) -> str:
+    """``, raised at FILE:LINE``: the innermost frame of the exception's traceback (the user's line), or ""."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return "" if tb is None else f", raised at {tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
 
 
 def require_module(impl: str, module: str):

@@ -257,7 +257,7 @@ CLI_CASES = [
     (["scorecard", "--lora-impl", "a b"], "--lora-impl must be names separated by commas, got 'a b'"),
     (["scorecard", "--gpus", "2"], "unknown option '--gpus'"),
     (["history", "--html", "page.md"], "--html needs a path ending in .html, got 'page.md'"),
-    (["history", "/nonexistent/reports"], "report directory /nonexistent/reports does not exist"),
+    (["history", "/nonexistent/reports"], "history: /nonexistent/reports does not exist (a run folder)"),
     (["history", "--since", "yesterday"], "unknown option '--since'"),
     (["history", "--html", "/proc/nowhere/h.html"], "history: cannot write /proc/nowhere/h.html"),  # issue 28
     (["selftest", "--report-dir", "out"], "selftest (the CPU tests) writes no run report"),  # issue 28: ignored
@@ -496,8 +496,8 @@ def _run_dir(root: Path, name: str, report: dict | str | None) -> Path:
 
 
 REPORT_DIR_CASES = [
-    ("compare: baseline missing", "missing", "ok", "nothing to compare"),
-    ("compare: run missing", "ok", "missing", "nothing to compare"),
+    ("compare: baseline missing", "missing", "ok", "absent-base does not exist (a run folder)"),  # issue 44
+    ("compare: run missing", "ok", "missing", "absent-run does not exist (a run folder)"),
     ("compare: both empty", "empty", "empty", "nothing to compare"),
     ("compare: report not JSON", "broken", "ok", "report.json"),
     ("compare: two implementations", "peft", "ok", "only compares with runs of the same one"),

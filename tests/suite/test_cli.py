@@ -181,8 +181,9 @@ def test_require_gpu_makes_a_machine_without_one_a_failure_that_names_it(tmp_pat
             ("NOT JUDGED (no GPU)", 0),
         ),
         ({"result": "PASS", "why": "3 check(s) and 1 test(s) passed"}, 0, True, ("PASS", 0)),
-        ({"result": "FAIL", "why": "1 check(s) failed"}, 1, True, ("FAIL (exit 1)", 1)),
-        ({"result": "NOT JUDGED", "why": "x"}, 6, True, ("FAIL (regression vs baseline)", 6)),
+        ({"result": "FAIL", "why": "1 check(s) failed"}, 1, True, ("FAIL", 1)),
+        ({"result": "FAIL", "why": "x"}, 4, True, ("USAGE ERROR (see above)", 2)),  # pytest usage error
+        ({"result": "NOT JUDGED", "why": "x"}, 6, True, ("FAIL (regression vs baseline)", 1)),
     ],
 )
 def test_the_summary_verdict_and_exit_code_follow_the_run_reports_verdict(tmp_path, verdict, rc, have_gpu, want):

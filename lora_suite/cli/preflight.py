@@ -1,0 +1,114 @@
+"""The user's mistakes, answered before anything runs: a broken tier YAML, an implementation that cannot be found,
+an option the target does not take, a path that is not there. Each is a ``UsageError`` (one line naming the file,
+key or option and what would be valid; exit 2), raised before pytest starts, so that no mistake ends in a traceback,
+a pytest ``INTERNALERROR`` or an empty run folder.
+
+What is checked here without importing the implementation (the command line imports no torch): a
+``package.module:factory`` whose module cannot be found, and a bare name that is neither built in, bundled nor an
+entry point. A module that is found but raises when imported is named by the plugin (``lookup.resolve_implementation``)
+as a pytest usage error, which the run's summary reads as USAGE ERROR with exit 2.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import sys
+from pathlib import Path
+
+from lora_suite.cli.usage import UsageError
+from lora_suite.core.implementation_names import known_names
+
+# The same grammar as implementations/lookup.py: a dotted module path (no dashes), a colon, a Python name; or a name
+MODULE_SPEC = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
+NAME_SPEC = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+GPUS_TARGETS = ("multigpu", "all")  # the targets that start torchrun jobs
+
+
+def check_broken(target: str, broken: dict[str, str], tiers: dict) -> None:
+    """A target whose tier YAML does not load is refused with that YAML's error; ``all`` names every broken tier."""
+    if target in broken:
+        raise UsageError(f"tier {target!r} is broken: {broken[target]}")
+    if target == "all" and broken:
+        names = ", ".join(sorted(broken))
+        raise UsageError(
+            f"'all' includes broken tier(s) {names}: {next(iter(broken.values()))} "
+            f"(fix the YAML, or run the other tiers by name: {', '.join(tiers)})"
+        )
+
+
+def check_implementation(spec: str | None) -> None:
+    """``--lora-impl``: a module that cannot be found or a name nobody registered, refused before pytest starts."""
+    if spec is None:
+        return
+    if ":" in spec:
+        if not MODULE_SPEC.fullmatch(spec):
+            raise UsageError(
+                f"--lora-impl {spec!r}: expected package.module:factory (a dotted module path of Python names, "
+                "no dashes, a colon, a Python name)"
+            )
+        module = spec.partition(":")[0]
+        sys.path.insert(0, os.getcwd())  # the runs start `python -m pytest` here: this directory is on their path
+        try:
+            found = importlib.util.find_spec(module)
+        except Exception as exc:  # a parent package that is missing, or raises when imported
+            why = f"{type(exc).__name__}: {exc}"
+            raise UsageError(f"--lora-impl {spec!r}: module {module!r} cannot be found ({why})") from None
+        finally:
+            sys.path.remove(os.getcwd())
+        if found is None:
+            raise UsageError(
+                f"--lora-impl {spec!r}: no module named {module!r} on the Python path (PYTHONPATH, the current "
+                "directory or an installed package)"
+            )
+        return
+    known = known_names()
+    if not NAME_SPEC.fullmatch(spec) or spec not in known:
+        raise UsageError(
+            f"--lora-impl {spec!r} is not known: expected one of {', '.join(known)}, or package.module:factory"
+        )
+
+
+def check_run_options(args, target: str, tiers: dict) -> None:
+    """The run options against the target and the machine."""
+    if getattr(args, "strict_vram", False) and not args.check_vram:
+        raise UsageError("--strict-vram only makes sense with --check-vram")
+    if args.backend:
+        raise UsageError("--backend was replaced by --lora-impl (cupy, torch, peft or package.module:factory)")
+    if args.baseline and args.baseline != "auto" and not Path(args.baseline).is_dir():
+        raise UsageError(f"--baseline {args.baseline}: not a directory (a run folder, or auto)")
+    if target == "selftest" and args.report_dir:  # issue 28: it was accepted, and the folder stayed empty
+        raise UsageError("--report-dir: selftest (the CPU tests) writes no run report; it is for the GPU targets")
+    if getattr(args, "gpus", None) is not None and target not in GPUS_TARGETS:
+        raise UsageError(f"--gpus applies to {' and '.join(GPUS_TARGETS)} (torchrun jobs), not to {target!r}")
+    workers = getattr(args, "workers", None)
+    cores = os.cpu_count() or 1
+    if workers not in (None, "auto") and int(workers) > cores:
+        raise UsageError(f"--workers {workers}: this machine has {cores} CPU core(s); expected 1 to {cores}, or auto")
+    check_ledger_option(args)
+    if args.report_dir:
+        check_report_dir(args.report_dir)
+    check_implementation(getattr(args, "lora_impl", None))
+
+
+def check_ledger_option(args) -> None:
+    if getattr(args, "ledger", None) and not getattr(args, "record", False):
+        raise UsageError(f"--ledger {args.ledger}: names the ledger --record appends to; add --record (or drop it)")
+
+
+def check_report_dir(path: str) -> None:
+    """A report folder may be created, but not a whole missing path: a typo would otherwise create it from /."""
+    target = Path(path).resolve()
+    if not target.is_dir() and not target.parent.is_dir():
+        raise UsageError(
+            f"--report-dir {path}: its parent {target.parent} does not exist (expected an existing folder, or a new "
+            "folder inside one: create the path first with mkdir -p)"
+        )
+
+
+def check_existing(what: str, paths: list[str], *, kind: str = "run folder") -> None:
+    """Paths a command reads: each must exist, and the error names every one that does not."""
+    missing = [str(p) for p in paths if not Path(p).exists()]
+    if missing:
+        raise UsageError(f"{what}: {', '.join(missing)} {'does' if len(missing) == 1 else 'do'} not exist (a {kind})")
