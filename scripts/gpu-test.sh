@@ -23,12 +23,13 @@ cd "$ROOT"
 # The check finds the packages without importing them (importing torch, transformers, CuPy and PEFT here took
 # ~6 s of a 46 s quick tier on a fresh machine, reports/20261122T104642Z-quick); a package that is present but
 # broken fails at import in pytest, which names it.
-NEEDED="torch transformers yaml pynvml pytest pytest_benchmark safetensors matplotlib"
+NEEDED="torch transformers yaml pynvml pytest pytest_benchmark safetensors matplotlib sqlalchemy plotly"
 NVIDIA=0
 if [[ "${GPU_TEST_ASSUME_GPU:-}" == 1 ]] || { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }; then
   NVIDIA=1; NEEDED="$NEEDED cupy nvmath peft"
 fi
-[[ "${1:-}" == selftest ]] && NEEDED="$NEEDED jsonschema ruff cosmic_ray"  # the CPU tests validate reports; lint; test the mutation operators
+# the CPU tests validate reports; lint; test the mutation operators, the PostgreSQL store and the history page
+[[ "${1:-}" == selftest ]] && NEEDED="$NEEDED jsonschema ruff cosmic_ray psycopg playwright"
 pick_python() {
   local cand has_all="import importlib.util, sys; sys.exit(0 if all(importlib.util.find_spec(m) for m in '$NEEDED'.split()) else 1)"
   for cand in "${PYTHON:-}" "$ROOT/.venv/bin/python" python3; do
@@ -41,7 +42,7 @@ torch_cuda_major() {  # of the torch installed in .venv ("" for a CPU build); GP
   printf '%s' "${v%%.*}"
 }
 bootstrap() {
-  local dry="${GPU_TEST_BOOTSTRAP_DRY_RUN:-0}" major extras=".[peft,test,mutate,loralib,torchtune,peft-bnb]"
+  local dry="${GPU_TEST_BOOTSTRAP_DRY_RUN:-0}" major extras=".[peft,test,mutate,loralib,torchtune,peft-bnb,postgres]"
   run_step() { if [[ "$dry" == 1 ]]; then say "would run: $*"; else "$@"; fi; }
   step() { say "${YELLOW}[set-up $(( SECONDS - T_SETUP ))s] $*${RESET}"; }  # a line per step: pip itself runs quiet
   T_SETUP=$SECONDS
@@ -52,7 +53,7 @@ bootstrap() {
   if [[ $NVIDIA -eq 1 ]]; then
     major="$(torch_cuda_major)"
     case "$major" in
-      12|13) extras=".[peft,test,mutate,loralib,torchtune,peft-bnb,cuda$major]" ;;
+      12|13) extras=".[peft,test,mutate,loralib,torchtune,peft-bnb,postgres,cuda$major]" ;;
       "") say "${YELLOW}An NVIDIA GPU is present but the installed torch is a CPU build: no CuPy (the GPU tiers will skip).${RESET}" ;;
       *) say "${RED}torch is built for CUDA $major; CuPy wheels exist for CUDA 12 and 13 only.${RESET}"; return 1 ;;
     esac

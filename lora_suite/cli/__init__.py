@@ -40,7 +40,8 @@ EPILOG = """run options (tiers, all, bench, selftest-gpu; `lora-suite TARGET --h
   --report-dir DIR               runs go to DIR/<run-id>/ (default reports/, ignored by git: CI keeps them as artifacts)
   --lora-impl NAME|MODULE:FACTORY   the implementation under test (default cupy)
   --weights auto|pretrained|random  --gpus N  --workers N|auto  --baseline DIR|auto  -v/--verbose
-  --record [--ledger FILE]       append each run's judged figures to the ledger (default reports/ledger.jsonl)
+  --record [--ledger STORE]      append each run's judged figures to the results store (default reports/results.sqlite,
+                                 or $LORA_SUITE_STORE: a team's PostgreSQL URL)
   --require-gpu                  no CUDA GPU is a failure (exit 4), not a run whose GPU tests skip (also
                                  LORA_SUITE_REQUIRE_GPU=1: for CI runners that must have one)
 
@@ -106,7 +107,10 @@ def _run_options(p: argparse.ArgumentParser, tier: bool = True) -> None:
         help="compare each target's run with DIR/<target> (auto: reports/baselines/<GPU>); a regression fails it",
     )
     g.add_argument("--record", action="store_true", help="append each finished run's judged figures to the ledger")
-    g.add_argument("--ledger", help="the ledger --record appends to (default: reports/ledger.jsonl)")
+    g.add_argument(
+        "--ledger",
+        help="the store (URL or .sqlite) or .jsonl file --record appends to (default: $LORA_SUITE_STORE, else reports/results.sqlite)",
+    )
     g.add_argument(
         "--require-gpu",
         action="store_true",
@@ -176,7 +180,10 @@ def build_parser() -> Parser:
     s.add_argument("--jobs", type=_positive_int("--jobs"), default=1, help="implementations run at once (lanes)")
     s.add_argument("--no-bench", action="store_true", help="the tiers only, no training benchmark")
     s.add_argument("--record", action="store_true", help="append every run's figures to the ledger")
-    s.add_argument("--ledger", help="the ledger --record appends to (default: reports/ledger.jsonl)")
+    s.add_argument(
+        "--ledger",
+        help="the store (URL or .sqlite) or .jsonl file --record appends to (default: $LORA_SUITE_STORE, else reports/results.sqlite)",
+    )
     r = sub.add_parser("render-scorecard", help=TOOLS["render-scorecard"])
     r.add_argument("out", help="folder for scorecard.md / .html / .json")
     r.add_argument("dirs", nargs="*", help="run folders to read (report.json under them)")
@@ -184,7 +191,9 @@ def build_parser() -> Parser:
     r.add_argument("--group", help="only the ledger's runs of this group (a campaign folder's name)")
     h = sub.add_parser("history", help=TOOLS["history"])
     h.add_argument("dirs", nargs="*", help="run folders to read besides the ledger")
-    h.add_argument("--ledger", help="the ledger (default: reports/ledger.jsonl)")
+    h.add_argument(
+        "--ledger", help="the store or ledger file to read (default: the store, then reports/ledger.jsonl.gz)"
+    )
     h.add_argument("--no-ledger", action="store_true", help="run folders only")
     h.add_argument("--html", help="the page to write (default: reports/history/history.html)")
     c = sub.add_parser("compare", help=TOOLS["compare"])
@@ -194,12 +203,18 @@ def build_parser() -> Parser:
     lsub = lg.add_subparsers(dest="action", metavar="ACTION", parser_class=Parser, required=True)
     rec = lsub.add_parser("record", help="append the judged figures of run folders (report.json) to the ledger")
     rec.add_argument("runs", nargs="+", help="run folders, or folders holding them")
-    rec.add_argument("--ledger", help="default: reports/ledger.jsonl")
+    rec.add_argument("--ledger", help="a store URL or file (default: $LORA_SUITE_STORE, else reports/results.sqlite)")
     rec.add_argument("--group", help="the group the runs belong to (default: the folder holding each run)")
     show = lsub.add_parser("show", help="print the ledger's rows, filtered")
-    show.add_argument("--ledger", help="default: reports/ledger.jsonl")
+    show.add_argument("--ledger", help="default: the store, then the published reports/ledger.jsonl.gz")
     show.add_argument("--run", help="only this run id (a prefix is enough)")
     show.add_argument("--check", help="only checks whose name contains this text")
+    for action, what in (("import", "copy a ledger file's rows into the store"), ("export", "copy rows into a file")):
+        x = lsub.add_parser(action, help=f"{what} (runs it holds already are skipped)")
+        x.add_argument("file", help="a JSON-lines ledger (or another store's URL)")
+        x.add_argument("--ledger", help="the store (default: $LORA_SUITE_STORE, else reports/results.sqlite)")
+        x.add_argument("--run", help="only this run id (a prefix is enough)")
+        x.add_argument("--group", help="only the runs of this group")
     return p
 
 

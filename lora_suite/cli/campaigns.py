@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 
 from lora_suite.cli import preflight
-from lora_suite.cli.targets import default_ledger, default_reports, python
+from lora_suite.cli.targets import default_ledger, default_reports, ledger_sources, python
 from lora_suite.cli.usage import UsageError
 from lora_suite.tools import history as history_tool
-from lora_suite.tools import ledger
+from lora_suite.tools import ledger, store
 from lora_suite.tools import scorecard as scorecard_tool
 
 SCORECARD_TIERS = ("quick", "convergence", "memory")
@@ -101,7 +101,7 @@ def render_scorecard(args) -> int:
     try:
         rows = ledger.rows_of_runs([Path(d) for d in args.dirs]) if args.dirs else []
         if args.group or args.ledger:
-            rows += ledger.select(ledger.read(Path(args.ledger) if args.ledger else default_ledger()), group=args.group)
+            rows += ledger.select(read_sources(ledger_sources(args.ledger)), group=args.group)
         losses = scorecard_tool.loss_curves([Path(d) for d in args.dirs]) if args.dirs else {}
     except ledger.LedgerError as exc:
         print(f"scorecard: {exc}", file=sys.stderr)
@@ -113,6 +113,16 @@ def render_scorecard(args) -> int:
     scorecard_tool.write(Path(args.out), card)
     print(f"scorecard: {len(card.matrix)} implementation(s); {Path(args.out) / 'scorecard.md'}")
     return 0
+
+
+def read_sources(locations: list) -> list[dict]:
+    """The rows of several ledgers and stores, each run once (the first location that holds it wins)."""
+    rows, seen = [], set()
+    for location in locations:
+        new = [r for r in ledger.read(location) if ledger.run_key(r) not in seen]
+        seen |= {ledger.run_key(r) for r in new}
+        rows += new
+    return rows
 
 
 def _dedupe(rows: list[dict]) -> list[dict]:
@@ -137,7 +147,7 @@ def history(args) -> int:
         dirs = ledger.run_folders([Path(d) for d in args.dirs]) if args.dirs else []
         rows = ledger.rows_of_runs(dirs) if dirs else []
         if not args.no_ledger:
-            rows += ledger.read(Path(args.ledger) if args.ledger else default_ledger())
+            rows += read_sources(ledger_sources(args.ledger))
         if not rows:
             raise ledger.LedgerError("nothing to draw: the ledger is empty and no run folder was given")
         groups = history_tool.collect_rows(_dedupe(rows), {d.name: d for d in dirs})
@@ -154,19 +164,30 @@ def history(args) -> int:
 
 
 def ledger_command(args) -> int:
-    path = Path(args.ledger) if args.ledger else default_ledger()
+    path = args.ledger or default_ledger()
+    if args.action == "import":  # FILE into the store
+        preflight.check_existing("ledger import", [args.file], kind="ledger file or store")
+    if args.action == "export":  # the store's rows into FILE
+        preflight.check_existing("ledger export --ledger", [path], kind="ledger file or store")
     if args.action == "show" and args.ledger:
         preflight.check_existing("ledger show --ledger", [args.ledger], kind="ledger file")
     if args.action == "record":
         preflight.check_existing("ledger record", args.runs)
+    name = store.redacted(path)
     try:
         if args.action == "record":
             added = ledger.record(path, [Path(r) for r in args.runs], args.group)
-            print(f"ledger: {added} row(s) appended to {path}" + ("" if added else " (those runs are in it already)"))
+            print(f"ledger: {added} row(s) appended to {name}" + ("" if added else " (those runs are in it already)"))
             return 0
-        rows = ledger.select(ledger.read(path), run=args.run, check=args.check)
+        if args.action in ("import", "export"):
+            src, dst = (args.file, path) if args.action == "import" else (path, args.file)
+            rows = ledger.select(ledger.read(src), run=args.run, group=args.group)
+            added = ledger.append(dst, rows)
+            print(f"ledger: {added} of {len(rows)} row(s) copied from {store.redacted(src)} to {store.redacted(dst)}")
+            return 0
+        rows = ledger.select(read_sources(ledger_sources(args.ledger)), run=args.run, check=args.check)
     except ledger.LedgerError as exc:
         print(f"ledger: {exc}", file=sys.stderr)
         return 2
-    print(ledger.format_rows(rows) if rows else f"ledger: no row of {path} matches")
+    print(ledger.format_rows(rows) if rows else f"ledger: no row of {name} matches")
     return 0

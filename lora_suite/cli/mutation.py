@@ -56,7 +56,10 @@ def add_parser(sub, help_text: str) -> None:
     )
     m.add_argument("--report-dir", help="the run goes to DIR/<stamp>-mutate-<impl>/ (default: reports/)")
     m.add_argument("--record", action="store_true", help="append the run's figures to the ledger")
-    m.add_argument("--ledger", help="the ledger --record appends to (default: reports/ledger.jsonl)")
+    m.add_argument(
+        "--ledger",
+        help="the store or .jsonl file --record appends to (default: $LORA_SUITE_STORE, else reports/results.sqlite)",
+    )
 
 
 def tests_dir() -> Path:
@@ -272,5 +275,5 @@ def _run(spec, plan_targets, names, tests, workers, min_score, report_root: Path
         f">= {min_score}): {'PASS' if check.passed else 'FAIL'}; wall time {run.wall_s:.0f} s; report {md}"
     )
     if args.record:
-        print(targets._record(Path(args.ledger) if args.ledger else targets.default_ledger(), run_dir))
+        print(targets._record(args.ledger or targets.default_ledger(), run_dir))
     return 0 if check.passed else 1

@@ -109,6 +109,6 @@ def check_report_dir(path: str) -> None:
 
 def check_existing(what: str, paths: list[str], *, kind: str = "run folder") -> None:
     """Paths a command reads: each must exist, and the error names every one that does not."""
-    missing = [str(p) for p in paths if not Path(p).exists()]
+    missing = [str(p) for p in paths if "://" not in str(p) and not Path(p).exists()]  # a store URL: opened later
     if missing:
         raise UsageError(f"{what}: {', '.join(missing)} {'does' if len(missing) == 1 else 'do'} not exist (a {kind})")

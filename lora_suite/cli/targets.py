@@ -30,8 +30,15 @@ def default_reports() -> Path:
     return (checkout_root() or Path.cwd()) / "reports"
 
 
-def default_ledger() -> Path:
-    return default_reports() / "ledger.jsonl"
+def default_ledger() -> str | Path:
+    """Where runs are recorded: ``$LORA_SUITE_STORE`` (a team's server URL), else the embedded store in reports/."""
+    return os.environ.get("LORA_SUITE_STORE") or default_reports() / "results.sqlite"
+
+
+def ledger_sources(explicit: str | None) -> list[str | Path]:
+    """What is read when no ledger is named: the store, then the published ledger (the rows the docs cite)."""
+    published = default_reports() / "ledger.jsonl.gz"
+    return [explicit] if explicit else [default_ledger(), *([published] if published.is_file() else [])]
 
 
 def python() -> str:
@@ -92,16 +99,9 @@ def autoload_plugins(target: str) -> bool:
     return target == "selftest" or os.environ.get(AUTOLOAD_ENV) == "1"
 
 
-# Tiers whose tests are many and short: quick over 6 workers took 31-33 s a run on an H100, one process 37-43 s,
-# 4 workers 38-40 s (interleaved runs, reports/README.md, issue 34). As the first command on a fresh H100 the tier
-# took 28.6 and 32.4 s over 8 workers, 30.3 and 36.7 s over 6 (four machines: the spread between fresh machines is
-# as large as the difference), and warm, back to back, 24.3 s over 8 against 24.8 over 6 (ledger groups
-# `issue34-quick-workers-8`, `issue34-quick-fresh-default-8`). Each worker peaks near 4 GiB of GPU memory (quick's
-# VRAM estimate: 3.83 GiB), so a GPU with less memory gets fewer (total GiB // 4 - 1); each is a whole Python process
-# importing torch, so a host gets at most one per two CPU cores (the GPU runner's 16 give 8). With the bytecode cache
-# (cli/bytecode.py) and the model-building tests on 3 of the 8 (harness/worker_groups.py): 23.4-28.9 s fresh,
-# 20.3-21.4 s warm (groups `issue34-item4-model-groups-f3ebf49`, `issue34-item4-bytecode-setup-9458c3e`); with a
-# controlling process that imports no torch: 25.8-26.1 s fresh, 18.9-20.7 s warm (`issue34-item4-controller-*`).
+# Tiers whose tests are many and short run over workers by default (issue 34; docs/running.md and ledger groups
+# `issue34-quick-workers-8`, `issue34-item4-controller-42d1e12` hold the measurements). Each worker peaks near 4 GiB of
+# GPU memory and imports torch, so a GPU gets at most total GiB // 4 - 1 and a host one per two CPU cores.
 DEFAULT_WORKERS = {"quick": 8}
 WORKER_GIB = 4
 
@@ -301,7 +301,7 @@ def _run(names, args, extra, tiers, report_root: Path, have_gpu: bool) -> int:
                 crc = compare.main([str(base), str(run_dir)])
                 rc = 6 if crc == 1 else (2 if crc == 2 and rc == 0 else rc)
         if args.record and run_dir and not interrupted and (run_dir / "report.json").is_file():
-            print(_record(Path(args.ledger) if args.ledger else default_ledger(), run_dir))
+            print(_record(args.ledger or default_ledger(), run_dir))
         verdict, rc = judged_verdict(run_dir, rc, have_gpu)  # nothing judged is never PASS
         if interrupted:
             verdict = "TERMINATED" if terminated else "INTERRUPTED"
@@ -338,8 +338,10 @@ def _record(path: Path, run_dir: Path) -> str:
     report = json.loads((run_dir / "report.json").read_text())
     if not (report.get("environment") or {}).get("gpu_name"):
         return f"ledger: {run_dir.name} not recorded: it saw no GPU (its GPU tests skipped; nothing was judged on one)"
+    from lora_suite.tools.store import redacted
+
     added = ledger.record(path, [run_dir], group=run_dir.parent.name)
-    return f"ledger: {added} row(s) of {run_dir.name} appended to {path}"
+    return f"ledger: {added} row(s) of {run_dir.name} appended to {redacted(path)}"
 
 
 def _child_env(target: str = "selftest") -> dict[str, str]:

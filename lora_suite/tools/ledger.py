@@ -26,8 +26,10 @@ GPU runners on one checkout) lose nothing and append a run once.
 from __future__ import annotations
 
 import datetime as dt
+import gzip
 import json
 import math
+import os
 import re
 from pathlib import Path
 
@@ -234,6 +236,8 @@ def rows_of_runs(paths: list[Path], group: str | None = None) -> list[dict]:
 RUN_FIELDS = ("time", "commit", "gpu", "driver", "cuda", "torch", "tier")  # the same on every row of one run
 KEY_FIELDS = ("run_id", "group", "implementation")
 DEFAULTS = {"op": "", "threshold": None, "unit": "", "source": "", "detail": "", "value": None}
+_ALL, _KEYS, _NEEDED = frozenset(FIELDS), frozenset(KEY_FIELDS), frozenset(("kind", "check", "verdict"))
+_SHORT = _ALL - frozenset(RUN_FIELDS)  # the keys a short row may have
 
 
 def read(path: Path) -> list[dict]:
@@ -243,29 +247,31 @@ def read(path: Path) -> list[dict]:
     (``KEY_FIELDS``), its own fields, and none of ``RUN_FIELDS`` (taken from the run row) nor the empty defaults
     (``DEFAULTS``). ``append`` writes the short form; the file stays one JSON object a line.
     """
+    if "://" not in str(path) and not Path(path).exists():
+        return []  # nothing recorded yet: reading creates no store
+    if _store(path):
+        return _store(path).read()
     path = Path(path)
-    if not path.exists():
-        return []
-    rows, heads = [], {}
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    rows, heads, decode = [], {}, json.JSONDecoder().decode
+    for n, line in enumerate(read_text(path).splitlines(), 1):
         if not line.strip():
             continue
         try:
-            r = json.loads(line)
+            r = decode(line)
         except json.JSONDecodeError as exc:
             raise LedgerError(f"{path}:{n}: not JSON ({exc})") from None
-        if isinstance(r, dict) and set(r) != set(FIELDS) and r.get("kind") != "run":
-            head = heads.get(tuple(r.get(k) for k in KEY_FIELDS)) if set(KEY_FIELDS) <= set(r) else None
-            if head is not None and set(r) <= set(FIELDS) - set(RUN_FIELDS) and {"kind", "check", "verdict"} <= set(r):
-                r = {**{k: head[k] for k in RUN_FIELDS}, **DEFAULTS, **r}
-        if not isinstance(r, dict) or set(r) != set(FIELDS) or r["kind"] not in KINDS:
+        if isinstance(r, dict) and r.keys() != _ALL and r.get("kind") != "run":
+            head = heads.get(tuple(r.get(k) for k in KEY_FIELDS)) if _KEYS <= r.keys() else None
+            if head is not None and r.keys() <= _SHORT and _NEEDED <= r.keys():
+                r = {**head, **DEFAULTS, **r}  # the run row's fields, the defaults, then the row's own
+        if not isinstance(r, dict) or r.keys() != _ALL or r["kind"] not in KINDS:
             raise LedgerError(
                 f"{path}:{n}: not a ledger row (expected the keys {list(FIELDS)}, or a short row after its run's "
                 f"run row; kind one of {KINDS})"
             )
         if r["kind"] == "run":
             heads[run_key(r)] = r
-        rows.append({k: r[k] for k in FIELDS})
+        rows.append(r)
     return rows
 
 
@@ -293,6 +299,8 @@ def run_key(r: dict) -> tuple[str, str, str]:
 def append(path: Path, rows: list[dict]) -> int:
     """Append the rows of runs not yet in the ledger (by run id, group and implementation: the lanes of a scorecard
     start together and their runs can share a run id); returns how many rows were added."""
+    if _store(path):
+        return _store(path).append(rows)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT_S)
@@ -303,16 +311,37 @@ def append(path: Path, rows: list[dict]) -> int:
             new = [r for r in rows if run_key(r) not in have]
             if not new:
                 return 0
-            text = path.read_text() if path.exists() else ""
+            text = read_text(path) if path.exists() else ""
             if text and not text.endswith("\n"):
                 text += "\n"
             text += encode(new, {run_key(r): r for r in old if r["kind"] == "run"})
-            atomic_write_text(path, text)
+            write_text(path, text)
             return len(new)
     except Timeout:
         raise LedgerError(
             f"{path}: another writer has held {lock.lock_file} for over {LOCK_TIMEOUT_S:.0f} s; nothing was appended"
         ) from None
+
+
+def read_text(path: Path) -> str:
+    """A ledger file's text; ``.gz``: gzip-compressed (the published ledger, ``reports/ledger.jsonl.gz``)."""
+    return gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+
+
+def write_text(path: Path, text: str) -> None:
+    """Atomically; ``.gz`` compressed with no timestamp, so the same rows give the same bytes."""
+    if path.suffix != ".gz":
+        return atomic_write_text(path, text)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(gzip.compress(text.encode(), compresslevel=9, mtime=0))
+    os.replace(tmp, path)
+
+
+def _store(location):
+    """The results store ``location`` names (``lora_suite.tools.store``), or None for a JSON-lines ledger."""
+    from lora_suite.tools import store
+
+    return store.open_store(location) if store.is_store(location) else None
 
 
 def record(path: Path, runs: list[Path], group: str | None = None) -> int:

@@ -215,7 +215,7 @@ def test_bootstrap_installs_the_cupy_of_torchs_cuda_major_and_peft(tmp_path):
         assert out.returncode == 0, out.stderr
         assert "would run: .venv/bin/python -m pip install -q torch==2.13.0" in out.stdout
         assert (
-            f"would run: .venv/bin/python -m pip install -q -e .[peft,test,mutate,loralib,torchtune,peft-bnb,{extra}]"
+            f"would run: .venv/bin/python -m pip install -q -e .[peft,test,mutate,loralib,torchtune,peft-bnb,postgres,{extra}]"
             in out.stdout
         )
     cpu = subprocess.run(
@@ -226,7 +226,7 @@ def test_bootstrap_installs_the_cupy_of_torchs_cuda_major_and_peft(tmp_path):
         env=dict(os.environ, NO_COLOR="1", GPU_TEST_BOOTSTRAP_DRY_RUN="1", GPU_TEST_TORCH_CUDA=""),
     )
     assert (
-        "-e .[peft,test,mutate,loralib,torchtune,peft-bnb]" in cpu.stdout
+        "-e .[peft,test,mutate,loralib,torchtune,peft-bnb,postgres]" in cpu.stdout
         and "cupy" not in cpu.stdout.split("Setting up")[1]
     )
     odd = subprocess.run(

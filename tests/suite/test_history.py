@@ -63,9 +63,11 @@ def test_committed_runs_group_by_gpu_implementation_and_tier_and_draw_their_figu
     assert main([str(tmp_path / "out" / "h.html"), str(tmp_path / "r")]) == 0
     md = (tmp_path / "out" / "history.md").read_text()
     assert "## NVIDIA H200 · cupy · memory" in md and "| peak allocated VRAM |" in md
-    assert "![NVIDIA H200 · cupy · memory](history-nvidia-h200-cupy-memory.png)" in md
     page = (tmp_path / "out" / "h.html").read_text()
-    assert page.count("data:image/png;base64,") == len(groups)
+    data = json.loads(page.split("<script id='data' type='application/json'>")[1].split("</script>")[0])
+    assert len(data["groups"]) == len(groups) and "Plotly" in page and "<script src=" not in page  # offline
+    titles = {" · ".join(data["s"][g[k]] for k in ("gpu", "impl", "tier")) for g in data["groups"]}
+    assert titles == set(groups)
 
 
 def test_a_failed_figure_and_a_gate_regression_are_marked(tmp_path):

@@ -58,7 +58,7 @@ def test_a_broken_ledger_line_is_named(tmp_path, capsys):
 
 
 def test_the_committed_ledger_is_whole_and_holds_the_readme_runs():
-    rows = ledger.read(Path(__file__).resolve().parents[2] / "reports" / "ledger.jsonl")
+    rows = ledger.read(Path(__file__).resolve().parents[2] / "reports" / "ledger.jsonl.gz")
     runs = {r["run_id"] for r in rows}
     assert {"20261124T162716Z-quick", "20261124T163037Z-memory"} <= runs  # cited in README.md
 

@@ -1,6 +1,6 @@
 """Every published figure is a ledger row (issue 43, item 3), in ``README.md``, ``docs/*.md`` and ``reports/README.md``:
 
-- every run a page cites is in ``reports/ledger.jsonl``;
+- every run a page cites is in ``reports/ledger.jsonl.gz`` (the published ledger);
 - every measured figure written with its unit (``ms``, ``s``, ``min``, ``GiB``, ``MiB``, ``GB``, ``tokens/s``; each end
   of a range ``a-b unit``) is, at its printed precision, the value, threshold or spread of a ledger row of a run or
   ledger group cited in the same section (from one heading to the next), in a unit of the same kind (a row's unit is
@@ -14,7 +14,6 @@ A figure edited to a value the ledger does not hold fails here."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -42,7 +41,9 @@ PAGES = [
 
 
 def _rows() -> list[dict]:
-    return [json.loads(line) for line in (ROOT / "reports" / "ledger.jsonl").read_text().splitlines() if line.strip()]
+    from lora_suite.tools import ledger
+
+    return ledger.read(ROOT / "reports" / "ledger.jsonl.gz")
 
 
 def _paragraphs(text: str) -> list[str]:

@@ -15,7 +15,7 @@ FORBIDDEN = re.compile(
     rf"{L} (gpu|h1|h2)|the {L}|\b{L} (machine|h100|h200)|{S}/GPU_NOTES|\.\./{S}/|{S}/evidence|device" + " call",
     re.IGNORECASE,
 )
-EXCLUDED = {"reports/ledger.jsonl"}
+EXCLUDED = {"reports/ledger.jsonl.gz"}
 SKIP_DIRS = {".git", ".venv", "reports", "build", "dist", ".whl", "__pycache__", ".pytest_cache", ".ruff_cache"}
 
 

@@ -57,3 +57,16 @@ def test_the_multigpu_job_runs_only_where_a_multi_gpu_runner_is_declared():
     job = wf["jobs"]["multigpu"]
     assert "multi-gpu" in job["runs-on"] and "vars.MULTI_GPU_RUNNER == 'true'" in job["if"]
     assert any("gpu-test.sh multigpu" in step.get("run", "") for step in job["steps"])
+
+
+def test_every_night_is_persisted_by_the_one_job_that_may_write_and_never_from_a_fork():
+    data, _ = _load()
+    assert data["permissions"] == {"contents": "read"}  # the default of every job
+    writers = {name for name, job in data["jobs"].items() if job.get("permissions", {}).get("contents") == "write"}
+    assert writers == {"persist"}
+    job = data["jobs"]["persist"]
+    assert "github.repository_owner == github.event.repository.owner.login" in job["if"]
+    assert "github.ref == 'refs/heads/main'" in job["if"]
+    (step,) = [s for s in job["steps"] if "persist-results.sh" in s.get("run", "")]
+    assert step["env"]["LORA_SUITE_STORE"] == "${{ secrets.LORA_SUITE_STORE }}"  # from a secret, never the YAML
+    assert "persist" in data["jobs"]["history"]["needs"]
