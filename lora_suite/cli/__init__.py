@@ -14,7 +14,7 @@ import argparse
 import re
 import sys
 
-from lora_suite.cli import mutation, preflight, targets
+from lora_suite.cli import campaigns, mutation, preflight, targets
 from lora_suite.cli.usage import UsageError, check_values
 
 TOOLS = {
@@ -173,6 +173,14 @@ def build_parser() -> Parser:
     _run_options(sub.add_parser("bench", help=TOOLS["bench"]), tier=False)
     _run_options(sub.add_parser("selftest-gpu", help=TOOLS["selftest-gpu"]), tier=False)
     _run_options(sub.add_parser("selftest", help=TOOLS["selftest"]), tier=False)
+    _campaign_parsers(sub)
+    mutation.add_parser(sub, TOOLS["mutate"])
+    _ledger_parser(sub)
+    return p
+
+
+def _campaign_parsers(sub) -> None:
+    """scorecard, render-scorecard, history and compare: the targets that read or run many runs."""
     s = sub.add_parser("scorecard", help=TOOLS["scorecard"])
     s.add_argument("--lora-impl", dest="impls", help="implementations, comma-separated (default: every one installed)")
     s.add_argument("--report-dir", help="where the scorecard's runs go (default: reports/<stamp>-scorecard)")
@@ -198,7 +206,10 @@ def build_parser() -> Parser:
     h.add_argument("--html", help="the page to write (default: reports/history/history.html)")
     c = sub.add_parser("compare", help=TOOLS["compare"])
     c.add_argument("runs", nargs="*", metavar="BASELINE RUN", help="two run folders (or their report/benchmark JSON)")
-    mutation.add_parser(sub, TOOLS["mutate"])
+
+
+def _ledger_parser(sub) -> None:
+    """ledger record, show, import and export."""
     lg = sub.add_parser("ledger", help=TOOLS["ledger"])
     lsub = lg.add_subparsers(dest="action", metavar="ACTION", parser_class=Parser, required=True)
     rec = lsub.add_parser("record", help="append the judged figures of run folders (report.json) to the ledger")
@@ -215,7 +226,6 @@ def build_parser() -> Parser:
         x.add_argument("--ledger", help="the store (default: $LORA_SUITE_STORE, else reports/results.sqlite)")
         x.add_argument("--run", help="only this run id (a prefix is enough)")
         x.add_argument("--group", help="only the runs of this group")
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -244,8 +254,34 @@ def main(argv: list[str] | None = None) -> int:
             if args.target in ("all", *registry_names()):
                 raise UsageError(f"only one target allowed, got {argv[0]!r} and {first!r}")
             raise UsageError(f"unexpected argument {first!r} for {args.target}")
-        return targets.dispatch(args, extra)
+        return dispatch(args, extra)
     except UsageError as exc:
         print(f"lora-suite: {exc}", file=sys.stderr)
         print("Run 'lora-suite --help' (or 'lora-suite TARGET --help') for usage.", file=sys.stderr)
         return 2
+
+
+def _compare(args) -> int:
+    from lora_suite.tools import compare
+
+    if len(args.runs) != 2:
+        raise UsageError(f"compare needs two run directories: compare BASELINE RUN, got {len(args.runs)}")
+    preflight.check_existing("compare", args.runs)
+    return compare.main(args.runs)
+
+
+# The targets that are not runs of the tiers: each one function of the argparse namespace
+COMMANDS = {
+    "scorecard": campaigns.scorecard,
+    "render-scorecard": campaigns.render_scorecard,
+    "history": campaigns.history,
+    "compare": _compare,
+    "ledger": campaigns.ledger_command,
+    "mutate": mutation.mutate,
+}
+
+
+def dispatch(args, extra: list[str]) -> int:
+    """The command the target names; every other target (the tiers, all, bench, selftest...) is a run of pytest."""
+    command = COMMANDS.get(args.target)
+    return command(args) if command else targets.run_targets(args, extra)

@@ -29,18 +29,7 @@ def scorecard(args) -> int:
     own process and log: the tiers judge no timing, each process measures its own peak), then the interleaved
     benchmark alone, then the scorecard from every run under the folder. A failing tier is a finding: the next runs.
     ``SCORECARD_DRY_RUN=1`` prints the commands instead."""
-    import re
-
-    from lora_suite.implementations import installed_names
-
-    preflight.check_ledger_option(args)
-    if args.report_dir:
-        preflight.check_report_dir(args.report_dir)
-    impls = args.impls if args.impls is not None else ",".join(installed_names())
-    if not re.fullmatch(r"[A-Za-z0-9_.:,-]+", impls or ""):
-        raise UsageError(f"--lora-impl must be names separated by commas, got {impls!r}")
-    for impl in impls.split(","):
-        preflight.check_implementation(impl)
+    impls = _scorecard_impls(args)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out = Path(args.report_dir) if args.report_dir else default_reports() / f"{stamp}-scorecard"
     dry = os.environ.get("SCORECARD_DRY_RUN") == "1"
@@ -86,6 +75,23 @@ def scorecard(args) -> int:
         print(show(cmd))
         return 0
     return subprocess.run(cmd).returncode
+
+
+def _scorecard_impls(args) -> str:
+    """The implementations ``scorecard`` runs, comma-separated (default: every one installed), each checked."""
+    import re
+
+    from lora_suite.implementations import installed_names
+
+    preflight.check_ledger_option(args)
+    if args.report_dir:
+        preflight.check_report_dir(args.report_dir)
+    impls = args.impls if args.impls is not None else ",".join(installed_names())
+    if not re.fullmatch(r"[A-Za-z0-9_.:,-]+", impls or ""):
+        raise UsageError(f"--lora-impl must be names separated by commas, got {impls!r}")
+    for impl in impls.split(","):
+        preflight.check_implementation(impl)
+    return impls
 
 
 def _quote(s: str) -> str:

@@ -246,87 +246,99 @@ def _announce_gpu(target: str) -> bool:
     return False
 
 
-def _run(names, args, extra, tiers, report_root: Path, have_gpu: bool) -> int:
+def _baseline(args) -> Path | None:
+    """The baseline folder ``--baseline`` names (auto: ``reports/baselines/<this GPU>``), or None."""
+    from lora_suite.tools.ledger import folder_token
+
+    if args.baseline == "auto":
+        gpu = (gpu_line() or "none").split(",")[0]
+        return (checkout_root() or Path.cwd()) / "reports" / "baselines" / folder_token(gpu).rstrip("_")
+    return Path(args.baseline) if args.baseline else None
+
+
+def _pytest(cmd: list[str], env: dict) -> tuple[int, str | None]:
+    """Run one target's pytest; (its exit code, None or "INTERRUPTED" / "TERMINATED" when a signal stopped it)."""
+    proc = subprocess.Popen(cmd, env=env)
+    term = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        return proc.wait(), None
+    except KeyboardInterrupt:  # Ctrl-C reached pytest too: let it write its report, then stop the whole run
+        return _wait_after_interrupt(proc), "INTERRUPTED"
+    except Terminated:  # a job's timeout signalled this process alone: pytest gets it too and writes its report
+        proc.send_signal(signal.SIGTERM)
+        return _wait_after_interrupt(proc), "TERMINATED"
+    finally:
+        signal.signal(signal.SIGTERM, term)
+
+
+def _against_baseline(t: str, baseline: Path, run_dir: Path, rc: int) -> int:
+    """The target's code after ``compare`` with its baseline: 6 on a regression, 2 when compare refused the pair."""
     from lora_suite.tools import compare
+
+    found = (baseline / t, baseline)
+    base = next((d for d in found if (d / "report.json").is_file() or (d / "benchmark.json").is_file()), None)
+    if base is None:
+        print(f"no baseline for {t} under {baseline}: not compared")
+        return rc
+    print(f"--- {t} vs baseline {base} ---", flush=True)
+    crc = compare.main([str(base), str(run_dir)])
+    return 6 if crc == 1 else (2 if crc == 2 and rc == 0 else rc)
+
+
+def _run_one(t: str, args, extra, tiers, run_dir: Path | None, have_gpu: bool, setup: float | None):
+    """One target: its pytest, its baseline comparison and ledger record; (summary row, exit code, stopped by)."""
+    cmd = pytest_args(t, args, run_dir, tiers) + extra
+    print(f"\n=== {t} ===  {' '.join(cmd)}", flush=True)
+    start, env = time.time(), _child_env(t)
+    if setup is not None:  # this interpreter's first GPU run here: the report's wall-time breakdown names it
+        env[bytecode.SETUP_ENV] = f"{setup:.2f}"
+    if run_dir is not None:  # the report's run id is its folder's name: `ledger show --run <folder>` finds it
+        env["LORA_SUITE_RUN_ID"] = run_dir.name
+    rc, stopped = _pytest(cmd, env)
+    baseline = _baseline(args)
+    if baseline and run_dir and not stopped:
+        rc = _against_baseline(t, baseline, run_dir, rc)
+    if args.record and run_dir and not stopped and (run_dir / "report.json").is_file():
+        print(_record(args.ledger or default_ledger(), run_dir))
+    verdict, rc = judged_verdict(run_dir, rc, have_gpu)  # nothing judged is never PASS
+    if rc == EXIT_USAGE and run_dir and not any(run_dir.iterdir()):  # refused before it ran: no empty folder
+        run_dir.rmdir()
+        run_dir = None
+    return f"{t:<12} {stopped or verdict:<30} {int(time.time() - start):>6}s  {run_dir or '-'}", rc, stopped
+
+
+def _run(names, args, extra, tiers, report_root: Path, have_gpu: bool) -> int:
     from lora_suite.tools.ledger import folder_token
 
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     impl = folder_token(args.lora_impl) if args.lora_impl else ""
-    baseline = Path(args.baseline) if args.baseline and args.baseline != "auto" else None
-    if args.baseline == "auto":
-        gpu = (gpu_line() or "none").split(",")[0]
-        baseline = (checkout_root() or Path.cwd()) / "reports" / "baselines" / folder_token(gpu).rstrip("_")
-    rows, failed, interrupted, terminated, not_judged, usage = [], False, False, False, False, False
+    rows, codes, stopped = [], [], None
     setup = bytecode.compile_packages(python(), _child_env(names[0])) if have_gpu and names != ["selftest"] else None
     for t in names:
-        run_dir = (
-            None
-            if t == "selftest"
-            else new_run_dir(report_root, stamp, t + (f"-{impl}" if impl and t not in ("selftest-gpu",) else ""))
-        )
-        cmd = pytest_args(t, args, run_dir, tiers) + extra
-        print(f"\n=== {t} ===  {' '.join(cmd)}", flush=True)
-        start = time.time()
-        env = _child_env(t)
-        if setup is not None:  # this interpreter's first GPU run here: the report's wall-time breakdown names it
-            env[bytecode.SETUP_ENV], setup = f"{setup:.2f}", None
-        if run_dir is not None:  # the report's run id is its folder's name: `ledger show --run <folder>` finds it
-            env["LORA_SUITE_RUN_ID"] = run_dir.name
-        proc = subprocess.Popen(cmd, env=env)
-        term = signal.signal(signal.SIGTERM, _raise_terminated)
-        try:
-            rc = proc.wait()
-        except KeyboardInterrupt:  # Ctrl-C reached pytest too: let it write its report, then stop the whole run
-            interrupted = True
-            rc = _wait_after_interrupt(proc)
-        except Terminated:  # a job's timeout signalled this process alone: pytest gets it too and writes its report
-            interrupted = terminated = True
-            proc.send_signal(signal.SIGTERM)
-            rc = _wait_after_interrupt(proc)
-        finally:
-            signal.signal(signal.SIGTERM, term)
-        if baseline and run_dir and not interrupted:
-            base = next(
-                (
-                    d
-                    for d in (baseline / t, baseline)
-                    if (d / "report.json").is_file() or (d / "benchmark.json").is_file()
-                ),
-                None,
-            )
-            if base is None:
-                print(f"no baseline for {t} under {baseline}: not compared")
-            else:
-                print(f"--- {t} vs baseline {base} ---", flush=True)
-                crc = compare.main([str(base), str(run_dir)])
-                rc = 6 if crc == 1 else (2 if crc == 2 and rc == 0 else rc)
-        if args.record and run_dir and not interrupted and (run_dir / "report.json").is_file():
-            print(_record(args.ledger or default_ledger(), run_dir))
-        verdict, rc = judged_verdict(run_dir, rc, have_gpu)  # nothing judged is never PASS
-        if interrupted:
-            verdict = "TERMINATED" if terminated else "INTERRUPTED"
-        not_judged, usage = not_judged or rc == EXIT_NOT_JUDGED, usage or rc == EXIT_USAGE
-        if rc == EXIT_USAGE and run_dir and not any(run_dir.iterdir()):  # refused before it ran: no empty folder
-            run_dir.rmdir()
-            run_dir = None
-        rows.append(f"{t:<12} {verdict:<30} {int(time.time() - start):>6}s  {run_dir or '-'}")
-        if interrupted:
+        suffix = f"-{impl}" if impl and t not in ("selftest-gpu",) else ""
+        run_dir = None if t == "selftest" else new_run_dir(report_root, stamp, t + suffix)
+        row, rc, stopped = _run_one(t, args, extra, tiers, run_dir, have_gpu, setup)
+        rows.append(row)
+        codes.append(rc)
+        setup = None
+        if stopped:
             break
-        if rc not in (0, EXIT_NOT_JUDGED):
-            failed = True
-            if not args.continue_on_error and len(names) > 1:
-                print(f"{t} failed; stopping (use --continue-on-error to run the rest).")
-                break
+        if rc not in (0, EXIT_NOT_JUDGED) and not args.continue_on_error and len(names) > 1:
+            print(f"{t} failed; stopping (use --continue-on-error to run the rest).")
+            break
     print("\nSummary" + (" (no GPU: GPU tests were skipped)" if not have_gpu else ""))
     print(f"{'target':<12} {'result':<30} {'time':>7}  report")
     print("\n".join(rows))
-    if terminated:
-        print("Terminated (SIGTERM): the targets after it did not run.")
-        return 143
-    if interrupted:
-        print("Interrupted (Ctrl-C): the targets after it did not run.")
-        return 130
-    return EXIT_USAGE if usage else 1 if failed else (EXIT_NOT_JUDGED if not_judged else 0)
+    if stopped:
+        print(
+            f"{stopped.capitalize()} ({'SIGTERM' if stopped == 'TERMINATED' else 'Ctrl-C'}): the targets after it did not run."
+        )
+        return 143 if stopped == "TERMINATED" else 130
+    if EXIT_USAGE in codes:
+        return EXIT_USAGE
+    return (
+        1 if any(c not in (0, EXIT_NOT_JUDGED) for c in codes) else (EXIT_NOT_JUDGED if EXIT_NOT_JUDGED in codes else 0)
+    )
 
 
 def _record(path: Path, run_dir: Path) -> str:
@@ -372,28 +384,3 @@ def _wait_after_interrupt(proc: subprocess.Popen) -> int:
         return proc.wait()
     finally:
         signal.signal(signal.SIGINT, old)
-
-
-def dispatch(args, extra: list[str]) -> int:
-    from lora_suite.cli import campaigns
-
-    if args.target in ("scorecard",):
-        return campaigns.scorecard(args)
-    if args.target == "render-scorecard":
-        return campaigns.render_scorecard(args)
-    if args.target == "history":
-        return campaigns.history(args)
-    if args.target == "compare":
-        from lora_suite.tools import compare
-
-        if len(args.runs) != 2:
-            raise UsageError(f"compare needs two run directories: compare BASELINE RUN, got {len(args.runs)}")
-        preflight.check_existing("compare", args.runs)
-        return compare.main(args.runs)
-    if args.target == "ledger":
-        return campaigns.ledger_command(args)
-    if args.target == "mutate":
-        from lora_suite.cli import mutation
-
-        return mutation.mutate(args)
-    return run_targets(args, extra)
