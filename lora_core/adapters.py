@@ -155,7 +155,11 @@ def merge_lora(model: nn.Module, *, nf4: str = "16bit") -> nn.Module:
     if nf4 not in ("16bit", "nf4"):
         raise ValueError(f"nf4={nf4!r}, expected '16bit' or 'nf4'")
     for name, m in list(lora_modules(model).items()):
-        base = dequantize_nf4(m.nf4, m.nf4.dtype) if m.quantize == "nf4" else m.weight.detach()  # (O, K)
+        if m.quantize == "nf4":
+            q = m.nf4_base()
+            base = dequantize_nf4(q, q.dtype)  # (O, K)
+        else:
+            base = m.dense_weight().detach()
         delta = m.scale * (m.lora_B.detach().float() @ m.lora_A.detach().float())  # (O, K) fp32
         merged = (base.float() + delta.to(base.device)).to(base.dtype)
         linear = nn.Linear(m.in_features, m.out_features, bias=m.bias is not None, device=base.device, dtype=base.dtype)

@@ -183,8 +183,9 @@ def to_bnb_state_dict(q: NF4Tensor, prefix: str = "weight") -> dict[str, torch.T
         f"{prefix}.quant_map": torch.tensor(NF4_CODE, dtype=torch.float32, device=q.device),
     }
     if q.absmax_code is not None:
-        out[f"{prefix}.absmax"] = q.absmax_q
-        out[f"{prefix}.nested_absmax"] = q.absmax_scale
+        absmax_q, absmax_scale = q.double_quant_state()  # bitsandbytes' form is always double-quantised
+        out[f"{prefix}.absmax"] = absmax_q
+        out[f"{prefix}.nested_absmax"] = absmax_scale
         out[f"{prefix}.nested_quant_map"] = q.absmax_code.clone()
         meta.update(nested_blocksize=DQ_BLOCKSIZE, nested_dtype="float32", nested_offset=q.absmax_mean)
     else:

@@ -20,6 +20,8 @@ LoRA dropout does not exist in ``lora_core``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import nn
 
@@ -38,22 +40,26 @@ class FuseError(ValueError):
     """A requested fusion that this model or these adapters cannot take; the message names what and why."""
 
 
-def _require(where: str, group: str, parts: dict[str, nn.Module]) -> None:
+def _require(where: str, group: str, parts: Mapping[str, object]) -> dict[str, LoRALinear]:
+    """``parts`` (name -> module, None where there is none) as LoRA layers; a FuseError names what keeps them from
+    being fused as ``group``: a part that is not a LoRA layer, a bias, different ranks, scales or base storage."""
     not_lora = [n for n, m in parts.items() if not isinstance(m, LoRALinear)]
     if not_lora:
         raise FuseError(
             f"fuse={group!r} at {where}: {not_lora} are not LoRA layers (targets must include all of "
             f"{list(parts)} to fuse them)"
         )
-    with_bias = [n for n, m in parts.items() if m.bias is not None]
+    layers = {n: m for n, m in parts.items() if isinstance(m, LoRALinear)}  # all of parts, in its order
+    with_bias = [n for n, m in layers.items() if m.bias is not None]
     if with_bias:
         raise FuseError(f"fuse={group!r} at {where}: {with_bias} have a bias, which the fused path does not take")
-    ranks = {n: (m.r, m.scale) for n, m in parts.items()}
+    ranks = {n: (m.r, m.scale) for n, m in layers.items()}
     if len(set(ranks.values())) != 1:
         raise FuseError(f"fuse={group!r} at {where}: (r, scale) differ between the projections: {ranks}")
-    quant = {n: m.quantize for n, m in parts.items()}
+    quant = {n: m.quantize for n, m in layers.items()}
     if len(set(quant.values())) != 1:
         raise FuseError(f"fuse={group!r} at {where}: the bases are stored differently: {quant}")
+    return layers
 
 
 def _shared_base(layers: list[LoRALinear], cache: dict) -> torch.Tensor:
@@ -63,15 +69,15 @@ def _shared_base(layers: list[LoRALinear], cache: dict) -> torch.Tensor:
     if buf is not None:
         start, ok = 0, True
         for m in layers:
-            w = m.weight
+            w = m.dense_weight()
             ok = ok and w.device == buf.device and w.dtype == buf.dtype and w.data_ptr() == buf[start:].data_ptr()
             start += w.shape[0]
         if ok:
             return buf
-    buf = torch.cat([m.weight.detach() for m in layers])
+    buf = torch.cat([m.dense_weight().detach() for m in layers])
     start = 0
     for m in layers:
-        rows = m.weight.shape[0]
+        rows = m.dense_weight().shape[0]
         m.weight = nn.Parameter(buf[start : start + rows], requires_grad=False)
         start += rows
     cache["buf"] = buf
@@ -97,8 +103,7 @@ class LoRAMLP(nn.Module):
 
     def __init__(self, mlp: nn.Module, where: str = "mlp"):
         super().__init__()
-        parts = {n: getattr(mlp, n, None) for n in MLP_PARTS}
-        _require(where, "mlp", parts)
+        parts = _require(where, "mlp", {n: getattr(mlp, n, None) for n in MLP_PARTS})
         act = getattr(mlp, "act_fn", None)
         if not _is_silu(act):
             raise FuseError(
@@ -114,8 +119,8 @@ class LoRAMLP(nn.Module):
     def bases(self) -> MLPBases:
         g, u, d = self.gate_proj, self.up_proj, self.down_proj
         if g.quantize == "nf4":
-            return MLPBases(nf4=(g.nf4, u.nf4, d.nf4))
-        return MLPBases(w_gu=_shared_base([g, u], self._cache), w_d=d.weight)
+            return MLPBases(nf4=(g.nf4_base(), u.nf4_base(), d.nf4_base()))
+        return MLPBases(w_gu=_shared_base([g, u], self._cache), w_d=d.dense_weight())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         g, u, d = self.gate_proj, self.up_proj, self.down_proj
@@ -138,9 +143,10 @@ class QKVGroup:
         self._pending: dict[int, torch.Tensor] = {}
 
     def bases(self) -> QKVBases:
-        sizes = tuple(m.out_features for m in self.layers)
-        if self.layers[0].quantize == "nf4":
-            return QKVBases(sizes, nf4=tuple(m.nf4 for m in self.layers))
+        q, k, v = self.layers
+        sizes = (q.out_features, k.out_features, v.out_features)
+        if q.quantize == "nf4":
+            return QKVBases(sizes, nf4=(q.nf4_base(), k.nf4_base(), v.nf4_base()))
         return QKVBases(sizes, w_qkv=_shared_base(list(self.layers), self._cache))
 
     def __call__(self, layer: LoRALinear, x: torch.Tensor) -> torch.Tensor:

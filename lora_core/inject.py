@@ -46,31 +46,10 @@ def inject_lora(
     part it cannot fuse is an error naming why, never an unfused run.
     """
     targets = (targets,) if isinstance(targets, str) else tuple(targets)
-    already = [name for name, m in model.named_modules() if isinstance(m, LoRALinear)]
-    if already:
-        raise ValueError(
-            f"{type(model).__name__} already has {len(already)} LoRA layer(s) ({already[0]}, ...): inject_lora "
-            "freezes everything but the adapters it adds, so a second call would freeze these; inject once per "
-            "base model"
-        )
-    unknown = [t for t in targets if t not in TARGET_NAMES + (ALL_LINEAR,)]
-    if unknown or not targets:
-        raise ValueError(f"targets {unknown or list(targets)} are not among {TARGET_NAMES} or {ALL_LINEAR!r}")
+    _check_injectable(model, targets)
     for p in model.parameters():
         p.requires_grad_(False)
-    chosen = [
-        (name, module, hit)
-        for name, module in model.named_modules()
-        if (hit := _matches(name, module, targets)) is not None
-    ]
-    matched = {hit for _, _, hit in chosen}
-    missing = [t for t in targets if t not in matched]
-    if missing:
-        linears = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
-        raise ValueError(
-            f"LoRA target(s) {missing} match no nn.Linear in {type(model).__name__}; "
-            f"its linear layers are named {linears}"
-        )
+    chosen = _chosen_linears(model, targets)
     for name, module, _ in chosen:
         replace_module(
             model,
@@ -85,6 +64,49 @@ def inject_lora(
                 quantize=quantize,
             ),
         )
+    _quantize_other_linears(model, quantize, backend)
+    if fuse:
+        from lora_core.fuse import fuse_lora
+
+        fuse_lora(model, fuse)
+    return [name for name, _, _ in chosen]
+
+
+def _check_injectable(model: nn.Module, targets: tuple[str, ...]) -> None:
+    """A ValueError for a model that already has LoRA layers, or for targets that are unknown (or none)."""
+    already = [name for name, m in model.named_modules() if isinstance(m, LoRALinear)]
+    if already:
+        raise ValueError(
+            f"{type(model).__name__} already has {len(already)} LoRA layer(s) ({already[0]}, ...): inject_lora "
+            "freezes everything but the adapters it adds, so a second call would freeze these; inject once per "
+            "base model"
+        )
+    unknown = [t for t in targets if t not in TARGET_NAMES + (ALL_LINEAR,)]
+    if unknown or not targets:
+        raise ValueError(f"targets {unknown or list(targets)} are not among {TARGET_NAMES} or {ALL_LINEAR!r}")
+
+
+def _chosen_linears(model: nn.Module, targets: tuple[str, ...]) -> list[tuple[str, nn.Linear, str]]:
+    """(module path, nn.Linear, the target that selects it) in module order; a ValueError names a target that
+    selects nothing, and the linears the model has."""
+    chosen = [
+        (name, module, hit)
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) and (hit := _matches(name, module, targets)) is not None
+    ]
+    matched = {hit for _, _, hit in chosen}
+    missing = [t for t in targets if t not in matched]
+    if missing:
+        linears = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
+        raise ValueError(
+            f"LoRA target(s) {missing} match no nn.Linear in {type(model).__name__}; "
+            f"its linear layers are named {linears}"
+        )
+    return chosen
+
+
+def _quantize_other_linears(model: nn.Module, quantize: str | None, backend: str | None) -> None:
+    """With quantize="nf4", every linear that is not a target (nor the LM head) becomes a frozen NF4Linear."""
     if quantize == "nf4":
         others = [
             (n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] != "lm_head"
@@ -93,11 +115,6 @@ def inject_lora(
             replace_module(model, name, NF4Linear(module, backend=backend))
     elif quantize is not None:
         raise ValueError(f"quantize={quantize!r} is not None or 'nf4'")
-    if fuse:
-        from lora_core.fuse import fuse_lora
-
-        fuse_lora(model, fuse)
-    return [name for name, _, _ in chosen]
 
 
 def target_linears(model: nn.Module, targets: tuple[str, ...]) -> list[tuple[str, nn.Module]]:

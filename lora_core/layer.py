@@ -13,6 +13,7 @@ model starts exactly at its base. Scale s = alpha / r, or alpha / √r with ``us
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -20,6 +21,9 @@ from torch import nn
 from lora_core.backend import resolve_backend, validate_backend_name
 from lora_core.nf4 import NF4Tensor, quantize_nf4
 from lora_core.ops.lora_linear import lora_linear, nf4_linear
+
+if TYPE_CHECKING:
+    from lora_core.fuse import QKVGroup
 
 QUANTIZE_MODES = (None, "nf4")
 
@@ -44,8 +48,16 @@ def _nf4_of(linear: nn.Linear) -> NF4Tensor:
     return quantize_nf4(linear.weight.detach())
 
 
-class _NF4Storage:
+class _NF4Storage(nn.Module):
     """Keeps an NF4Tensor in registered buffers (so .to(), state_dict and memory accounting see it)."""
+
+    # The buffers _store_nf4 registers (declared for type checkers: nn.Module serves them through __getattr__).
+    weight_packed: torch.Tensor
+    weight_absmax: torch.Tensor | None
+    weight_absmax_q: torch.Tensor | None
+    weight_absmax_scale: torch.Tensor | None
+    weight_absmax_code: torch.Tensor | None
+    _nf4_meta: tuple[tuple[int, ...], torch.dtype, int, float]
 
     def _store_nf4(self, q: NF4Tensor) -> None:
         self.register_buffer("weight_packed", q.packed)
@@ -72,6 +84,12 @@ class _NF4Storage:
             self.weight_absmax_code,
         )
 
+    def nf4_base(self) -> NF4Tensor:
+        """``nf4`` of a layer that stores its base in NF4: an NF4Linear, or a LoRALinear with quantize="nf4"."""
+        q = self.nf4
+        assert q is not None, f"{type(self).__name__} stores no NF4 base"  # the callers check quantize first
+        return q
+
 
 class LoRALinear(_NF4Storage, nn.Module):
     """A frozen base (``weight`` (out, in), optional ``bias``) with trainable ``lora_A``, ``lora_B``.
@@ -83,7 +101,7 @@ class LoRALinear(_NF4Storage, nn.Module):
 
     def __init__(
         self,
-        weight: torch.Tensor,
+        weight: torch.Tensor | NF4Tensor,
         bias: torch.Tensor | None = None,
         r: int = 8,
         alpha: float = 16,
@@ -96,36 +114,45 @@ class LoRALinear(_NF4Storage, nn.Module):
         super().__init__()
         if quantize not in QUANTIZE_MODES:
             raise ValueError(f"quantize={quantize!r} is not one of {QUANTIZE_MODES}")
-        stored = weight if isinstance(weight, NF4Tensor) else None  # already NF4 (e.g. read from bitsandbytes)
-        if stored is not None:
+        if isinstance(weight, NF4Tensor):  # already NF4 (e.g. read from bitsandbytes)
             if quantize != "nf4":
                 raise ValueError(f"weight is an NF4Tensor but quantize={quantize!r}: pass quantize='nf4'")
-            if len(stored.shape) != 2:
-                raise ValueError(f"NF4 weight has shape {stored.shape}, expected (out_features, in_features)")
+            if len(weight.shape) != 2:
+                raise ValueError(f"NF4 weight has shape {weight.shape}, expected (out_features, in_features)")
         elif not isinstance(weight, torch.Tensor) or weight.dim() != 2:
             raise ValueError(
                 f"weight must be a 2-D tensor (out_features, in_features) or an NF4Tensor, got "
                 f"{tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__}"
             )
-        self.out_features, self.in_features = stored.shape if stored is not None else weight.shape
+        self.out_features, self.in_features = weight.shape
         self.r, self.alpha, self.use_rslora = r, alpha, use_rslora
         self.scale = lora_scale(r, alpha, use_rslora)
         self.backend = validate_backend_name(backend)  # requested: "cupy", "torch" or None (auto)
         self.last_backend: str | None = None  # the path that served the latest forward ("cupy", "cupy-fused-qkv")
-        self.fused_group = None  # a lora_core.fuse.QKVGroup that computes this layer with its siblings, or None
+        # a lora_core.fuse.QKVGroup that computes this layer with its siblings, or None
+        self.fused_group: QKVGroup | None = None
         self.quantize = quantize
-        if quantize == "nf4":
+        self.weight: nn.Parameter | None
+        if isinstance(weight, NF4Tensor):  # quantize is "nf4" (checked above)
             self.weight = None
-            self._store_nf4(stored if stored is not None else quantize_nf4(weight.detach()))
+            self._store_nf4(weight)
+        elif quantize == "nf4":
+            self.weight = None
+            self._store_nf4(quantize_nf4(weight.detach()))
         else:
             self.weight = nn.Parameter(weight.detach(), requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
         if adapter_dtype is None or weight.dtype == torch.float64:
             adapter_dtype = weight.dtype
-        kw = dict(device=weight.device, dtype=adapter_dtype)
-        self.lora_A = nn.Parameter(torch.empty(r, self.in_features, **kw))
-        self.lora_B = nn.Parameter(torch.empty(self.out_features, r, **kw))
+        device = weight.device
+        self.lora_A = nn.Parameter(torch.empty(r, self.in_features, device=device, dtype=adapter_dtype))
+        self.lora_B = nn.Parameter(torch.empty(self.out_features, r, device=device, dtype=adapter_dtype))
         self.reset_lora_parameters()
+
+    def dense_weight(self) -> nn.Parameter:
+        """``weight`` of a layer whose base is not NF4 (quantize None: ``weight`` is then always set)."""
+        assert self.weight is not None, "an NF4 LoRALinear has no dense weight"  # the callers check quantize first
+        return self.weight
 
     @classmethod
     def from_linear(
@@ -182,7 +209,7 @@ class LoRALinear(_NF4Storage, nn.Module):
         if self.fused_group is not None:
             return self.fused_group(self, x)
         self.last_backend = resolve_backend(self.backend, x.device)
-        weight = self.nf4 if self.quantize == "nf4" else self.weight
+        weight = self.nf4_base() if self.quantize == "nf4" else self.dense_weight()
         y = lora_linear(x, weight, self.lora_A, self.lora_B, self.scale, backend=self.last_backend)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
@@ -212,7 +239,7 @@ class NF4Linear(_NF4Storage, nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.last_backend = resolve_backend(self.backend, x.device)
-        y = nf4_linear(x, self.nf4, backend=self.last_backend)
+        y = nf4_linear(x, self.nf4_base(), backend=self.last_backend)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
     def extra_repr(self) -> str:

@@ -99,17 +99,24 @@ class NF4Tensor:
     def nbytes(self) -> int:
         return self.packed.numel() + self.state_nbytes()
 
+    def double_quant_state(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(absmax_q, absmax_scale) of a double-quantised tensor: the two are always set together."""
+        assert self.absmax_q is not None and self.absmax_scale is not None, "this NF4Tensor is not double-quantised"
+        return self.absmax_q, self.absmax_scale
+
     def block_absmax(self) -> torch.Tensor:
         """fp32 absmax per block, recovered from the double quantisation when there is one."""
         if not self.double_quant:
+            assert self.absmax is not None, "an NF4Tensor without double quantisation holds its absmax"
             return self.absmax
-        scale = self.absmax_scale.repeat_interleave(DQ_BLOCKSIZE)[: self.absmax_q.numel()]
+        absmax_q, absmax_scale = self.double_quant_state()
+        scale = absmax_scale.repeat_interleave(DQ_BLOCKSIZE)[: absmax_q.numel()]
         if self.absmax_code is not None:  # bitsandbytes: d[q] · s, then + μ, two roundings as its kernels do
-            return self.absmax_code[self.absmax_q.long()] * scale + torch.full_like(scale, self.absmax_mean)
+            return self.absmax_code[absmax_q.long()] * scale + torch.full_like(scale, self.absmax_mean)
         # Tensor-by-tensor IEEE ops only, in the kernel's order: torch may turn a division by a Python
         # scalar into a multiplication by its reciprocal (seen on the H200: 1090 of 64000 values off by an ulp).
         step = scale / torch.full_like(scale, 127.0)
-        return self.absmax_q.float() * step + torch.full_like(step, self.absmax_mean)
+        return absmax_q.float() * step + torch.full_like(step, self.absmax_mean)
 
 
 def _check_weight(weight: torch.Tensor, blocksize: int) -> None:
@@ -270,6 +277,7 @@ def roundtrip_error_bound(q: NF4Tensor) -> torch.Tensor:
     absmax = q.block_absmax()
     if not q.double_quant:
         return absmax * (MAX_CODE_GAP / 2) * (1 + 1e-6)
-    scale = q.absmax_scale.repeat_interleave(DQ_BLOCKSIZE)[: absmax.numel()]
+    _, absmax_scale = q.double_quant_state()
+    scale = absmax_scale.repeat_interleave(DQ_BLOCKSIZE)[: absmax.numel()]
     true_absmax_bound = absmax + scale / 254  # the stored absmax is within s/254 of the true one
     return true_absmax_bound * (MAX_CODE_GAP / 2) + scale / 254 * 1.0 + 1e-6 * true_absmax_bound

@@ -29,7 +29,7 @@ if [[ "${GPU_TEST_ASSUME_GPU:-}" == 1 ]] || { command -v nvidia-smi >/dev/null 2
   NVIDIA=1; NEEDED="$NEEDED cupy nvmath peft"
 fi
 # the CPU tests validate reports; lint; test the mutation operators, the PostgreSQL store and the history page
-[[ "${1:-}" == selftest ]] && NEEDED="$NEEDED jsonschema ruff cosmic_ray psycopg playwright"
+[[ "${1:-}" == selftest ]] && NEEDED="$NEEDED jsonschema ruff cosmic_ray psycopg playwright mypy"
 pick_python() {
   local cand has_all="import importlib.util, sys; sys.exit(0 if all(importlib.util.find_spec(m) for m in '$NEEDED'.split()) else 1)"
   for cand in "${PYTHON:-}" "$ROOT/.venv/bin/python" python3; do

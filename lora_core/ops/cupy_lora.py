@@ -110,9 +110,11 @@ def backward(
         db = torch.empty((out_features, r), dtype=adapter_dtype, device=dy2.device)  # (O, r) adapter
         cu.gemm(db, dy2, h, trans_a=True, alpha=scale)
     if need_a:
+        assert dh is not None  # made above whenever need_a or need_x
         da = torch.empty((r, in_features), dtype=adapter_dtype, device=dy2.device)  # (r, K) adapter
         cu.gemm(da, dh, x2, trans_a=True, alpha=scale)
     if need_x:
+        assert dh is not None
         w = w() if callable(w) else w
         dx = torch.empty((n, in_features), dtype=dy2.dtype, device=dy2.device)  # (N, K) act
         cu.gemm(dx, dh, a_c, alpha=scale)

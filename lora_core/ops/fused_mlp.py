@@ -45,10 +45,16 @@ class MLPBases:
     w_d: torch.Tensor | None = None
     nf4: tuple[NF4Tensor, NF4Tensor, NF4Tensor] | None = None
 
+    def _dense(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(w_gu, w_d) of 16-bit bases (``nf4`` None): lora_core.fuse.LoRAMLP sets either both or ``nf4``."""
+        assert self.w_gu is not None and self.w_d is not None, "MLPBases without nf4 needs w_gu and w_d"
+        return self.w_gu, self.w_d
+
     def gate_up(self, dtype: torch.dtype) -> torch.Tensor:
         """[W_g; W_u] in ``dtype``: the stored one, or NF4 dequantised into the two halves of one scratch buffer."""
         if self.nf4 is None:
-            return self.w_gu if self.w_gu.dtype == dtype else self.w_gu.to(dtype)
+            w_gu, _ = self._dense()
+            return w_gu if w_gu.dtype == dtype else w_gu.to(dtype)
         g, u, _ = self.nf4
         out = torch.empty((g.shape[0] + u.shape[0], g.shape[1]), dtype=dtype, device=g.device)
         dequantize_nf4(g, dtype, out=out[: g.shape[0]])
@@ -57,7 +63,8 @@ class MLPBases:
 
     def down(self, dtype: torch.dtype) -> torch.Tensor:
         if self.nf4 is None:
-            return self.w_d if self.w_d.dtype == dtype else self.w_d.to(dtype)
+            _, w_d = self._dense()
+            return w_d if w_d.dtype == dtype else w_d.to(dtype)
         return dequantize_nf4(self.nf4[2], dtype)
 
     def keep(self, part: str, w: torch.Tensor, needed: bool = True) -> None:
@@ -74,9 +81,10 @@ class MLPBases:
             return kept
         return self.gate_up(dtype) if part == "gate_up" else self.down(dtype)
 
-    def shapes(self) -> tuple[tuple[int, int], tuple[int, int]]:
+    def shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         if self.nf4 is None:
-            return tuple(self.w_gu.shape), tuple(self.w_d.shape)
+            w_gu, w_d = self._dense()
+            return tuple(w_gu.shape), tuple(w_d.shape)
         g, u, d = self.nf4
         return (g.shape[0] + u.shape[0], g.shape[1]), tuple(d.shape)
 
@@ -109,7 +117,7 @@ def _check(x, bases: MLPBases, adapters) -> None:
     for (what, shape), t in zip(want.items(), adapters):
         if tuple(t.shape) != shape:
             raise ValueError(f"{what} has shape {tuple(t.shape)}, expected {shape} (one rank r={r} for the MLP)")
-    if bases.nf4 is None and (bases.w_gu.requires_grad or bases.w_d.requires_grad):
+    if bases.nf4 is None and any(w.requires_grad for w in bases._dense()):
         raise ValueError("a base weight of the MLP requires grad; the LoRA base is frozen (requires_grad_(False))")
 
 

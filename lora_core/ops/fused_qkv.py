@@ -37,9 +37,15 @@ class QKVBases:
     w_qkv: torch.Tensor | None = None
     nf4: tuple[NF4Tensor, NF4Tensor, NF4Tensor] | None = None
 
+    def _dense(self) -> torch.Tensor:
+        """``w_qkv`` of 16-bit bases (``nf4`` None): lora_core.fuse.QKVGroup sets either it or ``nf4``."""
+        assert self.w_qkv is not None, "QKVBases without nf4 needs w_qkv"
+        return self.w_qkv
+
     def weight(self, dtype: torch.dtype) -> torch.Tensor:
         if self.nf4 is None:
-            return self.w_qkv if self.w_qkv.dtype == dtype else self.w_qkv.to(dtype)
+            w_qkv = self._dense()
+            return w_qkv if w_qkv.dtype == dtype else w_qkv.to(dtype)
         first = self.nf4[0]
         out = torch.empty((sum(self.sizes), first.shape[1]), dtype=dtype, device=first.device)
         start = 0
@@ -60,7 +66,7 @@ class QKVBases:
 
     @property
     def in_features(self) -> int:
-        return self.w_qkv.shape[1] if self.nf4 is None else self.nf4[0].shape[1]
+        return self._dense().shape[1] if self.nf4 is None else self.nf4[0].shape[1]
 
 
 def lora_qkv(x, bases: QKVBases, adapters, scale: float, *, backend: str | None = None):
@@ -84,7 +90,7 @@ def _check(x, bases: QKVBases, adapters) -> None:
                 f"A_{part} {tuple(a.shape)}, B_{part} {tuple(b.shape)}: expected ({r}, {k}) and "
                 f"({bases.sizes[i]}, {r}) (one rank r={r} for q, k and v)"
             )
-    if bases.nf4 is None and bases.w_qkv.requires_grad:
+    if bases.nf4 is None and bases._dense().requires_grad:
         raise ValueError("the q/k/v base weight requires grad; the LoRA base is frozen (requires_grad_(False))")
 
 

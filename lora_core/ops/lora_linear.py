@@ -29,7 +29,7 @@ REFERENCE_ONLY_DTYPES = (torch.float64,)  # accepted by the torch backend only (
 
 def lora_linear(
     x: torch.Tensor,
-    weight: torch.Tensor,
+    weight: torch.Tensor | NF4Tensor,
     lora_a: torch.Tensor,
     lora_b: torch.Tensor,
     scale: float,

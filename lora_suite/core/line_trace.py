@@ -66,7 +66,9 @@ class LineTrace:
 
             def local(frame, event, arg):
                 if event == "line":
-                    self._add(self._which(frame.f_code.co_filename), frame.f_lineno)
+                    which = self._which(frame.f_code.co_filename)
+                    assert which is not None  # global_ hands this tracer to frames of traced files only
+                    self._add(which, frame.f_lineno)
                 return local
 
             def global_(frame, event, arg):

@@ -17,9 +17,12 @@ from lora_suite.core.config import (
     RENAMED,
     RETIRED,
     ConfigError,
+    Criteria,
+    DataSettings,
     ModelConfig,
     SettingsError,
     TierConfig,
+    TrainSettings,
     target_shapes,
 )
 from lora_suite.core.yaml_io import read_yaml
@@ -139,16 +142,7 @@ def _spanning_rules(cfg: TierConfig) -> list[tuple[str, object, bool, str]]:
     shapes, seq_len against its positions, the criteria's windows against train.steps, the accumulation check's
     micro-batches against data.batch_size."""
     a, t, c, d, r = cfg.model.architecture, cfg.train, cfg.criteria, cfg.data, cfg.lora.r
-    timed = any(
-        v is not None
-        for v in (
-            c.leak_slope_max_mib_per_step,
-            c.stall_fraction_max,
-            c.device_time_drift_max,
-            c.aged_vs_fresh_slowdown_max,
-            c.host_leak_slope_max_mib_per_step,
-        )
-    )
+    timed = _any_timed_criterion(c)
     after_fit = t.steps - c.fit_after_step
     low, name = min((min(io), name) for name, io in target_shapes(a, cfg.lora.targets).items())
     return [
@@ -159,6 +153,29 @@ def _spanning_rules(cfg: TierConfig) -> list[tuple[str, object, bool, str]]:
             d.seq_len <= a.max_position_embeddings,
             f"2 <= seq_len <= max_position_embeddings={a.max_position_embeddings}",
         ),
+    ] + _criteria_rules(c, t, d, timed, after_fit)
+
+
+def _any_timed_criterion(c: Criteria) -> bool:
+    """Whether a criterion that judges the steps after the warm-up (fit_after_step) is set: leaks, stalls, drift."""
+    return any(
+        v is not None
+        for v in (
+            c.leak_slope_max_mib_per_step,
+            c.stall_fraction_max,
+            c.device_time_drift_max,
+            c.aged_vs_fresh_slowdown_max,
+            c.host_leak_slope_max_mib_per_step,
+        )
+    )
+
+
+def _criteria_rules(
+    c: Criteria, t: TrainSettings, d: DataSettings, timed: bool, after_fit: int
+) -> list[tuple[str, object, bool, str]]:
+    """The spanning rules of the criteria: their windows against train.steps (``after_fit`` of them after
+    fit_after_step), the accumulation check's micro-batches against data.batch_size."""
+    return [
         (
             "criteria.loss_window",
             c.loss_window,

@@ -72,7 +72,10 @@ def scan(config_dir: Path | None = None, tiers_dir: Path | None = None):
 
 def _load(path: Path, config_dir: Path, tiers_dir: Path) -> RegisteredTier:
     cfg = load_tier_config(path, config_dir)
-    tests_dir = tiers_dir / (cfg.suite.tests or cfg.tier)
+    suite = cfg.suite
+    if suite is None:  # `suite:` given but empty: a tier YAML that says nothing of the tier
+        raise ConfigError(f"{path}.suite: null; expected the tier's entry (description, order, figures)")
+    tests_dir = tiers_dir / (suite.tests or cfg.tier)
     if not tests_dir.is_dir():
         raise ConfigError(
             f"{path}.suite.tests: the tier {cfg.tier!r} runs the tests in {tests_dir}, which is not a folder; "
@@ -80,4 +83,4 @@ def _load(path: Path, config_dir: Path, tiers_dir: Path) -> RegisteredTier:
         )
     if cfg.tier != path.stem:
         raise ConfigError(f"{path}.tier: {cfg.tier!r}; a tier's YAML is named for it: expected {path.stem!r}")
-    return RegisteredTier(cfg.tier, cfg.suite, path, tests_dir)
+    return RegisteredTier(cfg.tier, suite, path, tests_dir)

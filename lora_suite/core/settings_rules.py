@@ -128,7 +128,7 @@ def _rule(field, ok, expected, bad, *, note: str = "", form: str = OUT_OF_RANGE,
     return Rule(field, ok, expected + (f" ({note})" if note else ""), bad, form, when, show)
 
 
-def scalar_type(cls, field: str) -> type:
+def scalar_type(cls: type, field: str) -> type:
     """The int, float, str or bool a field holds (its annotation without ``| None``)."""
     hint = field_types(cls)[field]
     args = [a for a in typing.get_args(hint) if a is not type(None)]
@@ -136,7 +136,7 @@ def scalar_type(cls, field: str) -> type:
 
 
 @functools.cache
-def field_types(cls) -> dict[str, object]:
+def field_types(cls: type) -> dict[str, typing.Any]:
     """Each field's annotation, resolved; one that cannot be resolved at run time (``AdapterSpec.adapter_dtype``'s
     torch.dtype, imported for type checkers only) is left out: its rule judges it."""
     names = vars(sys.modules[cls.__module__])
@@ -152,7 +152,8 @@ def field_types(cls) -> dict[str, object]:
 def type_problem(obj) -> tuple[str, str] | None:
     """(field, "expected int, got '8'") for the first field whose value is not of its annotated type, else None.
     bool is not an int here, and a float field takes an int."""
-    for name, hint in field_types(type(obj)).items():
+    cls: type = type(obj)  # annotated: mypy does not take a type[...] for functools.cache's Hashable argument
+    for name, hint in field_types(cls).items():
         value = getattr(obj, name)
         if not _is(hint, value):
             return name, f"expected {_type_words(hint)}, got {value!r}"

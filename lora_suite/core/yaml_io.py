@@ -14,7 +14,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last one silently)."""
 
     def construct_mapping(self, node, deep=False):
-        seen = {}
+        seen: dict[object, int] = {}  # key -> its line (0-based)
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
             if key in seen:

@@ -23,6 +23,8 @@ DECLARED = {
     "matplotlib": "matplotlib",
     "filelock": "filelock",
     "pytest-xdist": "xdist",
+    "sqlalchemy": "sqlalchemy",
+    "plotly": "plotly",
 }
 TRANSITIVE = {"numpy", "_pytest"}  # matplotlib requires numpy; _pytest is pytest's own package
 OURS = {"lora_core", "lora_suite", "tests", "tiers", "benchmarks", "__future__"}
