@@ -9,6 +9,7 @@ report. The torch dtype names of the YAML are resolved here.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -170,6 +171,41 @@ def prepare(
         else resolve_implementation(implementation or cfg.implementation)
     )
     spec = adapter_spec(cfg, quantize)
+    _refuse_what_impl_cannot(cfg, impl, spec, quantize)
+    per_layer = impl.inject_per_layer
+    # An implementation that trains only models its own loader read (load_model: Unsloth's) gets the built weights
+    # in host memory, each decoder layer moved there as soon as it is built (one 16-bit layer on the GPU at a time,
+    # as a loader reading a checkpoint), and quantises them itself as it loads them.
+    own_loader = impl.has_own_loader()
+    quantizer = _base_quantizer(impl, base_from, quantize, own_loader)
+    torch.manual_seed(seed)  # adapter init (kaiming A) is the same for the same seed on every backend
+    built = build_model(
+        cfg.model,
+        cfg.weights,
+        DTYPES[cfg.dtype],
+        device,
+        seed=seed,
+        on_layer=_on_layer_hook(impl, spec, quantizer, per_layer, own_loader),
+    )
+    if not per_layer:
+        built = dataclasses.replace(built, model=impl.load_model(built.model, spec))
+        impl.inject(built.model, spec)
+    adapters = impl.adapter_parameters(built.model)
+    if not adapters:
+        raise ValueError(
+            f"implementation {impl.name!r} put no adapters into {cfg.model.name} for targets {list(spec.targets)}"
+        )
+    _freeze_all_but(built.model, adapters)
+    replaced = adapted_modules(adapters)
+    batches = Batches(cfg.data, tokenizer_for(built.tokenizer), cfg.model.architecture.vocab_size, device)
+    return Prepared(built, built.model, batches, replaced, quantize, impl, adapters, spec)
+
+
+def _refuse_what_impl_cannot(
+    cfg: TierConfig, impl: LoRAImplementation, spec: AdapterSpec, quantize: str | None
+) -> None:
+    """Raise ``ImplementationError`` where ``cfg`` asks ``impl`` for what it declares not applicable: captured
+    steps, fp32 adapters on a 16-bit base, a 16-bit base (checked in that order)."""
     no_capture = impl.reason_not_applicable("cuda_graph_capture")
     if cfg.train.cuda_graph and no_capture:
         raise ImplementationError(
@@ -185,17 +221,32 @@ def prepare(
         raise ImplementationError(
             f"lora.quantize: null (a 16-bit base), but implementation {impl.name!r} cannot: {no_16bit}"
         )
-    per_layer = impl.inject_per_layer
-    # An implementation that trains only models its own loader read (load_model: Unsloth's) gets the built weights
-    # in host memory, each decoder layer moved there as soon as it is built (one 16-bit layer on the GPU at a time,
-    # as a loader reading a checkpoint), and quantises them itself as it loads them.
-    own_loader = impl.has_own_loader()
+
+
+def _base_quantizer(
+    impl: LoRAImplementation, base_from: LoRAImplementation | None, quantize: str | None, own_loader: bool
+) -> LoRAImplementation | None:
+    """Whose 4-bit storage the base gets as the model is built: none for a 16-bit base, else ``base_from``'s, else
+    ``impl``'s own, unless ``impl`` has its own loader (which quantises as it loads)."""
     # Whose 4-bit storage the base gets, layer by layer as the model is built (as transformers quantises while it
     # loads: a QLoRA model never exists in 16 bits as a whole, so its build does not set its peak): base_from's,
     # else the implementation's own (quantize_base returns False where it has none and injects per layer).
     quantizer = None if quantize is None else (base_from if base_from is not None else impl)
     if own_loader and quantizer is impl:
         quantizer = None
+    return quantizer
+
+
+def _on_layer_hook(
+    impl: LoRAImplementation,
+    spec: AdapterSpec,
+    quantizer: LoRAImplementation | None,
+    per_layer: bool,
+    own_loader: bool,
+) -> Callable[[nn.Module], None] | None:
+    """What ``build_model`` does to each decoder layer as it is built: quantise its base (``quantizer``), inject
+    (an implementation that injects per layer), move it to host memory (one with its own loader), in that order;
+    None where there is nothing to do."""
 
     def on_layer(layer: nn.Module) -> None:
         if quantizer is not None:
@@ -205,27 +256,12 @@ def prepare(
         if own_loader:
             layer.to("cpu")
 
-    torch.manual_seed(seed)  # adapter init (kaiming A) is the same for the same seed on every backend
-    built = build_model(
-        cfg.model,
-        cfg.weights,
-        DTYPES[cfg.dtype],
-        device,
-        seed=seed,
-        on_layer=on_layer if per_layer or own_loader or quantizer is not None else None,
-    )
-    if not per_layer:
-        built = dataclasses.replace(built, model=impl.load_model(built.model, spec))
-        impl.inject(built.model, spec)
-    adapters = impl.adapter_parameters(built.model)
-    if not adapters:
-        raise ValueError(
-            f"implementation {impl.name!r} put no adapters into {cfg.model.name} for targets {list(spec.targets)}"
-        )
+    return on_layer if per_layer or own_loader or quantizer is not None else None
+
+
+def _freeze_all_but(model: nn.Module, adapters: dict[str, nn.Parameter]) -> None:
+    """Freeze every parameter of ``model`` that is not one of ``adapters`` (embeddings, norms, LM head, base)."""
     adapter_ids = {id(a) for a in adapters.values()}
-    for p in built.model.parameters():  # embeddings, norms, LM head: frozen
+    for p in model.parameters():  # embeddings, norms, LM head: frozen
         if id(p) not in adapter_ids:
             p.requires_grad_(False)
-    replaced = adapted_modules(adapters)
-    batches = Batches(cfg.data, tokenizer_for(built.tokenizer), cfg.model.architecture.vocab_size, device)
-    return Prepared(built, built.model, batches, replaced, quantize, impl, adapters, spec)

@@ -80,21 +80,8 @@ def round_trip(
     want = {n: p.detach().clone() for n, p in trained.adapters.items()}
     want_logits = logits(trained.model, batch)
     impl.save_adapter(trained.model, folder)
-    out = []
     saved = saved_tensors(folder) if (folder / WEIGHTS_FILE).is_file() else {}
-    bad = [
-        n for n, t in want.items() if n not in saved or saved[n].shape != t.shape or not torch.equal(saved[n].to(t), t)
-    ]
-    out.append(
-        Verdict(
-            f"saved folder: adapters missing or not bitwise the trained ones (of {len(want)})",
-            len(bad),
-            "==",
-            0,
-            "save_adapter writes PEFT's format (adapter_model.safetensors, PEFT's key names)",
-            ", ".join(bad[:4]),
-        )
-    )
+    out = [_saved_bitwise_verdict(want, saved)]
     out += saved_folder_verdicts(trained, folder, want, saved)
     fresh = build()
     out.append(
@@ -109,19 +96,49 @@ def round_trip(
     try:
         impl.load_adapter(fresh.model, folder)
     except Exception as exc:  # noqa: BLE001  (recorded as the failed check, with the error, not a crash)
-        return out + [
-            Verdict(
-                "after load_adapter: the folder save_adapter wrote loads",
-                f"raised {type(exc).__name__}",
-                "==",
-                "loaded",
-                "load_adapter reads what save_adapter wrote",
-                str(exc)[:300],
-            )
-        ]
+        return out + [_load_failed_verdict(exc)]
+    out += _loaded_verdicts(fresh, want, batch, want_logits)
+    for key in tampered:
+        out.append(_tampered(trained, build, folder, key, TAMPERED[key], logits(fresh.model, batch)))
+    return out
+
+
+def _saved_bitwise_verdict(want: dict[str, torch.Tensor], saved: dict[str, torch.Tensor]) -> Verdict:
+    """The saved folder holds every trained adapter, of its shape and bitwise its values (after a cast to the
+    adapter's dtype and device)."""
+    bad = [
+        n for n, t in want.items() if n not in saved or saved[n].shape != t.shape or not torch.equal(saved[n].to(t), t)
+    ]
+    return Verdict(
+        f"saved folder: adapters missing or not bitwise the trained ones (of {len(want)})",
+        len(bad),
+        "==",
+        0,
+        "save_adapter writes PEFT's format (adapter_model.safetensors, PEFT's key names)",
+        ", ".join(bad[:4]),
+    )
+
+
+def _load_failed_verdict(exc: Exception) -> Verdict:
+    """The failed check of a ``load_adapter`` that raised on the folder ``save_adapter`` wrote, naming the error."""
+    return Verdict(
+        "after load_adapter: the folder save_adapter wrote loads",
+        f"raised {type(exc).__name__}",
+        "==",
+        "loaded",
+        "load_adapter reads what save_adapter wrote",
+        str(exc)[:300],
+    )
+
+
+def _loaded_verdicts(
+    fresh: Prepared, want: dict[str, torch.Tensor], batch: dict, want_logits: torch.Tensor
+) -> list[Verdict]:
+    """After ``load_adapter``: the fresh model's adapters bitwise the trained ones, and its logits on ``batch``
+    bitwise the trained model's (max |Δ| = 0)."""
     got = fresh.implementation.adapter_parameters(fresh.model)
     bad = [n for n, t in want.items() if n not in got or not torch.equal(got[n].detach(), t)]
-    out.append(
+    return [
         Verdict(
             f"after load_adapter: adapters not bitwise the trained ones (of {len(want)})",
             len(bad),
@@ -129,20 +146,15 @@ def round_trip(
             0,
             "load_adapter reads what save_adapter wrote",
             ", ".join(bad[:4]),
-        )
-    )
-    out.append(
+        ),
         Verdict(
             "after load_adapter: max |logits - trained logits|",
             _max_diff(logits(fresh.model, batch), want_logits),
             "==",
             0.0,
             "same base, same adapters, same implementation: the same logits bitwise",
-        )
-    )
-    for key in tampered:
-        out.append(_tampered(trained, build, folder, key, TAMPERED[key], logits(fresh.model, batch)))
-    return out
+        ),
+    ]
 
 
 def _tensors(change: Callable[[dict], dict]) -> Callable[[Path], None]:

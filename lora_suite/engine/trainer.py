@@ -48,6 +48,7 @@ from torch import nn
 from lora_core.inject import adapter_parameters
 from lora_suite.core.config import TrainSettings
 from lora_suite.engine.capture import StaticBatches, checkpointing_kwargs
+from lora_suite.engine.non_finite import non_finite_message
 from lora_suite.engine.optimizer import check_capturable, clip_gradients, lr_at, make_optimizer, set_lr
 from lora_suite.measure.device_time import DeviceTimer
 from lora_suite.measure.memory import MIB, host_heap_bytes, host_rss_bytes
@@ -192,7 +193,7 @@ class TrainingRun:
         self,
         model: nn.Module,
         batches: Callable[[int], dict[str, torch.Tensor]],
-        s: TrainSettings,
+        settings: TrainSettings,
         *,
         optimizer: torch.optim.Optimizer | None = None,
         start_step: int = 0,
@@ -201,27 +202,28 @@ class TrainingRun:
         step_hook: Callable[[int], None] | None = None,
         device_timer: DeviceTimer | None = None,
     ):
-        self.model, self.batches, self.s = model, batches, s
+        self.model, self.batches, self.settings = model, batches, settings
         self.named = adapter_parameters(model) if adapters is None else adapters
-        self.optimizer = optimizer or make_optimizer(model, s, self.named)
+        self.optimizer = optimizer or make_optimizer(model, settings, self.named)
         self.params = list(self.named.values())
         self.cuda = self.params[0].is_cuda
         self.records = [] if records is None else records
         self.step_hook, self.device_timer = step_hook, device_timer
-        if s.cuda_graph:
+        if settings.cuda_graph:
             check_capturable(self.params)
             if not any(torch.is_tensor(g["lr"]) for g in self.optimizer.param_groups):
                 raise ValueError(
                     "train.cuda_graph: true needs a capturable optimizer with a tensor lr "
                     "(make_optimizer builds one from the same settings)"
                 )
-        self.capture_at = start_step + s.graph_warmup_steps if s.cuda_graph else None
-        self.side = torch.cuda.Stream() if s.cuda_graph else None  # the warm-up steps run here, as capture requires
+        self.capture_at = start_step + settings.graph_warmup_steps if settings.cuda_graph else None
+        # the warm-up steps run here, as capture requires
+        self.side = torch.cuda.Stream() if settings.cuda_graph else None
         if self.side is not None:
             self.side.wait_stream(torch.cuda.current_stream())
         self.captured: CapturedStep | None = None
-        if s.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpointing_kwargs(model, s))
+        if settings.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpointing_kwargs(model, settings))
         self.nvml: NvmlReader | None = None
         # one for the run's whole life: a run entered again (aged vs fresh) keeps the source of its first reading
         self.process_memory: ProcessMemory | None = None
@@ -243,7 +245,7 @@ class TrainingRun:
 
     def step(self, step: int, *, record: bool = True) -> StepRecord:
         """Optimizer step ``step`` (micro-batches ``step * grad_accum ...``), timed and recorded (module docstring)."""
-        s, cuda = self.s, self.cuda
+        settings, cuda = self.settings, self.cuda
         if self.captured is None and self.capture_at is not None and step == self.capture_at:
             torch.cuda.current_stream().wait_stream(self.side)  # the warm-up is over: back on the main stream
             self.side = None
@@ -254,64 +256,89 @@ class TrainingRun:
             if cuda:
                 ev_start, ev_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 ev_start.record()
-            lr = lr_at(step, s)
+            lr = lr_at(step, settings)
             set_lr(self.optimizer, lr)
-            micro = [self.batches(step * s.grad_accum + i) for i in range(s.grad_accum)]
+            micro = [self.batches(step * settings.grad_accum + i) for i in range(settings.grad_accum)]
             n_tokens = sum(b["input_ids"].numel() for b in micro)
-            max_norm = s.max_grad_norm if s.max_grad_norm is not None else math.inf
+            max_norm = settings.max_grad_norm if settings.max_grad_norm is not None else math.inf
             replayed = self.capture_at is not None and step >= self.capture_at
             if replayed:
-                if self.captured is None:
-                    self.captured = CapturedStep(self.model, self.optimizer, self.params, micro, max_norm)
-                loss_t, norm_t = self.captured.run(micro, step)
-                grad_norm, loss = float(norm_t), float(loss_t)  # sync after the replay
-                if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-                    raise NonFiniteError(
-                        _non_finite_message(step, loss, grad_norm, self.named, self.model, micro)
-                        + " (captured step: its update is already applied)"
-                    )
+                loss, grad_norm = self._replayed_update(step, micro, max_norm)
             else:
-                self.optimizer.zero_grad(set_to_none=True)
-                loss_t = accumulate_gradients(self.model, micro)
-                grad_norm = float(clip_gradients(self.params, max_norm))  # syncs
-                loss = float(loss_t)
-                if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-                    raise NonFiniteError(_non_finite_message(step, loss, grad_norm, self.named, self.model, micro))
-                self.optimizer.step()
+                loss, grad_norm = self._eager_update(step, micro, max_norm)
             if self.step_hook is not None:
                 self.step_hook(step)
             if cuda:
                 ev_end.record()  # on the stream the step ran on (the side stream during a graph's warm-up)
                 torch.cuda.synchronize()
             dt, cpu = time.perf_counter() - t0, time.process_time() - c0
-        probe = host_probe(s.host_probe_ops) if s.host_probe_ops else None
-        nvml_used = self.nvml.used() if self.nvml is not None else None
-        own = self.process_memory.read() if self.nvml is not None else None
-        rss, heap = host_rss_bytes(), host_heap_bytes()
-        launches = self.device_timer.launches.get(step) if self.device_timer else None
         rec = StepRecord(
+            **self._readings(step, (ev_start, ev_end) if cuda else None),
             step=step,
             loss=loss,
             grad_norm=grad_norm,
             lr=lr,
             tokens_per_s=n_tokens / dt,
             step_time_s=dt,
-            allocated_mib=torch.cuda.memory_allocated() / MIB if cuda else 0.0,
-            reserved_mib=torch.cuda.memory_reserved() / MIB if cuda else 0.0,
-            peak_allocated_mib=torch.cuda.max_memory_allocated() / MIB if cuda else 0.0,
-            nvml_used_mib=None if nvml_used is None else nvml_used / MIB,
-            gpu_time_s=ev_start.elapsed_time(ev_end) / 1e3 if cuda else None,
             cpu_time_s=cpu,
-            host_probe_s=probe,
             captured=replayed,
-            host_rss_mib=None if rss is None else rss / MIB,
-            host_heap_mib=None if heap is None else heap / MIB,
-            device_time_s=None if launches is None else sum(d for _, d in launches) / 1e6,
-            process_gpu_mib=None if own is None else own / MIB,
         )
         if record:
             self.records.append(rec)
         return rec
+
+    def _replayed_update(self, step: int, micro: list[dict[str, torch.Tensor]], max_norm: float) -> tuple[float, float]:
+        """One update by the captured graph (captured from these micro-batches on its first call, then replayed);
+        returns (loss, gradient norm), read back after the replay, so a non-finite step's update is already
+        applied."""
+        if self.captured is None:
+            self.captured = CapturedStep(self.model, self.optimizer, self.params, micro, max_norm)
+        loss_t, norm_t = self.captured.run(micro, step)
+        grad_norm, loss = float(norm_t), float(loss_t)  # sync after the replay
+        self._stop_if_non_finite(step, loss, grad_norm, micro, " (captured step: its update is already applied)")
+        return loss, grad_norm
+
+    def _eager_update(self, step: int, micro: list[dict[str, torch.Tensor]], max_norm: float) -> tuple[float, float]:
+        """One eager update: zeroed gradients, token-weighted accumulation, clipping to ``max_norm``, and the AdamW
+        step only once the loss and gradient norm are finite; returns (loss, gradient norm)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_t = accumulate_gradients(self.model, micro)
+        grad_norm = float(clip_gradients(self.params, max_norm))  # syncs
+        loss = float(loss_t)
+        self._stop_if_non_finite(step, loss, grad_norm, micro)
+        self.optimizer.step()
+        return loss, grad_norm
+
+    def _stop_if_non_finite(
+        self, step: int, loss: float, grad_norm: float, micro: list[dict[str, torch.Tensor]], note: str = ""
+    ) -> None:
+        """The non-finite guard: raise ``NonFiniteError`` naming what is non-finite (``note`` appended) unless the
+        loss and the gradient norm are both finite."""
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            raise NonFiniteError(non_finite_message(step, loss, grad_norm, self.named, self.model, micro) + note)
+
+    def _readings(self, step: int, events: tuple | None) -> dict:
+        """The record's readings once the step has synchronised, taken in this order: the host probe, NVML's and
+        this process's GPU memory, the host's RSS and heap, the profiled launches, torch's memory, and the GPU span
+        between the step's CUDA ``events`` (None on the CPU)."""
+        settings, cuda = self.settings, self.cuda
+        probe = host_probe(settings.host_probe_ops) if settings.host_probe_ops else None
+        nvml_used = self.nvml.used() if self.nvml is not None else None
+        own = self.process_memory.read() if self.nvml is not None else None
+        rss, heap = host_rss_bytes(), host_heap_bytes()
+        launches = self.device_timer.launches.get(step) if self.device_timer else None
+        return {
+            "allocated_mib": torch.cuda.memory_allocated() / MIB if cuda else 0.0,
+            "reserved_mib": torch.cuda.memory_reserved() / MIB if cuda else 0.0,
+            "peak_allocated_mib": torch.cuda.max_memory_allocated() / MIB if cuda else 0.0,
+            "nvml_used_mib": None if nvml_used is None else nvml_used / MIB,
+            "gpu_time_s": events[0].elapsed_time(events[1]) / 1e3 if cuda else None,
+            "host_probe_s": probe,
+            "host_rss_mib": None if rss is None else rss / MIB,
+            "host_heap_mib": None if heap is None else heap / MIB,
+            "device_time_s": None if launches is None else sum(d for _, d in launches) / 1e6,
+            "process_gpu_mib": None if own is None else own / MIB,
+        }
 
 
 def train(
@@ -370,30 +397,3 @@ def train(
                     f"{eta // 60:.0f}m{eta % 60:02.0f}s",
                 )
     return TrainResult(run.records, run.optimizer, run)
-
-
-def _non_finite_message(
-    step: int, loss: float, grad_norm: float, named: dict[str, nn.Parameter], model=None, micro=None
-) -> str:
-    """Name what is non-finite: the adapters' values and gradients, the frozen base's tensors (then the adapters are
-    not the cause), and a batch without one target token (its mean loss is 0/0)."""
-    values = [n for n, p in named.items() if not torch.isfinite(p).all()]
-    grads = [n for n, p in named.items() if p.grad is not None and not torch.isfinite(p.grad).all()]
-    msg = (
-        f"non-finite values at step {step}: loss {loss}, grad norm {grad_norm}; adapters with NaN/Inf values: "
-        f"{values[:10]}{' ...' if len(values) > 10 else ''}; adapters with NaN/Inf gradients: {grads[:10]}"
-        f"{' ...' if len(grads) > 10 else ''} ({len(grads)} of {len(named)})"
-    )
-    if model is not None:
-        mine = {id(p) for p in named.values()}
-        frozen = [
-            n
-            for n, t in list(model.named_parameters()) + list(model.named_buffers())
-            if id(t) not in mine and t.is_floating_point() and not torch.isfinite(t).all()
-        ]
-        if frozen:
-            msg += f"; the frozen base holds NaN/Inf in {frozen[:5]} ({len(frozen)} tensors): not the adapters' doing"
-    empty = [i for i, b in enumerate(micro or []) if "labels" in b and not bool((b["labels"][..., 1:] != -100).any())]
-    if empty:
-        msg += f"; micro-batch(es) {empty} have no target token (every label is -100): their mean loss is 0/0"
-    return msg

@@ -94,13 +94,42 @@ def breakdown(
     """Rows (phase, seconds, detail); epoch seconds in, None where a phase could not be measured. ``workers``: the
     pytest-xdist workers this process drove (it then creates no CUDA context of its own). ``setup_s``: the bytecode
     cache's one-time set-up before pytest started (``lora_suite.cli.bytecode``), part of the first row."""
+    rows = _start_up_rows(script_start, process_start, configured, session_start, setup_s)
+    rows.append(("CUDA context", cuda_context_s, _cuda_context_detail(cuda_context_s, workers)))
+    total = sum(s for _, s in test_seconds)
+    rows.append((f"tests ({len(test_seconds)})", total, _slowest_tests(test_seconds, top)))
+    if kernel_loads:
+        rows.append(
+            (
+                f"  of which RawKernel first loads ({len(kernel_loads)})",
+                sum(kernel_loads.values()),
+                _slowest_loads(kernel_loads, top + 3),
+            )
+        )
+    if clock is not None:
+        rows += _around_tests_rows(clock, total, session_s, top)
+    return rows
+
+
+def _cuda_context_detail(cuda_context_s: float | None, workers: int) -> str:
+    """Where the run's CUDA context came from: this process at the session's start, each xdist worker, or none."""
     if cuda_context_s is not None:
-        context = "created at the session's start"
-    elif workers:
-        context = f"none in this process: each of the {workers} workers creates its own"
-    else:
-        context = "no GPU"
-    rows = [
+        return "created at the session's start"
+    if workers:
+        return f"none in this process: each of the {workers} workers creates its own"
+    return "no GPU"
+
+
+def _start_up_rows(
+    script_start: float | None,
+    process_start: float | None,
+    configured: float,
+    session_start: float,
+    setup_s: float | None,
+) -> list[tuple[str, float | None, str]]:
+    """The rows before the first test: before pytest (with the bytecode cache's set-up where there was one), the
+    interpreter and plugin imports, and collection, each the gap between two epochs (None where one is unknown)."""
+    rows: list[tuple[str, float | None, str]] = [
         (
             "before pytest (gpu-test.sh: interpreter choice, nvidia-smi)",
             None if script_start is None or process_start is None else process_start - script_start,
@@ -122,40 +151,30 @@ def breakdown(
             "process start to pytest_configure; " + bytecode_note(),
         ),
         ("collection", session_start - configured, "test modules imported, items selected"),
-        ("CUDA context", cuda_context_s, context),
     ]
-    total = sum(s for _, s in test_seconds)
-    slow = sorted(test_seconds, key=lambda t: -t[1])[:top]
-    rows.append(
-        (
-            f"tests ({len(test_seconds)})",
-            total,
-            "slowest: " + "; ".join(f"{name.split('::')[-1]} {s:.2f} s" for name, s in slow),
-        )
-    )
-    if kernel_loads:
-        rows.append(
-            (
-                f"  of which RawKernel first loads ({len(kernel_loads)})",
-                sum(kernel_loads.values()),
-                _slowest_loads(kernel_loads, top + 3),
-            )
-        )
-    if clock is not None:
-        fixtures = sum(clock.setup_teardown.values())
-        slow = sorted(clock.setup_teardown.items(), key=lambda t: -t[1])[:top]
-        rows.append(
-            (
-                "setup and teardown",
-                fixtures,
-                "slowest: " + "; ".join(f"{name.split('::')[-1]} {s:.2f} s" for name, s in slow),
-            )
-        )
-        rows.append(("report.json after each test", clock.writes_s, "the plugin's incremental writes"))
-        if session_s is not None:
-            rest = session_s - total - fixtures - clock.writes_s
-            rows.append(("rest of the session", rest, f"session {session_s:.2f} s less the tests, fixtures, writes"))
     return rows
+
+
+def _around_tests_rows(
+    clock: SessionClock, tests_s: float, session_s: float | None, top: int
+) -> list[tuple[str, float | None, str]]:
+    """The rows of the session's time besides the tests' calls: setup and teardown (the slowest named), the
+    report.json writes, and the rest: session − tests − fixtures − writes (where the session's time is known)."""
+    fixtures = sum(clock.setup_teardown.values())
+    rows: list[tuple[str, float | None, str]] = [
+        ("setup and teardown", fixtures, _slowest_tests(list(clock.setup_teardown.items()), top)),
+        ("report.json after each test", clock.writes_s, "the plugin's incremental writes"),
+    ]
+    if session_s is not None:
+        rest = session_s - tests_s - fixtures - clock.writes_s
+        rows.append(("rest of the session", rest, f"session {session_s:.2f} s less the tests, fixtures, writes"))
+    return rows
+
+
+def _slowest_tests(seconds: list[tuple[str, float]], top: int) -> str:
+    """The ``top`` slowest tests by their function's name (the node id's last part), slowest first."""
+    slow = sorted(seconds, key=lambda t: -t[1])[:top]
+    return "slowest: " + "; ".join(f"{name.split('::')[-1]} {s:.2f} s" for name, s in slow)
 
 
 def _slowest_loads(loads: dict[str, float], top: int) -> str:
@@ -177,61 +196,76 @@ def worker_rows(timelines: list[dict], session_start: float) -> list[tuple[str, 
     """
     if not timelines:
         return []
+    rows = [
+        _start_up_row(timelines),
+        _first_tests_row(timelines),
+        _last_worker_row(timelines, session_start),
+    ]
+    return [row for row in rows if row is not None]
+
+
+def _start_up_row(timelines: list[dict]) -> tuple[str, float | None, str] | None:
+    """The workers' start-up (process start to first test): the median worker's seconds, and the slowest worker's
+    split into imports, preload, CUDA context and collection; None where no worker knows both epochs."""
     ups = sorted(  # by seconds alone: two workers with the same start-up must not compare their dicts
         ((t["first_test"] - t["process_start"], t) for t in timelines if _known(t, "first_test", "process_start")),
         key=lambda st: st[0],
     )
-    rows: list[tuple[str, float | None, str]] = []
-    if ups:
-        median = ups[len(ups) // 2][0]
-        slow_s, slow = ups[-1]
-        after = _gap(slow, "configured", "first_test")
-        own = (slow.get("preload_s") or 0.0) + (slow.get("cuda_context_s") or 0.0)
-        parts = [
-            ("imports", _gap(slow, "process_start", "configured")),
-            ("implementation preload", slow.get("preload_s")),
-            ("CUDA context", slow.get("cuda_context_s")),
-            ("collection", None if after is None else after - own),
-        ]
-        rows.append(
-            (
-                f"workers' start-up ({len(timelines)})",
-                median,
-                f"median, process start to its first test; slowest {slow['worker']} {slow_s:.2f} s: "
-                + ", ".join(f"{k} {v:.2f} s" for k, v in parts if v is not None),
-            )
-        )
+    if not ups:
+        return None
+    median = ups[len(ups) // 2][0]
+    slow_s, slow = ups[-1]
+    after = _gap(slow, "configured", "first_test")
+    own = (slow.get("preload_s") or 0.0) + (slow.get("cuda_context_s") or 0.0)
+    parts = [
+        ("imports", _gap(slow, "process_start", "configured")),
+        ("implementation preload", slow.get("preload_s")),
+        ("CUDA context", slow.get("cuda_context_s")),
+        ("collection", None if after is None else after - own),
+    ]
+    return (
+        f"workers' start-up ({len(timelines)})",
+        median,
+        f"median, process start to its first test; slowest {slow['worker']} {slow_s:.2f} s: "
+        + ", ".join(f"{k} {v:.2f} s" for k, v in parts if v is not None),
+    )
+
+
+def _first_tests_row(timelines: list[dict]) -> tuple[str, float | None, str] | None:
+    """The workers' first tests: their summed seconds and the four slowest named; None where no worker ran one."""
     firsts = sorted(
         ((t["first_test_s"], t) for t in timelines if t.get("first_test_s") is not None), key=lambda x: -x[0]
     )
-    if firsts:
-        rows.append(
-            (
-                "workers' first tests",
-                sum(s for s, _ in firsts),
-                "each pays its process's first use of CUDA, cuBLAS and the model code: "
-                + "; ".join(f"{t['worker']} {t['first_test_name'].split('::')[-1]} {s:.2f} s" for s, t in firsts[:4])
-                + (f"; {len(firsts) - 4} others" if len(firsts) > 4 else ""),
-            )
-        )
+    if not firsts:
+        return None
+    return (
+        "workers' first tests",
+        sum(s for s, _ in firsts),
+        "each pays its process's first use of CUDA, cuBLAS and the model code: "
+        + "; ".join(f"{t['worker']} {t['first_test_name'].split('::')[-1]} {s:.2f} s" for s, t in firsts[:4])
+        + (f"; {len(firsts) - 4} others" if len(firsts) > 4 else ""),
+    )
+
+
+def _last_worker_row(timelines: list[dict], session_start: float) -> tuple[str, float | None, str] | None:
+    """The critical path: the worker that ended last, session start to its end, with its own start, start-up and
+    tests; None where no worker recorded its end."""
     ended = [t for t in timelines if _known(t, "end")]
-    if ended:
-        last = max(ended, key=lambda t: t["end"])
-        start = _gap(last, "process_start", "first_test")
-        rows.append(
-            (
-                "last worker to finish",
-                last["end"] - session_start,
-                f"{last['worker']}, session start to its end: "
-                + (
-                    f"started {last['process_start'] - session_start:+.2f} s, start-up {start:.2f} s, "
-                    if start is not None
-                    else ""
-                )
-                + f"{last.get('tests', 0)} tests {last.get('tests_s', 0.0):.2f} s",
-            )
+    if not ended:
+        return None
+    last = max(ended, key=lambda t: t["end"])
+    start = _gap(last, "process_start", "first_test")
+    return (
+        "last worker to finish",
+        last["end"] - session_start,
+        f"{last['worker']}, session start to its end: "
+        + (
+            f"started {last['process_start'] - session_start:+.2f} s, start-up {start:.2f} s, "
+            if start is not None
+            else ""
         )
-    return rows
+        + f"{last.get('tests', 0)} tests {last.get('tests_s', 0.0):.2f} s",
+    )
 
 
 def _known(t: dict, *keys: str) -> bool:

@@ -103,16 +103,48 @@ def extended_verdicts(
     windows: dict[str, DeviceWindow] | None = None,
     pairs: list[Pair] | None = None,
 ) -> LongRunVerdicts:
+    """The extended tier's verdicts on a run: leak slopes, the smoothed loss, stalls, device-time drift and aged vs
+    fresh, each judged only where the config sets its bar; the fits, the criteria that lacked data and the
+    diagnostics with them."""
     crit, source = cfg.criteria, f"configs/{cfg.tier}.yaml"
     out = LongRunVerdicts()
     after = [r for r in records if r.step >= crit.fit_after_step]
     steps = [r.step for r in after]
-    for name in LEAK_SERIES:
-        bar, key = (
-            (crit.host_leak_slope_max_mib_per_step, "host_leak_slope_max_mib_per_step")
-            if name == "host_heap_mib"
-            else (crit.leak_slope_max_mib_per_step, "leak_slope_max_mib_per_step")
+    _judge_leaks(out, crit, source, after, steps)
+    _fit_diagnostic_slopes(out, after, steps)
+    if crit.smooth_slack is not None:
+        _judge_loss(out, crit, source, records)
+    unprofiled = [r for r in after if not r.profiled]
+    if crit.stall_fraction_max is not None and unprofiled and unprofiled[0].gpu_time_s is not None:
+        out.verdicts.append(
+            stall_verdict(
+                [r.gpu_time_s for r in unprofiled],
+                factor=crit.stall_factor,
+                stall_max=crit.stall_fraction_max,
+                source=source,
+            )
         )
+    if crit.device_time_drift_max is not None:
+        _judge_device_time(out, crit, source, windows)
+    if crit.aged_vs_fresh_slowdown_max is not None:
+        _judge_aged_vs_fresh(out, crit, source, pairs)
+    _host_time_diagnostic(out, cfg, unprofiled)
+    return out
+
+
+def _leak_bar(crit, name: str) -> tuple[float | None, str]:
+    """The slope bar of one leak series and the criterion's key: the host heap has its own bar, the GPU series
+    share one."""
+    if name == "host_heap_mib":
+        return crit.host_leak_slope_max_mib_per_step, "host_leak_slope_max_mib_per_step"
+    return crit.leak_slope_max_mib_per_step, "leak_slope_max_mib_per_step"
+
+
+def _judge_leaks(out: LongRunVerdicts, crit, source: str, after: list[StepRecord], steps: list[int]) -> None:
+    """One verdict per leak series that has a bar: the sustained slope (memory.TrendFit: the least of the whole
+    fit's slope and twice the slower half's, MiB per step) at most the bar; a series without readings is missing."""
+    for name in LEAK_SERIES:
+        bar, key = _leak_bar(crit, name)
         if bar is None:
             continue
         values = [getattr(r, name) for r in after]
@@ -132,62 +164,75 @@ def extended_verdicts(
                 f"from {values[0]:.1f} to {values[-1]:.1f} MiB; {trend.describe()}",
             )
         )
+
+
+def _fit_diagnostic_slopes(out: LongRunVerdicts, after: list[StepRecord], steps: list[int]) -> None:
+    """Least-squares fits of the series shown and never judged (the device-wide used memory, the RSS), where
+    every step after warm-up has a reading and there are at least two."""
     for name in DIAGNOSTIC_SLOPES:
         values = [getattr(r, name) for r in after]
         if len(values) >= 2 and all(v is not None for v in values):
             fit = fit_slope(steps, values)
             what = "device-wide, every process: context" if name == "nvml_used_mib" else "diagnostic"
             out.fits.append((f"{name} ({what})", fit.slope, fit.intercept, fit.r2, min(values), max(values)))
-    if crit.smooth_slack is not None:
-        means = windowed_means([r.loss for r in records], crit.smooth_window)
-        out.verdicts.append(
-            Verdict(
-                f"smoothed loss keeps falling (each window <= previous x (1 + {crit.smooth_slack}))",
-                float(is_non_increasing(means, crit.smooth_slack)),
-                ">=",
-                1.0,
-                f"{source} smooth_slack",
-                f"window means {[round(m, 4) for m in means]}",
-            )
+
+
+def _judge_loss(out: LongRunVerdicts, crit, source: str, records: list[StepRecord]) -> None:
+    """The loss verdicts on the window means m_1..m_k of ``smooth_window`` steps: m_{i+1} <= m_i (1 + slack) for
+    every i, and m_k < m_1."""
+    means = windowed_means([r.loss for r in records], crit.smooth_window)
+    out.verdicts.append(
+        Verdict(
+            f"smoothed loss keeps falling (each window <= previous x (1 + {crit.smooth_slack}))",
+            float(is_non_increasing(means, crit.smooth_slack)),
+            ">=",
+            1.0,
+            f"{source} smooth_slack",
+            f"window means {[round(m, 4) for m in means]}",
         )
-        out.verdicts.append(
-            Verdict("last window mean loss < first window mean", round(means[-1], 4), "<", round(means[0], 4))
+    )
+    out.verdicts.append(
+        Verdict("last window mean loss < first window mean", round(means[-1], 4), "<", round(means[0], 4))
+    )
+
+
+def _judge_device_time(out: LongRunVerdicts, crit, source: str, windows: dict[str, DeviceWindow] | None) -> None:
+    """The device-time drift verdict on the early and late profiled windows' clipped device times; missing
+    without both windows."""
+    if not windows or "early" not in windows or "late" not in windows:
+        out.missing.append("device time drift: no early and late profiled windows (CUPTI through torch.profiler)")
+        return
+    out.verdicts.append(
+        device_time_verdict(
+            windows["early"].clipped_s,
+            windows["late"].clipped_s,
+            drift_max=crit.device_time_drift_max,
+            z=crit.drift_noise_z,
+            source=source,
         )
-    unprofiled = [r for r in after if not r.profiled]
-    if crit.stall_fraction_max is not None and unprofiled and unprofiled[0].gpu_time_s is not None:
-        out.verdicts.append(
-            stall_verdict(
-                [r.gpu_time_s for r in unprofiled],
-                factor=crit.stall_factor,
-                stall_max=crit.stall_fraction_max,
-                source=source,
-            )
+    )
+
+
+def _judge_aged_vs_fresh(out: LongRunVerdicts, crit, source: str, pairs: list[Pair] | None) -> None:
+    """The aged-vs-fresh verdict on the pairs' ratios; missing when no pairs were run."""
+    if not pairs:
+        out.missing.append("aged vs fresh: no alternating pairs were run")
+        return
+    out.verdicts.append(
+        aged_vs_fresh_verdict(
+            [p.ratio for p in pairs],
+            slowdown_max=crit.aged_vs_fresh_slowdown_max,
+            z=crit.drift_noise_z,
+            source=source,
         )
-    if crit.device_time_drift_max is not None:
-        if not windows or "early" not in windows or "late" not in windows:
-            out.missing.append("device time drift: no early and late profiled windows (CUPTI through torch.profiler)")
-        else:
-            out.verdicts.append(
-                device_time_verdict(
-                    windows["early"].clipped_s,
-                    windows["late"].clipped_s,
-                    drift_max=crit.device_time_drift_max,
-                    z=crit.drift_noise_z,
-                    source=source,
-                )
-            )
-    if crit.aged_vs_fresh_slowdown_max is not None:
-        if not pairs:
-            out.missing.append("aged vs fresh: no alternating pairs were run")
-        else:
-            out.verdicts.append(
-                aged_vs_fresh_verdict(
-                    [p.ratio for p in pairs],
-                    slowdown_max=crit.aged_vs_fresh_slowdown_max,
-                    z=crit.drift_noise_z,
-                    source=source,
-                )
-            )
+    )
+
+
+def _host_time_diagnostic(out: LongRunVerdicts, cfg: TierConfig, unprofiled: list[StepRecord]) -> None:
+    """The drift of tokens per process CPU-second over the unprofiled steps (tokens per step = batch size ×
+    sequence length × gradient accumulation), as a diagnostic: it follows the host's speed, so it is never judged.
+    Needs CPU times for at least two smoothing windows."""
+    crit = cfg.criteria
     tokens = cfg.data.batch_size * cfg.data.seq_len * cfg.train.grad_accum
     cpu = [r.cpu_time_s for r in unprofiled]
     if cpu and cpu[0] is not None and len(cpu) >= 2 * crit.smooth_window:
@@ -197,7 +242,6 @@ def extended_verdicts(
             f"speed): {d.drift:.4f} (SE {d.noise_se:.4f}), first {d.first_median:.0f}, last "
             f"{d.last_median:.0f}"
         )
-    return out
 
 
 def aged_vs_fresh_resolved(pairs: list[Pair], crit) -> bool:

@@ -108,41 +108,79 @@ def _cells(by_condition: dict[str, list[int]], conditions: list[str], fmt) -> st
 
 
 def render(runs: list[dict]) -> str:
+    """acceptance.md: the machines and commits, runs per target and condition, the planted defects' tallies (where
+    a self-test ran), every run's row, the judged figures' ranges, and every run's checks."""
     conditions = sorted({r["condition"] for r in runs})
+    lines = _header(runs, conditions)
+    lines += _counts_section(runs, conditions)
+    lines += _plants_section(runs, conditions)
+    lines += _runs_section(runs)
+    lines += _figures_section(runs)
+    lines += _checks_section(runs)
+    return "\n".join(lines) + "\n"
+
+
+def _verdict(run: dict) -> str:
+    return "PASS" if run["passed"] else "FAIL"
+
+
+def _condition_table_head(first: str, conditions: list[str]) -> list[str]:
+    """The head of a table with one column per condition and a total: ``| first | c1 | ... | all |``."""
+    return [f"| {first} | {' | '.join(conditions)} | all |", "|---|" + "---|" * (len(conditions) + 1)]
+
+
+def _header(runs: list[dict], conditions: list[str]) -> list[str]:
+    """The title (runs, failed runs) and the GPUs, drivers, torch versions, commits and conditions the runs span."""
     envs = [r["environment"] for r in runs]
     facts = {k: sorted({str(e.get(k)) for e in envs}) for k in ("gpu_name", "driver", "torch", "git_commit")}
-    lines = [
+    return [
         f"# Load acceptance: {len(runs)} runs, {sum(not r['passed'] for r in runs)} failed",
         "",
         f"GPU {', '.join(facts['gpu_name'])}; driver {', '.join(facts['driver'])}; torch "
         f"{', '.join(facts['torch'])}; commits {', '.join(facts['git_commit'])}; conditions: "
         f"{', '.join(conditions)}.",
+    ]
+
+
+def _counts_section(runs: list[dict], conditions: list[str]) -> list[str]:
+    """Runs per target and condition, failed runs in brackets, with each target's totals."""
+    lines = [
         "",
         "## Runs per target and condition (failed in brackets)",
         "",
-        f"| target | {' | '.join(conditions)} | all |",
-        "|---|" + "---|" * (len(conditions) + 1),
+        *_condition_table_head("target", conditions),
     ]
     for target, by in sorted(run_counts(runs).items()):
         lines.append(
             f"| {target} | {_cells(by, conditions, lambda n, f: f'{n} ({f})')} | "
             f"{sum(n for n, _ in by.values())} ({sum(f for _, f in by.values())}) |"
         )
+    return lines
+
+
+def _plants_section(runs: list[dict], conditions: list[str]) -> list[str]:
+    """Per planted defect and commit: rounds that caught the plant / rounds, per condition and in all; nothing
+    where no self-test round ran."""
     tallies = plant_tallies(runs)
-    if tallies:
-        lines += [
-            "",
-            "## Planted defects: rounds that caught the plant / rounds, per commit",
-            "",
-            f"| plant | {' | '.join(conditions)} | all |",
-            "|---|" + "---|" * (len(conditions) + 1),
-        ]
-        for plant, by in sorted(tallies.items()):
-            lines.append(
-                f"| {plant} | {_cells(by, conditions, lambda k, n: f'{k}/{n}')} | "
-                f"{sum(k for k, _ in by.values())}/{sum(n for _, n in by.values())} |"
-            )
-    lines += [
+    if not tallies:
+        return []
+    lines = [
+        "",
+        "## Planted defects: rounds that caught the plant / rounds, per commit",
+        "",
+        *_condition_table_head("plant", conditions),
+    ]
+    for plant, by in sorted(tallies.items()):
+        lines.append(
+            f"| {plant} | {_cells(by, conditions, lambda k, n: f'{k}/{n}')} | "
+            f"{sum(k for k, _ in by.values())}/{sum(n for _, n in by.values())} |"
+        )
+    return lines
+
+
+def _runs_section(runs: list[dict]) -> list[str]:
+    """One row per run: condition, run, target, verdict, checks passed / failed, GPU, the host's GPUs, commit."""
+    lines = [
         "",
         "## Runs",
         "",
@@ -152,11 +190,16 @@ def render(runs: list[dict]) -> str:
     for r in runs:
         s, e = r["summary"], r["environment"]
         lines.append(
-            f"| {r['condition']} | {r['run']} | {r['target']} | {'PASS' if r['passed'] else 'FAIL'} | "
+            f"| {r['condition']} | {r['run']} | {r['target']} | {_verdict(r)} | "
             f"{s.get('checks_passed', 0)} / {s.get('checks_failed', 0)} | {e.get('gpu_name')} | "
             f"{e.get('host_gpus', 'not recorded')} | {_commit(r)} |"
         )
-    lines += [
+    return lines
+
+
+def _figures_section(runs: list[dict]) -> list[str]:
+    """Per judged figure (``figure_ranges``): its value range over the runs against its allowance range."""
+    lines = [
         "",
         "## Judged figures over the runs (value range against the allowance range)",
         "",
@@ -165,10 +208,15 @@ def render(runs: list[dict]) -> str:
     ]
     for target, name, n, failed, lo, hi, op, tlo, thi in figure_ranges(runs):
         lines.append(f"| {target} | {name} | {n} | {failed} | {lo:.4g} | {hi:.4g} | {op} | {tlo} | {thi} |")
-    lines += ["", "## Every run's checks", ""]
+    return lines
+
+
+def _checks_section(runs: list[dict]) -> list[str]:
+    """Every run's checks, a table per run: check, value, op, allowance, passed."""
+    lines = ["", "## Every run's checks", ""]
     for r in runs:
         lines += [
-            f"### {r['condition']} / {r['run']} ({'PASS' if r['passed'] else 'FAIL'})",
+            f"### {r['condition']} / {r['run']} ({_verdict(r)})",
             "",
             "| check | value | op | allowance | passed |",
             "|---|---|---|---|---|",
@@ -179,7 +227,7 @@ def render(runs: list[dict]) -> str:
             for c in r["checks"]
         ]
         lines.append("")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def main(argv: list[str]) -> int:

@@ -11,8 +11,9 @@ run, appended by ``lora-suite ledger record RUN...`` (or ``--record`` on a run).
   interrupted, terminated), ``detail`` the base the memory tier stored ("NF4 base" / "16-bit base");
 - ``check``: every check the run recorded, ``verdict`` pass | fail;
 - ``n/a``: a check the implementation declared not applicable, ``detail`` the reason;
-- ``bench``: a measured figure (a table cell of ``BENCH_COLUMNS``: a benchmark's, or a mutation run's killed,
-  survived and equivalent mutants and wall time), ``verdict`` measured; ``check`` is "<table>: <row>: <column>";
+- ``bench``: a measured figure (a table cell of ``ledger_rows.BENCH_COLUMNS``: a benchmark's, or a mutation run's
+  killed, survived and equivalent mutants and wall time), ``verdict`` measured; ``check`` is "<table>: <row>:
+  <column>";
 - ``stopped``: a benchmark run that stopped, ``value`` what stopped it, ``verdict`` fail;
 - ``figure``: a tier's headline figure (report.json ``figures``: its YAML's ``suite.figures``), ``verdict``
   measured, ``detail`` its p20/p80, samples, clock and direction.
@@ -26,9 +27,9 @@ GPU runners on one checkout) lose nothing and append a run once.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import gzip
 import json
-import math
 import os
 import re
 from pathlib import Path
@@ -36,44 +37,10 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from lora_suite.harness.report import atomic_write_text
+from lora_suite.tools.ledger_rows import check_rows, figure_rows, ledger_row, not_applicable_rows, series_rows
 
 LOCK_TIMEOUT_S = 300.0  # a writer holds the lock for one read and one rename; five minutes means a stuck holder
 
-BENCH_COLUMNS = (
-    "÷ PEFT eager",
-    "step ms",
-    "peak GiB",
-    "ratio (median)",
-    "fwd ms",
-    "bwd ms",
-    "speed-up",
-    "peak ratio",
-    # the fused table's rounds and its kernel profiles (issue 34: a one-round figure is read beside its repeats)
-    "fwd ms, round",
-    "bwd ms, round",
-    "step ms, round",
-    "peak GiB, round",
-    "ms per step",
-    # a mutation run's figures (lora-suite mutate: tools/mutation_report.py); its score is a check
-    "mutants killed",
-    "mutants survived",
-    "mutants equivalent",
-    "wall s",
-)
-LABEL_COLUMNS = (
-    "case",
-    "run",
-    "round",
-    "implementation",
-    "mode",
-    "shape",
-    "stack",
-    "fused stack",
-    "against",
-    "part",
-    "kernel kind",
-    "kernel",
-)
 FIELDS = (
     "run_id",
     "time",
@@ -101,14 +68,6 @@ NF4_NOTE = "stored as NF4"  # Prepared.describe's words in a run's notes when th
 
 class LedgerError(ValueError):
     """A ledger line or a report that cannot become rows; the message names the file and line."""
-
-
-def _scalar(v):
-    if isinstance(v, float) and not math.isfinite(v):
-        return str(v)
-    if v is None or isinstance(v, (bool, int, float, str)):
-        return v
-    return json.dumps(v)[:200]
 
 
 def newer_schema(report: dict) -> str | None:
@@ -142,9 +101,22 @@ def rows_of_report(report: dict, run: str, group: str = "") -> list[dict]:
     newer = newer_schema(report)
     if newer:
         raise LedgerError(f"{run}: {newer}")
+    row = functools.partial(ledger_row, _run_head(report, run, group))
+    base = "NF4 base" if any(NF4_NOTE in n for n in report.get("notes", [])) else "16-bit base"
+    out = [row("run", "run", report.get("status"), _run_verdict(report), detail=base)]
+    out += check_rows(report, row)
+    out += not_applicable_rows(report, row)
+    out += figure_rows(report, row)
+    out += series_rows(report, row)
+    return out
+
+
+def _run_head(report: dict, run: str, group: str) -> dict:
+    """The fields every row of one run shares: its id, time, group, commit (12 hex digits), GPU, driver, CUDA,
+    torch, implementation and tier."""
     env = report.get("environment") or {}
     commit = str(env.get("git_commit") or "unknown").split()[0][:12]  # 12 hex digits name a commit
-    head = {
+    return {
         "run_id": report.get("run_id") or run,
         "time": env.get("timestamp_utc") or "",
         "group": group,
@@ -156,57 +128,6 @@ def rows_of_report(report: dict, run: str, group: str = "") -> list[dict]:
         "implementation": (report.get("implementation") or {}).get("name") or "cupy",
         "tier": str(report.get("selection") or "all"),
     }
-
-    def row(kind, check, value, verdict, op="", threshold=None, unit="", source="", detail=""):
-        return {
-            **head,
-            "kind": kind,
-            "check": check,
-            "value": _scalar(value),
-            "op": op,
-            "threshold": _scalar(threshold),
-            "unit": unit,
-            "verdict": verdict,
-            "source": source,
-            "detail": str(detail)[:300],
-        }
-
-    base = "NF4 base" if any(NF4_NOTE in n for n in report.get("notes", [])) else "16-bit base"
-    out = [row("run", "run", report.get("status"), _run_verdict(report), detail=base)]
-    for c in report.get("checks", []):
-        out.append(
-            row(
-                "check",
-                c["name"],
-                c.get("value"),
-                "pass" if c.get("passed") else "fail",
-                c.get("op", ""),
-                c.get("threshold"),
-                c.get("unit", ""),
-                c.get("source", ""),
-                c.get("detail", ""),
-            )
-        )
-    for item in report.get("not_applicable") or []:
-        name = item.get("name") or item.get("test", "") if isinstance(item, dict) else str(item)
-        reason = item.get("reason", "") if isinstance(item, dict) else ""
-        out.append(row("n/a", name, None, "n/a", detail=reason))
-    for f in report.get("figures") or []:  # a tier's headline figures: the spread and clock ride in the detail
-        spread = f"p20 {f['p20']:.6g}, p80 {f['p80']:.6g}, " if f.get("p20") is not None else ""
-        detail = f"{spread}{f.get('samples', 1)} sample(s), {f['clock']} clock, {f['better']} is better"
-        out.append(row("figure", f["name"], f["value"], "measured", unit=f.get("unit", ""), detail=detail))
-    for s in report.get("series", []):
-        cols = list(s.get("columns", []))
-        keys = [i for i, c in enumerate(cols) if c in LABEL_COLUMNS]
-        for r in s.get("rows", []):
-            label = " ".join(str(r[i]) for i in keys) or str(r[0])
-            if "what stopped it" in cols:
-                out.append(row("stopped", f"{s['name'][:60]}: {label}", r[cols.index("what stopped it")], "fail"))
-            for c in (c for c in BENCH_COLUMNS if c in cols):
-                v = r[cols.index(c)]
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-                    out.append(row("bench", f"{s['name'][:60]}: {label}: {c}", v, "measured"))
-    return out
 
 
 def run_folders(paths: list[Path]) -> list[Path]:

@@ -39,6 +39,7 @@ from pathlib import Path
 from lora_suite.core.line_trace import executed, statement_starts, tests_of, trace_env
 from lora_suite.core.mutant_source import mutant_env
 from lora_suite.engine.fingerprint import differing
+from lora_suite.tools.check_run import Attempt, last_line, run_checks
 from lora_suite.tools.forked_runs import Finished, run_subprocess
 from lora_suite.tools.mutants import Mutant, mutants_of, read_source
 
@@ -50,16 +51,6 @@ STATUSES = ("killed", "survived", "equivalent")
 
 class BaselineFailed(RuntimeError):
     """The unmutated source does not pass the checks: there is nothing to measure mutants against."""
-
-
-@dataclass(frozen=True)
-class Attempt:
-    """One run of the checks: passed, or what killed it (a check, a crashed test, "timeout")."""
-
-    passed: bool
-    killed_by: str
-    seconds: float
-    judged: int = 0  # tests that passed: 0 means the run judged nothing
 
 
 @dataclass(frozen=True)
@@ -123,66 +114,45 @@ def score(killed: int, survived: int) -> float | None:
     return killed / (killed + survived) if killed + survived else None
 
 
-def killed_by(report: dict | None, returncode: int, output: str) -> tuple[str, int]:
-    """What killed a run (empty where it passed) and how many tests passed, from its report.json and exit code."""
-    report = report or {}
-    failed = [c for c in report.get("checks", []) if not c.get("passed")]
-    outcomes = report.get("outcomes", [])
-    passed = sum(o.get("outcome") == "passed" for o in outcomes)
-    if failed:
-        c = failed[0]
-        return f"check {c.get('name')!r} ({_short(c.get('test', ''))})", passed
-    crashed = [o for o in outcomes if o.get("outcome") in ("failed", "error")]
-    if crashed:
-        o = crashed[0]
-        return f"{_short(o.get('test', ''))}: {_first_line(o.get('reason', '')) or 'failed'}", passed
-    if returncode != 0:
-        return f"exit {returncode}: {_last_lines(output)[:300] or 'no output'}", passed
-    return "", passed
-
-
-def _short(nodeid: str) -> str:
-    return nodeid.rsplit("/", 1)[-1]
-
-
-def _first_line(text: str) -> str:
-    for line in str(text).splitlines():
-        if line.strip():
-            return line.strip()[:300]
-    return ""
-
-
-def _last_lines(text: str) -> str:
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    return lines[-1] if lines else ""
-
-
-def run_checks(
-    command: list[str], env: dict[str, str], report_dir: Path, timeout: float, runner=run_subprocess
-) -> Attempt:
-    """Run ``command`` (through ``runner``) and classify it by the ``report.json`` it leaves in ``report_dir``."""
-    done = runner(command, env, timeout)
-    if done.returncode is None:
-        return Attempt(False, f"timeout (over {timeout:.0f} s)", done.seconds)
-    path = report_dir / "report.json"
-    try:
-        report = json.loads(path.read_text()) if path.is_file() else None
-    except (OSError, json.JSONDecodeError):
-        report = None
-    why, passed = killed_by(report, done.returncode, done.output)
-    return Attempt(not why, why, done.seconds, passed)
-
-
 def execute(plan: Plan, workdir: Path) -> MutationRun:
     """The whole run: the source, then every mutant, then the fingerprints of the survivors."""
     start = time.perf_counter()
-    mutants: list[tuple[Target, Mutant]] = []
-    for t in plan.targets:
-        mutants += [(t, m) for m in mutants_of(read_source(t.path), t.label, plan.operators)]
+    mutants = _all_mutants(plan)
     plan.log(f"mutate: {len(mutants)} mutants of {', '.join(t.label for t in plan.targets)}; the source first")
     base_dir = workdir / "source"
     base_dir.mkdir(parents=True, exist_ok=True)
     trace_out = base_dir / "executed-lines.json"
+    baseline, baseline_report = _source_run(plan, base_dir, trace_out)
+    timeout = plan.timeout_factor * baseline.seconds + plan.timeout_slack_s
+    plan.log(f"mutate: the source passed in {baseline.seconds:.1f} s; each mutant's timeout {timeout:.0f} s")
+    trace = _trace(plan, trace_out)
+    starts = _starts(plan.targets)  # each line's statement, for the trace's questions below
+    not_run = _not_run(plan, mutants, trace, starts)
+    plan.log(f"mutate: {len(not_run)} mutant(s) on lines the checks never execute: fingerprint only")
+    order = _orders(plan, mutants, trace, baseline_report, starts)
+    runner = _MutantRunner(plan, workdir, mutants, not_run, order, timeout)
+    with ThreadPoolExecutor(max_workers=max(1, plan.workers)) as pool:
+        results = list(pool.map(runner.one, enumerate(mutants)))
+        timed_out = [n for n, r in enumerate(results) if r.killed_by.startswith("timeout")]
+        if timed_out:
+            plan.log(f"mutate: {len(timed_out)} mutant(s) timed out beside the others: each again, alone")
+        for n in timed_out:
+            results[n] = runner.alone(n, results[n])
+        results = _judge_survivors(plan, workdir, mutants, results, pool, starts)
+    return MutationRun(tuple(results), baseline, baseline_report, timeout, time.perf_counter() - start)
+
+
+def _all_mutants(plan: Plan) -> list[tuple[Target, Mutant]]:
+    """Every mutant of every target by the plan's operators, with its target, in the targets' order."""
+    mutants: list[tuple[Target, Mutant]] = []
+    for t in plan.targets:
+        mutants += [(t, m) for m in mutants_of(read_source(t.path), t.label, plan.operators)]
+    return mutants
+
+
+def _source_run(plan: Plan, base_dir: Path, trace_out: Path) -> tuple[Attempt, dict]:
+    """The unmutated source's run of the checks in ``base_dir``, tracing the lines they execute into
+    ``trace_out``; its attempt and report.json. ``BaselineFailed`` unless it passed and judged at least one test."""
     base_env = {**plan.env, **trace_env([t.path for t in plan.targets], trace_out)}
     baseline = run_checks(plan.command(base_dir, ()), base_env, base_dir, BASELINE_TIMEOUT_S)
     if not baseline.passed or baseline.judged == 0:
@@ -191,56 +161,61 @@ def execute(plan: Plan, workdir: Path) -> MutationRun:
             f"the unmutated source does not pass the checks ({why}); a mutation score on a failing stack means "
             f"nothing: fix it first (its run: {base_dir})"
         )
-    baseline_report = json.loads((base_dir / "report.json").read_text())
-    timeout = plan.timeout_factor * baseline.seconds + plan.timeout_slack_s
-    plan.log(f"mutate: the source passed in {baseline.seconds:.1f} s; each mutant's timeout {timeout:.0f} s")
-    trace = _trace(plan, trace_out)
-    starts = _starts(plan.targets)  # each line's statement, for the trace's questions below
-    not_run = _not_run(plan, mutants, trace, starts)
-    plan.log(f"mutate: {len(not_run)} mutant(s) on lines the checks never execute: fingerprint only")
-    order = _orders(plan, mutants, trace, baseline_report, starts)
-    done = [0]
+    return baseline, json.loads((base_dir / "report.json").read_text())
 
-    def one(item: tuple[int, tuple[Target, Mutant]]) -> MutantResult:
+
+@dataclass
+class _MutantRunner:
+    """Runs the checks on one mutant at a time, each in its own folder (``<workdir>/mutant-<n>``): ``one`` as the
+    thread pool hands it the mutants, ``alone`` for a mutant that timed out beside the others."""
+
+    plan: Plan
+    workdir: Path
+    mutants: list[tuple[Target, Mutant]]
+    not_run: set[int]  # mutants on lines the checks never execute: not run, judged by the fingerprint only
+    order: dict[int, tuple[str, ...]]  # mutant -> the tests to run first
+    timeout: float
+    done: int = 0  # mutants finished, for the progress lines
+
+    def one(self, item: tuple[int, tuple[Target, Mutant]]) -> MutantResult:
+        """Mutant ``n``'s file written in its folder and the checks run on it (unless its line is never run):
+        survived when they pass, else killed by what failed."""
+        plan = self.plan
         n, (target, m) = item
-        folder = workdir / f"mutant-{n:04d}"
+        folder = self.workdir / f"mutant-{n:04d}"
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / target.path.name
         path.write_text(m.source)
         env = {**plan.env, **mutant_env(target.module, path)}
-        if n in not_run:
+        if n in self.not_run:
             a = Attempt(True, "", 0.0)
         else:
             a = run_checks(
-                plan.command(folder / "report", order.get(n, ())), env, folder / "report", timeout, plan.runner
+                plan.command(folder / "report", self.order.get(n, ())),
+                env,
+                folder / "report",
+                self.timeout,
+                plan.runner,
             )
         status = "survived" if a.passed else "killed"
-        done[0] += 1
-        plan.log(f"[{done[0]}/{len(mutants)}] {status:<8} {m.id}  {a.killed_by}".rstrip())
-        note = f"not run: the checks never execute line {m.line}" if n in not_run else ""
+        self.done += 1
+        plan.log(f"[{self.done}/{len(self.mutants)}] {status:<8} {m.id}  {a.killed_by}".rstrip())
+        note = f"not run: the checks never execute line {m.line}" if n in self.not_run else ""
         return MutantResult(m.id, m.file, m.operator, m.line, m.diff, status, a.killed_by, note, round(a.seconds, 2))
 
-    def alone(n: int, r: MutantResult) -> MutantResult:
-        """A mutant that timed out beside the others, run again with nothing else running."""
-        target = mutants[n][0]
-        folder = workdir / f"mutant-{n:04d}"
+    def alone(self, n: int, r: MutantResult) -> MutantResult:
+        """A mutant that timed out beside the others, run again with nothing else running (``alone_factor`` times
+        the timeout); its seconds are both runs'."""
+        plan = self.plan
+        target = self.mutants[n][0]
+        folder = self.workdir / f"mutant-{n:04d}"
         env = {**plan.env, **mutant_env(target.module, folder / target.path.name)}
-        command = plan.command(folder / "alone", order.get(n, ()))
-        a = run_checks(command, env, folder / "alone", plan.alone_factor * timeout, plan.runner)
+        command = plan.command(folder / "alone", self.order.get(n, ()))
+        a = run_checks(command, env, folder / "alone", plan.alone_factor * self.timeout, plan.runner)
         why = a.killed_by.replace(")", ", run alone)") if a.killed_by.startswith("timeout") else a.killed_by
         plan.log(f"[alone] {'survived' if a.passed else 'killed':<8} {r.id}  {why}".rstrip())
         status = "survived" if a.passed else "killed"
         return dataclasses.replace(r, status=status, killed_by=why, seconds=round(r.seconds + a.seconds, 2))
-
-    with ThreadPoolExecutor(max_workers=max(1, plan.workers)) as pool:
-        results = list(pool.map(one, enumerate(mutants)))
-        timed_out = [n for n, r in enumerate(results) if r.killed_by.startswith("timeout")]
-        if timed_out:
-            plan.log(f"mutate: {len(timed_out)} mutant(s) timed out beside the others: each again, alone")
-        for n in timed_out:
-            results[n] = alone(n, results[n])
-        results = _judge_survivors(plan, workdir, mutants, results, pool, starts)
-    return MutationRun(tuple(results), baseline, baseline_report, timeout, time.perf_counter() - start)
 
 
 def _starts(targets: tuple[Target, ...]) -> dict[str, dict[int, int]]:
@@ -357,10 +332,10 @@ def subprocess_fingerprint(
         done = runner(command, env, timeout)
         if done.returncode != 0:
             what = "timeout" if done.returncode is None else f"exit {done.returncode}"
-            raise RuntimeError(f"{what}: {_last_lines(done.output) or 'no output'}")
+            raise RuntimeError(f"{what}: {last_line(done.output) or 'no output'}")
         lines = [ln for ln in done.output.strip().splitlines() if ln.startswith("{")]
         if not lines:
-            raise RuntimeError(f"no fingerprint printed: {_last_lines(done.output) or 'no output'}")
+            raise RuntimeError(f"no fingerprint printed: {last_line(done.output) or 'no output'}")
         return json.loads(lines[-1])
 
     return take
