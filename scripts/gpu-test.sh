@@ -23,7 +23,10 @@ cd "$ROOT"
 # The check finds the packages without importing them (importing torch, transformers, CuPy and PEFT here took
 # ~6 s of a 46 s quick tier on a fresh machine, reports/20261122T104642Z-quick); a package that is present but
 # broken fails at import in pytest, which names it.
-NEEDED="torch transformers yaml pynvml pytest pytest_benchmark safetensors matplotlib sqlalchemy plotly"
+NEEDED="torch transformers yaml pynvml pytest pytest_benchmark safetensors matplotlib"
+# the results store and the history page: for the targets that read or write them (a tier's --record names what is
+# missing instead; an offline GPU runner need not carry them to run the tiers)
+case "${1:-}" in history|ledger|render-scorecard|scorecard|selftest) NEEDED="$NEEDED sqlalchemy plotly" ;; esac
 NVIDIA=0
 if [[ "${GPU_TEST_ASSUME_GPU:-}" == 1 ]] || { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }; then
   NVIDIA=1; NEEDED="$NEEDED cupy nvmath peft"

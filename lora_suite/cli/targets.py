@@ -352,7 +352,10 @@ def _record(path: Path, run_dir: Path) -> str:
         return f"ledger: {run_dir.name} not recorded: it saw no GPU (its GPU tests skipped; nothing was judged on one)"
     from lora_suite.tools.store import redacted
 
-    added = ledger.record(path, [run_dir], group=run_dir.parent.name)
+    try:
+        added = ledger.record(path, [run_dir], group=run_dir.parent.name)
+    except ledger.LedgerError as exc:  # the run stands; only its recording failed, and says why
+        return f"ledger: {run_dir.name} not recorded: {exc}"
     return f"ledger: {added} row(s) of {run_dir.name} appended to {redacted(path)}"
 
 

@@ -119,7 +119,8 @@ class Store:
             self.md, self.meta, self.runs, self.rows = _tables()
             self.migrate()
         except ImportError as exc:
-            missing = f"{exc.name} is not installed (pip install lora-gpu-suite[postgres])"
+            extra = "the [postgres] extra" if "psycopg" in str(exc.name) else f"pip install {exc.name}"
+            missing = f"{exc.name} is not installed ({extra})"
             raise LedgerError(f"store {self.name}: {missing}") from None
         except Exception as exc:
             raise LedgerError(f"store {self.name}: {_scrub(str(exc).splitlines()[0], location)}") from None
