@@ -1,7 +1,7 @@
 """The extended tier's verdicts on a long run, computed from what the run recorded.
 
 The tier (tiers/extended), the planted-defect self-test (tiers/selftest_gpu) and the CPU replay tests
-(tests/suite/test_long_run.py, on recorded GPU series) all judge a run with ``extended_verdicts``.
+(tests/suite/scenarios/test_long_run.py, on recorded GPU series) all judge a run with ``extended_verdicts``.
 
 What is judged, and the noise each criterion absorbs (after ``fit_after_step`` warm-up steps):
 - leaks: least-squares slope of torch's allocated and reserved memory, this process's own GPU memory

@@ -1,0 +1,235 @@
+"""The run report survives failure: full failure messages, Ctrl-C, SIGTERM, a killed process, permissions.
+
+Each test runs a small pytest session in a temporary directory with the repository's root conftest (the
+suite's pytest plumbing) copied in, and reads the report.json it leaves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+ROOT_CONFTEST = Path(__file__).resolve().parents[3] / "conftest.py"
+
+
+def _with_repo_on_path(monkeypatch):
+    """Sessions run in a subprocess: the repository's packages must be importable there."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT_CONFTEST.parent) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+@pytest.fixture
+def session(pytester, monkeypatch):
+    _with_repo_on_path(monkeypatch)
+    pytester.makeconftest(ROOT_CONFTEST.read_text())
+    pytester.makeini("[pytest]\nmarkers =\n    gpu: gpu\n")
+
+    def run(body: str, *args):
+        pytester.makepyfile(test_sample=textwrap.dedent(body))
+        result = pytester.runpytest_subprocess("--report-dir", "out", "-p", "no:cacheprovider", *args)
+        path = pytester.path / "out" / "report.json"
+        return result, (json.loads(path.read_text()) if path.exists() else None), pytester.path / "out"
+
+    return run
+
+
+def test_failure_reason_keeps_the_whole_assertion_message(session):
+    result, report, _ = session("""
+        def test_a():
+            assert False, "adapters beyond tolerance: " + "; ".join(f"layer{i}.lora_A err 0.9" for i in range(40))
+    """)
+    assert result.ret == 1
+    (outcome,) = report["outcomes"]
+    assert "layer39.lora_A err 0.9" in outcome["reason"], "the message was cut"
+    assert "test_sample.py:" in outcome["location"]
+    assert report["status"] == "complete" and report["schema_version"] == 4
+
+
+def test_ctrl_c_marks_the_report_interrupted(session):
+    result, report, out = session("""
+        def test_first():
+            pass
+        def test_second():
+            raise KeyboardInterrupt
+        def test_never():
+            pass
+    """)
+    assert result.ret == 2
+    assert report["status"] == "interrupted"
+    assert [o["outcome"] for o in report["outcomes"]] == ["passed"]
+    assert "did not finish: status `interrupted`" in (out / "report.md").read_text()
+
+
+def test_sigterm_writes_the_report_with_status_terminated(session):
+    result, report, out = session("""
+        import os, signal
+        def test_first():
+            pass
+        def test_killed_by_ci_timeout():
+            os.kill(os.getpid(), signal.SIGTERM)
+    """)
+    assert report is not None, "no report after SIGTERM"
+    assert report["status"] == "terminated" and report["outcomes"][0]["outcome"] == "passed"
+    assert (out / "report.md").exists()
+
+
+@pytest.mark.parametrize("how, status", [("SIGTERM", "terminated"), ("SIGINT", "interrupted")])
+def test_a_bench_stopped_by_a_signal_keeps_the_rows_it_measured(session, how, status):
+    """Issue 20: a real signal while a pedantic benchmark runs (the training bench's rounds=1 runs) used to end
+    in pytest-benchmark's ``min() iterable argument is empty`` while it saved its JSON, losing every row. The
+    unfinished benchmark is dropped (and named in the notes); the finished one stays in benchmark.json and the
+    report keeps its rows."""
+    result, report, out = session(
+        f"""
+        import os, signal, time
+        def test_measured(benchmark, run_report):
+            benchmark.pedantic(lambda: sum(range(1000)), rounds=3, iterations=1)
+            run_report.add_row("benchmarks", "rows", ("case", "ms"), ("measured", 1.5))
+        def test_stopped(benchmark, run_report):
+            def run():
+                os.kill(os.getpid(), signal.{how})
+                time.sleep(5)
+            benchmark.pedantic(run, rounds=1, iterations=1)
+            run_report.add_row("benchmarks", "rows", ("case", "ms"), ("stopped", 9.9))
+    """,
+        "--benchmark-json=out/benchmark.json",
+    )
+    assert "min() iterable argument is empty" not in result.stdout.str() + result.stderr.str()
+    assert "Traceback" not in result.stderr.str()
+    assert report["status"] == status
+    assert [r for s in report["series"] for r in s["rows"]] == [["measured", 1.5]]
+    assert any("test_stopped" in n and "no figures" in n for n in report["notes"])
+    saved = json.loads((out / "benchmark.json").read_text())
+    assert [b["name"] for b in saved["benchmarks"]] == ["test_measured"]
+    assert "stopped before its first round finished" in (out / "report.md").read_text()
+
+
+def test_a_killed_process_leaves_report_json_of_what_ran(session):
+    result, report, _ = session("""
+        import os, signal
+        def test_first():
+            pass
+        def test_oom_killed():
+            os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    assert report["status"] == "running"
+    assert [o["test"].split("::")[-1] for o in report["outcomes"]] == ["test_first"]
+
+
+def test_report_files_are_readable_by_others(session):
+    old = os.umask(0o022)
+    try:
+        _, _, out = session("def test_a():\n    pass\n")
+    finally:
+        os.umask(old)
+    for name in ("report.json", "report.md"):
+        mode = stat.S_IMODE((out / name).stat().st_mode)
+        assert mode == 0o644, f"{name} has mode {oct(mode)}, expected 0o644 (mkstemp makes 0600)"
+
+
+def test_an_unwritable_report_dir_stops_before_any_test(pytester, tmp_path, monkeypatch):
+    _with_repo_on_path(monkeypatch)
+    pytester.makeconftest(ROOT_CONFTEST.read_text())
+    pytester.makepyfile(test_sample="def test_a():\n    raise SystemExit('must not run')\n")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    result = pytester.runpytest_subprocess(f"--report-dir={blocker}/sub", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--report-dir*not a writable directory*"])
+
+
+def test_progress_lines_show_up_while_a_test_runs(pytester, monkeypatch):
+    """The full tier ran 396 s without a line: progress is written past pytest's capture, at most every 10 s."""
+    _with_repo_on_path(monkeypatch)
+    monkeypatch.setenv("LORA_SUITE_PROGRESS_INTERVAL_S", "0")
+    pytester.makeconftest(ROOT_CONFTEST.read_text())
+    pytester.makepyfile(
+        test_progress="""
+        import logging
+        def test_long():
+            log = logging.getLogger("lora_suite.engine.trainer")
+            for step in range(3):
+                log.info("step %d/3 loss 1.0 eta 0m0%ds", step + 1, 3 - step)
+    """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines(["*[[]trainer[]] step 3/3 loss 1.0 eta 0m01s*"])
+
+
+def test_every_check_is_recorded_and_a_failed_one_fails_the_test_at_its_line(session):
+    result, report, _ = session("""
+        def test_a(check):
+            check("first", 1.0, "<=", 0.5, source="yaml")
+            check("second", 2, "==", 2)
+            check("third", 3.0, "<", 1.0, detail="why")
+    """)
+    assert result.ret == 1
+    assert [(c["name"], c["passed"]) for c in report["checks"]] == [
+        ("first", False),
+        ("second", True),
+        ("third", False),
+    ]
+    (outcome,) = report["outcomes"]
+    assert outcome["outcome"] == "failed"
+    assert "2 check(s) failed" in outcome["reason"]
+    assert "test_sample.py:2: first: 1.0 is not <= 0.5" in outcome["reason"]
+    assert "test_sample.py:4: third: 3.0 is not < 1.0 (why)" in outcome["reason"]
+    assert outcome["location"] == "test_sample.py:2"
+
+
+def test_lora_impl_names_the_implementation_and_its_not_applicable_tests(session, pytester):
+    pytester.makepyfile(
+        toy_impl="""
+        from lora_suite.implementations import LoRAImplementation
+
+        class Toy(LoRAImplementation):
+            name = expected_path = "toy"
+            not_applicable = {"lora_core_ops": "the toy does not use lora_core"}
+            inject = adapter_parameters = save_adapter = load_adapter = served_by = lambda self, *a: None
+
+        def make():
+            return Toy()
+    """
+    )
+    result, report, _ = session(
+        """
+        import pytest
+
+        @pytest.mark.needs_feature("lora_core_ops")
+        def test_kernels():
+            raise AssertionError("must not run")
+
+        def test_model(lora_impl, check):
+            check.not_applicable("op calls", lora_impl.not_applicable["lora_core_ops"])
+    """,
+        "--lora-impl",
+        "toy_impl:make",
+        "-p",
+        "no:randomly",
+    )
+    assert result.ret == 0, result.stdout.str()
+    assert report["implementation"]["name"] == "toy" and report["implementation"]["spec"] == "toy_impl:make"
+    outcomes = {o["test"].split("::")[1]: o for o in report["outcomes"]}
+    assert outcomes["test_kernels"]["outcome"] == "skipped"
+    assert "not applicable to --lora-impl toy: the toy does not use lora_core" in outcomes["test_kernels"]["reason"]
+    # a needs_feature module is one record (the module, how many of its tests), a check's own is its test's
+    module, check = report["not_applicable"]
+    assert "::" not in module["test"] and module["test"].endswith(".py")
+    assert (check["test"].split("::")[-1], module["reason"], check["reason"]) == (
+        "test_model",
+        "the toy does not use lora_core",
+        "the toy does not use lora_core",
+    )
+    assert report["not_applicable"][0]["name"].startswith("every check of the 1 test(s) of this module")
+    assert report["summary"]["checks_not_applicable"] == 2
+
+
+def test_an_unknown_lora_impl_is_a_usage_error_naming_it(session):
+    result, report, _ = session("def test_a():\n    pass\n", "--lora-impl", "triton")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--lora-impl triton: LoRA implementation 'triton' is not known" in result.stderr.str()

@@ -1,0 +1,216 @@
+"""Every published figure is a ledger row (issue 43, item 3), in ``README.md``, ``docs/*.md`` and ``reports/README.md``:
+
+- every run a page cites is in ``reports/ledger.jsonl.gz`` (the published ledger);
+- every measured figure written with its unit (``ms``, ``s``, ``min``, ``GiB``, ``MiB``, ``GB``, ``tokens/s``; each end
+  of a range ``a-b unit``) is, at its printed precision, the value, threshold or spread of a ledger row of a run or
+  ledger group cited in the same section (from one heading to the next), in a unit of the same kind (a row's unit is
+  its ``unit`` field, else the last unit its check's name gives). Code (spans and fenced blocks) holds settings,
+  commands and sample output, not figures;
+- a check count printed beside a run ("judged by N checks ... (run R") is that run's count of passed checks;
+- a mutation score ("score S (K killed, V survived, E equivalent of T mutants) in W s") is the figures of a mutation
+  run of the ledger group its paragraph names.
+
+A figure edited to a value the ledger does not hold fails here."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+RUN = re.compile(r"\b(\d{8}T\d{6}Z-[A-Za-z0-9_.-]*[A-Za-z0-9_])")
+CHECKS = re.compile(r"judged by (\d+) checks[^()]*\(run (\d{8}T\d{6}Z-[A-Za-z0-9_.-]*[A-Za-z0-9_])")
+SCORE = re.compile(
+    r"score (\d\.\d+) \((\d+) killed, (\d+) survived,\s+(\d+) equivalent of (\d+)(?: mutants?)?\) in (\d+) s", re.S
+)
+GROUP = re.compile(r"ledger group `([^`]+)`")
+UNITS = {"ms": ("time", 1e-3), "s": ("time", 1.0), "min": ("time", 60.0), "seconds": ("time", 1.0)}
+UNITS |= {"MiB": ("memory", 1 / 1024), "GiB": ("memory", 1.0), "GB": ("memory", 1e9 / 2**30)}
+UNITS |= {"tokens/s": ("rate", 1.0)}
+_UNIT = r"(tokens/s|ms|min|GiB|MiB|GB|s)(?![\w/])"
+FIGURE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)(?:\s?[-–]\s?(\d+(?:\.\d+)?))?\s?" + _UNIT)
+CHECK_UNIT = re.compile(r"(?<![\w'/-])(tokens/s|ms|min|GiB|MiB|GB|s|seconds)(?![\w'/-])")
+CODE = re.compile(r"```.*?```|`[^`\n]*`", re.S)
+PAGES = [
+    "README.md",
+    *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md")),
+    "reports/README.md",
+]
+
+
+def _rows() -> list[dict]:
+    from lora_suite.tools import ledger
+
+    return ledger.read(ROOT / "reports" / "ledger.jsonl.gz")
+
+
+def _paragraphs(text: str) -> list[str]:
+    return [p for p in re.split(r"\n\s*\n", text) if p.strip()]
+
+
+def _row_unit(row: dict) -> tuple[str, float] | None:
+    unit = (row.get("unit") or "").strip()
+    if not unit:
+        found = CHECK_UNIT.findall(row["check"])  # the last unit its name gives: "step ms, round 1", "peak (GiB)"
+        unit = found[-1] if found else ""
+    return UNITS.get(unit)
+
+
+def _row_values(row: dict) -> list[tuple[str, float]]:
+    """The row's numbers in base units of its kind: value, threshold and each number of its detail (its spread)."""
+    unit = _row_unit(row)
+    if unit is None:
+        return []
+    kind, scale = unit
+    nums = [row.get("value"), row.get("threshold")]
+    nums += [float(x) for x in re.findall(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w.])", row.get("detail") or "")]
+    return [(kind, float(x) * scale) for x in nums if isinstance(x, (int, float)) and not isinstance(x, bool)]
+
+
+def _sections(text: str) -> list[str]:
+    """From one heading to the next; a ``#`` line inside a fenced block is not a heading."""
+    sections, fenced = [[]], False
+    for line in text.splitlines():
+        fenced ^= line.startswith("```")
+        if not fenced and re.match(r"#{1,6} ", line):
+            sections.append([])
+        sections[-1].append(line)
+    return ["\n".join(lines) for lines in sections if lines]
+
+
+def unledgered_figures(text: str, rows: list[dict]) -> list[str]:
+    """Each measured figure of ``text`` that no row of the runs and groups cited in its section holds."""
+    by_run: dict[str, list[dict]] = {}
+    by_group: dict[str, list[dict]] = {}
+    for r in rows:
+        by_run.setdefault(r["run_id"], []).append(r)
+        by_group.setdefault(r["group"], []).append(r)
+    bad = []
+    for section in _sections(text):
+        cited = [r for run in set(RUN.findall(section)) for r in by_run.get(run, [])]
+        cited += [r for g in set(re.findall(r"`([^`\n]+)`", section)) for r in by_group.get(g, [])]
+        values = [v for r in cited for v in _row_values(r)]
+        prose = CODE.sub("", section)
+        for m in FIGURE.finditer(prose):
+            kind, scale = UNITS[m.group(3)]
+            for printed in filter(None, m.group(1, 2)):
+                half = 0.5 * 10.0 ** -len(printed.partition(".")[2]) * (1 + 1e-9)  # its printed precision
+                if not any(k == kind and abs(v / scale - float(printed)) <= half for k, v in values):
+                    heading = section.splitlines()[0][:60]
+                    bad.append(f"{printed} {m.group(3)} in '{heading}' ({prose[max(0, m.start() - 40) : m.end()]!r})")
+    return bad
+
+
+def cited_runs_missing(text: str, rows: list[dict]) -> list[str]:
+    known = {r["run_id"] for r in rows} | {r["group"] for r in rows}  # a scorecard's group is named like a run
+    return sorted({run for run in RUN.findall(text) if run not in known})
+
+
+def wrong_check_counts(text: str, rows: list[dict]) -> list[str]:
+    passed: dict[str, int] = {}
+    for r in rows:
+        if r["kind"] == "check" and r["verdict"] == "pass":
+            passed[r["run_id"]] = passed.get(r["run_id"], 0) + 1
+    return [
+        f"{n} checks for {run}: the ledger has {passed.get(run, 0)}"
+        for n, run in CHECKS.findall(text)
+        if passed.get(run) != int(n)
+    ]
+
+
+def wrong_scores(text: str, rows: list[dict]) -> list[str]:
+    """Each printed mutation score against the mutation runs of the ledger group its paragraph names."""
+    runs: dict[str, dict[str, float]] = {}
+    for r in rows:
+        if r["run_id"].split("-", 1)[-1].startswith("mutate"):
+            fig = runs.setdefault(r["run_id"], {"group": r["group"]})
+            if r["kind"] == "check" and r["check"].startswith("mutation score"):
+                fig["score"] = r["value"]
+            elif r["kind"] == "bench":
+                fig[r["check"].rsplit(": ", 1)[-1]] = r["value"]
+    bad = []
+    for para in _paragraphs(text):
+        groups = set(GROUP.findall(para))
+        for score, killed, survived, equivalent, total, wall in SCORE.findall(para):
+            want = (float(score), int(killed), int(survived), int(equivalent), int(total), int(wall))
+            found = [
+                f
+                for f in runs.values()
+                if f["group"] in groups
+                and (
+                    round(f.get("score", -1), len(score) - 2),
+                    f.get("mutants killed"),
+                    f.get("mutants survived"),
+                    f.get("mutants equivalent"),
+                    sum(f.get(k, 0) for k in ("mutants killed", "mutants survived", "mutants equivalent")),
+                    round(f.get("wall s", -1)),
+                )
+                == want
+            ]
+            if not found:
+                bad.append(
+                    f"score {score} ({killed}/{survived}/{equivalent} of {total}, {wall} s) in no run of {groups}"
+                )
+    return bad
+
+
+def prose_figures(text: str) -> list[re.Match]:
+    """The figures ``unledgered_figures`` judges, as matches in ``text`` itself (outside code)."""
+    code = [m.span() for m in CODE.finditer(text)]
+    return [m for m in FIGURE.finditer(text) if not any(a <= m.start() < b for a, b in code)]
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[dict]:
+    return _rows()
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_each_page_cites_runs_in_the_ledger_and_prints_only_their_figures(page, rows):
+    text = (ROOT / page).read_text()
+    assert cited_runs_missing(text, rows) == []
+    assert unledgered_figures(text, rows) == []
+    assert wrong_check_counts(text, rows) == [] and wrong_scores(text, rows) == []
+
+
+def test_the_readme_prints_check_counts_and_mutation_scores_from_the_ledger(rows):
+    text = (ROOT / "README.md").read_text()
+    assert CHECKS.findall(text) and len(SCORE.findall(text)) >= 2
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_figure_of_a_page_edited_by_a_third_fails(page, rows):
+    """Each figure in turn multiplied by 1.37 (printed to the same precision) is a value its runs do not hold."""
+    text = (ROOT / page).read_text()
+    escaped = []
+    for m in prose_figures(text):
+        printed = m.group(1)
+        edited = text[: m.start(1)] + f"{float(printed) * 1.37:.{len(printed.partition('.')[2])}f}" + text[m.end(1) :]
+        if edited != text and not unledgered_figures(edited, rows):
+            escaped.append(text[max(0, m.start() - 40) : m.end()])
+    assert escaped == []
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ("judged by 161 checks", "judged by 162 checks"),
+        ("score 0.931 (121 killed", "score 0.941 (121 killed"),
+        ("24 equivalent of 151) in 323 s", "24 equivalent of 151) in 300 s"),
+        ("20261126T054731Z-quick-plain_lora_make", "20261126T054732Z-quick-plain_lora_make"),
+        ("18.2 s on a warm H100", "18.3 s on a warm H100"),
+        ("captured step 72.4 ms", "captured step 71.4 ms"),
+    ],
+)
+def test_a_figure_edited_to_a_value_the_ledger_does_not_hold_fails(old, new, rows):
+    text = (ROOT / "README.md").read_text()
+    assert old in text
+    edited = text.replace(old, new)
+    assert (
+        cited_runs_missing(edited, rows)
+        or wrong_check_counts(edited, rows)
+        or wrong_scores(edited, rows)
+        or unledgered_figures(edited, rows)
+    )
