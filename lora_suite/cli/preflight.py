@@ -18,10 +18,9 @@ import sys
 from pathlib import Path
 
 from lora_suite.cli.usage import UsageError
-from lora_suite.core.implementation_names import known_names
+from lora_suite.core.implementation_names import MODULE_SPEC, known_names
 
-# The same grammar as implementations/lookup.py: a dotted module path (no dashes), a colon, a Python name; or a name
-MODULE_SPEC = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
+# A name of an implementation (package.module:factory is MODULE_SPEC, shared with implementations/lookup.py)
 NAME_SPEC = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 GPUS_TARGETS = ("multigpu", "all")  # the targets that start torchrun jobs
 

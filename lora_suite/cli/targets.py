@@ -285,7 +285,7 @@ def _against_baseline(t: str, baseline: Path, run_dir: Path, rc: int) -> int:
     return 6 if crc == 1 else (2 if crc == 2 and rc == 0 else rc)
 
 
-def _run_one(t: str, args, extra, tiers, run_dir: Path | None, have_gpu: bool, setup: float | None):
+def _run_one(t: str, args, extra, tiers, run_dir: Path | None, have_gpu: bool, setup: float | None, baseline):
     """One target: its pytest, its baseline comparison and ledger record; (summary row, exit code, stopped by)."""
     cmd = pytest_args(t, args, run_dir, tiers) + extra
     print(f"\n=== {t} ===  {' '.join(cmd)}", flush=True)
@@ -295,7 +295,6 @@ def _run_one(t: str, args, extra, tiers, run_dir: Path | None, have_gpu: bool, s
     if run_dir is not None:  # the report's run id is its folder's name: `ledger show --run <folder>` finds it
         env["LORA_SUITE_RUN_ID"] = run_dir.name
     rc, stopped = _pytest(cmd, env)
-    baseline = _baseline(args)
     if baseline and run_dir and not stopped:
         rc = _against_baseline(t, baseline, run_dir, rc)
     if args.record and run_dir and not stopped and (run_dir / "report.json").is_file():
@@ -312,12 +311,12 @@ def _run(names, args, extra, tiers, report_root: Path, have_gpu: bool) -> int:
 
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     impl = folder_token(args.lora_impl) if args.lora_impl else ""
-    rows, codes, stopped = [], [], None
+    rows, codes, stopped, baseline = [], [], None, _baseline(args)
     setup = bytecode.compile_packages(python(), _child_env(names[0])) if have_gpu and names != ["selftest"] else None
     for t in names:
         suffix = f"-{impl}" if impl and t not in ("selftest-gpu",) else ""
         run_dir = None if t == "selftest" else new_run_dir(report_root, stamp, t + suffix)
-        row, rc, stopped = _run_one(t, args, extra, tiers, run_dir, have_gpu, setup)
+        row, rc, stopped = _run_one(t, args, extra, tiers, run_dir, have_gpu, setup, baseline)
         rows.append(row)
         codes.append(rc)
         setup = None

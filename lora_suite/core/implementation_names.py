@@ -5,9 +5,12 @@ through which other packages add theirs. ``lora_suite.implementations.lookup`` r
 from __future__ import annotations
 
 import importlib.metadata
+import re
 
 ENTRY_POINT_GROUP = "lora_suite.implementations"
 DEFAULT = "cupy"
+# package.module:factory: a dotted module path of Python names (no dashes), a colon, a Python name
+MODULE_SPEC = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 BUILTINS = ("cupy", "cupy-fused", "torch", "peft")
 # Peers bundled with the suite: the same specs as pyproject's entry points, so that a source checkout on PYTHONPATH
 # (a GPU runner may run the suite uninstalled) finds them by name too.

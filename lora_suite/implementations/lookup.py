@@ -6,9 +6,8 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
-import re
 
-from lora_suite.core.implementation_names import BUILTINS, BUNDLED, entry_point_names
+from lora_suite.core.implementation_names import BUILTINS, BUNDLED, MODULE_SPEC, entry_point_names
 from lora_suite.implementations.contract import (
     DEFAULT,
     ENTRY_POINT_GROUP,
@@ -60,7 +59,7 @@ def resolve_implementation(spec: str | None) -> LoRAImplementation:
     impl = _builtin(spec)
     if impl is None and ":" in spec:
         module_name, _, attr = spec.partition(":")
-        if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", module_name) or not re.fullmatch(r"[A-Za-z_]\w*", attr):
+        if not MODULE_SPEC.fullmatch(spec):
             raise ImplementationError(
                 f"LoRA implementation {spec!r}: expected 'package.module:factory' (a dotted "
                 "module path, a colon, a Python name)"

@@ -170,8 +170,8 @@ def read(path: Path) -> list[dict]:
     """
     if "://" not in str(path) and not Path(path).exists():
         return []  # nothing recorded yet: reading creates no store
-    if _store(path):
-        return _store(path).read()
+    if (found := _store(path)) is not None:
+        return found.read()
     path = Path(path)
     rows, heads, decode = [], {}, json.JSONDecoder().decode
     for n, line in enumerate(read_text(path).splitlines(), 1):
@@ -220,8 +220,8 @@ def run_key(r: dict) -> tuple[str, str, str]:
 def append(path: Path, rows: list[dict]) -> int:
     """Append the rows of runs not yet in the ledger (by run id, group and implementation: the lanes of a scorecard
     start together and their runs can share a run id); returns how many rows were added."""
-    if _store(path):
-        return _store(path).append(rows)
+    if (found := _store(path)) is not None:
+        return found.append(rows)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT_S)

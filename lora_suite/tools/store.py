@@ -29,18 +29,18 @@ SCHEMA_VERSION = 1
 STORE_ENV = "LORA_SUITE_STORE"
 _PASSWORD = re.compile(r"(://[^:/@\s]*:)([^@\s]*)@")  # scheme://user:PASSWORD@host
 MIGRATION_LOCK = 4_245_045  # PostgreSQL's advisory lock of the schema's creation and migration (any constant)
-COLUMNS = tuple(f for f in FIELDS)  # rows' columns: the ledger's fields, in the ledger's order
+_URL = re.compile(r"[a-z][a-z0-9+]*://")  # scheme://: a server's URL, or sqlite:///PATH
 
 
 def is_store(location: str | Path) -> bool:
     """A database rather than a JSON-lines ledger: a URL, or a file ending .sqlite or .db."""
     text = str(location)
-    return bool(re.match(r"[a-z][a-z0-9+]*://", text)) or Path(text).suffix in (".sqlite", ".db")
+    return bool(_URL.match(text)) or Path(text).suffix in (".sqlite", ".db")
 
 
 def url_of(location: str | Path) -> str:
     text = str(location)
-    return text if re.match(r"[a-z][a-z0-9+]*://", text) else f"sqlite:///{Path(text).resolve()}"
+    return text if _URL.match(text) else f"sqlite:///{Path(text).resolve()}"
 
 
 def redacted(location: str | Path) -> str:
@@ -195,7 +195,7 @@ def _insert_ignoring_conflicts(dialect: str, table):
 
 
 def _to_db(r: dict, seq: int) -> dict:
-    row = {f: r.get(f) for f in COLUMNS}
+    row = {f: r.get(f) for f in FIELDS}
     return {
         "run_id": r["run_id"],
         "grp": r["group"],
