@@ -173,24 +173,16 @@ class LoRALinear(_NF4Storage, nn.Module):
         """
         if not isinstance(linear, nn.Linear):
             raise ValueError(f"from_linear expects an nn.Linear, got {type(linear).__name__}")
+        weight: torch.Tensor | NF4Tensor = linear.weight
         if getattr(linear.weight, "quant_state", None) is not None:  # a bitsandbytes 4-bit layer
             if quantize != "nf4":
                 raise ValueError(
                     f"{type(linear).__name__} holds a bitsandbytes 4-bit weight, but quantize="
                     f"{quantize!r}: pass quantize='nf4' to keep it as it is"
                 )
-            return cls(
-                _nf4_of(linear),
-                linear.bias,
-                r,
-                alpha,
-                use_rslora=use_rslora,
-                backend=backend,
-                adapter_dtype=adapter_dtype,
-                quantize=quantize,
-            )
+            weight = _nf4_of(linear)
         return cls(
-            linear.weight,
+            weight,
             linear.bias,
             r,
             alpha,

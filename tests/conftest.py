@@ -1,23 +1,18 @@
-"""Fixtures for the framework's CPU tests: a tiny Llama (2 layers, hidden 64) and its configs."""
+"""Fixtures for the framework's CPU tests: a tiny Llama (2 layers, hidden 64: ``lora_suite.engine.models.TINY_LLAMA``),
+its configs, and the tiny tier prepared on the CPU."""
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 
 import pytest
+import yaml
 
-from lora_suite.core.config import LlamaArchitecture
 from lora_suite.core.loader import load_tier_config
+from lora_suite.engine.models import TINY_LLAMA
 
-TINY_ARCH = LlamaArchitecture(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=300,
-    tie_word_embeddings=False,
-)
+TINY_ARCH = TINY_LLAMA
 
 SCORECARD_RUNS = [  # recorded run excerpts of cupy, PEFT and a bench run (tests/fixtures/runs/README.md)
     "20261122T055613Z-quick-peft",
@@ -29,18 +24,10 @@ SCORECARD_RUNS = [  # recorded run excerpts of cupy, PEFT and a bench run (tests
     "20261122T134747Z-bench",
 ]
 
-TINY_MODEL_YAML = """\
-name: tiny-llama
-checkpoint: nobody/tiny-llama
-architecture:
-  hidden_size: 64
-  intermediate_size: 128
-  num_hidden_layers: 2
-  num_attention_heads: 4
-  num_key_value_heads: 2
-  vocab_size: 300
-  tie_word_embeddings: false
-"""
+TINY_MODEL_YAML = yaml.safe_dump(
+    {"name": "tiny-llama", "checkpoint": "nobody/tiny-llama", "architecture": dataclasses.asdict(TINY_ARCH)},
+    sort_keys=False,
+)
 
 TINY_TIER_YAML = """\
 tier: tiny
@@ -66,6 +53,18 @@ def config_dir(tmp_path):
 @pytest.fixture
 def tiny_cfg(config_dir):
     return load_tier_config(config_dir / "tiny.yaml")
+
+
+@pytest.fixture
+def tiny_prepared(tiny_cfg):
+    """A factory: the tiny tier prepared on the CPU (``lora_suite.engine.prepare.Prepared``: model, adapters, batches)
+    with the implementation named (default the torch reference)."""
+    from lora_suite.engine.prepare import prepare
+
+    def make(implementation: str = "torch"):
+        return prepare(tiny_cfg, "cpu", implementation=implementation)
+
+    return make
 
 
 def write(path, text: str):

@@ -8,6 +8,7 @@ plan, its buffers and its in-place steps, and the CPU tests exercise that plan, 
     stack_cast(eng, tensors, dtype)                      one buffer holding every tensor in ``dtype``, back to back
     swiglu_forward(eng, gu) -> act                       act = silu(g)·u        (gu = [g | u], (N, 2I))
     swiglu_backward_(eng, dact, gu)                      in place: gu <- [dg | du], dact <- act (recomputed)
+    stacked_a_backward(eng, dh, x, a, ...) -> dA, dx     dA = s·dhᵀ x, dx = s·dh A (the adapters' part)
 
 Math of the SwiGLU steps (σ the logistic function, computed in fp32, rounded once to the activation dtype):
     silu(g) = g σ(g),   silu'(g) = σ(g) (1 + g (1 - σ(g))),   dg = d · u · silu'(g),   du = d · silu(g).
@@ -126,6 +127,21 @@ def split_views(buffer: torch.Tensor, shapes: list[tuple[int, int]]) -> list[tor
         views.append(buffer[start : start + rows * cols].view(rows, cols))
         start += rows * cols
     return views
+
+
+def stacked_a_backward(
+    eng, dh: torch.Tensor, x2: torch.Tensor, a: torch.Tensor, scale: float, acc_dtype: torch.dtype, need_dx: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The backward through h = x Aᵀ for the stacked down-projections of a fused path, A = [A_1; …; A_m] (m·r, K):
+    dA = s·dhᵀ x (m·r, K) in ``acc_dtype`` and, when ``need_dx``, the adapters' part of dx, s·dh A (N, K) in dh's
+    dtype (else None); the caller adds the frozen bases' part to that dx."""
+    da = torch.empty(a.shape, dtype=acc_dtype, device=dh.device)
+    eng.gemm(da, dh, x2, trans_a=True, alpha=scale)
+    if not need_dx:
+        return da, None
+    dx = torch.empty(x2.shape, dtype=dh.dtype, device=dh.device)
+    eng.gemm(dx, dh, a, alpha=scale)
+    return da, dx
 
 
 def _silu_parts(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

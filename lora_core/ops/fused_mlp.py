@@ -192,12 +192,9 @@ class FusedLoRAMLP(torch.autograd.Function):
             eng.gemm(db_g, gu[:, :inter], h_gu[:, :r], trans_a=True, alpha=s)
             db_u = torch.empty((inter, r), dtype=acc_dtype, device=dev)
             eng.gemm(db_u, gu[:, inter:], h_gu[:, r:], trans_a=True, alpha=s)
-            da_gu = torch.empty((2 * r, k), dtype=acc_dtype, device=dev)
-            eng.gemm(da_gu, dh_gu, x2, trans_a=True, alpha=s)
-            dx = None
-            if ctx.needs_input_grad[0]:
-                dx = torch.empty((n, k), dtype=dtype, device=dev)
-                eng.gemm(dx, dh_gu, stacked[: 2 * r * k].view(2 * r, k), alpha=s)
+            a_gu = stacked[: 2 * r * k].view(2 * r, k)
+            da_gu, dx = fe.stacked_a_backward(eng, dh_gu, x2, a_gu, s, acc_dtype, ctx.needs_input_grad[0])
+            if dx is not None:
                 eng.gemm(dx, gu, ctx.bases.for_backward("gate_up", dtype), beta=1.0)
                 dx = dx.view(ctx.x_shape)
         return dx, da_gu[:r], db_g, da_gu[r:], db_u, da_d, db_d, None, None, None, None

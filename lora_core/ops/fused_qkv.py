@@ -144,12 +144,9 @@ class FusedLoRAQKV(torch.autograd.Function):
                 eng.gemm(dh[:, i * r : (i + 1) * r], d, bs[i])
                 db = torch.empty((sizes[i], r), dtype=acc_dtype, device=dev)
                 dbs.append(eng.gemm(db, d, h[:, i * r : (i + 1) * r], trans_a=True, alpha=s))
-            da = torch.empty((3 * r, k), dtype=acc_dtype, device=dev)
-            eng.gemm(da, dh, x2, trans_a=True, alpha=s)
-            dx = None
-            if ctx.needs_input_grad[0]:
-                dx = torch.empty((n, k), dtype=dtype, device=dev)
-                eng.gemm(dx, dh, stacked[: 3 * r * k].view(3 * r, k), alpha=s)
+            a_qkv = stacked[: 3 * r * k].view(3 * r, k)
+            da, dx = fe.stacked_a_backward(eng, dh, x2, a_qkv, s, acc_dtype, ctx.needs_input_grad[0])
+            if dx is not None:
                 w = ctx.bases.for_backward(dtype)
                 start = 0
                 for i, d in enumerate(grads):

@@ -19,15 +19,21 @@ from lora_suite.core.settings_rules import first_problem
 CONFIG_ENV = "LORA_SUITE_CONFIG_DIR"
 
 
+def find_data_dir(env: str, name: str) -> Path:
+    """A folder of the suite's data (``configs``, ``tiers``): ``$env`` if set; else a checkout's ``name/`` beside the
+    package (it wins, so edits there take effect); else the copy shipped inside the installed package."""
+    if os.environ.get(env):
+        return Path(os.environ[env])
+    checkout = Path(__file__).resolve().parents[2] / name
+    if checkout.is_dir():
+        return checkout
+    return Path(str(importlib.resources.files("lora_suite") / name))
+
+
 def find_config_dir() -> Path:
     """Where tier and model YAML are read from: $LORA_SUITE_CONFIG_DIR if set; else a checkout's ``configs/``
     beside the package (it wins, so edits there take effect); else the copy shipped as package data."""
-    if os.environ.get(CONFIG_ENV):
-        return Path(os.environ[CONFIG_ENV])
-    checkout = Path(__file__).resolve().parents[2] / "configs"
-    if checkout.is_dir():
-        return checkout
-    return Path(str(importlib.resources.files("lora_suite") / "configs"))
+    return find_data_dir(CONFIG_ENV, "configs")
 
 
 CONFIG_DIR = find_config_dir()

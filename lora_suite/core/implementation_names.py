@@ -18,8 +18,8 @@ BUNDLED = {
     "loralib": "lora_suite.implementations.loralib_impl:LoralibImplementation",
     "torchtune": "lora_suite.implementations.torchtune_impl:TorchtuneImplementation",
     "peft-bnb": "lora_suite.implementations.peft_bnb_impl:PeftBnbImplementation",
-    "axolotl": "lora_suite.implementations.fused_peers:AxolotlImplementation",
-    "peft-liger": "lora_suite.implementations.fused_peers:PeftLigerImplementation",
+    "axolotl": "lora_suite.implementations.axolotl_impl:AxolotlImplementation",
+    "peft-liger": "lora_suite.implementations.peft_liger_impl:PeftLigerImplementation",
     "unsloth": "lora_suite.implementations.unsloth_impl:UnslothImplementation",
 }
 

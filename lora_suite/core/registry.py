@@ -8,12 +8,10 @@ the copy shipped inside the installed package (``lora_suite/tiers``), as configs
 
 from __future__ import annotations
 
-import importlib.resources
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from lora_suite.core.config import CONFIG_DIR, ConfigError, SuiteEntry
+from lora_suite.core.config import CONFIG_DIR, ConfigError, SuiteEntry, find_data_dir
 from lora_suite.core.loader import load_tier_config
 from lora_suite.core.yaml_io import read_yaml
 
@@ -21,12 +19,8 @@ TIERS_ENV = "LORA_SUITE_TIERS_DIR"
 
 
 def find_tiers_dir() -> Path:
-    if os.environ.get(TIERS_ENV):
-        return Path(os.environ[TIERS_ENV])
-    checkout = Path(__file__).resolve().parents[2] / "tiers"
-    if checkout.is_dir():
-        return checkout
-    return Path(str(importlib.resources.files("lora_suite") / "tiers"))
+    """Where the tiers' test folders are (module docstring)."""
+    return find_data_dir(TIERS_ENV, "tiers")
 
 
 @dataclass(frozen=True)

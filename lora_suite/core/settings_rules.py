@@ -208,6 +208,22 @@ def _nonblank(v, obj) -> bool:
     return bool(v.strip())
 
 
+def _multiple_of(field: str, of: str) -> Rule:
+    """``field`` a multiple of the field ``of`` (broken by ``of`` = ``field`` + 1)."""
+    return holds(
+        field,
+        lambda v, obj: v % getattr(obj, of) == 0,
+        f"a multiple of {of}={{{of}}}",
+        lambda obj: [{of: getattr(obj, field) + 1}],
+        form=OUT_OF_RANGE,
+    )
+
+
+def _empty_or_identifier(field: str, expected: str, bad: str) -> Rule:
+    """``field`` empty (unset) or a Python identifier, worded by ``expected``; broken by the value ``bad``."""
+    return holds(field, lambda v, obj: v == "" or bool(IDENTIFIER.fullmatch(v)), expected, lambda obj: [{field: bad}])
+
+
 def _float_dtype_or_none(v, obj) -> bool:
     """None or a torch floating-point dtype (torch is imported wherever a dtype was made: never here)."""
     torch = sys.modules.get("torch")
@@ -244,20 +260,8 @@ RULES: dict[str, tuple[Rule, ...]] = {
     "LlamaArchitecture": (
         *(between(name, lo=1) for name in _ARCHITECTURE_SIZES),
         # attention splits the hidden size into heads, and the heads into groups sharing a key/value head
-        holds(
-            "hidden_size",
-            lambda v, a: v % a.num_attention_heads == 0,
-            "a multiple of num_attention_heads={num_attention_heads}",
-            lambda a: [{"num_attention_heads": a.hidden_size + 1}],
-            form=OUT_OF_RANGE,
-        ),
-        holds(
-            "num_attention_heads",
-            lambda v, a: v % a.num_key_value_heads == 0,
-            "a multiple of num_key_value_heads={num_key_value_heads}",
-            lambda a: [{"num_key_value_heads": a.num_attention_heads + 1}],
-            form=OUT_OF_RANGE,
-        ),
+        _multiple_of("hidden_size", "num_attention_heads"),
+        _multiple_of("num_attention_heads", "num_key_value_heads"),
         between("rope_theta", lo=0, lo_open=True, finite=True),
         between("rms_norm_eps", lo=0, lo_open=True, finite=True),
     ),
@@ -366,18 +370,8 @@ RULES: dict[str, tuple[Rule, ...]] = {
     ),
     "SuiteEntry": (
         holds("description", _nonblank, "a non-empty line saying what the tier runs", lambda e: [{"description": ""}]),
-        holds(
-            "marker",
-            lambda v, e: v == "" or bool(IDENTIFIER.fullmatch(v)),
-            "a Python identifier (a pytest marker)",
-            lambda e: [{"marker": "two words"}],
-        ),
-        holds(
-            "tests",
-            lambda v, e: v == "" or bool(IDENTIFIER.fullmatch(v)),
-            "a folder name under tiers/",
-            lambda e: [{"tests": "../elsewhere"}],
-        ),
+        _empty_or_identifier("marker", "a Python identifier (a pytest marker)", "two words"),
+        _empty_or_identifier("tests", "a folder name under tiers/", "../elsewhere"),
         between("gpus", lo=1, form=EXPECTED),
         holds(
             "figures",

@@ -28,15 +28,9 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from lora_suite.engine import probes as P
-from lora_suite.engine.layer_checks import PARITY_SOURCE
+from lora_suite.engine.layer_checks import PARITY_SOURCE, none_of
 from lora_suite.engine.parity import compare
 from lora_suite.measure.criteria import Verdict
-
-
-def none_of(name: str, bad: list[str], source: str, sep: str = "; ") -> Verdict:
-    """The verdict "no tensor, parameter or layer is in ``bad``": its count against 0, the first three named."""
-    return Verdict(name, len(bad), "==", 0, source, sep.join(bad[:3]))
-
 
 INIT_SOURCE = "LoRA (arXiv 2106.09685) §4.1: B = 0 at the start, so ΔW = BA = 0; PEFT init_lora_weights=True"
 

@@ -31,6 +31,12 @@ KINDS = {  # tensor kind -> which of ProbeRun.tensors() names it holds
 PARITY_SOURCE = "tol = 8·(u_dtype + u_fp32·√k), x3 for the MLP chain; lora_suite/engine/parity.py"
 
 
+def none_of(name: str, bad: list[str], source: str, sep: str = "; ", shown: int | None = 3) -> Verdict:
+    """The verdict "no tensor, parameter or layer is in ``bad``": its count against 0, the first ``shown`` named
+    (every one where None)."""
+    return Verdict(name, len(bad), "==", 0, source, sep.join(bad[:shown]))
+
+
 def parity_errors(probe: P.Probe, inputs: P.ProbeInputs, *, inputs_require_grad: bool = True):
     got = P.run_probe(probe, inputs, inputs_require_grad=inputs_require_grad)
     ref = P.reference(probe, inputs, inputs_require_grad=inputs_require_grad)
@@ -44,27 +50,9 @@ def parity_verdicts(label: str, cases: list[tuple[str, list, list[str]]]) -> lis
     for kind, member in KINDS.items():
         errs = [(case, e) for case, es, _ in cases for e in es if member(e.name)]
         bad = [f"{case}: {e.describe()}" for case, e in errs if not e.ok]
-        out.append(
-            Verdict(
-                f"{label}: {kind} beyond tolerance (of {len(errs)})",
-                len(bad),
-                "==",
-                0,
-                PARITY_SOURCE,
-                "; ".join(bad[:4]),
-            )
-        )
+        out.append(none_of(f"{label}: {kind} beyond tolerance (of {len(errs)})", bad, PARITY_SOURCE, shown=4))
     wrong = [f"{case}: {d}" for case, _, ds in cases for d in ds]
-    out.append(
-        Verdict(
-            f"{label}: outputs and gradients of the wrong dtype",
-            len(wrong),
-            "==",
-            0,
-            "F.linear and autograd",
-            "; ".join(wrong[:4]),
-        )
-    )
+    out.append(none_of(f"{label}: outputs and gradients of the wrong dtype", wrong, "F.linear and autograd", shown=4))
     return out
 
 
@@ -82,13 +70,11 @@ def _differing(a: P.ProbeRun, b: P.ProbeRun) -> list[str]:
 def determinism(probe: P.Probe, inputs: P.ProbeInputs) -> Verdict:
     first, second = P.run_probe(probe, inputs), P.run_probe(probe, inputs)
     diff = _differing(first, second)
-    return Verdict(
+    return none_of(
         f"same input twice: tensors not bitwise equal (of {len(first.tensors())})",
-        len(diff),
-        "==",
-        0,
+        diff,
         "an implementation must be deterministic for a fixed input",
-        "; ".join(diff[:4]),
+        shown=4,
     )
 
 
@@ -108,14 +94,7 @@ def eval_mode(probe: P.Probe, inputs: P.ProbeInputs) -> Verdict:
     finally:
         probe.block.train()
     bad = _outputs_beyond(probe, inputs, got)
-    return Verdict(
-        f"eval mode: outputs beyond tolerance (of {len(P.OUTPUTS)})",
-        len(bad),
-        "==",
-        0,
-        PARITY_SOURCE,
-        "; ".join(bad[:3]),
-    )
+    return none_of(f"eval mode: outputs beyond tolerance (of {len(P.OUTPUTS)})", bad, PARITY_SOURCE)
 
 
 def merged(probe: P.Probe, inputs: P.ProbeInputs) -> Verdict:
@@ -124,13 +103,10 @@ def merged(probe: P.Probe, inputs: P.ProbeInputs) -> Verdict:
     with torch.no_grad():
         got = P.run_probe(probe, inputs, inputs_require_grad=False, backward=False)
     bad = _outputs_beyond(probe, inputs, got)
-    return Verdict(
+    return none_of(
         f"merged weights: outputs beyond tolerance (of {len(P.OUTPUTS)})",
-        len(bad),
-        "==",
-        0,
+        bad,
         PARITY_SOURCE + " (one more rounding of W: inside it)",
-        "; ".join(bad[:3]),
     )
 
 
@@ -138,13 +114,10 @@ def no_input_gradient(probe: P.Probe, inputs: P.ProbeInputs) -> Verdict:
     got, errs = parity_errors(probe, inputs, inputs_require_grad=False)
     bad = [e.describe() for e in errs if not e.ok]
     extra = [n for n, g in zip(P.INPUTS, got.input_grads) if g is not None]
-    return Verdict(
+    return none_of(
         f"inputs without grad: adapter gradients beyond tolerance or input gradients made (of {len(errs)})",
-        len(bad) + len(extra),
-        "==",
-        0,
+        bad + extra,
         PARITY_SOURCE,
-        "; ".join((bad + extra)[:3]),
     )
 
 
@@ -161,13 +134,12 @@ def accumulation(probe: P.Probe, inputs: P.ProbeInputs) -> Verdict:
         for n, p in probe.adapters.items()
         if once[n] is None or p.grad is None or not torch.equal(p.grad, 2 * once[n])
     ]
-    return Verdict(
+    return none_of(
         f"two backward passes: adapter gradients not twice one pass's (of {len(once)})",
-        len(bad),
-        "==",
-        0,
+        bad,
         "autograd accumulates into .grad",
-        ", ".join(bad[:4]),
+        sep=", ",
+        shown=4,
     )
 
 
@@ -187,13 +159,11 @@ def nan_rows(probe: P.Probe, inputs: P.ProbeInputs) -> Verdict:
             bad.append(f"{name}: the poisoned token's output holds no NaN")
         if not torch.isfinite(rows[1:]).all():
             bad.append(f"{name}: {int((~torch.isfinite(rows[1:])).any(dim=1).sum())} other tokens' outputs not finite")
-    return Verdict(
+    return none_of(
         "NaN in one token: outputs contaminated or not propagated (q, k, v)",
-        len(bad),
-        "==",
-        0,
+        bad,
         "F.linear: rows are independent",
-        "; ".join(bad),
+        shown=None,
     )
 
 
@@ -209,13 +179,11 @@ def side_stream(probe: P.Probe, inputs: P.ProbeInputs) -> Verdict:
         got = P.run_probe(probe, P.ProbeInputs(x, inputs.x_o, inputs.x_m, inputs.dys))
     torch.cuda.synchronize()
     diff = _differing(expected, got)
-    return Verdict(
+    return none_of(
         "on a side stream: tensors not bitwise equal to the default stream's",
-        len(diff),
-        "==",
-        0,
+        diff,
         "work must follow torch's current stream",
-        "; ".join(diff[:4]),
+        shown=4,
     )
 
 
@@ -225,13 +193,8 @@ def autocast_dtype(probe: P.Probe, inputs: P.ProbeInputs, dtype=torch.bfloat16) 
     with torch.autocast(inputs.x.device.type, dtype=dtype), torch.no_grad():
         outs = P.run_probe(probe, fp32, inputs_require_grad=False, backward=False).outputs
     bad = [f"{n}: {o.dtype}" for n, o in zip(P.OUTPUTS, outs) if o.dtype != dtype]
-    return Verdict(
-        f"under autocast({dtype}): outputs of another dtype",
-        len(bad),
-        "==",
-        0,
-        "F.linear under autocast",
-        ", ".join(bad),
+    return none_of(
+        f"under autocast({dtype}): outputs of another dtype", bad, "F.linear under autocast", sep=", ", shown=None
     )
 
 
@@ -282,11 +245,9 @@ def captured(probe: P.Probe, inputs: P.ProbeInputs, fresh: P.ProbeInputs) -> Ver
     )
     eager = P.run_probe(probe, fresh)
     diff = _differing(replayed, eager)
-    return Verdict(
+    return none_of(
         "captured replay: tensors not bitwise equal to eager",
-        len(diff),
-        "==",
-        0,
+        diff,
         "replay runs the recorded kernels on the same data",
-        "; ".join(diff[:4]),
+        shown=4,
     )

@@ -15,6 +15,7 @@ while at most one 16-bit layer exists (a 7B model never exists in 16 bits as a w
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +27,17 @@ from torch import nn
 from lora_suite.core.config import LlamaArchitecture, ModelConfig
 
 INIT_STD = 0.02  # Llama's initializer_range
+# A Llama of a few hundred thousand parameters: the CPU tests' model (2 layers, hidden 64, vocab 300), and with other
+# sizes the tiers' op-in-a-model checks (``build_tiny_llama``)
+TINY_LLAMA = LlamaArchitecture(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=300,
+    tie_word_embeddings=False,
+)
 
 
 class CheckpointNotFound(FileNotFoundError):
@@ -162,6 +174,14 @@ def build_random(
     leftovers = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
     assert not leftovers, f"not materialised: {leftovers[:5]}"
     return model.eval()
+
+
+def build_tiny_llama(
+    dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", *, seed: int = 0, **sizes: int
+) -> nn.Module:
+    """``build_random`` of ``TINY_LLAMA`` with ``sizes`` (``LlamaArchitecture`` fields: ``hidden_size=256``...) in
+    place of its own: the one builder of the small models that tests and op-in-a-model checks need."""
+    return build_random(dataclasses.replace(TINY_LLAMA, **sizes), dtype, device, seed=seed)
 
 
 @torch.no_grad()

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from lora_suite.engine.layer_checks import none_of
 from lora_suite.engine.prepare import Prepared
 from lora_suite.measure.criteria import Verdict
 
@@ -109,13 +110,12 @@ def _saved_bitwise_verdict(want: dict[str, torch.Tensor], saved: dict[str, torch
     bad = [
         n for n, t in want.items() if n not in saved or saved[n].shape != t.shape or not torch.equal(saved[n].to(t), t)
     ]
-    return Verdict(
+    return none_of(
         f"saved folder: adapters missing or not bitwise the trained ones (of {len(want)})",
-        len(bad),
-        "==",
-        0,
+        bad,
         "save_adapter writes PEFT's format (adapter_model.safetensors, PEFT's key names)",
-        ", ".join(bad[:4]),
+        sep=", ",
+        shown=4,
     )
 
 
@@ -139,13 +139,12 @@ def _loaded_verdicts(
     got = fresh.implementation.adapter_parameters(fresh.model)
     bad = [n for n, t in want.items() if n not in got or not torch.equal(got[n].detach(), t)]
     return [
-        Verdict(
+        none_of(
             f"after load_adapter: adapters not bitwise the trained ones (of {len(want)})",
-            len(bad),
-            "==",
-            0,
+            bad,
             "load_adapter reads what save_adapter wrote",
-            ", ".join(bad[:4]),
+            sep=", ",
+            shown=4,
         ),
         Verdict(
             "after load_adapter: max |logits - trained logits|",
@@ -278,30 +277,22 @@ def saved_folder_verdicts(
     if "all-linear" not in targets and (missing := [t for t in leaves if t not in targets]):
         bad_config.append(f"target_modules {targets} lacks {missing}")
     return [
-        Verdict(
+        none_of(
             f"saved folder: tensors not in their adapter's dtype (of {len(want)})",
-            len(wrong_dtype),
-            "==",
-            0,
+            wrong_dtype,
             "PEFT saves each adapter in its own dtype",
-            "; ".join(wrong_dtype[:3]),
         ),
-        Verdict(
+        none_of(
             f"saved folder: tensors that are not adapters ({len(saved)} saved)",
-            len(extra),
-            "==",
-            0,
+            extra,
             "PEFT's adapter_model.safetensors holds the adapters only, never base weights",
-            ", ".join(extra[:3]),
+            sep=", ",
         ),
-        Verdict(
+        none_of(
             "saved folder: config settings that are not the model's (r, lora_alpha, use_rslora, target_modules, "
             "lora_dropout, fan_in_fan_out)",
-            len(bad_config),
-            "==",
-            0,
+            bad_config,
             "PEFT's adapter_config.json (LoraConfig): what PEFT's loader builds the layers from",
-            "; ".join(bad_config[:3]),
         ),
     ]
 
@@ -367,20 +358,18 @@ def peft_loader(
         if n not in found or found[n].shape != t.shape or not torch.equal(found[n].to(t.dtype), t):
             bad_t.append(n)
     return [
-        Verdict(
+        none_of(
             f"PEFT's loader: adapters missing or not bitwise the trained ones (of {len(want)})",
-            len(bad_t),
-            "==",
-            0,
+            bad_t,
             "peft.PeftModel.from_pretrained on the saved folder",
-            ", ".join(bad_t[:4]),
+            sep=", ",
+            shown=4,
         ),
-        Verdict(
+        none_of(
             f"PEFT's loader: layers whose scaling is not {scale:g} (of {len(found) // 2})",
-            len(bad_s),
-            "==",
-            0,
+            bad_s,
             "lora_alpha / r (alpha / sqrt(r) with use_rslora) in adapter_config.json",
-            ", ".join(bad_s[:4]),
+            sep=", ",
+            shown=4,
         ),
     ]

@@ -1,7 +1,7 @@
 """The tables a run report gains when its session ends: the tier's wall time against its target, where the wall
 time went, the RawKernel variants reached, and what an xdist worker hands over at its end.
 
-``state`` is the plugin's record of the session (``pytest_plugin._RUN``): its start times, clock, CUDA context
+``state`` is the plugin's record of the session (``plugin.state.RUN``): its start times, clock, CUDA context
 time, worker count and the workers' final outputs.
 """
 

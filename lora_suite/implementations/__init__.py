@@ -35,6 +35,8 @@ from lora_suite.implementations.contract import (
     AdapterSpec,
     ImplementationError,
     LoRAImplementation,
+    library_version,
+    require_module,
 )
 from lora_suite.implementations.lookup import (
     BUILTINS,
@@ -43,7 +45,6 @@ from lora_suite.implementations.lookup import (
     entry_point_names,
     implementation_record,
     installed_names,
-    require_module,
     resolve_implementation,
 )
 from lora_suite.implementations.lora_core_impl import LoraCoreImplementation
@@ -71,6 +72,7 @@ __all__ = [
     "entry_point_names",
     "implementation_record",
     "installed_names",
+    "library_version",
     "load_peft_tensors",
     "require_module",
     "resolve_implementation",

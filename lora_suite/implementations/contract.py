@@ -1,11 +1,15 @@
 """The contract every LoRA implementation meets (the package docstring, ``lora_suite.implementations``, says
-what each method promises), the features it may declare it cannot do, and its errors."""
+what each method promises), the features it may declare it cannot do, its errors, and how a bundled peer reaches
+its library (``require_module``, ``library_version``)."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
+import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lora_suite.core.config import Checked
 
@@ -38,6 +42,50 @@ def _fp32() -> torch.dtype:
 
 class ImplementationError(ValueError):
     """An implementation that cannot be found, built, or that breaks the contract."""
+
+
+WHEN = ("selection", "found", "use")  # where a peer asks for its library (require_module)
+
+
+def require_module(impl: str, *modules: str, hint: str | None = None, when: str = "selection") -> Any:
+    """The library of the bundled peer ``impl``: ``modules`` imported in turn, the last one returned; or an
+    ImplementationError naming the module, why, and what to install (``hint``; by default the extra named after the
+    peer, ``install lora-gpu-suite[<impl>]``). Every bundled peer reaches its library through it. ``when``:
+
+    - ``"selection"``: a constructor, while ``--lora-impl`` is chosen; an ImportError is refused naming the option;
+    - ``"found"``: a constructor that must not import its library yet (it imports torch, which the controlling process
+      of workers never does, or patches transformers): each module is only looked up, every missing one named, and
+      None returned;
+    - ``"use"``: inject, preload or a loader, mid-run; whatever the import raises is named with its type.
+    """
+    if when not in WHEN:
+        raise ValueError(f"when={when!r} is not one of {WHEN}")
+    hint = hint or f"install lora-gpu-suite[{impl}]"
+    if when == "found":
+        missing = [m for m in modules if importlib.util.find_spec(m) is None]
+        if missing:
+            raise ImplementationError(f"--lora-impl {impl}: {', '.join(missing)} not installed; {hint}")
+        return None
+    module = None
+    for name in modules:
+        try:
+            module = importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001  (mid-run, an import that fails for any reason: say which and why)
+            if when == "use":
+                why = f"{type(exc).__name__}: {exc}"
+                raise ImplementationError(f"{impl}: {name} does not import ({why}); {hint}") from None
+            if isinstance(exc, ImportError):
+                raise ImplementationError(f"--lora-impl {impl}: {name} does not import ({exc}); {hint}") from None
+            raise
+    return module
+
+
+def library_version(dist: str) -> str:
+    """The installed version of the distribution ``dist`` (what a peer's ``describe`` names), or "(version unknown)"."""
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "(version unknown)"
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from lora_suite.implementations.contract import (
     FEATURES,
     ImplementationError,
     LoRAImplementation,
+    require_module,
 )
 from lora_suite.implementations.lora_core_impl import FusedLoraCoreImplementation, LoraCoreImplementation
 from lora_suite.implementations.peft_impl import PeftImplementation
@@ -25,12 +26,7 @@ def _builtin(name: str) -> LoRAImplementation | None:
     if name == "cupy-fused":
         return FusedLoraCoreImplementation()
     if name == "peft":
-        try:
-            import peft  # noqa: F401
-        except ImportError as exc:
-            raise ImplementationError(
-                f"--lora-impl peft: peft does not import ({exc}); install lora-gpu-suite[peft]"
-            ) from None
+        require_module("peft", "peft")
         return PeftImplementation()
     return None
 
@@ -98,17 +94,6 @@ def raised_at(exc: BaseException) -> str:
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
     return "" if tb is None else f", raised at {tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
-
-
-def require_module(impl: str, module: str):
-    """``module`` imported for implementation ``impl``, or an ImplementationError naming the extra to install
-    (the bundled peers' libraries are optional extras named after them)."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise ImplementationError(
-            f"--lora-impl {impl}: {module} does not import ({exc}); install lora-gpu-suite[{impl}]"
-        ) from None
 
 
 def _call_factory(factory, spec: str):

@@ -19,7 +19,6 @@ import math
 import torch
 from torch import nn
 
-from lora_suite.implementations import require_module
 from lora_suite.implementations.wrapped import WrappedLinearPeer
 
 
@@ -33,17 +32,8 @@ class LoralibImplementation(WrappedLinearPeer):
         "op_call_count": "loralib's layers keep no call counter; served_by() checks the layer types instead",
         "lora_core_ops": "these tests call lora_core's cupy op and kernels directly, which loralib does not use",
     }
-
-    def __init__(self):
-        self.layer_type = require_module(self.name, "loralib").Linear
-
-    def describe(self) -> str:
-        import importlib.metadata
-
-        return (
-            f"loralib: Microsoft loralib {importlib.metadata.version('loralib')} loralib.Linear "
-            f"(merge_weights=False), eager torch ops"
-        )
+    library, layer_name = "loralib", "Linear"
+    description = "loralib: Microsoft loralib {version} loralib.Linear (merge_weights=False), eager torch ops"
 
     def wrap(self, linear, spec):
         base = linear.weight

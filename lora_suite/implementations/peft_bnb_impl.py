@@ -10,29 +10,64 @@ adapters go on the targets exactly as for ``peft`` (``PeftImplementation``).
 Its base is always NF4: a tier that asks for a 16-bit base (``lora.quantize`` null) is refused, naming the key
 (``bf16_base`` not applicable), never run on another base silently. ``served_by`` says ``peft-bnb`` only when
 every adapted layer is PEFT's bitsandbytes layer over a quantised ``Linear4bit`` that has run.
+
+The other peers over PEFT's layers (axolotl, peft-liger, unsloth) take the same base where bitsandbytes imports
+(``BnbBase``). torch and bitsandbytes are imported where a model is adapted, not where the peer is named (the
+controlling process of a run spread over workers resolves ``--lora-impl`` and imports no torch).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+from typing import TYPE_CHECKING
 
-from torch import nn
-
-from lora_core.inject import replace_module, target_linears  # lora_core's meaning of a target
 from lora_suite.implementations import AdapterSpec, ImplementationError, PeftImplementation, require_module
+
+if TYPE_CHECKING:
+    import bitsandbytes
+    from torch import nn
+
+NO_BNB = (
+    "bitsandbytes does not import here, and this peer's 4-bit base is bitsandbytes' (install lora-gpu-suite[peft-bnb])"
+)
+
+
+def bnb_nf4_linear(linear: nn.Linear) -> bitsandbytes.nn.Linear4bit:
+    """A bitsandbytes ``Linear4bit`` over ``linear``: its weight quantised by bitsandbytes on the weight's device
+    (nf4, block 64, double quant, compute in the weight's dtype), as transformers quantises when it loads a model in
+    4 bits; its bias, if any, kept frozen."""
+    import bitsandbytes as bnb
+    from torch import nn
+
+    base = linear.weight
+    layer = bnb.nn.Linear4bit(
+        linear.in_features,
+        linear.out_features,
+        bias=linear.bias is not None,
+        compute_dtype=base.dtype,
+        compress_statistics=True,
+        quant_type="nf4",
+        device="meta",
+    )
+    layer.weight = bnb.nn.Params4bit(
+        base.data, requires_grad=False, compress_statistics=True, quant_type="nf4", blocksize=64
+    ).to(base.device)  # quantises here
+    if linear.bias is not None:
+        layer.bias = nn.Parameter(linear.bias.data, requires_grad=False)
+    return layer
 
 
 class PeftBnbImplementation(PeftImplementation):
     name = expected_path = "peft-bnb"
     not_applicable = {
         "bf16_base": "QLoRA as people run it: the base is always bitsandbytes NF4 (set lora.quantize: nf4)",
-        "op_call_count": "PEFT's layers keep no call counter; served_by() checks the layer types instead",
-        "lora_core_ops": "these tests call lora_core's cupy op and kernels directly, which PEFT does not use",
+        # PEFT's own reasons, nf4_base aside (this peer's base always is NF4)
+        **{feature: why for feature, why in PeftImplementation.not_applicable.items() if feature != "nf4_base"},
     }
 
     def __init__(self):
-        require_module(self.name, "bitsandbytes")
-        require_module(self.name, "peft")
+        require_module(self.name, "bitsandbytes", "peft")
 
     def describe(self) -> str:
         import bitsandbytes
@@ -56,25 +91,11 @@ class PeftBnbImplementation(PeftImplementation):
         (``lora_core.bnb_format.from_bnb``), so a reference built over them has the same dequantised weights."""
         import bitsandbytes as bnb
 
+        from lora_core.inject import replace_module, target_linears  # lora_core's meaning of a target
+
         for path, linear in target_linears(model, ("all-linear",)):
-            if isinstance(linear, bnb.nn.Linear4bit):
-                continue
-            base = linear.weight
-            layer = bnb.nn.Linear4bit(
-                linear.in_features,
-                linear.out_features,
-                bias=linear.bias is not None,
-                compute_dtype=base.dtype,
-                compress_statistics=True,
-                quant_type="nf4",
-                device="meta",
-            )
-            layer.weight = bnb.nn.Params4bit(
-                base.data, requires_grad=False, compress_statistics=True, quant_type="nf4", blocksize=64
-            ).to(base.device)  # quantises here
-            if linear.bias is not None:
-                layer.bias = nn.Parameter(linear.bias.data, requires_grad=False)
-            replace_module(model, path, layer)
+            if not isinstance(linear, bnb.nn.Linear4bit):
+                replace_module(model, path, bnb_nf4_linear(linear))
         return True
 
     def wrong_layer(self, m):
@@ -87,3 +108,32 @@ class PeftBnbImplementation(PeftImplementation):
         if not isinstance(m.base_layer, bnb.nn.Linear4bit) or not m.base_layer.weight.bnb_quantized:
             return "peft-bnb over a base that is not a quantised Linear4bit"
         return None
+
+
+class BnbBase:
+    """QLoRA as the other peers over PEFT's layers run it: peft-bnb's bitsandbytes NF4 base (``Linear4bit``,
+    quantised layer by layer as the model is built) under PEFT's bitsandbytes LoRA layers, where bitsandbytes
+    imports; where it does not, ``nf4_base`` is declared not applicable with that reason, so a tier never runs
+    16-bit without saying so."""
+
+    def _declare_base(self) -> None:
+        if importlib.util.find_spec("bitsandbytes") is None:
+            self.not_applicable = dict(self.not_applicable, nf4_base=NO_BNB)
+        else:
+            self.not_applicable = {k: v for k, v in self.not_applicable.items() if k != "nf4_base"}
+
+    def quantize_base(self, model) -> bool:
+        return PeftBnbImplementation.quantize_base(self, model)
+
+    def _bnb_spec(self, model, spec):
+        """``spec`` for PEFT's inject: an NF4 request puts bitsandbytes' base in first and marks the model 4-bit, as
+        transformers does, so that PEFT wraps its bitsandbytes layer."""
+        if spec.quantize is None:
+            return spec
+        if spec.quantize != "nf4" or self.reason_not_applicable("nf4_base"):
+            raise ImplementationError(
+                f"{self.name}: quantize={spec.quantize!r}: {self.reason_not_applicable('nf4_base')}"
+            )
+        self.quantize_base(model)
+        model.is_loaded_in_4bit = True
+        return dataclasses.replace(spec, quantize=None)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import torch
 
-from lora_suite.implementations import require_module
 from lora_suite.implementations.wrapped import WrappedLinearPeer
 
 
@@ -32,16 +31,8 @@ class TorchtuneImplementation(WrappedLinearPeer):
         "op_call_count": "torchtune's layers keep no call counter; served_by() checks the layer types instead",
         "lora_core_ops": "these tests call lora_core's cupy op and kernels directly, which torchtune does not use",
     }
-
-    def __init__(self):
-        self.layer_type = require_module(self.name, "torchtune.modules.peft").LoRALinear
-
-    def describe(self) -> str:
-        import importlib.metadata
-
-        return (
-            f"torchtune: torchtune {importlib.metadata.version('torchtune')} modules.peft.LoRALinear, eager torch ops"
-        )
+    library, layer_name = "torchtune.modules.peft", "LoRALinear"
+    description = "torchtune: torchtune {version} modules.peft.LoRALinear, eager torch ops"
 
     def wrap(self, linear, spec):
         with torch.device("meta"):

@@ -19,7 +19,7 @@ fallback, named. Unsloth's own rule sends a float32 base through PEFT's forward 
 that path is Unsloth's, so it counts as served there, and ``describe`` says it.
 
 Bare modules (the layer probes: one decoder block, no checkpoint to load): PEFT's layers with Unsloth's three
-kernels installed the way ``patch_peft_model`` installs them (``fused_peers.install_fused_lora``), with
+kernels installed the way ``patch_peft_model`` installs them (``fused_lora.install_fused_lora``), with
 ``inplace=False`` (Unsloth's default writes the input's gradient over the input's storage, which a probe reuses).
 """
 
@@ -33,15 +33,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from lora_suite.implementations.contract import ImplementationError
-from lora_suite.implementations.fused_peers import (
-    BnbBase,
-    _import,
-    _require_installed,
-    _version,
-    fused_served_by,
-    install_fused_lora,
-)
+from lora_suite.implementations.contract import ImplementationError, library_version, require_module
+from lora_suite.implementations.fused_lora import fused_served_by, install_fused_lora
+from lora_suite.implementations.peft_bnb_impl import BnbBase
 from lora_suite.implementations.peft_impl import PeftImplementation, adapted_modules, count_call, trainable_in
 
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -70,23 +64,23 @@ class UnslothImplementation(BnbBase, PeftImplementation):
     )
 
     def __init__(self):
-        _require_installed("unsloth", ("unsloth", "peft"), HINT)
+        require_module(self.name, "unsloth", "peft", hint=HINT, when="found")
         self._declare_base()  # Unsloth's 4-bit base is bitsandbytes'
 
     def describe(self) -> str:
         return (
-            f"unsloth: Unsloth {_version('unsloth')} (FastLanguageModel loader, get_peft_model, fused LoRA "
-            f"MLP/QKV/O kernels) over PEFT {_version('peft')} layers; {FP32_RULE}"
+            f"unsloth: Unsloth {library_version('unsloth')} (FastLanguageModel loader, get_peft_model, fused LoRA "
+            f"MLP/QKV/O kernels) over PEFT {library_version('peft')} layers; {FP32_RULE}"
         )
 
     def preload(self) -> None:
         """``import unsloth`` before transformers is imported: Unsloth patches transformers at its import."""
-        _import("unsloth", "unsloth", HINT)
+        require_module(self.name, "unsloth", hint=HINT, when="use")
 
     def load_model(self, model: nn.Module, spec) -> nn.Module:
         if not (hasattr(model, "save_pretrained") and hasattr(model, "config")):
             return model  # a bare module: nothing to load
-        fast = _import("unsloth", "unsloth", HINT).FastLanguageModel
+        fast = require_module(self.name, "unsloth", hint=HINT, when="use").FastLanguageModel
         embeddings = model.get_input_embeddings().weight  # on the GPU: the build staged only the decoder layers
         device, dtype = embeddings.device, embeddings.dtype
         nf4 = spec.quantize == "nf4"
@@ -124,7 +118,7 @@ class UnslothImplementation(BnbBase, PeftImplementation):
     def inject(self, model, spec):
         if not getattr(model, "_lora_suite_unsloth_loaded", False):
             return self._inject_bare(model, spec)
-        fast = _import("unsloth", "unsloth", HINT).FastLanguageModel
+        fast = require_module(self.name, "unsloth", hint=HINT, when="use").FastLanguageModel
         targets = list(ALL_LINEAR) if tuple(spec.targets) == ("all-linear",) else list(spec.targets)
         try:
             peft_model = fast.get_peft_model(
@@ -160,7 +154,7 @@ class UnslothImplementation(BnbBase, PeftImplementation):
         return paths
 
     def _inject_bare(self, model, spec):
-        kernels = _import("unsloth.kernels.fast_lora", "unsloth", HINT)
+        kernels = require_module(self.name, "unsloth.kernels.fast_lora", hint=HINT, when="use")
         adapted = PeftImplementation.inject(self, model, self._bnb_spec(model, spec))
         if not _fp32_base(model):
             install_fused_lora(model, kernels, inplace=False)
@@ -169,7 +163,7 @@ class UnslothImplementation(BnbBase, PeftImplementation):
     def served_by(self, model):
         if not getattr(model, "_lora_suite_unsloth_loaded", False):
             return PeftImplementation.served_by(self, model) if _fp32_base(model) else fused_served_by(self, model)
-        kernels = _import("unsloth.kernels.fast_lora", "unsloth", HINT)
+        kernels = require_module(self.name, "unsloth.kernels.fast_lora", hint=HINT, when="use")
         if not getattr(model, "_lora_suite_model_calls", 0):
             return "unsloth, a model that never ran"
         wrong = []

@@ -1,9 +1,10 @@
 """What the bundled peers that swap each target ``nn.Linear`` for their own LoRA layer class share.
 
-A subclass names its layer class (``layer_type``) and says how to build one over a target (``wrap``), how to read
-its adapters, rank and alpha (``adapters_of``, ``rank_alpha``) and whether it is switched off (``inactive``); the
-rest is the contract done once: spec refusals with the declared reasons, target choice with lora_core's meaning
-of a target, freezing, the dtype check, a forward-count hook (``served_by``'s evidence), PEFT-folder save/load.
+A subclass names its layer class (``library`` and ``layer_name``: ``layer_type`` once imported at selection) and its
+``describe`` text (``description``), and says how to build one over a target (``wrap``), how to read its adapters,
+rank and alpha (``adapters_of``, ``rank_alpha``) and whether it is switched off (``inactive``); the rest is the
+contract done once: spec refusals with the declared reasons, target choice with lora_core's meaning of a target,
+freezing, the dtype check, a forward-count hook (``served_by``'s evidence), PEFT-folder save/load.
 """
 
 from __future__ import annotations
@@ -21,11 +22,23 @@ from lora_suite.implementations import (
     adapted_modules,
     count_call,
     load_peft_tensors,
+    require_module,
 )
 
 
 class WrappedLinearPeer(LoRAImplementation):
-    layer_type: type = nn.Module  # set by the subclass once its library imports
+    library: str = ""  # the module that holds the layer class
+    layer_name: str = ""  # the layer class's name in it
+    description: str = ""  # describe()'s text; {version}: the installed version of the peer's namesake distribution
+    layer_type: type = nn.Module  # the layer class, once its library imports
+
+    def __init__(self):
+        self.layer_type = getattr(require_module(self.name, self.library), self.layer_name)
+
+    def describe(self) -> str:
+        import importlib.metadata
+
+        return self.description.format(version=importlib.metadata.version(self.name))
 
     def wrap(self, linear: nn.Linear, spec: AdapterSpec) -> nn.Module:
         """A layer of ``layer_type`` over ``linear``'s own weight and bias, adapters initialised the library's way."""

@@ -48,6 +48,16 @@ def _planted(name: str, *, forward=None, **methods):
     return impl
 
 
+def _forward_plant(name: str, forward):
+    """The factory of the example whose layer's forward is ``forward`` (``--lora-impl ...example_plants:<name>``)."""
+
+    def factory():
+        return _planted(name, forward=forward)
+
+    factory.__name__ = factory.__qualname__ = name
+    return factory
+
+
 def _scale_twice(self, x):
     self.calls += 1
     a, b = self.lora_A.to(x.dtype), self.lora_B.to(x.dtype)
@@ -99,28 +109,12 @@ def _leaky(self, x):
     return _example().PlainLoRALinear.forward(self, x)
 
 
-def scale_twice():
-    return _planted("scale_twice", forward=_scale_twice)
-
-
-def frozen_lora_b():
-    return _planted("frozen_lora_b", forward=_frozen_b)
-
-
-def input_grad_dropped():
-    return _planted("input_grad_dropped", forward=_no_input_grad)
-
-
-def eval_skips_adapters():
-    return _planted("eval_skips_adapters", forward=_eval_skips)
-
-
-def output_upcast_fp32():
-    return _planted("output_upcast_fp32", forward=_upcast)
-
-
-def nondeterministic_forward():
-    return _planted("nondeterministic_forward", forward=_nondeterministic)
+scale_twice = _forward_plant("scale_twice", _scale_twice)
+frozen_lora_b = _forward_plant("frozen_lora_b", _frozen_b)
+input_grad_dropped = _forward_plant("input_grad_dropped", _no_input_grad)
+eval_skips_adapters = _forward_plant("eval_skips_adapters", _eval_skips)
+output_upcast_fp32 = _forward_plant("output_upcast_fp32", _upcast)
+nondeterministic_forward = _forward_plant("nondeterministic_forward", _nondeterministic)
 
 
 def _inject_then(name: str, change, **kw):
@@ -156,16 +150,28 @@ def save_drops_lora_b():
     return _planted("save_drops_lora_b", save_adapter=save_adapter)
 
 
-def load_ignores_alpha():
+def _load_each(name: str, load):
+    """The example whose ``load_adapter`` reads the folder's tensors and, under no_grad, runs ``load(parameter,
+    tensors, key)`` for each adapter parameter (``key``: its tensor's name in the folder), nothing else."""
+
     def load_adapter(self, model, path):
         from safetensors.torch import load_file
 
         tensors = load_file(str(Path(path) / "adapter_model.safetensors"))
         with torch.no_grad():
             for n, p in self.adapter_parameters(model).items():
-                p.copy_(tensors[f"{_example().PEFT_PREFIX}{n}.weight"])
+                load(p, tensors, f"{_example().PEFT_PREFIX}{n}.weight")
 
-    return _planted("load_ignores_alpha", load_adapter=load_adapter)
+    return _planted(name, load_adapter=load_adapter)
+
+
+def load_ignores_alpha():
+    """load_adapter copies the tensors and leaves the layers' alpha and r (so their scale) as they were."""
+
+    def copy(p, tensors, key):
+        p.copy_(tensors[key])
+
+    return _load_each("load_ignores_alpha", copy)
 
 
 def target_left_out():
@@ -196,38 +202,44 @@ def lora_a_zero_init():
     return _inject_then("lora_a_zero_init", zero_a)
 
 
-def rslora_ignored():
-    """use_rslora=True accepted (and saved) but the scale stays alpha / r."""
+def _layer_init_then(name: str, init):
+    """The example whose layer's ``__init__`` is ``init(layer, example_init, base, r, alpha, use_rslora,
+    adapter_dtype)``, ``example_init`` the example's own (bound)."""
     ex = _example()
 
     class Layer(ex.PlainLoRALinear):
         def __init__(self, base, r, alpha, use_rslora, adapter_dtype):
-            super().__init__(base, r, alpha, False, adapter_dtype)
+            init(self, super().__init__, base, r, alpha, use_rslora, adapter_dtype)
 
-    return _planted("rslora_ignored", layer_type=Layer)
+    return _planted(name, layer_type=Layer)
+
+
+def rslora_ignored():
+    """use_rslora=True accepted (and saved) but the scale stays alpha / r."""
+
+    def init(layer, example_init, base, r, alpha, use_rslora, adapter_dtype):
+        example_init(base, r, alpha, False, adapter_dtype)
+
+    return _layer_init_then("rslora_ignored", init)
 
 
 def scale_integer_division():
     """s = alpha // r: right whenever r divides alpha (the usual alpha = 2r), wrong otherwise."""
-    ex = _example()
 
-    class Layer(ex.PlainLoRALinear):
-        def __init__(self, base, r, alpha, use_rslora, adapter_dtype):
-            super().__init__(base, r, alpha, use_rslora, adapter_dtype)
-            self.scale = alpha // (r**0.5 if use_rslora else r)
+    def init(layer, example_init, base, r, alpha, use_rslora, adapter_dtype):
+        example_init(base, r, alpha, use_rslora, adapter_dtype)
+        layer.scale = alpha // (r**0.5 if use_rslora else r)
 
-    return _planted("scale_integer_division", layer_type=Layer)
+    return _layer_init_then("scale_integer_division", init)
 
 
 def adapter_dtype_ignored():
     """Adapters made in the base weight's dtype whatever AdapterSpec.adapter_dtype asks for."""
-    ex = _example()
 
-    class Layer(ex.PlainLoRALinear):
-        def __init__(self, base, r, alpha, use_rslora, adapter_dtype):
-            super().__init__(base, r, alpha, use_rslora, None)
+    def init(layer, example_init, base, r, alpha, use_rslora, adapter_dtype):
+        example_init(base, r, alpha, use_rslora, None)
 
-    return _planted("adapter_dtype_ignored", layer_type=Layer)
+    return _layer_init_then("adapter_dtype_ignored", init)
 
 
 def base_left_trainable():
@@ -249,8 +261,7 @@ def _input_clipped_in_place(self, x):
     return y + self.scale * _lora(self, x, a, b)
 
 
-def input_clipped_in_place():
-    return _planted("input_clipped_in_place", forward=_input_clipped_in_place)
+input_clipped_in_place = _forward_plant("input_clipped_in_place", _input_clipped_in_place)
 
 
 class _KeptInput(torch.autograd.Function):
@@ -281,8 +292,7 @@ def _kept_input(self, x):
     return self.base(x) + _KeptInput.apply(x, a, b, self)
 
 
-def input_kept_on_the_layer():
-    return _planted("input_kept_on_the_layer", forward=_kept_input)
+input_kept_on_the_layer = _forward_plant("input_kept_on_the_layer", _kept_input)
 
 
 def merge_ignores_rslora():
@@ -321,14 +331,9 @@ def inject_accepts_unmatched_targets():
 def load_takes_what_fits():
     """load_adapter copies the tensors whose key and shape fit and skips the rest (a non-strict load, silently)."""
 
-    def load_adapter(self, model, path):
-        from safetensors.torch import load_file
+    def copy_if_it_fits(p, tensors, key):
+        t = tensors.get(key)
+        if t is not None and t.shape == p.shape:
+            p.copy_(t)
 
-        tensors = load_file(str(Path(path) / "adapter_model.safetensors"))
-        with torch.no_grad():
-            for n, p in self.adapter_parameters(model).items():
-                t = tensors.get(f"{_example().PEFT_PREFIX}{n}.weight")
-                if t is not None and t.shape == p.shape:
-                    p.copy_(t)
-
-    return _planted("load_takes_what_fits", load_adapter=load_adapter)
+    return _load_each("load_takes_what_fits", copy_if_it_fits)

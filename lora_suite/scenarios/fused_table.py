@@ -18,8 +18,12 @@ optimizer step; the figures are medians over the measured steps. Captured runs (
 eager step is host-bound) go through the project's trainer with ``train.cuda_graph`` and report the whole step.
 Peak: the run's own ``torch.cuda.max_memory_allocated`` from before its model is built (``PeakWindow``: what earlier
 runs left allocated is excluded), weights included (the same base for every stack).
-Each case runs its stacks in two rounds, the second in reverse order, and takes the median of the rounds, so
-that a drift of the host or the GPU across a case does not favour the stacks that ran first.
+Rounds in turns (``schedule``): each round of a case runs every stack once, each round's order a rotation of the
+stacks by an evenly spaced offset (no stack always goes first, and each stack's places spread over the order), so
+that a drift of the host or the GPU across a case does not favour the stacks that ran first. Eager cases run
+``eager_rounds()`` rounds (``EAGER_ROUNDS`` = 3, or ``$LORA_SUITE_FUSED_ROUNDS``); captured runs ``ROUNDS`` = 2.
+Each stack's figure is the median of its rounds, read beside its spread (the least and the greatest round); a
+comparison says whether its ratio is beyond that spread (``lora_suite.measure.round_spread`` gives the rule).
 """
 
 from __future__ import annotations
@@ -27,11 +31,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import os
 import statistics
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import torch
 
+from lora_suite.measure import round_spread as RS
 from lora_suite.scenarios.training_bench import Case, run_config
 
 STACKS: dict[str, tuple[str, bool]] = {
@@ -68,13 +75,39 @@ FULL_TIER_CASE = Case(
     512,
     gradient_checkpointing=True,
 )
-ROUNDS = 2
+ROUNDS = 2  # the captured runs and the full tier's reuse variants (unchanged by issue 47)
+EAGER_ROUNDS = 3  # eager runs: a step of these sizes swings by a third between runs (issue 47)
+ROUNDS_ENV = "LORA_SUITE_FUSED_ROUNDS"
+UNSLOTH_TARGET = 1.2  # issue 47: cupy-fused+liger at least 1.2x Unsloth's speed, beyond the spread, peak no higher
+
+
+def eager_rounds(environ: Mapping[str, str] = os.environ) -> int:
+    """The eager cases' rounds: ``$LORA_SUITE_FUSED_ROUNDS`` when set (an integer >= 1), else ``EAGER_ROUNDS``."""
+    raw = environ.get(ROUNDS_ENV, "").strip()
+    if not raw:
+        return EAGER_ROUNDS
+    try:
+        rounds = int(raw)
+    except ValueError:
+        rounds = 0
+    if rounds < 1:
+        raise ValueError(f"{ROUNDS_ENV} must be an integer >= 1 (rounds of the fused table's eager cases), got {raw!r}")
+    return rounds
 
 
 def schedule(cases, stacks, rounds: int = ROUNDS) -> list[tuple[Case, int, str]]:
-    """(case, round, stack) in run order: per case, round 0 in stack order, round 1 reversed, and so on."""
+    """(case, round, stack) in run order: per case, every stack once a round, round r after round r - 1; round r's
+    order is the stacks rotated by r * len(stacks) // rounds (evenly spaced starts: with rounds <= stacks no two
+    rounds start with the same stack)."""
     names = list(stacks)
-    return [(c, r, s) for c in cases for r in range(rounds) for s in (names if r % 2 == 0 else names[::-1])]
+    if rounds < 1 or not names:
+        raise ValueError(f"a schedule needs rounds >= 1 and a stack, got rounds={rounds}, stacks={names}")
+    out = []
+    for c in cases:
+        for r in range(rounds):
+            k = r * len(names) // rounds
+            out += [(c, r, s) for s in names[k:] + names[:k]]
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,6 +252,51 @@ def profile_steps(prepared, cfg, steps: int = 3) -> StepProfile:
 
 def ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b == 0 else a / b
+
+
+def _r3(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
+
+
+def _median(figs: Sequence, attr: str) -> float | None:
+    return statistics.median(getattr(f, attr) for f in figs) if figs else None
+
+
+MEDIAN_SPREAD_COLUMNS = ("step ms min", "step ms max", "rounds")
+
+
+def median_cells(figs: Sequence, parts: Sequence[str]) -> tuple:
+    """A "medians of the rounds" row's figures from one stack's rounds (``figs``, non-empty): the median of each of
+    ``parts``, then the step's spread (``MEDIAN_SPREAD_COLUMNS``: its least and greatest round, the rounds)."""
+    step = RS.Spread.of([f.step_ms for f in figs])
+    if step is None:
+        raise ValueError("median_cells needs at least one round")
+    medians = (round(statistics.median(getattr(f, a) for f in figs), 3) for a in parts)
+    return (*medians, round(step.low, 2), round(step.high, 2), step.rounds)
+
+
+COMPARISON_COLUMNS = ("speed-up", "peak ratio", "speed-up min", "speed-up max", "beyond the spread")
+
+
+def comparison_cells(base_figs: Sequence, figs: Sequence, attr: str = "step_ms") -> tuple:
+    """A comparison row's figures (``COMPARISON_COLUMNS``) of a stack's rounds ``figs`` against a base stack's:
+    speed-up = median base ``attr`` / median own, peak ratio = median own peak / median base peak, the speed-up's
+    range over the rounds and whether it is beyond the spread (``round_spread.speedup``); None where either
+    stack has no rounds."""
+    speed = RS.speedup([getattr(f, attr) for f in base_figs], [getattr(f, attr) for f in figs])
+    peak = ratio(_median(figs, "peak_gib"), _median(base_figs, "peak_gib"))
+    return (_r3(speed.ratio), _r3(peak), _r3(speed.low), _r3(speed.high), speed.verdict)
+
+
+TARGET_COLUMNS = (*COMPARISON_COLUMNS, f"{UNSLOTH_TARGET}x target, peak no higher")
+
+
+def target_cells(base_figs: Sequence, figs: Sequence, target: float = UNSLOTH_TARGET) -> tuple:
+    """``comparison_cells`` of the step, then whether ``figs``' stack is ``target`` times the base's speed beyond
+    the spread with its peak no higher in any round (``round_spread.target_verdict``)."""
+    speed = RS.speedup([f.step_ms for f in base_figs], [f.step_ms for f in figs])
+    verdict = RS.target_verdict(speed, target, [f.peak_gib for f in base_figs], [f.peak_gib for f in figs])
+    return (*comparison_cells(base_figs, figs), verdict)
 
 
 def eager_in_child(case: Case, stack: str, *, warmup: int, measured: int, timeout_s: float = 900) -> EagerFigures:

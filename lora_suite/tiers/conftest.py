@@ -43,20 +43,13 @@ def tiny_cupy_llama():
 
     def build(seed: int = 0, *, targets="all-linear", quantize=None, fuse=()):
         import torch
-        from transformers import LlamaConfig, LlamaForCausalLM
 
         from lora_core.inject import inject_lora
+        from lora_suite.engine.models import build_tiny_llama
 
-        torch.manual_seed(seed)
-        cfg = LlamaConfig(
-            vocab_size=512,
-            hidden_size=256,
-            intermediate_size=512,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-        )
-        model = LlamaForCausalLM(cfg).to("cuda", torch.bfloat16)
+        torch.manual_seed(seed)  # the adapters' initialisation below draws from the global generator
+        sizes = {"vocab_size": 512, "hidden_size": 256, "intermediate_size": 512}
+        model = build_tiny_llama(torch.bfloat16, "cuda", seed=seed, **sizes).train()
         inject_lora(model, targets, 8, 16, backend="cupy", quantize=quantize, fuse=fuse)
         for n, p in model.named_parameters():
             if n.endswith("lora_B"):

@@ -129,6 +129,16 @@ def _condition_table_head(first: str, conditions: list[str]) -> list[str]:
     return [f"| {first} | {' | '.join(conditions)} | all |", "|---|" + "---|" * (len(conditions) + 1)]
 
 
+def _table_head(columns: str) -> list[str]:
+    """The head of a table whose columns are ``columns`` (``"c1 | c2 | ..."``), and its rule."""
+    return [f"| {columns} |", "|" + "---|" * len(columns.split(" | "))]
+
+
+def _section(title: str, head: list[str]) -> list[str]:
+    """A section's first lines: its title, then the head of its table."""
+    return ["", f"## {title}", "", *head]
+
+
 def _header(runs: list[dict], conditions: list[str]) -> list[str]:
     """The title (runs, failed runs) and the GPUs, drivers, torch versions, commits and conditions the runs span."""
     envs = [r["environment"] for r in runs]
@@ -144,12 +154,7 @@ def _header(runs: list[dict], conditions: list[str]) -> list[str]:
 
 def _counts_section(runs: list[dict], conditions: list[str]) -> list[str]:
     """Runs per target and condition, failed runs in brackets, with each target's totals."""
-    lines = [
-        "",
-        "## Runs per target and condition (failed in brackets)",
-        "",
-        *_condition_table_head("target", conditions),
-    ]
+    lines = _section("Runs per target and condition (failed in brackets)", _condition_table_head("target", conditions))
     for target, by in sorted(run_counts(runs).items()):
         lines.append(
             f"| {target} | {_cells(by, conditions, lambda n, f: f'{n} ({f})')} | "
@@ -164,12 +169,9 @@ def _plants_section(runs: list[dict], conditions: list[str]) -> list[str]:
     tallies = plant_tallies(runs)
     if not tallies:
         return []
-    lines = [
-        "",
-        "## Planted defects: rounds that caught the plant / rounds, per commit",
-        "",
-        *_condition_table_head("plant", conditions),
-    ]
+    lines = _section(
+        "Planted defects: rounds that caught the plant / rounds, per commit", _condition_table_head("plant", conditions)
+    )
     for plant, by in sorted(tallies.items()):
         lines.append(
             f"| {plant} | {_cells(by, conditions, lambda k, n: f'{k}/{n}')} | "
@@ -180,13 +182,9 @@ def _plants_section(runs: list[dict], conditions: list[str]) -> list[str]:
 
 def _runs_section(runs: list[dict]) -> list[str]:
     """One row per run: condition, run, target, verdict, checks passed / failed, GPU, the host's GPUs, commit."""
-    lines = [
-        "",
-        "## Runs",
-        "",
-        "| condition | run | target | verdict | checks passed / failed | GPU | host GPUs | commit |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    lines = _section(
+        "Runs", _table_head("condition | run | target | verdict | checks passed / failed | GPU | host GPUs | commit")
+    )
     for r in runs:
         s, e = r["summary"], r["environment"]
         lines.append(
@@ -199,13 +197,10 @@ def _runs_section(runs: list[dict]) -> list[str]:
 
 def _figures_section(runs: list[dict]) -> list[str]:
     """Per judged figure (``figure_ranges``): its value range over the runs against its allowance range."""
-    lines = [
-        "",
-        "## Judged figures over the runs (value range against the allowance range)",
-        "",
-        "| target | check | runs | failed | min value | max value | op | allowance (min) | allowance (max) |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    lines = _section(
+        "Judged figures over the runs (value range against the allowance range)",
+        _table_head("target | check | runs | failed | min value | max value | op | allowance (min) | allowance (max)"),
+    )
     for target, name, n, failed, lo, hi, op, tlo, thi in figure_ranges(runs):
         lines.append(f"| {target} | {name} | {n} | {failed} | {lo:.4g} | {hi:.4g} | {op} | {tlo} | {thi} |")
     return lines
@@ -213,13 +208,12 @@ def _figures_section(runs: list[dict]) -> list[str]:
 
 def _checks_section(runs: list[dict]) -> list[str]:
     """Every run's checks, a table per run: check, value, op, allowance, passed."""
-    lines = ["", "## Every run's checks", ""]
+    lines = _section("Every run's checks", [])
     for r in runs:
         lines += [
             f"### {r['condition']} / {r['run']} ({_verdict(r)})",
             "",
-            "| check | value | op | allowance | passed |",
-            "|---|---|---|---|---|",
+            *_table_head("check | value | op | allowance | passed"),
         ]
         lines += [
             f"| {c['test'].split('::')[-1] if c['test'] else ''}: {c['name']} | {c['value']} | {c['op']} | "

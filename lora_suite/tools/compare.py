@@ -57,6 +57,11 @@ RETIRED_CHECKS = {  # name prefix -> why it is gone (compare_reports does not co
     "tokens per process CPU-second drift": "retired by issue 18: it judged the host's speed; a diagnostic now",
 }
 SPEED_KEY = "_speed_vs_"
+LISTED_ONLY = {  # kind -> why a move of that kind beyond its threshold, the worse way, is listed but not a regression
+    "benchmark": "host-clocked: judged by the interleaved ratios",
+    "figure": "host-clocked: listed, never failed",
+    "ratio": "eager vs captured: a host-clocked over a device-clocked run",
+}
 
 
 @dataclass(frozen=True)
@@ -144,6 +149,17 @@ def _row_stats(row: dict) -> tuple[float, float]:
     return med, _spread(med, p20, p80) if med > 0 else math.inf
 
 
+def _moved(kind, name, before, after, move: float, worse: float, threshold: float, excused: bool) -> list[Change]:
+    """A row that moved beyond its threshold (``move``: the relative change; ``worse``: the same, positive the worse
+    way), as a change; a regression where it moved the worse way beyond the threshold, unless ``excused`` (then
+    ``LISTED_ONLY`` says why). Nothing where it did not move that far."""
+    if not abs(move) > threshold:
+        return []
+    bad = worse > threshold
+    note = LISTED_ONLY[kind] if excused and bad else ""
+    return [Change(kind, name, before, f"{after} ({move:+.1%})", f"±{threshold:.1%}", bad and not excused, note)]
+
+
 def compare_benchmarks(base: dict, run: dict) -> list[Change]:
     out = []
     base_rows = {b["fullname"]: b for b in base.get("benchmarks", [])}
@@ -155,18 +171,7 @@ def compare_benchmarks(base: dict, run: dict) -> list[Change]:
         threshold = _threshold(s0, s1)
         rise = t1 / t0 - 1 if t0 > 0 else math.inf
         host = (row.get("extra_info") or {}).get("clock") == "host"
-        if abs(rise) > threshold:
-            out.append(
-                Change(
-                    "benchmark",
-                    row["fullname"],
-                    f"{t0:.4g}",
-                    f"{t1:.4g} ({rise:+.1%})",
-                    f"±{threshold:.1%}",
-                    rise > threshold and not host,
-                    "host-clocked: judged by the interleaved ratios" if host and rise > threshold else "",
-                )
-            )
+        out += _moved("benchmark", row["fullname"], f"{t0:.4g}", f"{t1:.4g}", rise, rise, threshold, host)
         out += compare_speed_ratios(row["fullname"], b.get("extra_info") or {}, row.get("extra_info") or {})
     return out
 
@@ -183,25 +188,14 @@ def compare_figures(base: dict, run: dict) -> list[Change]:
     out = []
     now = {f["name"]: f for f in run.get("figures", [])}
     for b in base.get("figures", []):
-        r, host = now.get(b["name"]), b.get("clock") == "host"
+        r, host, shown = now.get(b["name"]), b.get("clock") == "host", f"{b['value']:.4g} {b['unit']}"
         if r is None:
-            out.append(Change("figure", b["name"], f"{b['value']:.4g} {b['unit']}", "missing", "-", not host))
+            out.append(Change("figure", b["name"], shown, "missing", "-", not host))
             continue
         threshold = _threshold(_figure_spread(b), _figure_spread(r))
         move = r["value"] / b["value"] - 1 if b["value"] else math.inf
         worse = -move if b.get("better") == "higher" else move
-        if abs(move) > threshold:
-            out.append(
-                Change(
-                    "figure",
-                    b["name"],
-                    f"{b['value']:.4g} {b['unit']}",
-                    f"{r['value']:.4g} {r['unit']} ({move:+.1%})",
-                    f"±{threshold:.1%}",
-                    worse > threshold and not host,
-                    "host-clocked: listed, never failed" if host and worse > threshold else "",
-                )
-            )
+        out += _moved("figure", b["name"], shown, f"{r['value']:.4g} {r['unit']}", move, worse, threshold, host)
     return out
 
 
@@ -218,18 +212,7 @@ def compare_speed_ratios(fullname: str, base: dict, run: dict) -> list[Change]:
         fall = 1 - r1 / r0
         name, ref = key.split(SPEED_KEY, 1)
         mixed = name.rsplit("-", 1)[-1] != ref.rsplit("-", 1)[-1]  # eager vs captured: the host's speed stays in
-        if abs(fall) > threshold:
-            out.append(
-                Change(
-                    "ratio",
-                    f"{fullname} {key}",
-                    f"{r0:.4g}",
-                    f"{r1:.4g} ({-fall:+.1%})",
-                    f"±{threshold:.1%}",
-                    fall > threshold and not mixed,
-                    "eager vs captured: a host-clocked over a device-clocked run" if mixed and fall > threshold else "",
-                )
-            )
+        out += _moved("ratio", f"{fullname} {key}", f"{r0:.4g}", f"{r1:.4g}", -fall, fall, threshold, mixed)
     return out
 
 

@@ -70,9 +70,11 @@ def _is_call(trailer) -> bool:
 
 
 class RemoveMethodCall(Operator):
-    """``x.<name>(...)`` (or the attribute ``x.<name>``) becomes ``x``, for each name of ``names``."""
+    """``x.<name>(...)`` (or the attribute ``x.<name>``) becomes ``x``, for each name of ``names``; ``cases``: the
+    (before, after) code of the examples."""
 
     names: tuple[str, ...] = ()
+    cases: tuple[tuple[str, str], ...] = ()
 
     def _spans(self, node):
         """(start, stop) indices of the children each mutation removes."""
@@ -99,29 +101,24 @@ class RemoveMethodCall(Operator):
             kid.parent = node
         return node
 
+    @classmethod
+    def examples(cls):
+        return tuple(Example(before, after) for before, after in cls.cases)
+
 
 class RemoveTranspose(RemoveMethodCall):
     names = TRANSPOSES
-
-    @classmethod
-    def examples(cls):
-        return (Example("y = w.t() @ x", "y = w @ x"), Example("y = w.T", "y = w"))
+    cases = (("y = w.t() @ x", "y = w @ x"), ("y = w.T", "y = w"))
 
 
 class RemoveDetach(RemoveMethodCall):
     names = ("detach",)
-
-    @classmethod
-    def examples(cls):
-        return (Example("y = x.detach().clone()", "y = x.clone()"),)
+    cases = (("y = x.detach().clone()", "y = x.clone()"),)
 
 
 class RemoveCast(RemoveMethodCall):
     names = CASTS
-
-    @classmethod
-    def examples(cls):
-        return (Example("a = self.a.to(x.dtype)", "a = self.a"), Example("y = x.float()", "y = x"))
+    cases = (("a = self.a.to(x.dtype)", "a = self.a"), ("y = x.float()", "y = x"))
 
 
 class InsertDetach(Operator):

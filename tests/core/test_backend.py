@@ -39,31 +39,31 @@ def test_cupy_without_gpu_says_what_is_missing(monkeypatch):
         lora_core.resolve_backend("cupy", torch.device("cpu"))
 
 
-def test_cupy_missing_says_how_to_install(monkeypatch):
+def _resolve_cupy_afresh(monkeypatch):
+    """resolve_backend("cupy") on a CUDA device (torch.cuda.is_available pretended), CuPy and its binding imported
+    afresh (under the modules the test planted in sys.modules), the import cache cleared again afterwards."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setitem(sys.modules, "cupy", None)  # makes `import cupy` raise ImportError
     monkeypatch.setattr(cupy_interop, "_ready", None)
     cupy_interop._import_cupy.cache_clear()
     try:
-        with pytest.raises(lora_core.CupyUnavailableError, match=r"needs CuPy.*cupy-cuda12x.*cupy-cuda13x"):
-            lora_core.resolve_backend("cupy", torch.device("cuda"))
+        lora_core.resolve_backend("cupy", torch.device("cuda"))
     finally:
         cupy_interop._import_cupy.cache_clear()
+
+
+def test_cupy_missing_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # makes `import cupy` raise ImportError
+    with pytest.raises(lora_core.CupyUnavailableError, match=r"needs CuPy.*cupy-cuda12x.*cupy-cuda13x"):
+        _resolve_cupy_afresh(monkeypatch)
 
 
 def test_missing_cublas_binding_says_how_to_install(monkeypatch):
     # CuPy alone is not enough: the GEMMs go through nvmath-python's cuBLAS binding (capture-safe), and
     # its absence must be named, not worked around with CuPy's own cuBLAS wrappers.
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setitem(sys.modules, "cupy", types.ModuleType("cupy"))
     monkeypatch.setitem(sys.modules, "nvmath.bindings.cublas", None)
-    monkeypatch.setattr(cupy_interop, "_ready", None)
-    cupy_interop._import_cupy.cache_clear()
-    try:
-        with pytest.raises(lora_core.CupyUnavailableError, match=r"nvmath-python's binding.*nvmath-python\[cu12\]"):
-            lora_core.resolve_backend("cupy", torch.device("cuda"))
-    finally:
-        cupy_interop._import_cupy.cache_clear()
+    with pytest.raises(lora_core.CupyUnavailableError, match=r"nvmath-python's binding.*nvmath-python\[cu12\]"):
+        _resolve_cupy_afresh(monkeypatch)
 
 
 def test_cpu_tensors_default_to_torch():

@@ -157,14 +157,13 @@ def test_a_model_quantised_by_bitsandbytes_converts_to_lora_core_layers_on_its_o
     """transformers' BitsAndBytesConfig(load_in_4bit, nf4, double quant) puts bitsandbytes Linear4bit layers in
     the model; inject_lora(quantize="nf4") turns them into lora_core's LoRALinear / NF4Linear on the same codes
     and state (bitsandbytes 0.50 quantises on the CPU, so this runs without a GPU)."""
-    bnb = pytest.importorskip(
-        "bitsandbytes", reason="bitsandbytes is not installed: pip install lora-gpu-suite[peft-bnb]"
-    )
+    pytest.importorskip("bitsandbytes", reason="bitsandbytes is not installed: pip install lora-gpu-suite[peft-bnb]")
     import bitsandbytes.functional as F
     from torch import nn
 
     from lora_core.inject import inject_lora, replace_module
     from lora_core.layer import LoRALinear, NF4Linear
+    from lora_suite.implementations.peft_bnb_impl import bnb_nf4_linear
 
     torch.manual_seed(0)
     model = nn.Sequential()
@@ -172,19 +171,7 @@ def test_a_model_quantised_by_bitsandbytes_converts_to_lora_core_layers_on_its_o
     model.add_module("up_proj", nn.Linear(64, 128, bias=True, dtype=torch.bfloat16))
     expected = {}
     for name, linear in list(model.named_children()):
-        q = bnb.nn.Linear4bit(
-            linear.in_features,
-            linear.out_features,
-            bias=linear.bias is not None,
-            compute_dtype=torch.bfloat16,
-            compress_statistics=True,
-            quant_type="nf4",
-            device="meta",
-        )
-        q.weight = bnb.nn.Params4bit(
-            linear.weight.data, requires_grad=False, compress_statistics=True, quant_type="nf4", blocksize=64
-        ).to("cpu")
-        q.bias = linear.bias
+        q = bnb_nf4_linear(linear)  # peft-bnb's: as transformers' 4-bit loading quantises (bf16 compute, on the CPU)
         expected[name] = F.dequantize_4bit(q.weight.data, q.weight.quant_state)
         replace_module(model, name, q)
     with pytest.raises(ValueError, match="holds a bitsandbytes 4-bit weight, but quantize=None: pass quantize='nf4'"):

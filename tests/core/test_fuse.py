@@ -35,15 +35,20 @@ def _loss_and_grads(model, ids):
     return out.logits.detach(), dict(zip(params, grads))
 
 
+def _assert_same_function(plain, fused, ids, logits_tol, grad_rtol, grad_atol):
+    """``fused`` gives ``plain``'s logits (rtol = atol = ``logits_tol``) and every adapter's gradient on ``ids``."""
+    logits_p, grads_p = _loss_and_grads(plain, ids)
+    logits_f, grads_f = _loss_and_grads(fused, ids)
+    torch.testing.assert_close(logits_f, logits_p, rtol=logits_tol, atol=logits_tol)
+    assert grads_f.keys() == grads_p.keys()
+    for name in grads_p:
+        torch.testing.assert_close(grads_f[name], grads_p[name], rtol=grad_rtol, atol=grad_atol, msg=name)
+
+
 def test_the_fused_model_equals_the_unfused_one_in_float64():
     plain, fused = _pair()
     ids = torch.randint(0, TINY_ARCH.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
-    logits_p, grads_p = _loss_and_grads(plain, ids)
-    logits_f, grads_f = _loss_and_grads(fused, ids)
-    torch.testing.assert_close(logits_f, logits_p, rtol=1e-10, atol=1e-10)
-    assert grads_f.keys() == grads_p.keys()
-    for name in grads_p:
-        torch.testing.assert_close(grads_f[name], grads_p[name], rtol=1e-9, atol=1e-12, msg=name)
+    _assert_same_function(plain, fused, ids, 1e-10, 1e-9, 1e-12)
     paths = {n.rsplit(".", 1)[-1]: m.last_backend for n, m in lora_modules(fused).items()}
     assert paths == {
         "q_proj": "torch-fused-qkv",
@@ -65,11 +70,7 @@ def test_fusion_under_gradient_checkpointing_and_after_a_dtype_move():
         m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         m.train()
     ids = torch.randint(0, TINY_ARCH.vocab_size, (2, 7), generator=torch.Generator().manual_seed(2))
-    logits_p, grads_p = _loss_and_grads(plain, ids)
-    logits_f, grads_f = _loss_and_grads(fused, ids)
-    torch.testing.assert_close(logits_f, logits_p, rtol=1e-10, atol=1e-10)
-    for name in grads_p:
-        torch.testing.assert_close(grads_f[name], grads_p[name], rtol=1e-9, atol=1e-12, msg=name)
+    _assert_same_function(plain, fused, ids, 1e-10, 1e-9, 1e-12)
     gate, up = fused.model.layers[0].mlp.gate_proj, fused.model.layers[0].mlp.up_proj
     assert up.weight.data_ptr() == gate.weight.data_ptr() + gate.weight.numel() * gate.weight.element_size()
 
@@ -77,11 +78,7 @@ def test_fusion_under_gradient_checkpointing_and_after_a_dtype_move():
 def test_the_fused_model_on_nf4_bases_equals_the_unfused_nf4_model():
     plain, fused = _pair(dtype=torch.float32, quantize="nf4")
     ids = torch.randint(0, TINY_ARCH.vocab_size, (1, 8), generator=torch.Generator().manual_seed(3))
-    logits_p, grads_p = _loss_and_grads(plain, ids)
-    logits_f, grads_f = _loss_and_grads(fused, ids)
-    torch.testing.assert_close(logits_f, logits_p, rtol=1e-4, atol=1e-4)
-    for name in grads_p:
-        torch.testing.assert_close(grads_f[name], grads_p[name], rtol=1e-3, atol=1e-5, msg=name)
+    _assert_same_function(plain, fused, ids, 1e-4, 1e-3, 1e-5)
 
 
 def test_a_fused_model_writes_and_reads_the_same_peft_folder(tmp_path):

@@ -39,6 +39,16 @@ def _mlp(dtype=torch.float64, adapter_dtype=None):
     ]
 
 
+def _nf4_copies(dense):
+    """An NF4 LoRALinear per layer of ``dense``: its weight quantised, its adapters copied."""
+    nf4 = []
+    for m in dense:
+        layer = LoRALinear(quantize_nf4(m.weight.detach()), r=R, alpha=8, backend="torch", quantize="nf4")
+        layer.lora_A.data, layer.lora_B.data = m.lora_A.data.clone(), m.lora_B.data.clone()
+        nf4.append(layer)
+    return nf4
+
+
 def _adapters(layers):
     return tuple(t for m in layers for t in (m.lora_A, m.lora_B))
 
@@ -105,12 +115,7 @@ def test_fused_mlp_bf16_with_fp32_adapters_matches_the_unfused_path_to_bf16_roun
 
 
 def test_fused_mlp_on_nf4_bases_equals_the_unfused_nf4_layers():
-    dense = _mlp(torch.float32)
-    nf4 = []
-    for m in dense:
-        q = LoRALinear(quantize_nf4(m.weight.detach()), r=R, alpha=8, backend="torch", quantize="nf4")
-        q.lora_A.data, q.lora_B.data = m.lora_A.data.clone(), m.lora_B.data.clone()
-        nf4.append(q)
+    nf4 = _nf4_copies(_mlp(torch.float32))
     gate, up, down = nf4
     x = torch.randn(4, K, requires_grad=True)
     bases = MLPBases(nf4=(gate.nf4, up.nf4, down.nf4))
@@ -160,12 +165,7 @@ def test_fused_qkv_equals_the_unfused_layers_in_float64(used):
 
 
 def test_fused_qkv_on_nf4_bases_equals_the_unfused_nf4_layers():
-    dense = _qkv(torch.float32)
-    nf4 = []
-    for m in dense:
-        layer = LoRALinear(quantize_nf4(m.weight.detach()), r=R, alpha=8, backend="torch", quantize="nf4")
-        layer.lora_A.data, layer.lora_B.data = m.lora_A.data.clone(), m.lora_B.data.clone()
-        nf4.append(layer)
+    nf4 = _nf4_copies(_qkv(torch.float32))
     x = torch.randn(5, K, requires_grad=True)
     outs = lora_qkv(
         x, QKVBases((16, 8, 8), nf4=tuple(m.nf4 for m in nf4)), _adapters(nf4), nf4[0].scale, backend="torch"

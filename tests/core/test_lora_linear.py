@@ -147,22 +147,12 @@ def _op_nodes(graphs):
 
 
 def test_a_llama_with_injected_cupy_layers_compiles_to_one_graph_of_registered_ops(monkeypatch):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from lora_core.inject import inject_lora
+    from lora_suite.engine.models import build_tiny_llama
 
     _route_as_cupy(monkeypatch)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=64,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-        )
-    )
+    model = build_tiny_llama(vocab_size=64, hidden_size=32, intermediate_size=64).train()
     inject_lora(model, ["q_proj", "v_proj"], 4, 8, backend="cupy")
     graphs = []
 

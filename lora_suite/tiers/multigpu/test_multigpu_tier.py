@@ -51,6 +51,16 @@ def _job_failed(tier, what: str, res) -> None:
     )
 
 
+def _run_job(tier, name: str, config, out, nproc: int, **options):
+    """One job of ``nproc`` ranks (``launch``, within JOB_TIMEOUT_S), noted in the report; the test fails, with the
+    job's errors, unless it exited 0 with every rank's record."""
+    res = launch(config, out, nproc, timeout_s=JOB_TIMEOUT_S, **options)
+    tier.report.notes.append(f"{tier.nodeid}: {name} job, {nproc} GPU(s): exit {res.returncode}, {res.seconds:.1f} s")
+    if res.returncode != 0 or len(res.ranks) != nproc:
+        _job_failed(tier, name, res)
+    return res
+
+
 def test_ddp_matches_one_gpu_and_ranks_agree(tier, request, tmp_path):
     n = gpus_for_run(request)
     cfg = tier.config("multigpu")
@@ -63,21 +73,9 @@ def test_ddp_matches_one_gpu_and_ranks_agree(tier, request, tmp_path):
         ("control", 1, crit.control_perturbation, False),
         ("planted", n, 0.0, True),
     ):
-        res = launch(
-            CONFIG,
-            tmp_path / name,
-            nproc,
-            timeout_s=JOB_TIMEOUT_S,
-            implementation=impl,
-            perturb=perturb,
-            plant_no_sync=plant,
+        runs[name] = _run_job(
+            tier, name, CONFIG, tmp_path / name, nproc, implementation=impl, perturb=perturb, plant_no_sync=plant
         )
-        tier.report.notes.append(
-            f"{tier.nodeid}: {name} job, {nproc} GPU(s): exit {res.returncode}, {res.seconds:.1f} s"
-        )
-        if res.returncode != 0 or len(res.ranks) != nproc:
-            _job_failed(tier, name, res)
-        runs[name] = res
     ranks = runs["multi"].ranks
     single = runs["single"].ranks[0]
     tier.check(
@@ -255,22 +253,17 @@ def test_fsdp2_shards_a_7b_model_trains_and_its_peft_adapters_reload_on_one_gpu(
         ("one GPU", 1, cfg.data.batch_size // n, False),
         ("planted: layers kept gathered after forward", n, None, True),
     ):
-        res = launch(
+        jobs[name] = _run_job(
+            tier,
+            name,
             CONFIG_FSDP,
             tmp_path / name.split(":")[0].replace(" ", "_"),
             nproc,
-            timeout_s=JOB_TIMEOUT_S,
             mode="fsdp",
             implementation=impl,
             batch_size=batch,
             plant_no_reshard=plant,
         )
-        tier.report.notes.append(
-            f"{tier.nodeid}: {name} job, {nproc} GPU(s): exit {res.returncode}, {res.seconds:.1f} s"
-        )
-        if res.returncode != 0 or len(res.ranks) != nproc:
-            _job_failed(tier, name, res)
-        jobs[name] = res
     ranks, single = jobs["sharded"].ranks, jobs["one GPU"].ranks[0]
     tier.check("ranks that ran sharded (fully_shard)", sum(r["sharded"] for r in ranks), "==", n)
     tier.check(

@@ -106,6 +106,14 @@ MLP_NAMES = ("y", "dx", "dA_gate", "dB_gate", "dA_up", "dB_up", "dA_down", "dB_d
 QKV_NAMES = ("q", "k", "v", "dx", "dA_q", "dB_q", "dA_k", "dB_k", "dA_v", "dB_v")
 
 
+def _grid_cell(config, layout, seed):
+    """One cell of a parity grid: its activation and adapter dtypes, a generator seeded with ``seed``, and its
+    ranks (1, 16 and 64 for 2-D x, 16 for the other layouts)."""
+    dtype, adapter_dtype = DTYPE_CONFIGS[config]
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    return dtype, adapter_dtype, gen, (1, 16, 64) if layout == "2d" else (16,)
+
+
 def _grid_check(what, config, layout, cases, run_report, check):
     rows, failures = [], []
     for label, errs in cases:
@@ -135,9 +143,7 @@ def _grid_check(what, config, layout, cases, run_report, check):
 @pytest.mark.parametrize("layout", ["2d", "3d", "noncontig"])
 @pytest.mark.parametrize("config", list(DTYPE_CONFIGS))
 def test_fused_mlp_matches_float64(config, layout, run_report, check):
-    dtype, adapter_dtype = DTYPE_CONFIGS[config]
-    gen = torch.Generator(device=DEV).manual_seed(2027)
-    ranks = (1, 16, 64) if layout == "2d" else (16,)
+    dtype, adapter_dtype, gen, ranks = _grid_cell(config, layout, 2027)
     cases, before, name = [], kv.reached(), kv.DTYPE_NAME[dtype]
     for n, (k, inter), r in itertools.product(N_TOKENS, MLP_SHAPES, ranks):
         x, weights, adapters, dy = _mlp_case(n, k, inter, r, dtype, adapter_dtype, layout, gen)
@@ -186,9 +192,7 @@ def _qkv_fused(x, weights, adapters, dy, bases=None):
 @pytest.mark.parametrize("layout", ["2d", "3d", "noncontig"])
 @pytest.mark.parametrize("config", list(DTYPE_CONFIGS))
 def test_fused_qkv_matches_float64(config, layout, run_report, check):
-    dtype, adapter_dtype = DTYPE_CONFIGS[config]
-    gen = torch.Generator(device=DEV).manual_seed(2028)
-    ranks = (1, 16, 64) if layout == "2d" else (16,)
+    dtype, adapter_dtype, gen, ranks = _grid_cell(config, layout, 2028)
     cases = []
     for n, (k, sizes), r in itertools.product(N_TOKENS, QKV_SHAPES, ranks):
         x, weights, adapters, dy = _qkv_case(n, k, sizes, r, dtype, adapter_dtype, layout, gen)

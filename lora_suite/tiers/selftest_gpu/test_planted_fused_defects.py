@@ -44,6 +44,12 @@ def _fused_parity_failures(what: str) -> tuple[int, str]:
     return len(bad), "; ".join(e.describe() for e in bad[:3])
 
 
+def _check_caught(tier, what: str, name: str) -> None:
+    """The check that the plant is caught: tensors of the ``what`` case (mlp or qkv) beyond tolerance, more than 0."""
+    n_bad, detail = _fused_parity_failures(what)
+    tier.check(name, n_bad, ">", 0, source="quick tier's fused parity test", detail=detail)
+
+
 @pytest.mark.needs_feature("lora_core_ops")
 def test_a_dropped_swiglu_derivative_term_is_caught(tier, monkeypatch):
     """The fused MLP's SwiGLU backward uses silu'(g) = σ(g), dropping the g·σ(1 - σ) term."""
@@ -58,15 +64,7 @@ def test_a_dropped_swiglu_derivative_term_is_caught(tier, monkeypatch):
         gu[:, :inter].copy_(d * u * torch.sigmoid(g))
 
     monkeypatch.setattr(fused_mlp, "swiglu_backward_", planted)
-    n_bad, detail = _fused_parity_failures("mlp")
-    tier.check(
-        "planted dropped silu' term: fused MLP tensors beyond tolerance",
-        n_bad,
-        ">",
-        0,
-        source="quick tier's fused parity test",
-        detail=detail,
-    )
+    _check_caught(tier, "mlp", "planted dropped silu' term: fused MLP tensors beyond tolerance")
 
 
 @pytest.mark.needs_feature("lora_core_ops")
@@ -82,12 +80,4 @@ def test_dx_of_k_not_accumulated_is_caught(tier, monkeypatch):
             real(eng, dx, d_part, w_part)
 
     monkeypatch.setattr(fused_qkv, "accumulate_dx", planted)
-    n_bad, detail = _fused_parity_failures("qkv")
-    tier.check(
-        "planted dx missing dk·W_k: fused QKV tensors beyond tolerance",
-        n_bad,
-        ">",
-        0,
-        source="quick tier's fused parity test",
-        detail=detail,
-    )
+    _check_caught(tier, "qkv", "planted dx missing dk·W_k: fused QKV tensors beyond tolerance")

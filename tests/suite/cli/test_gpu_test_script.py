@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from lora_suite.cli.campaigns import SCORECARD_TIERS
+from lora_suite.core.registry import registry
+
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "scripts" / "gpu-test.sh"
+TIERS = registry()
 
 
 def run(*args, dry=True, timeout=300):
@@ -20,23 +25,13 @@ def run(*args, dry=True, timeout=300):
     return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=timeout)
 
 
-def test_help_lists_targets_and_flags():
+def test_help_is_the_command_lines_own_with_the_run_flags():
+    """--help hands over to lora-suite's (test_cli.py checks that it lists every target)."""
     out = run("--help")
     assert out.returncode == 0
-    for word in (
-        "quick",
-        "convergence",
-        "memory",
-        "extended",
-        "full",
-        "all",
-        "selftest",
-        "--check-vram",
-        "--verbose",
-        "--continue-on-error",
-        "--report-dir",
-        "Exit codes",
-    ):
+    own = subprocess.run([sys.executable, "-m", "lora_suite", "--help"], capture_output=True, text=True, timeout=300)
+    assert out.stdout == own.stdout
+    for word in ("--check-vram", "--verbose", "--continue-on-error", "--report-dir", "Exit codes"):
         assert word in out.stdout
 
 
@@ -66,16 +61,20 @@ def test_bad_usage_exits_2_with_a_message(args, message):
     assert out.returncode == 2 and message in out.stderr
 
 
-def test_all_expands_to_the_five_tiers_in_order_and_multigpu_only_with_two_gpus(monkeypatch):
+def _all_tiers(gpus: int) -> list[str]:
+    """The tiers ``all`` runs with ``gpus`` GPUs visible, from the registry: those in ``all``, in order, that fit."""
+    return [name for name, t in TIERS.items() if t.entry.in_all and t.entry.gpus <= gpus]
+
+
+def test_all_expands_to_the_registrys_tiers_in_order_and_those_of_more_gpus_only_where_they_are_visible(monkeypatch):
     monkeypatch.setenv("GPU_TEST_GPU_COUNT", "1")
     out = run("all", "--check-vram", "--continue-on-error")
-    assert (
-        out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "targets: quick convergence memory extended full"
-    )
-    assert "multigpu: not part of this 'all' run (it needs 2 or more GPUs; found 1)" in out.stdout
+    assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == f"targets: {' '.join(_all_tiers(1))}"
+    for name in (n for n in _all_tiers(2) if n not in _all_tiers(1)):  # multigpu
+        assert f"{name}: not part of this 'all' run (it needs 2 or more GPUs; found 1)" in out.stdout
     monkeypatch.setenv("GPU_TEST_GPU_COUNT", "2")
     out = run("all")
-    assert out.stdout.strip() == "targets: quick convergence memory extended full multigpu"
+    assert out.stdout.strip() == f"targets: {' '.join(_all_tiers(2))}"
 
 
 def test_multigpu_target_and_gpus_option():
@@ -99,7 +98,7 @@ def test_a_failing_target_gives_exit_1_and_continue_runs_the_rest(tmp_path):
     # `-- -k nothing_matches` collects no test in each tier: pytest exit 5, which the script counts as a failure
     out = run("all", "--continue-on-error", "--report-dir", str(tmp_path), "--", "-k", "nothing_matches", dry=False)
     assert out.returncode == 1
-    assert out.stdout.count("FAIL (no tests collected)") == 5  # every tier ran despite the failures
+    assert out.stdout.count("FAIL (no tests collected)") == len(_all_tiers(1))  # every tier ran despite the failures
     stop = run("all", "--report-dir", str(tmp_path), "--", "-k", "nothing_matches", dry=False)
     assert stop.returncode == 1 and "stopping (use --continue-on-error" in stop.stdout
 
@@ -253,30 +252,21 @@ def test_baseline_comparison_after_a_target(tmp_path):
     assert none.returncode == 0 and "no baseline for memory" in none.stdout
 
 
-def test_scorecard_runs_every_selected_implementation_through_the_tiers_then_builds(tmp_path):
+def _scorecard_dry_run(*args):
+    """``gpu-test.sh scorecard ARGS`` saying what it would run; it must succeed."""
     env = {**os.environ, "SCORECARD_DRY_RUN": "1"}
-    out = subprocess.run(
-        [
-            "bash",
-            str(SCRIPT),
-            "scorecard",
-            "--lora-impl",
-            "cupy,peft-bnb",
-            "--report-dir",
-            str(tmp_path),
-            "--check-vram",
-            "--record",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
+    out = subprocess.run(["bash", str(SCRIPT), "scorecard", *args], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
+    return out
+
+
+def test_scorecard_runs_every_selected_implementation_through_the_tiers_then_builds(tmp_path):
+    out = _scorecard_dry_run("--lora-impl", "cupy,peft-bnb", "--report-dir", str(tmp_path), "--check-vram", "--record")
     lines = [line.removeprefix("would run: ") for line in out.stdout.splitlines()]
     tiers = [
         (line.split()[1], line.split()[3]) for line in lines if line.startswith("lora-suite") and "--lora-impl" in line
     ]
-    assert tiers == [(t, i) for i in ("cupy", "peft-bnb") for t in ("quick", "convergence", "memory")]
+    assert tiers == [(t, i) for i in ("cupy", "peft-bnb") for t in SCORECARD_TIERS]
     assert all("--check-vram" in line and "--record" in line for line in lines if "--lora-impl" in line)
     assert not any("--workers" in line for line in lines)  # one lane: quick keeps its default workers
     assert lines[-2].startswith(f"lora-suite bench --report-dir {tmp_path} --record --ledger ")
@@ -285,27 +275,10 @@ def test_scorecard_runs_every_selected_implementation_through_the_tiers_then_bui
 
 
 def test_scorecard_lanes_run_implementations_at_once_each_logged_then_the_bench_alone(tmp_path):
-    env = {**os.environ, "SCORECARD_DRY_RUN": "1"}
-    out = subprocess.run(
-        [
-            "bash",
-            str(SCRIPT),
-            "scorecard",
-            "--lora-impl",
-            "cupy,peft,loralib",
-            "--report-dir",
-            str(tmp_path),
-            "--jobs",
-            "2",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    assert out.returncode == 0, out.stderr
+    out = _scorecard_dry_run("--lora-impl", "cupy,peft,loralib", "--report-dir", str(tmp_path), "--jobs", "2")
     for impl in ("cupy", "peft", "loralib"):
         log = (tmp_path / f"lane-{impl}.log").read_text().splitlines()
-        assert [line.split()[3] for line in log] == ["quick", "convergence", "memory"]  # "would run: lora-suite TIER"
+        assert [line.split()[3] for line in log] == list(SCORECARD_TIERS)  # "would run: lora-suite TIER"
         assert all(f"--lora-impl {impl} " in line for line in log)
         assert all("--workers 1" in line for line in log)  # the lanes are the parallelism: one process a tier
     assert "speed_interleaved --bench-impls cupy,peft,loralib" in out.stdout.splitlines()[-2]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lora_suite.core.config import ModelConfig
-from lora_suite.engine.models import CheckpointNotFound, build_model, build_random, hf_config
+from lora_suite.engine.models import CheckpointNotFound, build_model, build_random, build_tiny_llama, hf_config
 from tests.conftest import TINY_ARCH
 
 CFG = ModelConfig(name="tiny-llama", checkpoint="nobody/tiny-llama-not-cached", architecture=TINY_ARCH)
@@ -30,6 +30,19 @@ def test_random_build_in_training_dtype_and_calls_on_layer():
     model = build_random(TINY_ARCH, torch.bfloat16, "cpu", on_layer=seen.append)
     assert len(seen) == TINY_ARCH.num_hidden_layers and seen[0] is model.model.layers[0]
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+
+
+def test_the_tiny_llama_takes_its_sizes_as_keywords():
+    default = build_tiny_llama()
+    assert all(
+        torch.equal(p, q)
+        for p, q in zip(default.parameters(), build_random(TINY_ARCH, torch.float32, "cpu").parameters())
+    )
+    wide = build_tiny_llama(torch.bfloat16, hidden_size=32, intermediate_size=64, vocab_size=64, num_hidden_layers=3)
+    assert len(wide.model.layers) == 3 and wide.model.embed_tokens.weight.shape == (64, 32)
+    assert wide.model.layers[0].mlp.up_proj.weight.shape == (64, 32) and wide.lm_head.weight.dtype == torch.bfloat16
+    with pytest.raises(TypeError):
+        build_tiny_llama(hidden=32)  # a size that is no LlamaArchitecture field
 
 
 def test_tied_embeddings_stay_tied():

@@ -36,7 +36,9 @@ def test_the_tiers_declare_their_headline_figures():
         "captured step device time",
         "tokens per second (captured step device time)",
         "peak GPU memory",
+        "eager step span",
     ]
+    assert figures["profile"][:2] == ["profiled step span", "kernel time in the profiled step"]
     assert figures["memory"] == ["peak GPU memory"] and figures["convergence"] == ["loss drop"]
     assert figures["quick"] == ["tier wall time"] and figures["extended"] == ["device time per step"]
     full = load_tier_config(CONFIG_DIR / "full.yaml").suite.figures[0]
@@ -175,3 +177,10 @@ def test_the_planted_slowdown_reports_itself_as_the_implementation_it_slows():
     impl = cupy_slowed()
     assert impl.name == "cupy" and f"{SPIN_MS} ms of GPU spin before each adapted layer" in impl.describe()
     assert dataclasses.is_dataclass(FigureSpec)
+
+
+def test_the_profile_tier_declares_a_figure_for_every_kernel_family():
+    from lora_suite.measure.kernel_profile import FAMILY_ORDER
+
+    declared = {f.name for f in registry()["profile"].entry.figures}
+    assert {f"{family} ms per step" for family in FAMILY_ORDER} <= declared

@@ -1,5 +1,5 @@
-"""The tier's wall time (pytest_plugin._report_tier_wall_time) is a reported figure against its target, never a failed
-check: a loaded host or another job on the GPU moves it as much as the code does."""
+"""The tier's wall time (``plugin.run_report._report_tier_wall_time``) is a reported figure against its target,
+never a failed check: a loaded host or another job on the GPU moves it as much as the code does."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ import pytest
 
 from lora_suite.core.config import RENAMED
 from lora_suite.core.environment import collect_environment
-from lora_suite.harness import pytest_plugin as P
+from lora_suite.harness.plugin import run_report as P
+from lora_suite.harness.plugin.state import RUN, SUMMARY_KEY
 from lora_suite.harness.report import RunReport
 
 
 def _session(tier: str):
-    stash = {P._SUMMARY_KEY: []}
+    stash = {SUMMARY_KEY: []}
     config = SimpleNamespace(getoption=lambda name: tier, stash=stash)
     return SimpleNamespace(config=config, testscollected=3, exitstatus=0)
 
@@ -28,13 +29,13 @@ def _on_a_gpu():
 @pytest.mark.parametrize(("elapsed", "met"), [(5.0, "yes"), (500.0, "no")])
 def test_wall_time_is_a_series_and_a_summary_line_never_a_check(monkeypatch, elapsed, met):
     session, run = _session("quick"), RunReport("r", "quick", _on_a_gpu())
-    monkeypatch.setitem(P._RUN, "start", time.perf_counter() - elapsed)
+    monkeypatch.setitem(RUN, "start", time.perf_counter() - elapsed)
     P._report_tier_wall_time(session, run)
     assert run.checks == [] and session.exitstatus == 0
     (series,) = run.series
     ((figure, seconds, target, got_met, source),) = series.rows
     assert target == 30 and got_met == met and abs(seconds - elapsed) < 1 and source == "quick.yaml criteria"
-    (line,) = session.config.stash[P._SUMMARY_KEY]
+    (line,) = session.config.stash[SUMMARY_KEY]
     assert ("MISSED" in line) == (met == "no") and "not a check" in line
     (fig,) = run.figures  # quick's headline figure: host-clocked, so compare lists it and never fails it
     assert (fig.name, fig.unit, fig.clock, fig.value) == ("tier wall time", "s", "host", seconds)
@@ -55,6 +56,6 @@ def test_the_former_budget_key_is_named_in_the_error():
 def test_a_run_that_saw_no_gpu_reports_no_wall_time_figure(monkeypatch):
     session = _session("quick")
     run = RunReport("r", "quick", dataclasses.replace(collect_environment(), gpu_name=None))
-    monkeypatch.setitem(P._RUN, "start", time.perf_counter() - 5.0)
+    monkeypatch.setitem(RUN, "start", time.perf_counter() - 5.0)
     P._report_tier_wall_time(session, run)
-    assert run.series == [] and session.config.stash[P._SUMMARY_KEY] == []
+    assert run.series == [] and session.config.stash[SUMMARY_KEY] == []

@@ -18,7 +18,7 @@ pytest.importorskip("peft")
 from lora_suite.engine import probes as P  # noqa: E402
 from lora_suite.engine.prepare import prepare  # noqa: E402
 from lora_suite.implementations import AdapterSpec, ImplementationError, PeftImplementation  # noqa: E402
-from lora_suite.implementations.fused_peers import fused_served_by, install_fused_lora  # noqa: E402
+from lora_suite.implementations.fused_lora import fused_served_by, install_fused_lora  # noqa: E402
 from lora_suite.implementations.unsloth_impl import UnslothImplementation, write_tokenizer  # noqa: E402
 
 SHAPE = P.BlockShape("tiny", 16, 16, 8, 24)

@@ -28,12 +28,20 @@ def test_a_fake_stat_gives_its_start(tmp_path):
     assert before - 50 - 1 < got < time.time() - 50 + 1  # started 50 s after boot, booted 100 s ago
 
 
+def _started_breakdown(process_start: float, configured: float, session_start: float, **kw):
+    """A run gpu-test.sh started at 100 s (epoch seconds); by default with no CUDA context, no tests and no kernel
+    loads."""
+    kw = {"cuda_context_s": None, "test_seconds": [], "kernel_loads": {}, **kw}
+    return wall_time.breakdown(
+        script_start=100.0, process_start=process_start, configured=configured, session_start=session_start, **kw
+    )
+
+
 def test_breakdown_rows_name_each_phase_and_the_slowest_tests():
-    rows = wall_time.breakdown(
-        script_start=100.0,
-        process_start=103.5,
-        configured=106.0,
-        session_start=109.0,
+    rows = _started_breakdown(
+        103.5,
+        106.0,
+        109.0,
         cuda_context_s=0.8,
         test_seconds=[("t.py::a", 1.0), ("t.py::b", 7.5), ("t.py::c", 0.2)],
         kernel_loads={"nf4.cu:dequant": 0.6, "cast.cu:cast": 0.3},
@@ -166,16 +174,7 @@ def test_the_bytecode_note_says_where_this_process_keeps_it(monkeypatch):
 
 
 def test_the_bytecode_set_up_is_named_inside_the_time_before_pytest():
-    rows = wall_time.breakdown(
-        script_start=100.0,
-        process_start=112.0,
-        configured=115.0,
-        session_start=116.0,
-        cuda_context_s=None,
-        test_seconds=[],
-        kernel_loads={},
-        setup_s=10.5,
-    )
+    rows = _started_breakdown(112.0, 115.0, 116.0, setup_s=10.5)
     assert rows[0][1] == 12.0 and rows[1][:2] == ("  of which compiling the bytecode cache", 10.5)
     assert rows[2][0] == "interpreter and plugin imports"
 

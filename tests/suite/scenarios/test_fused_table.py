@@ -1,5 +1,6 @@
-"""The fused table's kernel kinds (lora_suite.scenarios.fused_table.kernel_kind): each profiled kernel name lands in
-the kind that owns it, so a profile's shares say which code spends the time."""
+"""The fused table (lora_suite.scenarios.fused_table) on the CPU: each profiled kernel name lands in the kind that
+owns it, so a profile's shares say which code spends the time; the rounds are taken in turns with no stack always
+first; and the summary's rows carry each stack's spread over the rounds and say whether a ratio is beyond it."""
 
 from __future__ import annotations
 
@@ -80,3 +81,76 @@ def test_the_profiled_step_is_checkpointed_when_its_case_is(checkpointed, monkey
     monkeypatch.setattr(benchmarking, "op_profile", lambda prof, steps: [])
     FT.profile_steps(prepared, cfg)
     assert enabled == ([{"gradient_checkpointing_kwargs": {"use_reentrant": False}}] if checkpointed else [])
+
+
+@pytest.mark.parametrize(("rounds", "stacks"), [(1, 8), (2, 4), (3, 8), (3, 2), (5, 6)])
+def test_the_schedule_runs_every_stack_once_a_round_in_turns_with_a_different_first(rounds, stacks):
+    names = [f"s{i}" for i in range(stacks)]
+    cases = FT.EAGER_CASES[:2]
+    runs = FT.schedule(cases, names, rounds=rounds)
+    assert len(runs) == len(cases) * rounds * stacks
+    for ci, case in enumerate(cases):
+        mine = runs[ci * rounds * stacks : (ci + 1) * rounds * stacks]
+        assert all(c is case for c, _, _ in mine)
+        per_round = [[s for _, r, s in mine if r == rnd] for rnd in range(rounds)]
+        assert [r for _, r, _ in mine] == sorted(r for _, r, _ in mine)  # round r after round r - 1
+        assert all(sorted(order) == sorted(names) for order in per_round)
+        firsts = [order[0] for order in per_round]
+        assert len(set(firsts)) == min(rounds, stacks)  # no two rounds start with the same stack
+
+
+def test_three_eager_rounds_put_no_stack_always_first_nor_always_last():
+    runs = FT.schedule(FT.EAGER_CASES[:1], FT.STACKS, rounds=3)
+    orders = [[s for _, r, s in runs if r == rnd] for rnd in range(3)]
+    for stack in FT.STACKS:
+        places = [order.index(stack) for order in orders]
+        assert len(set(places)) == 3, (stack, places)
+
+
+@pytest.mark.parametrize(("value", "rounds"), [(None, FT.EAGER_ROUNDS), ("", FT.EAGER_ROUNDS), ("5", 5), (" 1 ", 1)])
+def test_the_eager_rounds_default_to_three_or_follow_the_environment(value, rounds):
+    env = {} if value is None else {FT.ROUNDS_ENV: value}
+    assert FT.eager_rounds(env) == rounds
+    assert FT.EAGER_ROUNDS >= 3
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "three", "2.5"])
+def test_eager_rounds_that_are_not_an_integer_of_at_least_one_are_refused_by_value(value):
+    with pytest.raises(ValueError, match=f"LORA_SUITE_FUSED_ROUNDS must be an integer >= 1.*{value!r}"):
+        FT.eager_rounds({FT.ROUNDS_ENV: value})
+
+
+def _figs(steps, peaks=None, fwd=None):
+    peaks = peaks or [10.0] * len(steps)
+    fwd = fwd or [s / 2 for s in steps]
+    return [FT.EagerFigures(f, s - f, s, p, "x", "none") for s, p, f in zip(steps, peaks, fwd)]
+
+
+def test_a_medians_row_carries_the_step_spread_and_the_rounds():
+    figs = _figs([180.0, 120.0, 150.0], peaks=[20.0, 20.5, 20.25])
+    cells = FT.median_cells(figs, ("fwd_ms", "step_ms", "peak_gib"))
+    assert cells == (75.0, 150.0, 20.25, 120.0, 180.0, 3)
+    assert FT.MEDIAN_SPREAD_COLUMNS == ("step ms min", "step ms max", "rounds")
+
+
+def test_a_comparison_row_says_whether_its_ratio_is_beyond_the_spread():
+    base, fused = _figs([200.0, 210.0, 190.0], peaks=[21.0] * 3), _figs([150.0, 160.0, 155.0], peaks=[18.9] * 3)
+    speed, peak, low, high, verdict = FT.comparison_cells(base, fused)
+    assert (speed, peak, low, high, verdict) == (1.29, 0.9, 1.188, 1.4, "faster beyond the spread")
+    overlapping = _figs([150.0, 210.0, 200.0])
+    assert FT.comparison_cells(overlapping, fused)[-1] == "within the spread"
+    assert FT.comparison_cells(base[:1], fused)[-1] == "one round: not judged"
+    assert FT.comparison_cells([], fused) == (None, None, None, None, None)
+    # a part other than the step: the forward's rounds (base's fwd 100..105 against fused's 110..120)
+    base_fwd, fused_fwd = _figs([200.0] * 3, fwd=[100.0, 105.0, 102.0]), _figs([150.0] * 3, fwd=[110.0, 120.0, 115.0])
+    assert FT.comparison_cells(base_fwd, fused_fwd, "fwd_ms")[-1] == "slower beyond the spread"
+
+
+def test_the_unsloth_target_row_needs_the_slowest_fused_round_at_1_2x_the_fastest_unsloth_round():
+    unsloth = _figs([240.0, 250.0, 260.0], peaks=[21.0] * 3)
+    assert FT.target_cells(unsloth, _figs([190.0, 195.0, 200.0], peaks=[18.8] * 3))[-1] == "met"
+    near = FT.target_cells(unsloth, _figs([190.0, 200.0, 220.0], peaks=[18.8] * 3))
+    assert near[0] == 1.25 and near[-1].startswith("not met") and near[-2] == "faster beyond the spread"
+    heavier = FT.target_cells(unsloth, _figs([190.0, 195.0, 200.0], peaks=[21.5] * 3))
+    assert heavier[-1].startswith("not met: peak up to 21.500 GiB")
+    assert len(FT.TARGET_COLUMNS) == len(near) and FT.TARGET_COLUMNS[-1].startswith("1.2x target")

@@ -146,20 +146,10 @@ def test_fsdp2_on_two_gloo_ranks_trains_like_one_process_and_saves_a_peft_folder
 
 
 def test_the_fsdp_peak_bound_and_its_memory_terms():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from lora_core.inject import adapter_parameters, inject_lora
+    from lora_suite.engine.models import build_tiny_llama
 
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=64,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=3,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-        )
-    )
+    model = build_tiny_llama(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3)
     inject_lora(model, ["q_proj"], 2, 4, backend="torch")
     adapters = adapter_parameters(model)
     t = M.memory_terms(model, adapters)

@@ -78,23 +78,23 @@ def test_a_check_that_now_fails_or_disappears_is_a_regression(tmp_path):
     assert all(c.regression for c in changes)
 
 
+def _script_compare(base: Path, run: Path) -> subprocess.CompletedProcess:
+    """``scripts/gpu-test.sh compare BASE RUN``, its output captured."""
+    return subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu-test.sh"), "compare", str(base), str(run)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 def test_the_script_target_runs_compare(tmp_path):
     bench = json.loads((BENCH / "benchmark.json").read_text())
     run = _write(tmp_path / "run", benchmark=_slowed(bench, "cupy", 1.2))
-    out = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "gpu-test.sh"), "compare", str(BENCH), str(run)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = _script_compare(BENCH, run)
     assert out.returncode == 1, out.stdout + out.stderr
     assert "regression(s)" in out.stdout
-    same = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "gpu-test.sh"), "compare", str(BENCH), str(BENCH)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    same = _script_compare(BENCH, BENCH)
     assert same.returncode == 0, same.stdout + same.stderr
 
 

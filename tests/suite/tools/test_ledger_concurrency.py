@@ -5,9 +5,7 @@ it: the last rename won. The forked writers below meet at a barrier, so every tr
 
 from __future__ import annotations
 
-import json
 import multiprocessing
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,22 +13,9 @@ from pathlib import Path
 import pytest
 
 from lora_suite.tools import ledger
+from tests.suite.tools.recorded_run import run_copies
 
-RUN = Path(__file__).resolve().parents[2] / "fixtures" / "runs" / "20261122T061557Z-memory"
 WRITERS = 8
-
-
-def _runs(tmp_path: Path, n: int) -> list[Path]:
-    """``n`` copies of one recorded run, each with its own run id (and folder of that name)."""
-    out = []
-    for i in range(n):
-        d = tmp_path / "runs" / f"20261122T0616{i:02d}Z-memory"
-        shutil.copytree(RUN, d)
-        report = json.loads((d / "report.json").read_text())
-        report["run_id"] = d.name
-        (d / "report.json").write_text(json.dumps(report))
-        out.append(d)
-    return out
 
 
 def _writer(path: str, run: str, barrier) -> None:
@@ -55,7 +40,7 @@ def _runs_in(path: Path) -> list[str]:
 
 @pytest.mark.skipif(sys.platform == "win32", reason="forks the writers")
 def test_eight_writers_of_eight_runs_at_once_leave_every_run_once_in_ten_trials(tmp_path):
-    runs = _runs(tmp_path, WRITERS)
+    runs = run_copies(tmp_path, WRITERS)
     per_run = len(ledger.rows_of_runs([runs[0]], group="g"))
     for trial in range(10):
         path = tmp_path / f"ledger-{trial}.jsonl"
@@ -66,7 +51,7 @@ def test_eight_writers_of_eight_runs_at_once_leave_every_run_once_in_ten_trials(
 
 @pytest.mark.skipif(sys.platform == "win32", reason="forks the writers")
 def test_one_run_recorded_by_eight_writers_at_once_is_in_the_ledger_once(tmp_path):
-    (run,) = _runs(tmp_path, 1)
+    (run,) = run_copies(tmp_path, 1)
     for trial in range(5):
         path = tmp_path / f"ledger-{trial}.jsonl"
         assert _together(path, [run] * WRITERS) == [0] * WRITERS
@@ -75,7 +60,7 @@ def test_one_run_recorded_by_eight_writers_at_once_is_in_the_ledger_once(tmp_pat
 
 def test_eight_cli_processes_started_together_leave_eight_runs(tmp_path):
     """The command people run, as eight processes: `lora-suite ledger record RUN --ledger L`."""
-    runs = _runs(tmp_path, WRITERS)
+    runs = run_copies(tmp_path, WRITERS)
     path = tmp_path / "ledger.jsonl"
     cmd = [sys.executable, "-m", "lora_suite", "ledger", "record"]
     procs = [subprocess.Popen([*cmd, str(r), "--ledger", str(path)], stdout=subprocess.PIPE, text=True) for r in runs]
@@ -87,7 +72,7 @@ def test_eight_cli_processes_started_together_leave_eight_runs(tmp_path):
 def test_a_stuck_lock_holder_is_named_and_nothing_is_appended(tmp_path, monkeypatch):
     from filelock import FileLock
 
-    (run,) = _runs(tmp_path, 1)
+    (run,) = run_copies(tmp_path, 1)
     path = tmp_path / "ledger.jsonl"
     monkeypatch.setattr(ledger, "LOCK_TIMEOUT_S", 0.2)
     holder = FileLock(str(path) + ".lock", thread_local=False)

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from lora_suite.tools import ledger, store
+from tests.suite.tools.recorded_run import run_copies
 
-FIXTURE_RUN = Path(__file__).resolve().parents[2] / "fixtures" / "runs" / "20261122T061557Z-memory"
 WRITERS = 8
 PASSWORD = "s3cret-Pa55word-for-the-test"
 
@@ -82,20 +82,8 @@ def location(request, tmp_path):
     return url
 
 
-def _runs(tmp_path: Path, n: int) -> list[Path]:
-    out = []
-    for i in range(n):
-        d = tmp_path / "runs" / f"20261122T0616{i:02d}Z-memory"
-        shutil.copytree(FIXTURE_RUN, d)
-        report = json.loads((d / "report.json").read_text())
-        report["run_id"] = d.name
-        (d / "report.json").write_text(json.dumps(report))
-        out.append(d)
-    return out
-
-
 def test_rows_read_back_exactly_as_written_and_a_run_is_kept_once(location, tmp_path):
-    rows = ledger.rows_of_runs(_runs(tmp_path, 2), group="g")
+    rows = ledger.rows_of_runs(run_copies(tmp_path, 2), group="g")
     assert ledger.append(location, rows) == len(rows)
     assert ledger.read(location) == rows  # numbers, strings, booleans and nulls alike, in their order
     assert ledger.append(location, rows) == 0  # the same runs again: nothing added
@@ -119,7 +107,7 @@ def _writer(location: str, runs: list[str], barrier) -> None:
 def test_eight_ledger_record_processes_at_once_keep_every_row_in_ten_trials(location, tmp_path):
     """Eight `lora-suite ledger record` processes, started together at a barrier, each recording three runs of eight
     (every run by three writers at once): in each of ten trials every run is stored once, with all its rows."""
-    runs = _runs(tmp_path, WRITERS)
+    runs = run_copies(tmp_path, WRITERS)
     per_run = len(ledger.rows_of_runs([runs[0]], group="g"))
     ctx = multiprocessing.get_context("fork")
     for trial in range(10):
@@ -151,7 +139,7 @@ def _empty(url: str) -> None:
 
 def test_a_store_url_with_a_password_leaves_no_trace_of_it(postgres_url, tmp_path):
     """The password is in the URL the runner is given; no message, log line, report or ledger row may show it."""
-    (run,) = _runs(tmp_path, 1)
+    (run,) = run_copies(tmp_path, 1)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3]), "LORA_SUITE_STORE": postgres_url}
     cli = [sys.executable, "-m", "lora_suite", "ledger"]
     outs = [

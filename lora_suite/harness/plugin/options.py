@@ -1,4 +1,4 @@
-"""The suite's command-line options, as pytest sees them (the plugin registers this hook; README lists them)."""
+"""The suite's command-line options, as pytest sees them (README lists them)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 
-def pytest_addoption(parser):
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """The ``lora-gpu-suite`` group of options."""
     group = parser.getgroup("lora-gpu-suite")
     group.addoption(
         "--check-vram",

@@ -1,0 +1,74 @@
+"""Each test's outcome: a test whose recorded checks failed fails when it ends, a CUDA error stops the session, and
+every phase's outcome and duration goes into the run report (an xdist worker hands its new records over with each
+phase's report; the controlling process applies them)."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from pathlib import Path
+
+import pytest
+
+from lora_suite.harness import worker_records
+from lora_suite.harness.checks import CheckFailed, failure_text
+from lora_suite.harness.cuda_errors import is_cuda_error
+from lora_suite.harness.plugin.state import FAILED_KEY, REPORT_KEY, RUN, worker_id
+from lora_suite.harness.report import Outcome
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    """Fail a test whose recorded checks failed, after it ran to its end (every check is in the report)."""
+    __tracebackhide__ = True
+    result = yield
+    failed = item.stash.get(FAILED_KEY, [])
+    if failed:
+        lines = [
+            f"{where}: {c.name}: {c.value}{c.unit} is not {c.op} {c.threshold}{c.unit}"
+            + (f" ({c.detail})" if c.detail else "")
+            for c, where in failed
+        ]
+        raise CheckFailed(f"{len(failed)} check(s) failed:\n" + "\n".join(lines), failed[0][1])
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Name a failed test's first failed check, stop the session at a CUDA error, hand a worker's records over."""
+    report = yield
+    if call.excinfo is not None and isinstance(call.excinfo.value, CheckFailed):
+        report.user_properties.append(("first_failed_check", call.excinfo.value.where))
+    if call.excinfo is not None and is_cuda_error(call.excinfo.value):
+        item.session.shouldstop = (
+            f"CUDA error in {item.nodeid}: {call.excinfo.typename}: {str(call.excinfo.value)[:300]} -- the CUDA "
+            "context is no longer trustworthy, so the session stops here instead of cascading"
+        )
+    if "outbox" in RUN:  # an xdist worker: this phase's new and changed records travel with its report
+        changes = RUN["outbox"].changes(item.config.stash[REPORT_KEY])
+        if changes:
+            report.user_properties.append((worker_records.KEY, {"worker": worker_id(item.config), "changes": changes}))
+    return report
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Record the phase's outcome (and its time on the session clock) in the run report."""
+    run = RUN.get("report")
+    if run is None:
+        return
+    if "inbox" in RUN:  # the controller: records a worker handed off with this report
+        for key, value in getattr(report, "user_properties", ()):
+            if key == worker_records.KEY:
+                RUN["inbox"].apply(run, value["worker"], value["changes"])
+    RUN["clock"].add_phase(report.nodeid, report.when, report.duration)
+    if report.when == "call" or (report.when != "call" and report.outcome != "passed"):
+        outcome = report.outcome if report.when == "call" else ("skipped" if report.skipped else "error")
+        reason, location = "", ""
+        if report.skipped and isinstance(report.longrepr, tuple):
+            reason = report.longrepr[2]
+        elif report.failed:
+            reason, location = failure_text(report)
+        run.outcomes.append(Outcome(report.nodeid, outcome, round(report.duration, 3), reason, location))
+        if RUN.get("report_dir"):  # report.json after every test: a killed run still leaves what it did
+            RUN["clock"].timed(run.write_json, Path(RUN["report_dir"]))

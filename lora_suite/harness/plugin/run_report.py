@@ -1,0 +1,214 @@
+"""The run report's life: opened when pytest is configured (the run id, the environment, the implementation under
+test, resolved and preloaded), stated in the header, clocked from the session's start, finished and written when the
+session ends (also when it was interrupted or terminated: SIGTERM takes pytest's own interruption path), summed up in
+the terminal summary. In a run spread over pytest-xdist workers only the controlling process writes it, with what
+each worker handed over."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import os
+import re
+import signal
+import time
+from collections.abc import Generator
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, NoReturn
+
+import pytest
+
+from lora_suite.core.environment import collect_environment, package_environment
+from lora_suite.harness import session_tables, worker_records
+from lora_suite.harness.header import header_lines
+from lora_suite.harness.plugin.options import check_report_dir
+from lora_suite.harness.plugin.state import IMPL_KEY, REPORT_KEY, RUN, SUMMARY_KEY, drives_workers, is_worker, worker_id
+from lora_suite.harness.progress import ProgressLines
+from lora_suite.harness.report import RunReport
+from lora_suite.implementations import DEFAULT, ImplementationError, implementation_record, resolve_implementation
+from lora_suite.measure import wall_time
+
+if TYPE_CHECKING:
+    from xdist.workermanage import WorkerController
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a CI job's timeout, a scheduler) turned into pytest's own interruption path, so that the
+    session finishes its hooks and the run report is written with status ``terminated``."""
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> NoReturn:
+    RUN["terminated"] = True
+    raise Terminated(f"received signal {signum} (SIGTERM)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Open the run report with the implementation under test; the mailboxes of a run over workers; progress lines."""
+    RUN["configured"] = time.time()
+    selection = config.getoption("markexpr") or "all"
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    run_id = os.environ.get("LORA_SUITE_RUN_ID") or f"{now}-{re.sub(r'[^A-Za-z0-9]+', '_', selection)}"
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", run_id):
+        raise pytest.UsageError(f"LORA_SUITE_RUN_ID must be a folder name (letters, digits, _ . -), got {run_id!r}")
+    # the controlling process of workers imports no torch (4.1-4.6 s of a fresh runner): its report takes the first
+    # worker's environment (harness/worker_records.py); every test process reads its own
+    environment = package_environment() if drives_workers(config) else collect_environment()
+    config.stash[REPORT_KEY] = report = RunReport(run_id=run_id, selection=selection, environment=environment)
+    spec = config.getoption("lora_impl") or DEFAULT
+    try:
+        impl = resolve_implementation(spec)
+        if not drives_workers(config):  # a process that runs tests
+            start = time.perf_counter()
+            impl.preload()
+            RUN["preload_s"] = time.perf_counter() - start
+    except Exception as exc:  # an ImplementationError, or what the user's preload raised: a usage error, one line
+        why = exc if isinstance(exc, ImplementationError) else repr(exc)
+        raise pytest.UsageError(f"--lora-impl {spec}: {why}") from None
+    config.stash[IMPL_KEY] = impl
+    report.implementation = implementation_record(impl, spec)
+    if config.getoption("report_dir"):
+        check_report_dir(config.getoption("report_dir"))
+    if is_worker(config):  # an xdist worker: hands its records to the controller, which alone writes the report
+        RUN["outbox"] = worker_records.Outbox()
+    else:  # the controlling process
+        signal.signal(signal.SIGTERM, _on_sigterm)
+        RUN["inbox"], RUN["worker_outputs"] = worker_records.Inbox(), []
+    if not config.getini("log_cli") and not config.getoption("log_cli_level", None):
+        handler = ProgressLines(config)
+        logger = logging.getLogger("lora_suite")  # the trainer logs as lora_suite.engine.trainer
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        config.add_cleanup(lambda: logger.removeHandler(handler))
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """The GPU, the implementation under test, versions and commit."""
+    env, impl = config.stash[REPORT_KEY].environment, config.stash[IMPL_KEY]
+    return header_lines(env, impl.describe(), drives_workers=drives_workers(config))
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Start the session's clock (the CUDA context on its own), and write report.json with status "running"."""
+    RUN["session_start"] = time.time()
+    RUN["cuda_context_s"] = None
+    RUN["workers"] = (
+        int(getattr(session.config.option, "numprocesses", 0) or 0) if drives_workers(session.config) else 0
+    )
+    if not RUN["workers"]:  # a process that runs tests (the controlling process of workers imports no torch)
+        import torch
+
+        if torch.cuda.is_available():  # on its own, so the wall-time breakdown can name it
+            start = time.perf_counter()
+            torch.zeros(1, device="cuda")
+            torch.cuda.synchronize()
+            RUN["cuda_context_s"] = time.perf_counter() - start
+    RUN["report"] = session.config.stash[REPORT_KEY]
+    RUN["clock"] = wall_time.SessionClock()
+    RUN["start"] = time.perf_counter()
+    RUN["terminated"] = False
+    RUN["report_dir"] = None if is_worker(session.config) else session.config.getoption("report_dir")
+    if RUN["report_dir"]:
+        RUN["report"].write_json(Path(RUN["report_dir"]))  # status "running" from the first second
+
+
+def _report_tier_wall_time(session: pytest.Session, run: RunReport) -> None:
+    """``-m <tier>`` GPU runs: the session's wall time against the tier's target (session_tables.tier_wall_time)."""
+    tier = session.config.getoption("markexpr")
+    if not tier or run.environment.gpu_name is None or not (session.testscollected or run.outcomes):
+        return
+    line = session_tables.tier_wall_time(run, tier, time.perf_counter() - RUN["start"])
+    if line:
+        session.config.stash[SUMMARY_KEY].append(line)
+
+
+def _drop_unfinished_benchmarks(config: pytest.Config, run: RunReport) -> None:
+    """A benchmark stopped by a signal before its first round finished has no timings: pytest-benchmark would
+    fail computing their statistics while it saves (``min() iterable argument is empty``) and lose every other
+    benchmark's too. Drop it from the session, and name it in the report's notes."""
+    bench = getattr(config, "_benchmarksession", None)
+    if bench is None:
+        return
+    kept = []
+    for b in bench.benchmarks:  # pytest_benchmark.stats.Metadata: .stats is its Stats, .stats.data its timings
+        data = getattr(getattr(b, "stats", None), "data", None)
+        if data is not None and len(data) == 0:
+            run.notes.append(
+                f"benchmark {b.fullname} stopped before its first round finished: no figures "
+                "(left out of benchmark.json)"
+            )
+        else:
+            kept.append(b)
+    bench.benchmarks[:] = kept
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int | pytest.ExitCode) -> Generator[None, None, None]:
+    """Before pytest-benchmark saves (its own wrapper runs inside this one): unfinished benchmarks out; after it,
+    whatever it did, the run report is written. An xdist worker hands its last records over before the others:
+    xdist's own wrapper (inside this one) sends ``workeroutput`` to the controller when it ends."""
+    _drop_unfinished_benchmarks(session.config, session.config.stash[REPORT_KEY])
+    if "outbox" in RUN:
+        run = session.config.stash[REPORT_KEY]
+        out = session_tables.worker_output(run, RUN, worker_id(session.config))
+        session.config.workeroutput[worker_records.KEY] = out
+    try:
+        return (yield)
+    finally:
+        _finish_report(session, session.exitstatus)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: WorkerController, error: object | None) -> None:
+    """The controller: a worker ended; its last records, its RawKernel variants and kernel load times arrive."""
+    out = getattr(node, "workeroutput", {}).get(worker_records.KEY)
+    if out is None or "inbox" not in RUN or RUN.get("report") is None:
+        return
+    RUN["inbox"].apply(RUN["report"], out["worker"], out["changes"])
+    RUN["worker_outputs"].append(out)
+
+
+def _finish_report(session: pytest.Session, exitstatus: int | pytest.ExitCode) -> None:
+    report_dir = session.config.getoption("report_dir")
+    run = session.config.stash[REPORT_KEY]
+    if "outbox" in RUN:  # an xdist worker: the controller writes the report (pytest_sessionfinish handed over)
+        return
+    session_tables.wall_time_breakdown(run, RUN)
+    session_tables.kernel_variants(run, RUN.get("worker_outputs") or [])
+    if RUN.get("terminated"):
+        run.status = "terminated"
+    elif exitstatus == pytest.ExitCode.INTERRUPTED:
+        run.status = "interrupted"
+    else:
+        run.status = "complete"
+    session.config.stash[SUMMARY_KEY] = []
+    _report_tier_wall_time(session, run)
+    if report_dir:
+        session.config.stash[SUMMARY_KEY].append(f"report: {run.write(Path(report_dir))}")
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, exitstatus: int | pytest.ExitCode, config: pytest.Config
+) -> None:
+    """The suite's section: checks passed and failed, a run that saw no GPU said so, the report's path."""
+    run, tr = config.stash[REPORT_KEY], terminalreporter
+    s = run.summary()
+    tr.section("lora-gpu-suite")
+    # a test process's own reading of the GPU (a controller of workers has one once a worker handed it over)
+    own_reading = not RUN.get("workers") or RUN["inbox"].environment_from is not None
+    if own_reading and run.environment.gpu_name is None:
+        skipped_gpu = sum(1 for o in run.outcomes if o.outcome == "skipped" and "CUDA GPU" in o.reason)
+        nothing = not (s["checks_passed"] or s["checks_failed"] or s.get("passed"))
+        tr.write_line(
+            f"No CUDA GPU was found: {skipped_gpu} GPU test(s) skipped; {s.get('passed', 0)} passed and "
+            f"{s.get('failed', 0)} failed on the CPU{': nothing was judged (no check ran)' if nothing else '.'}"
+        )
+    tr.write_line(f"checks: {s['checks_passed']} passed, {s['checks_failed']} failed")
+    for line in config.stash.get(SUMMARY_KEY, []):
+        tr.write_line(line, red=line.startswith("FAILED"))
+
+
+def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict[str, object]) -> None:
+    """pytest-benchmark's JSON carries the GPU name, versions and git commit of the run."""
+    machine_info["lora_gpu_suite"] = dataclasses.asdict(config.stash[REPORT_KEY].environment)

@@ -1,0 +1,48 @@
+"""``axolotl``: PEFT's LoRA layers driven by Axolotl's kernels (``axolotl.kernels.lora``), applied the way its
+``lora_mlp_kernel`` / ``lora_qkv_kernel`` / ``lora_o_kernel`` flags apply them: each decoder layer's MLP forward
+becomes ``apply_lora_mlp_swiglu`` (its LoRA_MLP Function with a Triton SwiGLU), q/k/v come from one
+``apply_lora_qkv`` call per input, and o_proj from ``apply_lora_o`` (``lora_suite.implementations.fused_lora``).
+Installed with ``pip install --no-deps axolotl`` plus triton and bitsandbytes, which its kernel module imports.
+
+``served_by`` says ``axolotl`` only when every adapted layer ran through its kernels.
+"""
+
+from __future__ import annotations
+
+from lora_suite.implementations.contract import library_version, require_module
+from lora_suite.implementations.fused_lora import fused_served_by, install_fused_lora
+from lora_suite.implementations.peft_bnb_impl import BnbBase
+from lora_suite.implementations.peft_impl import PeftImplementation
+
+LIBRARIES = ("peft", "axolotl", "triton", "bitsandbytes")
+INSTALL = "pip install peft triton bitsandbytes and pip install --no-deps axolotl"
+INSTALL_KERNELS = "pip install --no-deps axolotl, with triton and bitsandbytes (what axolotl.kernels.lora imports)"
+
+
+class AxolotlImplementation(BnbBase, PeftImplementation):
+    name = expected_path = "axolotl"
+    not_applicable = dict(PeftImplementation.not_applicable)
+
+    def __init__(self):
+        require_module(self.name, *LIBRARIES, hint=INSTALL, when="found")
+        self._declare_base()  # Axolotl's kernels dequantise bitsandbytes 4-bit bases themselves (QLoRA)
+        self.not_applicable = dict(
+            self.not_applicable,
+            inputs_2d="Axolotl's SwiGLU kernel unpacks (batch, seq_len, hidden) from its input (an H100 run at "
+            "a988569: 'not enough values to unpack (expected 3, got 2)'); 2-D cases run as (1, tokens, features)",
+            autocast_fp32_inputs="Axolotl's LoRA Functions multiply fp32 activations by 16-bit weights without "
+            "autocast's cast (an H100 run at 9ea3c11: 'self and mat2 must have the same dtype, but got BFloat16 and "
+            "Float')",
+        )
+
+    def describe(self) -> str:
+        return f"axolotl: PEFT layers driven by Axolotl {library_version('axolotl')}'s LoRA MLP/QKV/O kernels"
+
+    def inject(self, model, spec):
+        kernels = require_module(self.name, "axolotl.kernels.lora", hint=INSTALL_KERNELS, when="use")
+        adapted = super().inject(model, self._bnb_spec(model, spec))
+        install_fused_lora(model, kernels)
+        return adapted
+
+    def served_by(self, model):
+        return fused_served_by(self, model)
