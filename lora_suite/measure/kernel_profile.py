@@ -143,7 +143,7 @@ def profile_table(profile: KernelProfile) -> str:
     lines = ["| family | launches per step | ms per step | share of the span |", "|---|---|---|---|"]
     lines += [f"| {r.family} | {r.launches} | {r.ms:.2f} | {100 * r.share:.1f}% |" for r in profile.rows]
     lines.append(
-        f"| all kernels (K) against the replay span (S) | | {profile.kernel_ms:.2f} of {profile.span_ms:.2f} | "
+        f"| all kernels (K) against the step span (S) | | {profile.kernel_ms:.2f} of {profile.span_ms:.2f} | "
         f"gap {100 * profile.gap:.1f}% |"
     )
     return "\n".join(lines)

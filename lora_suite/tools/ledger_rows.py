@@ -24,6 +24,11 @@ BENCH_COLUMNS = (
     "step ms, round",
     "peak GiB, round",
     "ms per step",
+    # the spread of the fused table's rounds and of its ratios (issue 47: a ratio is read against that spread)
+    "step ms min",
+    "step ms max",
+    "speed-up min",
+    "speed-up max",
     # a mutation run's figures (lora-suite mutate: tools/mutation_report.py); its score is a check
     "mutants killed",
     "mutants survived",
