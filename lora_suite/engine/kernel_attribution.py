@@ -17,45 +17,25 @@ import contextlib
 import functools
 from collections.abc import Iterable, Iterator
 
-from lora_suite.measure.device_time import DeviceTimer
-from lora_suite.measure.kernel_profile import GEMM_ROLES, TimedLaunch, gemm_role
+from lora_suite.measure.device_time import DeviceTimer, TimedLaunch, device_events
+from lora_suite.measure.kernel_profile import gemm_role
 
 ROLE_PREFIX = "lora_suite.role:"
 
 
 class KernelRecorder(DeviceTimer):
-    """A ``DeviceTimer`` that also keeps, per profiled step, its timed kernels and the role ranges around them."""
+    """A ``DeviceTimer`` that also keeps, per profiled step, its timed launches and the role ranges around them."""
+
+    host_ranges = True  # the role ranges are opened by the host
 
     def __init__(self, steps: Iterable[int]):
         super().__init__(steps)
         self.timed: dict[int, list[TimedLaunch]] = {}
         self.ranges: dict[int, list[TimedLaunch]] = {}
 
-    @contextlib.contextmanager
-    def measure(self, step: int, cuda: bool) -> Iterator[None]:
-        if not cuda or step not in self.steps:
-            yield
-            return
-        from torch.profiler import ProfilerActivity, profile
-
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            yield
-        kernels, ranges = split_device_events(prof.events())
-        self.timed[step], self.ranges[step] = kernels, ranges
-        self.launches[step] = [(name, end - start) for name, start, end in kernels]
-
-
-def split_device_events(events) -> tuple[list[TimedLaunch], list[TimedLaunch]]:
-    """The device activities of a finished session in start order: (kernels, memcpy and memset; the role ranges the
-    GPU saw, their prefix taken off). Other user ranges are left out of both."""
-    kernels, ranges = [], []
-    for e in sorted((e for e in events if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start):
-        item = (e.name, float(e.time_range.start), float(e.time_range.end))
-        if e.name.startswith(ROLE_PREFIX):
-            ranges.append((e.name[len(ROLE_PREFIX) :], item[1], item[2]))
-        elif not getattr(e, "is_user_annotation", False):
-            kernels.append(item)
-    return kernels, ranges
+    def keep(self, step: int, events) -> None:
+        self.timed[step], self.ranges[step] = device_events(events, ROLE_PREFIX)
+        self.launches[step] = [(name, end - start) for name, start, end in self.timed[step]]
 
 
 @contextlib.contextmanager
@@ -74,9 +54,7 @@ def gemm_roles(rank: int) -> Iterator[bool]:
     @functools.wraps(original)
     def gemm(self, out, a, b, *, trans_a=False, trans_b=False, **kwargs):
         k = a.shape[0] if trans_a else a.shape[1]
-        role = gemm_role(out.shape[0], out.shape[1], k, rank)
-        assert role in GEMM_ROLES
-        with record_function(ROLE_PREFIX + role):
+        with record_function(ROLE_PREFIX + gemm_role(out.shape[0], out.shape[1], k, rank)):
             return original(self, out, a, b, trans_a=trans_a, trans_b=trans_b, **kwargs)
 
     on_torch_stream.gemm = gemm

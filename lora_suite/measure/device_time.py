@@ -136,13 +136,31 @@ class DeviceTimer:
             return
         from torch.profiler import ProfilerActivity, profile
 
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if self.host_ranges else [ProfilerActivity.CUDA]
+        with profile(activities=activities) as prof:
             yield
-        self.launches[step] = device_launches(prof)
+        self.keep(step, prof.events())
+
+    # Whether the session also records host activity: a range the host opens (``record_function``) reaches the GPU's
+    # timeline only then. Off here: launches alone need no host activity.
+    host_ranges = False
+
+    def keep(self, step: int, events) -> None:
+        """What is kept of a profiled step's events: its launches."""
+        self.launches[step] = [(name, end - start) for name, start, end in device_events(events)[0]]
 
 
-def device_launches(prof) -> list[Launch]:
-    """(name, µs) of every device activity (kernels, memcpy, memset) of a finished session, in start order."""
-    events = [e for e in prof.events() if e.device_type.name == "CUDA"]
-    events.sort(key=lambda e: e.time_range.start)
-    return [(e.name, float(e.time_range.elapsed_us())) for e in events]
+TimedLaunch = tuple[str, float, float]  # (name, start µs, end µs)
+
+
+def device_events(events, range_prefix: str | None = None) -> tuple[list[TimedLaunch], list[TimedLaunch]]:
+    """The device activities of a finished session in start order: (launches: kernels, memcpy and memset; the GPU
+    spans of the host ranges named ``range_prefix...``, the prefix taken off). Other ranges are in neither."""
+    launches, ranges = [], []
+    for e in sorted((e for e in events if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start):
+        item = (e.name, float(e.time_range.start), float(e.time_range.end))
+        if range_prefix is not None and e.name.startswith(range_prefix):
+            ranges.append((e.name[len(range_prefix) :], item[1], item[2]))
+        elif not getattr(e, "is_user_annotation", False):
+            launches.append(item)
+    return launches, ranges

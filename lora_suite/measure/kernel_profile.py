@@ -33,9 +33,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from lora_suite.measure.device_time import launch_keys
-
-TimedLaunch = tuple[str, float, float]  # (name, start µs, end µs)
+from lora_suite.measure.device_time import TimedLaunch, launch_keys
 
 FAMILIES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     (family, re.compile(pattern, re.IGNORECASE))

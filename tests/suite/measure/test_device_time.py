@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import types
+
 import pytest
 
-from lora_suite.measure.device_time import DeviceTimer, clipped_step_times, launch_keys, profile_windows, window
+from lora_suite.measure.device_time import (
+    DeviceTimer,
+    clipped_step_times,
+    device_events,
+    launch_keys,
+    profile_windows,
+    window,
+)
 
 
 def _step(scale: float = 1.0, extra: list | None = None) -> list[tuple[str, float]]:
@@ -93,3 +102,31 @@ def test_window_records_plain_and_clipped_sums():
     w = window("early", [10, 11, 12], launches, 2.0)
     assert w.steps == (10, 11, 12) and w.launches == (12, 12, 12)
     assert w.summed_s[1] > w.clipped_s[1] == pytest.approx(w.clipped_s[0])
+
+
+def event(name, start, end, device="CUDA", annotation=False):
+    return types.SimpleNamespace(
+        name=name,
+        device_type=types.SimpleNamespace(name=device),
+        time_range=types.SimpleNamespace(start=start, end=end),
+        is_user_annotation=annotation,
+    )
+
+
+def test_device_events_split_into_launches_and_named_ranges_in_start_order():
+    events = [
+        event("k2", 5, 7),
+        event("role:LoRA GEMM", 0, 4, annotation=True),
+        event("k1", 0, 4),
+        event("aten::mm", 0, 9, device="CPU"),
+        event("some other range", 0, 9, annotation=True),
+    ]
+    kernels, ranges = device_events(events, "role:")
+    assert kernels == [("k1", 0.0, 4.0), ("k2", 5.0, 7.0)]
+    assert ranges == [("LoRA GEMM", 0.0, 4.0)]
+
+
+def test_the_timer_keeps_launches_without_any_range():
+    timer = DeviceTimer([0])
+    timer.keep(0, [event("k1", 0, 4), event("role:x", 0, 4, annotation=True), event("aten::mm", 0, 9, device="CPU")])
+    assert timer.launches == {0: [("k1", 4.0)]}
