@@ -11,7 +11,8 @@ Stacks (row -> implementation, whether Liger-Kernel's non-LoRA ops are applied o
     cupy-fused        lora_core's fused MLP and QKV
     cupy-fused+liger  cupy-fused with Liger's RMSNorm, RoPE and fused linear cross-entropy (its SwiGLU is its own)
     unsloth           Unsloth as its users run it: its loader, get_peft_model, fused LoRA kernels, patched Llama
-                      forward and fused cross-entropy (implementation ``unsloth``), each run in a child process
+                      forward and fused cross-entropy (implementation ``unsloth``); each of its runs, timed or
+                      profiled, in a child process of its own (``eager_in_child``, ``profile_in_child``)
 
 Eager runs (GPU-bound batches) time each step with four CUDA events: forward (through the loss), backward,
 optimizer step; the figures are medians over the measured steps. Captured runs (the tiers' batches, where an
@@ -24,6 +25,9 @@ that a drift of the host or the GPU across a case does not favour the stacks tha
 ``eager_rounds()`` rounds (``EAGER_ROUNDS`` = 3, or ``$LORA_SUITE_FUSED_ROUNDS``); captured runs ``ROUNDS`` = 2.
 Each stack's figure is the median of its rounds, read beside its spread (the least and the greatest round); a
 comparison says whether its ratio is beyond that spread (``lora_suite.measure.round_spread`` gives the rule).
+Kernel profiles (``lora_suite.scenarios.step_profile``): eager steps under ``torch.profiler``, kernel time per step
+by kind, the top kernels and launching host ops, beside the eager step's span (the host-bound gap is the span less
+the kernel time); lora_core's stacks in this process, Unsloth in a child (``profile_in_child``).
 """
 
 from __future__ import annotations
@@ -34,11 +38,11 @@ import gc
 import os
 import statistics
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
 
 import torch
 
 from lora_suite.measure import round_spread as RS
+from lora_suite.scenarios import step_profile as SP
 from lora_suite.scenarios.training_bench import Case, run_config
 
 STACKS: dict[str, tuple[str, bool]] = {
@@ -52,7 +56,8 @@ STACKS: dict[str, tuple[str, bool]] = {
     "unsloth": ("unsloth", False),
 }
 # Stacks that patch transformers' Llama classes for their whole process (Unsloth, at its import): each of their runs
-# is measured in a child process of its own (``eager_in_child``), so that no other row runs their model code.
+# is measured or profiled in a child process of its own (``eager_in_child``, ``profile_in_child``), so that no other
+# row runs their model code.
 ISOLATED = frozenset({"unsloth"})
 CHILD_MARK = "lora_suite fused table figures: "
 EAGER_CASES = (
@@ -190,66 +195,6 @@ def eager_run(prepared, window, cfg, *, warmup: int, measured: int) -> EagerFigu
     )
 
 
-KERNEL_KINDS = (  # (kind, substrings of the kernel's name), first match wins
-    # the template bracket: Liger's Triton kernels are named _swiglu_forward_kernel / _swiglu_backward_kernel
-    ("LoRA SwiGLU (swiglu.cu)", ("swiglu_forward<", "swiglu_backward_inplace<")),
-    ("adapter casts (cast.cu)", ("cast_stack_from_f32", "cast_pair_from_f32")),
-    ("NF4 dequantisation (nf4.cu)", ("nf4_dequantize", "nf4_quantize", "absmax_quantize")),
-    ("Liger (Triton)", ("liger", "_rms_norm", "_rope", "_swiglu", "fused_linear", "cross_entropy", "_geglu")),
-    ("attention", ("flash", "fmha", "attention", "sdpa")),
-    ("GEMM (cuBLAS)", ("gemm", "nvjet", "cutlass", "sm90_xmma", "sm80_xmma", "cublas")),
-    ("optimizer", ("adam", "multi_tensor")),
-)
-
-
-def kernel_kind(name: str) -> str:
-    low = name.lower()
-    for kind, keys in KERNEL_KINDS:
-        if any(k in low for k in keys):
-            return kind
-    return "other (elementwise, copies, reductions)"
-
-
-class StepProfile(NamedTuple):
-    total_ms: float  # summed kernel time per step
-    kinds: dict[str, float]  # ms per step by kernel kind (KERNEL_KINDS)
-    kernels: list  # benchmarking.KernelTime per kernel, most time first
-    ops: list  # benchmarking.OpTime per launching host op (self device time), most time first
-
-
-def profile_steps(prepared, cfg, steps: int = 3) -> StepProfile:
-    """Where ``steps`` eager training steps spend their device time, checkpointed when the case is (as ``eager_run``
-    and the captured runs: the profile is of the step whose time is reported)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from lora_suite.engine.benchmarking import kernel_profile, op_profile
-
-    model = prepared.model
-    model.train()
-    if cfg.train.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    opt = torch.optim.AdamW(list(prepared.adapters.values()), lr=cfg.train.lr, fused=True)
-    batch = prepared.batches(0)
-
-    def step():
-        model(input_ids=batch["input_ids"], labels=batch["labels"]).loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
-    total, kernels = kernel_profile(prof, steps)
-    kinds: dict[str, float] = {}
-    for k in kernels:
-        kinds[kernel_kind(k.name)] = kinds.get(kernel_kind(k.name), 0.0) + k.ms
-    return StepProfile(total, kinds, kernels, op_profile(prof, steps))
-
-
 def ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b == 0 else a / b
 
@@ -303,38 +248,80 @@ def eager_in_child(case: Case, stack: str, *, warmup: int, measured: int, timeou
     """``eager_run`` of ``stack`` on ``case`` in a fresh Python process (``ISOLATED`` stacks): the child imports the
     implementation first (``preload``), builds, measures and prints its figures on one marked line. A child that
     fails raises a RuntimeError carrying the end of its output."""
+    args = {"mode": "eager", "warmup": warmup, "measured": measured}
+    return _in_child(case, stack, args, timeout_s, lambda data: EagerFigures(**data))
+
+
+def profile_in_child(
+    case: Case,
+    stack: str,
+    *,
+    warmup: int,
+    measured: int,
+    quantize: str | None = None,
+    steps: int = 3,
+    timeout_s: float = 900,
+) -> SP.StepProfile:
+    """``step_profile.profile_steps`` of ``stack`` on ``case`` in a fresh Python process (``ISOLATED`` stacks), the
+    child built as ``eager_in_child``'s: its kernel time by kind, its top kernels and host ops
+    (``step_profile.profile_to_json``) and its eager step's span. A failing child raises a RuntimeError carrying
+    the end of its output."""
+    args = {"mode": "profile", "warmup": warmup, "measured": measured, "quantize": quantize, "steps": steps}
+    return _in_child(case, stack, args, timeout_s, SP.profile_from_json)
+
+
+def _in_child(case: Case, stack: str, args: dict, timeout_s: float, read):
+    """``child_main`` run with ``args`` (its mode and figures) in a fresh Python process; its marked line read by
+    ``read`` (``parse_child_output``)."""
     import json
     import subprocess
     import sys
 
-    args = json.dumps({"case": dataclasses.asdict(case), "stack": stack, "warmup": warmup, "measured": measured})
+    args = json.dumps({"case": dataclasses.asdict(case), "stack": stack, **args})
     code = "import sys; from lora_suite.scenarios.fused_table import child_main; child_main(sys.argv[1])"
     proc = subprocess.run(
         [sys.executable, "-c", code, args], capture_output=True, text=True, timeout=timeout_s, check=False
     )
-    return parse_child_output(proc.returncode, proc.stdout, proc.stderr, stack)
+    return parse_child_output(proc.returncode, proc.stdout, proc.stderr, stack, read)
 
 
-def parse_child_output(returncode: int, stdout: str, stderr: str, stack: str) -> EagerFigures:
+def parse_child_output(returncode: int, stdout: str, stderr: str, stack: str, read=None):
+    """What a child printed on its last marked line (``CHILD_MARK``), read by ``read`` (the JSON's data to the
+    figures; ``EagerFigures`` by default). A child that exited non-zero or printed no marked line raises a
+    RuntimeError carrying the end of its output."""
     import json
 
     lines = [line for line in stdout.splitlines() if line.startswith(CHILD_MARK)]
     if returncode != 0 or not lines:
         tail = (stderr or stdout).strip().splitlines()[-12:]
         raise RuntimeError(f"{stack}: the child process exited {returncode} without figures: " + " | ".join(tail))
-    return EagerFigures(**json.loads(lines[-1][len(CHILD_MARK) :]))
+    data = json.loads(lines[-1][len(CHILD_MARK) :])
+    return EagerFigures(**data) if read is None else read(data)
+
+
+CHILD_MODES = ("eager", "profile")
 
 
 def child_main(args_json: str) -> None:
-    """The child's side of ``eager_in_child``."""
+    """The child's side of ``eager_in_child`` (mode "eager": ``eager_run``'s figures) and ``profile_in_child`` (mode
+    "profile": ``step_profile.profile_steps``' profile): the implementation imported first, then the model built
+    and measured, the figures printed as JSON on one line marked ``CHILD_MARK``."""
     import json
 
     from lora_suite.implementations import resolve_implementation
 
     args = json.loads(args_json)
+    mode, stack = args.get("mode", "eager"), args["stack"]
+    if mode not in CHILD_MODES:
+        raise ValueError(f"a fused-table child's mode is one of {CHILD_MODES}, got {mode!r}")
     case = Case(**{k: tuple(v) if isinstance(v, list) else v for k, v in args["case"].items()})
-    resolve_implementation(STACKS[args["stack"]][0]).preload()
-    cfg = stack_config(case, args["stack"], "eager", warmup=args["warmup"], measured=args["measured"])
-    with stack_model(cfg, args["stack"]) as (prepared, window):
-        fig = eager_run(prepared, window, cfg, warmup=args["warmup"], measured=args["measured"])
-    print(CHILD_MARK + json.dumps(dataclasses.asdict(fig)), flush=True)
+    resolve_implementation(STACKS[stack][0]).preload()
+    cfg = stack_config(
+        case, stack, "eager", warmup=args["warmup"], measured=args["measured"], quantize=args.get("quantize")
+    )
+    with stack_model(cfg, stack) as (prepared, window):
+        if mode == "eager":
+            out = dataclasses.asdict(eager_run(prepared, window, cfg, warmup=args["warmup"], measured=args["measured"]))
+        else:
+            out = SP.profile_to_json(SP.profile_steps(prepared, cfg, steps=args["steps"]))
+    print(CHILD_MARK + json.dumps(out), flush=True)

@@ -29,6 +29,16 @@ BENCH_COLUMNS = (
     "step ms max",
     "speed-up min",
     "speed-up max",
+    # the mixed-input NF4 GEMM against dequantise + cuBLAS (issue 47, benchmarks/test_bench_nf4_matmul.py)
+    "ms per call",
+    "ms min",
+    "ms max",
+    "ratio to dequantise + cuBLAS",
+    # a stack's kernel time against its eager step (issue 47: Unsloth's profile beside cupy-fused+liger's)
+    "kernel ms per step",
+    "eager step ms",
+    "host-bound gap share",
+    "eager step ms, profiled",
     # a mutation run's figures (lora-suite mutate: tools/mutation_report.py); its score is a check
     "mutants killed",
     "mutants survived",
@@ -48,6 +58,7 @@ LABEL_COLUMNS = (
     "part",
     "kernel kind",
     "kernel",
+    "candidate",
 )
 
 

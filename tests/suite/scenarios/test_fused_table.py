@@ -1,33 +1,14 @@
-"""The fused table (lora_suite.scenarios.fused_table) on the CPU: each profiled kernel name lands in the kind that
-owns it, so a profile's shares say which code spends the time; the rounds are taken in turns with no stack always
-first; and the summary's rows carry each stack's spread over the rounds and say whether a ratio is beyond it."""
+"""The fused table (lora_suite.scenarios.fused_table) on the CPU: an isolated stack's child process (its timed run or
+its kernel profile) is read back or its failure named; the rounds are taken in turns with no stack always first;
+and the summary's rows carry each stack's spread over the rounds and say whether a ratio is beyond it. The kernel
+profiles themselves: tests/suite/scenarios/test_step_profile.py."""
 
 from __future__ import annotations
 
 import pytest
 
 from lora_suite.scenarios import fused_table as FT
-from lora_suite.scenarios.fused_table import kernel_kind
-
-
-@pytest.mark.parametrize(
-    ("name", "kind"),
-    [
-        (
-            "void swiglu_backward_inplace<__nv_bfloat16, 8>(__nv_bfloat16*, __nv_bfloat16*, long long, long long)",
-            "LoRA SwiGLU",
-        ),
-        ("void swiglu_forward<float, 1>(float const*, float*, long long, long long)", "LoRA SwiGLU"),
-        ("_swiglu_forward_kernel", "Liger"),  # Liger's Triton kernels, measured on an H100 as "LoRA SwiGLU" before
-        ("_swiglu_backward_kernel", "Liger"),
-        ("void nf4_dequantize<__nv_bfloat16>(unsigned int const*, float const*, signed char const*)", "NF4"),
-        ("void cast_stack_from_f32<__half>(float const*)", "adapter casts"),
-        ("nvjet_sm90_tst_128x128_64x6_2x1_v_bz_NNT", "GEMM"),
-        ("void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add<c10::BFloat16>>", "other"),
-    ],
-)
-def test_a_kernel_lands_in_the_kind_that_owns_it(name, kind):
-    assert kernel_kind(name).startswith(kind)
+from lora_suite.scenarios import step_profile as SP
 
 
 def test_an_isolated_stacks_child_output_is_read_or_its_failure_named():
@@ -44,43 +25,68 @@ def test_an_isolated_stacks_child_output_is_read_or_its_failure_named():
     assert FT.ISOLATED <= set(FT.STACKS)
 
 
-@pytest.mark.parametrize("checkpointed", [False, True])
-def test_the_profiled_step_is_checkpointed_when_its_case_is(checkpointed, monkeypatch):
-    """The full tier's case is checkpointed; its profile was once taken without checkpointing (no recompute in
-    the kernels it summed), while its timed runs had it. ``profile_steps`` must profile the step it reports on."""
-    import contextlib
-    import types
+def _profile(span_ms=80.0):
+    from lora_suite.engine.benchmarking import KernelTime, OpTime
 
-    import torch
+    kernels = [KernelTime("_fg_kernel", 22.0, 9.5), KernelTime("nvjet_sm90_tst_128x128", 310.0, 41.0)]
+    ops = [OpTime("aten::mm", 300.0, 40.0), OpTime("LoRA_MLP", 22.0, 9.5)]
+    kinds = {"Unsloth (Triton)": 9.5, "GEMM (cuBLAS)": 41.0}
+    return SP.StepProfile(50.5, kinds, kernels, ops, span_ms, 96.25)
 
-    from lora_suite.engine import benchmarking
 
-    enabled = []
+def test_an_isolated_stacks_profile_is_read_back_from_its_childs_last_marked_line():
+    import json
 
-    class Model(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.w = torch.nn.Parameter(torch.ones(()))
-
-        def gradient_checkpointing_enable(self, **kwargs):
-            enabled.append(kwargs)
-
-        def forward(self, input_ids, labels):
-            return types.SimpleNamespace(loss=(self.w * input_ids.float()).sum())
-
-    model = Model()
-    prepared = types.SimpleNamespace(
-        model=model,
-        adapters={"w": model.w},
-        batches=lambda i: {"input_ids": torch.ones(2, 3), "labels": torch.ones(2, 3)},
+    old, new = _profile(span_ms=70.0), _profile()
+    out = (
+        "Unsloth: Will patch your computer to enable 2x faster free finetuning.\n"
+        + FT.CHILD_MARK
+        + json.dumps(SP.profile_to_json(old))
+        + "\n"
+        + FT.CHILD_MARK
+        + json.dumps(SP.profile_to_json(new))
+        + "\n"
     )
-    cfg = types.SimpleNamespace(train=types.SimpleNamespace(lr=1e-3, gradient_checkpointing=checkpointed))
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(torch.profiler, "profile", lambda **kw: contextlib.nullcontext())
-    monkeypatch.setattr(benchmarking, "kernel_profile", lambda prof, steps: (1.0, []))
-    monkeypatch.setattr(benchmarking, "op_profile", lambda prof, steps: [])
-    FT.profile_steps(prepared, cfg)
-    assert enabled == ([{"gradient_checkpointing_kwargs": {"use_reentrant": False}}] if checkpointed else [])
+    got = FT.parse_child_output(0, out, "", "unsloth", SP.profile_from_json)
+    assert got == new and got.span_ms == 80.0
+    assert got.kernels[0].name == "_fg_kernel" and got.ops[0].calls == 300.0
+    with pytest.raises(RuntimeError, match=r"unsloth: the child process exited 1 without figures: .*Triton"):
+        FT.parse_child_output(1, out, "Traceback\ntriton.runtime.errors.OutOfResources: Triton", "unsloth")
+    # a child killed after it printed a profile is still a failure: the figures may be of a step that did not end
+    with pytest.raises(RuntimeError, match="exited -9 without figures"):
+        FT.parse_child_output(-9, out, "", "unsloth", SP.profile_from_json)
+
+
+def test_the_profile_child_is_asked_for_a_profile_of_its_case_and_read_as_one(monkeypatch):
+    """``profile_in_child`` and ``eager_in_child`` go through the one child: its arguments name the mode, the case,
+    the stack and the base's quantisation, and what it prints is read as the mode's figures."""
+    import dataclasses
+    import json
+    import subprocess
+
+    seen = []
+
+    def run(cmd, **kwargs):
+        args = json.loads(cmd[-1])
+        seen.append(args)
+        data = SP.profile_to_json(_profile()) if args["mode"] == "profile" else dataclasses.asdict(_figs([9.0])[0])
+        return subprocess.CompletedProcess(cmd, 0, "noise\n" + FT.CHILD_MARK + json.dumps(data) + "\n", "")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    case = FT.EAGER_CASES[3]
+    assert FT.profile_in_child(case, "unsloth", warmup=3, measured=10, quantize="nf4", steps=4) == _profile()
+    assert FT.eager_in_child(case, "unsloth", warmup=3, measured=10) == _figs([9.0])[0]
+    assert [a["mode"] for a in seen] == ["profile", "eager"]
+    assert seen[0]["quantize"] == "nf4" and seen[0]["steps"] == 4 and seen[0]["stack"] == "unsloth"
+    assert FT.Case(**{k: tuple(v) if isinstance(v, list) else v for k, v in seen[0]["case"].items()}) == case
+
+
+def test_a_child_asked_for_an_unknown_mode_names_it():
+    import json
+
+    args = {"case": {}, "stack": "unsloth", "mode": "trace", "warmup": 1, "measured": 1}
+    with pytest.raises(ValueError, match=r"mode is one of \('eager', 'profile'\), got 'trace'"):
+        FT.child_main(json.dumps(args))
 
 
 @pytest.mark.parametrize(("rounds", "stacks"), [(1, 8), (2, 4), (3, 8), (3, 2), (5, 6)])
