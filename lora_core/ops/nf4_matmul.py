@@ -47,8 +47,8 @@ def _kernel():
 
 # (BM, BN, GROUP_M, num_warps, num_stages): the fastest of the configurations benchmarks/test_bench_nf4_matmul.py
 # tries at the 7B shapes on an H100
-CONFIG = (128, 128, 8, 8, 3)
-CONFIGS = (CONFIG, (128, 256, 8, 8, 3), (64, 256, 8, 4, 4), (128, 128, 8, 4, 3))
+CONFIG = (256, 64, 8, 8, 3)
+CONFIGS = (CONFIG, (128, 128, 8, 8, 3), (256, 128, 8, 8, 3), (512, 64, 1, 8, 3))
 
 
 def check_operands(x: torch.Tensor, w: NF4Tensor, out: torch.Tensor | None) -> None:
