@@ -307,6 +307,10 @@ def _profile(case, stack, quantize, check):
         pytest.skip(str(exc)[:200])
 
 
+HOST_TABLE = "fused table: host time in CUDA runtime and driver calls (what the launches waited on)"
+HOST_CALLS = 8
+
+
 @pytest.mark.parametrize("case,stack,quantize", PROFILED, ids=[f"{c.name}-{s}" for c, s, _ in PROFILED])
 def test_fused_table_kernel_profile(case, stack, quantize, run_report, check):
     """Where a step's device time goes, by kernel kind (eager steps): why a speed target is met or not; and the
@@ -342,6 +346,11 @@ def test_fused_table_kernel_profile(case, stack, quantize, run_report, check):
             "fused table: device time by the op that launched it",
             cols,
             (case.name, stack, op.name[:120], round(op.calls, 1), round(op.ms, 3), round(op.ms / prof.total_ms, 3)),
+        )
+    cols = ("case", "stack", "CUDA call", "calls per step", "host ms per step (self)")
+    for c in prof.host[:HOST_CALLS]:
+        run_report.add_row(
+            "benchmarks", HOST_TABLE, cols, (case.name, stack, c.name, round(c.calls, 1), round(c.ms, 3))
         )
     cols = ("case", "stack", "kernel", "launches per step", "ms per step")
     for k in prof.kernels[: SP.TOP_KERNELS]:

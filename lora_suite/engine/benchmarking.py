@@ -17,6 +17,7 @@ measured again (``timing.measure_until_pass``) before it fails.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -125,6 +126,24 @@ def op_profile(prof, calls: int) -> list[OpTime]:
     ]
     ops.sort(key=lambda o: o.ms, reverse=True)
     return ops
+
+
+# CUDA runtime and driver API calls as the profiler names them on the host (cudaLaunchKernel, cuLaunchKernelEx,
+# cudaStreamSynchronize, cudaMalloc, ...): a capital letter after the prefix tells them from ops such as "cudnn_..."
+_RUNTIME_CALL = re.compile(r"^cu(da)?[A-Z]")
+
+
+def host_calls(prof, calls: int) -> list[OpTime]:
+    """Host time per call of the profiled work spent inside CUDA runtime and driver API calls, by call, most time
+    first (``OpTime.ms`` is then *host* ms: the profiler's self CPU time of the call). A synchronisation or an
+    allocation (cudaMalloc, cudaFree wait for the device) shows here as host time the step's launches waited on."""
+    out = [
+        OpTime(e.key, e.count / calls, e.self_cpu_time_total / calls / 1e3)
+        for e in prof.key_averages()
+        if e.device_type.name == "CPU" and _RUNTIME_CALL.match(e.key) and e.self_cpu_time_total > 0
+    ]
+    out.sort(key=lambda o: o.ms, reverse=True)
+    return out
 
 
 def dequant_vs_copy(

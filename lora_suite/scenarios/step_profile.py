@@ -82,6 +82,7 @@ class StepProfile(NamedTuple):
     ops: list  # benchmarking.OpTime per launching host op (self device time), most time first
     span_ms: float  # median CUDA-event time of an eager step, unprofiled
     profiled_span_ms: float  # the same of the profiled steps
+    host: tuple = ()  # benchmarking.OpTime per CUDA runtime/driver call: host ms per step, most time first
 
 
 def gap_share(prof: StepProfile) -> float | None:
@@ -108,7 +109,7 @@ def profile_steps(prepared, cfg, steps: int = 3) -> StepProfile:
     unprofiled steps are timed (``span_ms``) and then ``steps`` are profiled (and timed, ``profiled_span_ms``)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from lora_suite.engine.benchmarking import kernel_profile, op_profile
+    from lora_suite.engine.benchmarking import host_calls, kernel_profile, op_profile
 
     model = prepared.model
     model.train()
@@ -132,7 +133,9 @@ def profile_steps(prepared, cfg, steps: int = 3) -> StepProfile:
     kinds: dict[str, float] = {}
     for k in kernels:
         kinds[kernel_kind(k.name)] = kinds.get(kernel_kind(k.name), 0.0) + k.ms
-    return StepProfile(total, kinds, kernels, op_profile(prof, steps), span, profiled_span)
+    return StepProfile(
+        total, kinds, kernels, op_profile(prof, steps), span, profiled_span, tuple(host_calls(prof, steps))
+    )
 
 
 def profile_to_json(prof: StepProfile) -> dict:
@@ -145,6 +148,7 @@ def profile_to_json(prof: StepProfile) -> dict:
         "ops": [dataclasses.asdict(o) for o in prof.ops[:TOP_OPS]],
         "span_ms": prof.span_ms,
         "profiled_span_ms": prof.profiled_span_ms,
+        "host": [dataclasses.asdict(o) for o in prof.host[:TOP_OPS]],
     }
 
 
@@ -161,7 +165,8 @@ def profile_from_json(data: Mapping) -> StepProfile:
         ops = [OpTime(str(o["name"]), float(o["calls"]), float(o["ms"])) for o in data["ops"]]
         kinds = {str(kind): float(ms) for kind, ms in data["kinds"].items()}
         spans = float(data["span_ms"]), float(data["profiled_span_ms"])
-        return StepProfile(float(data["total_ms"]), kinds, kernels, ops, *spans)
+        host = [OpTime(str(o["name"]), float(o["calls"]), float(o["ms"])) for o in data["host"]]
+        return StepProfile(float(data["total_ms"]), kinds, kernels, ops, *spans, tuple(host))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ValueError(
             f"a step profile not of its shape ({type(exc).__name__}: {exc}): {dict(data)!r}"[:600]

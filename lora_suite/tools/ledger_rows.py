@@ -39,6 +39,7 @@ BENCH_COLUMNS = (
     "eager step ms",
     "host-bound gap share",
     "eager step ms, profiled",
+    "host ms per step (self)",
     # a mutation run's figures (lora-suite mutate: tools/mutation_report.py); its score is a check
     "mutants killed",
     "mutants survived",
@@ -59,6 +60,7 @@ LABEL_COLUMNS = (
     "kernel kind",
     "kernel",
     "candidate",
+    "CUDA call",
 )
 
 

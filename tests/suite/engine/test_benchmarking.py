@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from lora_suite.engine.benchmarking import kernel_profile, op_profile
+from lora_suite.engine.benchmarking import host_calls, kernel_profile, op_profile
 
 
 def _event(key, device, count, us):
@@ -43,3 +43,26 @@ def test_op_profile_names_the_host_ops_by_their_own_device_time():
     assert [o.name for o in ops] == ["aten::mm", "aten::mul"]  # kernels and ops without own device time left out
     assert [o.calls for o in ops] == [2, 3]
     assert [o.ms for o in ops] == pytest.approx([1.0, 0.45])
+
+
+def test_host_calls_are_the_cuda_runtime_and_driver_calls_by_their_own_host_time():
+    def cpu(key, count, us):
+        return SimpleNamespace(key=key, device_type=SimpleNamespace(name="CPU"), count=count, self_cpu_time_total=us)
+
+    prof = SimpleNamespace(
+        key_averages=lambda: [
+            cpu("cudaLaunchKernel", 400, 2000.0),
+            cpu("cudaStreamSynchronize", 2, 9000.0),
+            cpu("cuLaunchKernelEx", 100, 600.0),
+            cpu("aten::mm", 40, 5000.0),  # an op, not a runtime call
+            cpu("cudnn_convolution", 2, 700.0),  # a cuDNN-backed op: no capital after the prefix
+            cpu("cudaFree", 1, 0.0),  # no host time
+            SimpleNamespace(
+                key="cudaMemcpyAsync", device_type=SimpleNamespace(name="CUDA"), count=1, self_cpu_time_total=9.0
+            ),
+        ]
+    )
+    calls = host_calls(prof, calls=2)
+    assert [c.name for c in calls] == ["cudaStreamSynchronize", "cudaLaunchKernel", "cuLaunchKernelEx"]
+    assert [c.calls for c in calls] == [1, 200, 50]
+    assert [c.ms for c in calls] == pytest.approx([4.5, 1.0, 0.3])

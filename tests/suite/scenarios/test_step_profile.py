@@ -89,7 +89,8 @@ def _profile(n_kernels: int = 3, n_ops: int = 2) -> SP.StepProfile:
     kernels = [KernelTime(f"kernel<{i}>", 2.0 * i + 1, 10.0 - 0.5 * i) for i in range(n_kernels)]
     ops = [OpTime(f"aten::op{i}", 3.0, 4.0 - 0.1 * i) for i in range(n_ops)]
     kinds = {SP.OTHER_KIND: sum(k.ms for k in kernels)}
-    return SP.StepProfile(sum(k.ms for k in kernels), kinds, kernels, ops, 120.5, 131.0)
+    host = tuple(OpTime(f"cudaCall{i}", 2.0, 1.0 - 0.01 * i) for i in range(n_ops))
+    return SP.StepProfile(sum(k.ms for k in kernels), kinds, kernels, ops, 120.5, 131.0, host)
 
 
 def test_a_profile_survives_its_trip_through_json_with_its_top_kernels_and_ops():
@@ -98,6 +99,7 @@ def test_a_profile_survives_its_trip_through_json_with_its_top_kernels_and_ops()
     big = _profile(n_kernels=SP.TOP_KERNELS + 5, n_ops=SP.TOP_OPS + 3)
     back = SP.profile_from_json(json.loads(json.dumps(SP.profile_to_json(big))))
     assert back.kernels == big.kernels[: SP.TOP_KERNELS] and back.ops == big.ops[: SP.TOP_OPS]
+    assert back.host == big.host[: SP.TOP_OPS] and len(big.host) > SP.TOP_OPS
     assert (back.total_ms, back.kinds, back.span_ms, back.profiled_span_ms) == (big.total_ms, big.kinds, 120.5, 131.0)
     assert isinstance(back.kernels[0], KernelTime) and isinstance(back.ops[0], OpTime)
 
@@ -184,8 +186,10 @@ def test_the_profiled_step_is_checkpointed_when_its_case_is_and_its_span_timed(c
     monkeypatch.setattr(torch.profiler, "profile", clock.profile)
     monkeypatch.setattr(benchmarking, "kernel_profile", lambda prof, steps: (6.5, kernels))
     monkeypatch.setattr(benchmarking, "op_profile", lambda prof, steps: [OpTime("aten::mm", 1.0, 2.5)])
+    monkeypatch.setattr(benchmarking, "host_calls", lambda prof, steps: [OpTime("cudaMalloc", 2.0, 3.5)])
     prof = SP.profile_steps(prepared, cfg)
     assert enabled == ([{"gradient_checkpointing_kwargs": {"use_reentrant": False}}] if checkpointed else [])
     assert (prof.span_ms, prof.profiled_span_ms, prof.total_ms) == (7.0, 9.0, 6.5)
     assert prof.kinds == {"Unsloth (Triton)": 4.0, "GEMM (cuBLAS)": 2.5}
     assert prof.ops == [OpTime("aten::mm", 1.0, 2.5)]
+    assert prof.host == (OpTime("cudaMalloc", 2.0, 3.5),)
