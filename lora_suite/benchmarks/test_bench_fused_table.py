@@ -307,8 +307,10 @@ def _profile(case, stack, quantize, check):
         pytest.skip(str(exc)[:200])
 
 
+_profiles: dict[tuple[str, str, str | None], SP.StepProfile] = {}
 HOST_TABLE = "fused table: host time in CUDA runtime and driver calls (what the launches waited on)"
 HOST_CALLS = 8
+KERNEL_AGAINST = "fused table: cupy-fused+liger against Unsloth on kernel time (the GPU work) and on the eager step"
 
 
 @pytest.mark.parametrize("case,stack,quantize", PROFILED, ids=[f"{c.name}-{s}" for c, s, _ in PROFILED])
@@ -317,6 +319,7 @@ def test_fused_table_kernel_profile(case, stack, quantize, run_report, check):
     summed kernel time against the eager step's span, whose difference is the time the GPU waited for the host."""
     _skip_if_missing(stack, check)
     prof = _profile(case, stack, quantize, check)
+    _profiles[(case.name, stack, quantize)] = prof
     gap = SP.gap_share(prof)
     run_report.add_row(
         "benchmarks",
@@ -360,3 +363,17 @@ def test_fused_table_kernel_profile(case, stack, quantize, run_report, check):
             cols,
             (case.name, stack, k.name[:120], round(k.launches, 1), round(k.ms, 3)),
         )
+
+
+def test_fused_table_kernel_profile_summary(run_report):
+    """cupy-fused+liger against Unsloth per profiled case, on the GPU work alone (summed kernel time) beside the
+    eager step, and which side waited on its host (``SP.kernel_time_against``): an eager ratio of host-bound steps
+    is partly a ratio of hosts, the kernel-time ratio is not."""
+    cols = ("case", "stack", "against", *SP.KERNEL_AGAINST_COLUMNS)
+    cases = dict.fromkeys(name for name, _, q in _profiles if q is None)
+    for name in cases:
+        own, base = _profiles.get((name, "cupy-fused+liger", None)), _profiles.get((name, "unsloth", None))
+        if own is None or base is None:
+            continue
+        row = (name, "cupy-fused+liger", "unsloth", *SP.kernel_time_against(own, base, FT.UNSLOTH_TARGET))
+        run_report.add_row("benchmarks", KERNEL_AGAINST, cols, row)

@@ -138,6 +138,33 @@ def profile_steps(prepared, cfg, steps: int = 3) -> StepProfile:
     )
 
 
+# A step in which no kernel ran for more than this share of its span waited on its host (a tenth of the step): its
+# eager time then measures the host's speed as much as the GPU work, and a ratio of two such times the hosts'.
+HOST_BOUND_GAP = 0.10
+KERNEL_AGAINST_COLUMNS = (
+    "kernel-time speed-up",
+    "eager step speed-up",
+    "gap share, stack",
+    "gap share, against",
+    "reading",
+)
+
+
+def kernel_time_against(own: StepProfile, base: StepProfile, target: float) -> tuple:
+    """``KERNEL_AGAINST_COLUMNS`` of a stack's profile against a base stack's (one profile each): the speed-up on
+    summed kernel time (base / own: the GPU work alone, what no host can move), on the eager step, both gap shares,
+    and how to read the pair: which of them is host-bound (``HOST_BOUND_GAP``) and whether the kernel-time speed-up
+    reaches ``target`` (one profile a side: no spread is claimed)."""
+    kernel = base.total_ms / own.total_ms if own.total_ms > 0 else None
+    step = base.span_ms / own.span_ms if own.span_ms > 0 else None
+    gaps = gap_share(own), gap_share(base)
+    bound = [who for who, g in zip(("stack", "against"), gaps) if g is not None and g > HOST_BOUND_GAP]
+    host = f"host-bound ({' and '.join(bound)}): the eager ratio is partly the host's" if bound else "GPU-bound"
+    met = "n/a" if kernel is None else ("reaches" if kernel >= target else "below")
+    rnd = [None if v is None else round(v, 3) for v in (kernel, step, *gaps)]
+    return (*rnd, f"{host}; kernel time {met} the {target}x target")
+
+
 def profile_to_json(prof: StepProfile) -> dict:
     """``prof`` as JSON-ready data: every figure, its top ``TOP_KERNELS`` kernels and ``TOP_OPS`` host ops (the
     kinds and the total still sum every kernel)."""

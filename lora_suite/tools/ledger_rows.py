@@ -40,6 +40,10 @@ BENCH_COLUMNS = (
     "host-bound gap share",
     "eager step ms, profiled",
     "host ms per step (self)",
+    "kernel-time speed-up",
+    "eager step speed-up",
+    "gap share, stack",
+    "gap share, against",
     # a mutation run's figures (lora-suite mutate: tools/mutation_report.py); its score is a check
     "mutants killed",
     "mutants survived",

@@ -193,3 +193,20 @@ def test_the_profiled_step_is_checkpointed_when_its_case_is_and_its_span_timed(c
     assert prof.kinds == {"Unsloth (Triton)": 4.0, "GEMM (cuBLAS)": 2.5}
     assert prof.ops == [OpTime("aten::mm", 1.0, 2.5)]
     assert prof.host == (OpTime("cudaMalloc", 2.0, 3.5),)
+
+
+def _timed(kernel_ms: float, span_ms: float) -> SP.StepProfile:
+    return SP.StepProfile(kernel_ms, {}, [], [], span_ms, span_ms)
+
+
+def test_kernel_time_against_reads_the_gpu_work_apart_from_a_host_bound_step():
+    # the stack's GPU work is 1.1x faster, but its step waits on its host: its eager step is the slower
+    row = SP.kernel_time_against(_timed(100.0, 160.0), _timed(110.0, 125.0), 1.2)
+    assert row[:4] == (1.1, 0.781, 0.375, 0.12)
+    assert (
+        row[4]
+        == "host-bound (stack and against): the eager ratio is partly the host's; kernel time below the 1.2x target"
+    )
+    row = SP.kernel_time_against(_timed(100.0, 104.0), _timed(125.0, 130.0), 1.2)
+    assert row[0] == 1.25 and row[4] == "GPU-bound; kernel time reaches the 1.2x target"
+    assert SP.kernel_time_against(_timed(0.0, 0.0), _timed(1.0, 1.0), 1.2)[0] is None
