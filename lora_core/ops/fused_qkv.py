@@ -5,8 +5,11 @@ into the parts of one scratch buffer), A_qkv = [A_q; A_k; A_v] (3r, K), B_p (O_p
 
 Forward:
     h   = x A_qkvᵀ                                   (N, 3r)        one GEMM
-    out = [s·h_q B_qᵀ | s·h_k B_kᵀ | s·h_v B_vᵀ] + x W_qkvᵀ   (N, ΣO)  three rank-r GEMMs into the parts, one base GEMM
-    q, k, v = the column parts of out (views: no copy; the attention reshapes them per head)
+    p    = s·h_p B_pᵀ + x W_pᵀ   for p in q, k, v   (N, O_p) each    a rank-r GEMM, then a base GEMM into it
+q, k and v are three contiguous tensors, each base GEMM reading its row block W_p of the one W_qkv. They were once
+column slices of one (N, ΣO) output written by a single base GEMM: the attention's per-head views of a slice are not
+contiguous, and Liger's RoPE and the attention copied them back (128 copies of (2, 1024, 32, 128) per step on
+Llama-2-7B 2×1024; lora_suite's fused-table profile, issue 47).
 Saved: x, h (a checkpointed recompute's dequantised NF4 W_qkv is kept for its backward:
 ``lora_core.ops.recompute``).
 
@@ -109,20 +112,21 @@ class FusedLoRAQKV(torch.autograd.Function):
             bs = fe.split_views(stacked, shapes)[3:]
             h = torch.empty((n, 3 * r), dtype=dtype, device=dev)
             eng.gemm(h, x2, stacked[: 3 * r * k].view(3 * r, k), trans_b=True)
-            out = torch.empty((n, sum(sizes)), dtype=dtype, device=dev)
-            starts = (0, sizes[0], sizes[0] + sizes[1])
+            outs = [torch.empty((n, size), dtype=dtype, device=dev) for size in sizes]
             for i in range(3):
-                part = out[:, starts[i] : starts[i] + sizes[i]]
-                eng.gemm(part, h[:, i * r : (i + 1) * r], bs[i], trans_b=True, alpha=scale)
+                eng.gemm(outs[i], h[:, i * r : (i + 1) * r], bs[i], trans_b=True, alpha=scale)
             w = bases.weight(dtype)
-            eng.gemm(out, x2, w, trans_b=True, beta=1.0)
+            start = 0
+            for i in range(3):  # each part its own contiguous tensor (module docstring: why not one buffer)
+                eng.gemm(outs[i], x2, w[start : start + sizes[i]], trans_b=True, beta=1.0)
+                start += sizes[i]
             bases.keep(w, ctx.needs_input_grad[0])  # the backward reads it for dx only
             del w
         ctx.save_for_backward(x2, h, stacked)
         ctx.bases, ctx.scale, ctx.backend, ctx.shapes, ctx.x_shape = bases, scale, backend, shapes, x.shape
         ctx.adapter_dtype = a_q.dtype
         lead = x.shape[:-1]
-        return tuple(out[:, starts[i] : starts[i] + sizes[i]].view(*lead, sizes[i]) for i in range(3))
+        return tuple(outs[i].view(*lead, sizes[i]) for i in range(3))
 
     @staticmethod
     def backward(ctx, dq, dk, dv):
