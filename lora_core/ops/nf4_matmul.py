@@ -1,7 +1,7 @@
 """y = x Ŵᵀ with Ŵ dequantised from NF4 inside the GEMM's operand load (a Triton mixed-input kernel).
 
 Shapes: x (M, K) in bf16/fp16 with row stride ``stride_xm``, W an ``NF4Tensor`` of shape (N, K), y (M, N) in x's
-dtype with row stride ``stride_ym`` (a column slice of a wider output is allowed: the fused QKV writes its parts).
+dtype with row stride ``stride_ym`` (a column slice of a wider output is allowed).
 
 What it computes, per output tile (BM × BN) and K-step of BK = 64 (one NF4 block per weight row):
     a_n      = absmax of block (n·K + k0) / 64, recovered as ``lora_core.nf4`` does (fp32 multiply then add, each
@@ -9,16 +9,20 @@ What it computes, per output tile (BM × BN) and K-step of BK = 64 (one NF4 bloc
     Ŵ[n, k]  = rn(c[code(n, k)] · a_n) in x's dtype      c the NF4 code table, code(n, k) a nibble of the packed bytes
     acc     += x[:, k0 + 2j] Ŵ[:, k0 + 2j]ᵀ + x[:, k0 + 2j + 1] Ŵ[:, k0 + 2j + 1]ᵀ   (high nibble = even k)
     y        = acc (fp32) rounded to x's dtype
-The even and odd halves of each K-step are two tensor-core products of depth 32, so the nibbles never need
-interleaving. Only the product's summation order differs from dequantise-then-cuBLAS (both accumulate in fp32).
+The even and odd halves of each K-step are two tensor-core products of depth 32 (x's tile split into its even and
+odd columns), so the nibbles never need interleaving. Only the summation order differs from dequantise-then-cuBLAS
+(both accumulate in fp32).
 
 Memory traffic per call: the packed codes (N·K / 2 bytes) and the absmax state instead of writing and reading Ŵ in
 16 bits (4·N·K bytes): the bf16 scratch and its pass over memory are gone. The price is the dequantisation's
-arithmetic, repeated for every BM rows of x.
+arithmetic, repeated for every BM rows of x, and the unpacked tile's trip through shared memory before the tensor
+cores read it. Measured on an H100 at the 7B shapes and 512 tokens (lora_suite/benchmarks/test_bench_nf4_matmul.py,
+docs/fused.md): 2.9-3.2x slower than dequantise + cuBLAS, so no layer calls it; it is the measured answer to
+whether this lever pays, kept with its checks.
 
 Assumptions: K a multiple of 64 (every NF4 weight is), x and y 16-byte aligned with unit column stride; Triton
 available (it comes with torch's CUDA wheels). Checked by tests/core/test_nf4_matmul.py (launch plan, CPU) and
-tiers/quick/test_nf4_kernels.py (against the dequantise-then-GEMM product in float64).
+lora_suite/tiers/quick/test_nf4_matmul.py (Ŵ bit for bit, and a float64 grid).
 """
 
 from __future__ import annotations
