@@ -22,7 +22,7 @@ whether this lever pays, kept with its checks.
 
 Assumptions: K a multiple of 64 (every NF4 weight is), x and y 16-byte aligned with unit column stride; Triton
 available (it comes with torch's CUDA wheels). Checked by tests/core/test_nf4_matmul.py (launch plan, CPU) and
-lora_suite/tiers/quick/test_nf4_matmul.py (Ŵ bit for bit, and a float64 grid).
+lora_suite/tiers/quick/test_nf4_matmul_kernel.py (Ŵ bit for bit, and a float64 grid).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """lora_core.ops.nf4_matmul on the CPU: which absmax form a tensor's state is read as, and bad operands named
-before any launch (the kernel itself is checked on the GPU: tiers/quick/test_nf4_matmul.py)."""
+before any launch (the kernel itself is checked on the GPU: tiers/quick/test_nf4_matmul_kernel.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """selftest-gpu, the mixed-input NF4 GEMM (``lora_core.ops.nf4_matmul``): each test plants one defect in how it is
 called (a wrapper or a patched helper here, never shipped code) and asserts that the quick tier's checks
-(tiers/quick/test_nf4_matmul.py) fail on it, on at least one absmax form and shape."""
+(tiers/quick/test_nf4_matmul_kernel.py) fail on it, on at least one absmax form and shape."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 from lora_suite.harness.modules import load_test_module
 
 pytestmark = [pytest.mark.gpu, pytest.mark.selftest_gpu]
-QUICK = Path(__file__).resolve().parents[1] / "quick" / "test_nf4_matmul.py"
+QUICK = Path(__file__).resolve().parents[1] / "quick" / "test_nf4_matmul_kernel.py"
 
 
 def _plants():
