@@ -15,8 +15,7 @@ its top kernels and host ops only (``TOP_KERNELS``, ``TOP_OPS``).
 from __future__ import annotations
 
 import dataclasses
-import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import torch
@@ -90,19 +89,6 @@ def gap_share(prof: StepProfile) -> float | None:
     return None if prof.span_ms <= 0 else 1 - prof.total_ms / prof.span_ms
 
 
-def median_step_ms(step: Callable[[], None], steps: int) -> float:
-    """The median CUDA-event time (start of a step to its end, on the stream) of ``steps`` calls of ``step``."""
-    events = []
-    for _ in range(steps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        events.append((start, end))
-    torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) for a, b in events)
-
-
 def profile_steps(prepared, cfg, steps: int = 3) -> StepProfile:
     """Where ``steps`` eager training steps spend their device time, checkpointed when the case is (as ``eager_run``
     and the captured runs: the profile is of the step whose time is reported); after 3 warm-up steps, ``steps``
@@ -110,6 +96,7 @@ def profile_steps(prepared, cfg, steps: int = 3) -> StepProfile:
     from torch.profiler import ProfilerActivity, profile
 
     from lora_suite.engine.benchmarking import host_calls, kernel_profile, op_profile
+    from lora_suite.measure.timing import cuda_time
 
     model = prepared.model
     model.train()
@@ -126,13 +113,14 @@ def profile_steps(prepared, cfg, steps: int = 3) -> StepProfile:
     for _ in range(3):
         step()
     torch.cuda.synchronize()
-    span = median_step_ms(step, steps)
+    span = cuda_time(step, warmup=0, reps=steps).median_ms
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        profiled_span = median_step_ms(step, steps)
+        profiled_span = cuda_time(step, warmup=0, reps=steps).median_ms
     total, kernels = kernel_profile(prof, steps)
     kinds: dict[str, float] = {}
     for k in kernels:
-        kinds[kernel_kind(k.name)] = kinds.get(kernel_kind(k.name), 0.0) + k.ms
+        kind = kernel_kind(k.name)
+        kinds[kind] = kinds.get(kind, 0.0) + k.ms
     return StepProfile(
         total, kinds, kernels, op_profile(prof, steps), span, profiled_span, tuple(host_calls(prof, steps))
     )

@@ -181,7 +181,8 @@ def test_the_profiled_step_is_checkpointed_when_its_case_is_and_its_span_timed(c
         KernelTime("nvjet_x", 4.0, 2.5),
         KernelTime("_DWf_DW_dfg_kernel", 1, 1),
     ]
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     monkeypatch.setattr(torch.cuda, "Event", clock.event)
     monkeypatch.setattr(torch.profiler, "profile", clock.profile)
     monkeypatch.setattr(benchmarking, "kernel_profile", lambda prof, steps: (6.5, kernels))
