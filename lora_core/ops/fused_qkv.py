@@ -112,14 +112,13 @@ class FusedLoRAQKV(torch.autograd.Function):
             bs = fe.split_views(stacked, shapes)[3:]
             h = torch.empty((n, 3 * r), dtype=dtype, device=dev)
             eng.gemm(h, x2, stacked[: 3 * r * k].view(3 * r, k), trans_b=True)
-            outs = [torch.empty((n, size), dtype=dtype, device=dev) for size in sizes]
-            for i in range(3):
-                eng.gemm(outs[i], h[:, i * r : (i + 1) * r], bs[i], trans_b=True, alpha=scale)
             w = bases.weight(dtype)
-            start = 0
-            for i in range(3):  # each part its own contiguous tensor (module docstring: why not one buffer)
-                eng.gemm(outs[i], x2, w[start : start + sizes[i]], trans_b=True, beta=1.0)
-                start += sizes[i]
+            outs, start = [], 0
+            for i, size in enumerate(sizes):  # each part its own contiguous tensor (module docstring: why)
+                out = torch.empty((n, size), dtype=dtype, device=dev)
+                eng.gemm(out, h[:, i * r : (i + 1) * r], bs[i], trans_b=True, alpha=scale)
+                outs.append(eng.gemm(out, x2, w[start : start + size], trans_b=True, beta=1.0))
+                start += size
             bases.keep(w, ctx.needs_input_grad[0])  # the backward reads it for dx only
             del w
         ctx.save_for_backward(x2, h, stacked)
