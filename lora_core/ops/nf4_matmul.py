@@ -27,8 +27,6 @@ lora_suite/tiers/quick/test_nf4_matmul_kernel.py (Ŵ bit for bit, and a float64 
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from lora_core.nf4 import NF4Tensor
@@ -41,18 +39,9 @@ def absmax_form(q: NF4Tensor) -> str:
     return "fp32" if q.absmax is not None else "dcode" if q.absmax_code is not None else "int8"
 
 
-@functools.lru_cache(maxsize=1)
-def _kernel():
-    """The Triton kernel (``nf4_matmul_kernel``), imported on first use: triton is absent on CPU-only installs."""
-    from lora_core.ops import nf4_matmul_kernel
-
-    return nf4_matmul_kernel.nf4_matmul
-
-
-# (BM, BN, GROUP_M, num_warps, num_stages): the fastest of the configurations benchmarks/test_bench_nf4_matmul.py
-# tries at the 7B shapes on an H100
+# (BM, BN, GROUP_M, num_warps, num_stages): the fastest of the configurations lora_suite's benchmark
+# (benchmarks/test_bench_nf4_matmul.py) tried at the 7B shapes on an H100
 CONFIG = (256, 64, 8, 8, 3)
-CONFIGS = (CONFIG, (128, 128, 8, 8, 3), (256, 128, 8, 8, 3), (512, 64, 1, 8, 3))
 
 
 def check_operands(x: torch.Tensor, w: NF4Tensor, out: torch.Tensor | None) -> None:
@@ -88,7 +77,9 @@ def _launch(x, w: NF4Tensor, out, config, lookup: bool) -> torch.Tensor:
     bm, bn, group_m, warps, stages = config
     null = w.packed  # a placeholder pointer for the state this form does not read
     grid = (((m + bm - 1) // bm) * ((n + bn - 1) // bn),)
-    _kernel()[grid](
+    from lora_core.ops.nf4_matmul_kernel import nf4_matmul as kernel  # triton: absent on CPU-only installs
+
+    kernel[grid](
         x, w.packed, w.absmax if w.absmax is not None else null,
         w.absmax_q if w.absmax_q is not None else null,
         w.absmax_scale if w.absmax_scale is not None else null, float(w.absmax_mean),

@@ -9,7 +9,7 @@ greatest round. Candidates:
     dequantise + cuBLAS          lora_core's frozen NF4 linear forward (``CupyNF4Linear``): RawKernel, then gemmEx
     dequantise alone             the RawKernel into a preallocated bf16 scratch
     cuBLAS alone                 the GEMM on Ŵ already in bf16 (what the first two cost without the dequantisation)
-    nf4_matmul <config>          the mixed-input kernel, each configuration of ``nf4_matmul.CONFIGS``
+    nf4_matmul <config>          the mixed-input kernel, each of ``CONFIGS`` (lora_core's ``CONFIG`` first)
     timing bound, no lookup      the kernel with its code lookup left out (wrong values): what the tile's unpacking
                                  and the bf16 operand's trip through shared memory cost before any lookup
 
@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from lora_core.nf4 import dequantize_nf4, quantize_nf4
+from lora_core.ops.nf4_matmul import CONFIG
 from lora_suite.engine.parity import compare, tolerance
 from lora_suite.measure.round_spread import Spread
 from lora_suite.measure.timing import interleaved_rounds
@@ -37,6 +38,8 @@ SHAPES = {  # (N, K) of the full tier's Llama-2-7B linears
     "down 4096x11008": (4096, 11008),
 }
 CALLS, ROUNDS = 20, 7
+# (BM, BN, GROUP_M, num_warps, num_stages) tried; lora_core's CONFIG first (the fastest of a wider search on an H100)
+CONFIGS = (CONFIG, (128, 128, 8, 8, 3), (256, 128, 8, 8, 3), (512, 64, 1, 8, 3))
 BASE = "dequantise + cuBLAS"
 TABLE = "NF4 mixed-input GEMM against dequantise + cuBLAS (device ms per call, 512 tokens)"
 COLUMNS = ("shape", "candidate", "ms per call", "ms min", "ms max", "rounds", "ratio to dequantise + cuBLAS")
@@ -65,7 +68,7 @@ def candidates(x, q):
         "dequantise alone": lambda: dequantize_nf4(q, torch.bfloat16, out=scratch),
         "cuBLAS alone": lambda: torch.mm(x, scratch.T, out=y),
     }
-    for config in NM.CONFIGS:
+    for config in CONFIGS:
         fns[f"nf4_matmul {config}"] = lambda c=config: NM.nf4_matmul(x, q, out=y, config=c)
     fns["timing bound, no lookup"] = lambda: NM.bound_matmul(x, q, out=y)
     return fns
