@@ -90,6 +90,37 @@ def _launch(x, w: NF4Tensor, out, config, lookup: bool) -> torch.Tensor:
     return out
 
 
+# (BN, BM, num_warps, num_stages): the fastest of the five the benchmark tries, on an H100
+WEIGHT_FIRST_CONFIG = (64, 256, 4, 4)
+
+
+def weight_first_matmul(x, w: NF4Tensor, out=None, config=WEIGHT_FIRST_CONFIG, split=False) -> torch.Tensor:
+    """y = x Ŵᵀ computed as yᵀ = Ŵ xᵀ (``nf4_matmul_wa``): the dequantised tile as the product's first operand, which
+    Hopper's tensor cores may read from registers. ``split``: two products of 32 columns, x's even and odd ones,
+    instead of one of 64 on the tile's interleaved halves. Measured slower than dequantise + cuBLAS like
+    ``nf4_matmul`` (docs/fused.md), so nothing in lora_core calls it; the quick tier judges it like nf4_matmul."""
+    check_operands(x, w, out)
+    if out is None:
+        out = torch.empty((x.shape[0], w.shape[0]), dtype=x.dtype, device=x.device)
+    if x.shape[0] == 0:
+        return out
+    (m, k), n = x.shape, w.shape[0]
+    bn, bm, warps, stages = config
+    null = w.packed
+    grid = (((m + bm - 1) // bm) * ((n + bn - 1) // bn),)
+    from lora_core.ops.nf4_matmul_kernel import nf4_matmul_wa as kernel
+
+    kernel[grid](
+        x, w.packed, w.absmax if w.absmax is not None else null,
+        w.absmax_q if w.absmax_q is not None else null,
+        w.absmax_scale if w.absmax_scale is not None else null, float(w.absmax_mean),
+        w.absmax_code if w.absmax_code is not None else null, out,
+        m, n, k, x.stride(0), out.stride(0),
+        FORM=FORMS[absmax_form(w)], BN=bn, BM=bm, SPLIT=split, num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    return out
+
+
 def nf4_matmul(x: torch.Tensor, w: NF4Tensor, out: torch.Tensor | None = None, config=CONFIG) -> torch.Tensor:
     """y = x Ŵᵀ (module docstring) into ``out`` if given (it may be a column slice of a wider row-major tensor)."""
     return _launch(x, w, out, config, lookup=True)

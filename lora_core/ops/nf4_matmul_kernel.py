@@ -85,3 +85,39 @@ def nf4_matmul(
         acc = tl.dot(x_odd, (v_odd * am[None, :]).to(xt.dtype), acc)
     out = y_ptr + rm[:, None] * stride_ym + rn[None, :]
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def nf4_matmul_wa(
+    x_ptr, p_ptr, am_ptr, q_ptr, s_ptr, mean, dcode_ptr, y_ptr,
+    M, N, K, stride_xm, stride_ym,
+    FORM: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, SPLIT: tl.constexpr,
+):  # fmt: skip
+    """yᵀ tile (BN, BM) = Ŵ tile (BN, K) · xᵀ (K, BM): the dequantised weight is the product's *first* operand, which
+    Hopper's tensor cores may read from registers, so the unpacked tile need not pass through shared memory (the
+    kernel above makes it the second operand, which they read from shared memory only). SPLIT: two products of 32
+    (even and odd columns of x, as above) instead of one of 64 on the weight's interleaved halves."""
+    pid = tl.program_id(0)
+    n_m = tl.cdiv(M, BM)
+    pid_m, pid_n = pid % n_m, pid // n_m  # the token blocks of one weight block run together: its codes read once
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rh = tl.arange(0, 32)
+    rk = tl.arange(0, 64)
+    m_ok, n_ok = rm < M, rn < N
+    acc = tl.zeros((BN, BM), dtype=tl.float32)
+    for k0 in range(0, K, 64):
+        packed = tl.load(p_ptr + rn[:, None] * (K // 2) + k0 // 2 + rh[None, :], mask=n_ok[:, None], other=0)
+        am = block_absmax(rn * (K // 64) + k0 // 64, n_ok, am_ptr, q_ptr, s_ptr, mean, dcode_ptr, FORM)
+        w_hi = (code_value((packed >> 4).to(tl.int32)) * am[:, None]).to(x_ptr.dtype.element_ty)  # (BN, 32)
+        w_lo = (code_value((packed & 0xF).to(tl.int32)) * am[:, None]).to(x_ptr.dtype.element_ty)
+        if SPLIT:
+            xt = tl.load(x_ptr + rm[:, None] * stride_xm + k0 + rk[None, :], mask=m_ok[:, None], other=0.0)
+            x_even, x_odd = tl.split(tl.reshape(xt, (BM, 32, 2)))
+            acc = tl.dot(w_hi, tl.trans(x_even), acc)
+            acc = tl.dot(w_lo, tl.trans(x_odd), acc)
+        else:
+            xk = tl.load(x_ptr + rm[None, :] * stride_xm + k0 + rk[:, None], mask=m_ok[None, :], other=0.0)
+            acc = tl.dot(tl.interleave(w_hi, w_lo), xk, acc)  # (BN, 64) · (64, BM)
+    out = y_ptr + rm[None, :] * stride_ym + rn[:, None]
+    tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])

@@ -12,9 +12,12 @@ greatest round. Candidates:
     nf4_matmul <config>          the mixed-input kernel, each of ``CONFIGS`` (lora_core's ``CONFIG`` first)
     timing bound, no lookup      the kernel with its code lookup left out (wrong values): what the tile's unpacking
                                  and the bf16 operand's trip through shared memory cost before any lookup
+    weight first <config>[ split]  ``weight_first_matmul``: yᵀ = Ŵ xᵀ, the unpacked tile as the product's first
+                                 operand (read from registers on Hopper), each of ``WEIGHT_FIRST``, one product of
+                                 64 columns or (split) two of 32; a configuration Triton cannot compile is a row
 
 The ratio column is each candidate's time over dequantise + cuBLAS: below 1 the lever pays at that shape. One
-check: the kernel timed computes the product the dequantise + cuBLAS path computes (within the bf16 GEMM bound).
+check per kernel form: it computes the product the dequantise + cuBLAS path computes (within the bf16 GEMM bound).
 Run: ``lora-suite bench -- -k nf4_matmul``.
 """
 
@@ -24,7 +27,7 @@ import pytest
 import torch
 
 from lora_core.nf4 import dequantize_nf4, quantize_nf4
-from lora_core.ops.nf4_matmul import CONFIG
+from lora_core.ops.nf4_matmul import CONFIG, WEIGHT_FIRST_CONFIG
 from lora_suite.engine.parity import compare, tolerance
 from lora_suite.measure.round_spread import Spread
 from lora_suite.measure.timing import interleaved_rounds
@@ -40,6 +43,8 @@ SHAPES = {  # (N, K) of the full tier's Llama-2-7B linears
 CALLS, ROUNDS = 20, 7
 # (BM, BN, GROUP_M, num_warps, num_stages) tried; lora_core's CONFIG first (the fastest of a wider search on an H100)
 CONFIGS = (CONFIG, (128, 128, 8, 8, 3), (256, 128, 8, 8, 3), (512, 64, 1, 8, 3))
+# (BN, BM, num_warps, num_stages) of weight_first_matmul; lora_core's WEIGHT_FIRST_CONFIG first
+WEIGHT_FIRST = (WEIGHT_FIRST_CONFIG, (128, 256, 8, 3), (128, 128, 8, 3), (128, 128, 4, 4), (256, 128, 8, 3))
 BASE = "dequantise + cuBLAS"
 TABLE = "NF4 mixed-input GEMM against dequantise + cuBLAS (device ms per call, 512 tokens)"
 COLUMNS = ("shape", "candidate", "ms per call", "ms min", "ms max", "rounds", "ratio to dequantise + cuBLAS")
@@ -71,6 +76,10 @@ def candidates(x, q):
     for config in CONFIGS:
         fns[f"nf4_matmul {config}"] = lambda c=config: NM.nf4_matmul(x, q, out=y, config=c)
     fns["timing bound, no lookup"] = lambda: NM.bound_matmul(x, q, out=y)
+    for config in WEIGHT_FIRST:
+        for split in (False, True):
+            name = f"weight first {config}{' split' if split else ''}"
+            fns[name] = lambda c=config, s=split: NM.weight_first_matmul(x, q, out=y, config=c, split=s)
     return fns
 
 
@@ -87,7 +96,17 @@ def test_nf4_matmul_against_dequantise_then_cublas(shape, run_report, check):
     e = compare("y", nf4_matmul(x, q), ref, tolerance(torch.bfloat16, k))
     check(f"{shape}: nf4_matmul's y max err / max ref (float64)", e.scaled_err, "<=", e.tol, detail=e.describe())
     with torch.no_grad():
-        graphs = {name: captured(fn) for name, fn in candidates(x, q).items()}
+        graphs = {}
+        for name, fn in candidates(x, q).items():
+            try:
+                torch.cuda.synchronize()
+                got = fn()
+                if got is not None and name.startswith("weight first"):
+                    e = compare("y", got, ref, tolerance(torch.bfloat16, k))
+                    check(f"{shape}: {name} y max err / max ref", e.scaled_err, "<=", e.tol, detail=e.describe())
+                graphs[name] = captured(fn)
+            except Exception as exc:  # a configuration Triton cannot compile is a row, not the end of the table
+                run_report.add_row("benchmarks", TABLE, COLUMNS, (shape, name, f"failed: {exc!r}"[:200], "", "", 0, ""))
         ms = interleaved_rounds(graphs, rounds=ROUNDS, reps=3, warmup=2)
     per_call = {name: [t / CALLS for t in times] for name, times in ms.items()}
     base = Spread.of(per_call[BASE])

@@ -34,6 +34,9 @@ BENCH_COLUMNS = (
     "ms min",
     "ms max",
     "ratio to dequantise + cuBLAS",
+    # NF4 dequantisation beside a decoder layer's other work (issue 47, benchmarks/test_bench_nf4_dequant.py)
+    "ms per sequence",
+    "ratio to serial",
     # a stack's kernel time against its eager step (issue 47: Unsloth's profile beside cupy-fused+liger's)
     "kernel ms per step",
     "eager step ms",

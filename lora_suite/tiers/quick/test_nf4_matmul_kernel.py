@@ -1,4 +1,5 @@
-"""GPU checks of lora_core's mixed-input NF4 GEMM (``lora_core.ops.nf4_matmul``, a Triton kernel).
+"""GPU checks of lora_core's mixed-input NF4 GEMMs (``lora_core.ops.nf4_matmul``, Triton kernels), each form:
+``nf4_matmul`` (the dequantised tile as the product's second operand) and ``weight_first_matmul`` (as its first).
 
 Two properties, each over every absmax form an NF4Tensor can hold (fp32, lora_core's int8 double quantisation,
 bitsandbytes' nested map):
@@ -40,12 +41,16 @@ FORMS = {
 }
 
 
-@pytest.fixture(scope="module")
-def nf4_matmul():
-    pytest.importorskip("triton", reason="lora_core.ops.nf4_matmul is a Triton kernel; triton is not installed")
-    from lora_core.ops.nf4_matmul import nf4_matmul
+KERNELS = ("nf4_matmul", "weight_first_matmul")
 
-    return nf4_matmul
+
+@pytest.fixture(scope="module", params=KERNELS)
+def nf4_matmul(request):
+    """(the form's name, the function)."""
+    pytest.importorskip("triton", reason="lora_core.ops.nf4_matmul is a Triton kernel; triton is not installed")
+    from lora_core.ops import nf4_matmul as NM
+
+    return request.param, getattr(NM, request.param)
 
 
 def identity_mismatches(matmul, form: str, dtype: torch.dtype) -> int:
@@ -60,8 +65,9 @@ def identity_mismatches(matmul, form: str, dtype: torch.dtype) -> int:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("form", list(FORMS))
 def test_the_weight_it_multiplies_by_is_the_dequantisation_bit_for_bit(nf4_matmul, form, dtype, check):
-    n_diff = identity_mismatches(nf4_matmul, form, dtype)
-    check(f"{form} {dtype}: elements of I·Ŵᵀ differing from the RawKernel's Ŵᵀ", n_diff, "==", 0)
+    name, matmul = nf4_matmul
+    n_diff = identity_mismatches(matmul, form, dtype)
+    check(f"{name} {form} {dtype}: elements of I·Ŵᵀ differing from the RawKernel's Ŵᵀ", n_diff, "==", 0)
 
 
 SHAPES = [(1, 64, 64), (37, 200, 192), (130, 300, 1024), (512, 4096, 4096)]  # (M, N, K)
@@ -82,12 +88,14 @@ def slice_errors(matmul, form: str, m: int, n: int, k: int):
 @pytest.mark.parametrize("m,n,k", SHAPES, ids=[f"{m}x{n}x{k}" for m, n, k in SHAPES])
 @pytest.mark.parametrize("form", list(FORMS))
 def test_matches_float64_into_a_column_slice(nf4_matmul, form, m, n, k, check):
-    e, untouched = slice_errors(nf4_matmul, form, m, n, k)
-    check(f"{form} {m}x{n}x{k}: y max err / max ref", e.scaled_err, "<=", e.tol, detail=e.describe())
-    check(f"{form} {m}x{n}x{k}: columns outside the slice left as they were", untouched, "==", True)
+    name, matmul = nf4_matmul
+    e, untouched = slice_errors(matmul, form, m, n, k)
+    check(f"{name} {form} {m}x{n}x{k}: y max err / max ref", e.scaled_err, "<=", e.tol, detail=e.describe())
+    check(f"{name} {form} {m}x{n}x{k}: columns outside the slice left as they were", untouched, "==", True)
 
 
 def test_bad_operands_are_named(nf4_matmul):
+    nf4_matmul = nf4_matmul[1]
     q = quantize_nf4((torch.randn(128, 128, device=DEV) * 0.02).bfloat16())
     with pytest.raises(ValueError, match=r"x has dtype torch.float32"):
         nf4_matmul(torch.randn(4, 128, device=DEV), q)
