@@ -67,27 +67,40 @@ def check_operands(x: torch.Tensor, w: NF4Tensor, out: torch.Tensor | None) -> N
         raise ValueError(f"nf4_matmul: out is on {out.device}, x on {x.device}")
 
 
-def _launch(x, w: NF4Tensor, out, config, lookup: bool) -> torch.Tensor:
+def _output(x, w: NF4Tensor, out) -> torch.Tensor:
+    """``out`` once the operands are checked, or a new (M, N) tensor in x's dtype."""
     check_operands(x, w, out)
-    if out is None:
-        out = torch.empty((x.shape[0], w.shape[0]), dtype=x.dtype, device=x.device)
+    return out if out is not None else torch.empty((x.shape[0], w.shape[0]), dtype=x.dtype, device=x.device)
+
+
+def _launch(x, w: NF4Tensor, out, config, lookup: bool) -> torch.Tensor:
+    out = _output(x, w, out)
     if x.shape[0] == 0:
         return out
     (m, k), n = x.shape, w.shape[0]
     bm, bn, group_m, warps, stages = config
-    null = w.packed  # a placeholder pointer for the state this form does not read
     grid = (((m + bm - 1) // bm) * ((n + bn - 1) // bn),)
     from lora_core.ops.nf4_matmul_kernel import nf4_matmul as kernel  # triton: absent on CPU-only installs
 
     kernel[grid](
-        x, w.packed, w.absmax if w.absmax is not None else null,
-        w.absmax_q if w.absmax_q is not None else null,
-        w.absmax_scale if w.absmax_scale is not None else null, float(w.absmax_mean),
-        w.absmax_code if w.absmax_code is not None else null, out,
-        m, n, k, x.stride(0), out.stride(0),
+        x, *_state(w), out, m, n, k, x.stride(0), out.stride(0),
         FORM=FORMS[absmax_form(w)], BM=bm, BN=bn, GROUP_M=group_m, LOOKUP=lookup, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out
+
+
+def _state(w: NF4Tensor) -> tuple:
+    """The kernels' weight arguments: packed codes, absmax, int8 absmax, scales, mean, dynamic map (the packed codes
+    stand in as a pointer for the state the weight's form does not read)."""
+    null = w.packed
+    return (
+        w.packed,
+        w.absmax if w.absmax is not None else null,
+        w.absmax_q if w.absmax_q is not None else null,
+        w.absmax_scale if w.absmax_scale is not None else null,
+        float(w.absmax_mean),
+        w.absmax_code if w.absmax_code is not None else null,
+    )
 
 
 # (BN, BM, num_warps, num_stages): the fastest of the five the benchmark tries, on an H100
@@ -99,23 +112,16 @@ def weight_first_matmul(x, w: NF4Tensor, out=None, config=WEIGHT_FIRST_CONFIG, s
     Hopper's tensor cores may read from registers. ``split``: two products of 32 columns, x's even and odd ones,
     instead of one of 64 on the tile's interleaved halves. Measured slower than dequantise + cuBLAS like
     ``nf4_matmul`` (docs/fused.md), so nothing in lora_core calls it; the quick tier judges it like nf4_matmul."""
-    check_operands(x, w, out)
-    if out is None:
-        out = torch.empty((x.shape[0], w.shape[0]), dtype=x.dtype, device=x.device)
+    out = _output(x, w, out)
     if x.shape[0] == 0:
         return out
     (m, k), n = x.shape, w.shape[0]
     bn, bm, warps, stages = config
-    null = w.packed
     grid = (((m + bm - 1) // bm) * ((n + bn - 1) // bn),)
     from lora_core.ops.nf4_matmul_kernel import nf4_matmul_wa as kernel
 
     kernel[grid](
-        x, w.packed, w.absmax if w.absmax is not None else null,
-        w.absmax_q if w.absmax_q is not None else null,
-        w.absmax_scale if w.absmax_scale is not None else null, float(w.absmax_mean),
-        w.absmax_code if w.absmax_code is not None else null, out,
-        m, n, k, x.stride(0), out.stride(0),
+        x, *_state(w), out, m, n, k, x.stride(0), out.stride(0),
         FORM=FORMS[absmax_form(w)], BN=bn, BM=bm, SPLIT=split, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out

@@ -20,6 +20,7 @@ import torch
 def main() -> None:
     from lora_suite.implementations import resolve_implementation
     from lora_suite.scenarios import fused_table as FT
+    from lora_suite.scenarios import step_profile as SP
 
     cases = {c.name: c for c in FT.EAGER_CASES}
     parser = argparse.ArgumentParser(description=__doc__)
@@ -32,18 +33,7 @@ def main() -> None:
     resolve_implementation(FT.STACKS[args.stack][0]).preload()
     cfg = FT.stack_config(case, args.stack, "eager", warmup=3, measured=args.steps)
     with FT.stack_model(cfg, args.stack) as (prepared, _window):
-        model = prepared.model
-        model.train()
-        if cfg.train.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        opt = torch.optim.AdamW(list(prepared.adapters.values()), lr=cfg.train.lr, fused=True)
-        batch = prepared.batches(0)
-
-        def step():
-            model(input_ids=batch["input_ids"], labels=batch["labels"]).loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-
+        step = SP.eager_step(prepared, cfg)
         for _ in range(3):
             step()
         torch.cuda.synchronize()

@@ -89,15 +89,9 @@ def gap_share(prof: StepProfile) -> float | None:
     return None if prof.span_ms <= 0 else 1 - prof.total_ms / prof.span_ms
 
 
-def profile_steps(prepared, cfg, steps: int = 3) -> StepProfile:
-    """Where ``steps`` eager training steps spend their device time, checkpointed when the case is (as ``eager_run``
-    and the captured runs: the profile is of the step whose time is reported); after 3 warm-up steps, ``steps``
-    unprofiled steps are timed (``span_ms``) and then ``steps`` are profiled (and timed, ``profiled_span_ms``)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from lora_suite.engine.benchmarking import host_calls, kernel_profile, op_profile
-    from lora_suite.measure.timing import cuda_time
-
+def eager_step(prepared, cfg):
+    """One eager training step of ``prepared`` (forward, backward, fused AdamW step), checkpointed when the case is,
+    as the fused table runs it: the callable, the model put in training mode first."""
     model = prepared.model
     model.train()
     if cfg.train.gradient_checkpointing:
@@ -110,6 +104,19 @@ def profile_steps(prepared, cfg, steps: int = 3) -> StepProfile:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
+    return step
+
+
+def profile_steps(prepared, cfg, steps: int = 3) -> StepProfile:
+    """Where ``steps`` eager training steps spend their device time, checkpointed when the case is (as ``eager_run``
+    and the captured runs: the profile is of the step whose time is reported); after 3 warm-up steps, ``steps``
+    unprofiled steps are timed (``span_ms``) and then ``steps`` are profiled (and timed, ``profiled_span_ms``)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from lora_suite.engine.benchmarking import host_calls, kernel_profile, op_profile
+    from lora_suite.measure.timing import cuda_time
+
+    step = eager_step(prepared, cfg)
     for _ in range(3):
         step()
     torch.cuda.synchronize()
