@@ -28,11 +28,9 @@ import contextlib
 import pytest
 import torch
 
-from lora_suite.engine.trainer import train
 from lora_suite.implementations import ImplementationError, resolve_implementation
 from lora_suite.scenarios import fused_table as FT
 from lora_suite.scenarios import step_profile as SP
-from lora_suite.scenarios import training_bench as TB
 
 pytestmark = [pytest.mark.gpu, pytest.mark.benchmark]
 WARMUP, MEASURED = 3, 10
@@ -43,23 +41,9 @@ _captured: dict[tuple[str, str], list] = {}
 _na: dict[str, str] = {}
 
 
-def _available(stack: str) -> str | None:
-    impl, liger = FT.STACKS[stack]
-    try:
-        resolve_implementation(impl)
-    except ImplementationError as exc:
-        return str(exc)
-    if liger:
-        import importlib.util
-
-        if importlib.util.find_spec("liger_kernel") is None:
-            return "liger_kernel not installed (install lora-gpu-suite[liger])"
-    return None
-
-
 def _skip_if_missing(stack, check):
     if stack not in _na:  # resolved once per stack (setdefault would resolve it on every call)
-        _na[stack] = _available(stack) or ""
+        _na[stack] = FT.unavailable(stack) or ""
     reason = _na[stack]
     if reason:
         check.not_applicable(f"fused table: {stack}", reason)
@@ -136,7 +120,7 @@ def test_fused_table_captured(case, rnd, stack, run_report, check):
         pytest.skip("NF4 base: lora_core stacks only")
     cfg = FT.stack_config(case, stack, "captured", warmup=5, measured=20, quantize="nf4" if qlora else None)
     try:
-        fig, replayed, served = _captured_run(case, stack, cfg)
+        fig, replayed, served = FT.captured_run(case, stack, cfg)
     except (ImplementationError, RuntimeError) as exc:
         check.not_applicable(f"fused table captured: {case.name} {stack}", f"{type(exc).__name__}: {exc}"[:300])
         pytest.skip("capture not possible")
@@ -153,14 +137,6 @@ def test_fused_table_captured(case, rnd, stack, run_report, check):
         "==",
         25 - cfg.train.graph_warmup_steps,
     )
-
-
-def _captured_run(case, stack, cfg):
-    """(figures, steps replayed, served_by) of one captured run of ``case`` on ``stack``."""
-    with FT.stack_model(cfg, stack) as (prepared, window):
-        records = train(prepared.model, prepared.batches, cfg.train, adapters=prepared.adapters).records
-        fig = TB.figures(records, case.batch_size * case.seq_len, 5, window.peak())
-        return fig, sum(r.captured for r in records), prepared.implementation.served_by(prepared.model)
 
 
 # The full tier's step lever by lever: without the reuse, with it, and with Liger's RMSNorm, RoPE and SwiGLU on top
@@ -184,7 +160,7 @@ def test_full_tier_step_base_reuse(case, rnd, variant, run_report, check):
     cfg = FT.stack_config(case, stack, "captured", warmup=5, measured=20, quantize="nf4")
     before = recompute_reuse.counts()
     with recompute.reuse_disabled() if off else contextlib.nullcontext():
-        fig, replayed, _ = _captured_run(case, stack, cfg)
+        fig, replayed, _ = FT.captured_run(case, stack, cfg)
     after = recompute_reuse.counts()
     kept, taken = (after[k] - before[k] for k in ("kept", "taken"))
     _reuse.setdefault(variant, []).append(fig)

@@ -158,6 +158,34 @@ def stack_model(cfg, stack: str):
         torch.cuda.empty_cache()
 
 
+def unavailable(stack: str) -> str | None:
+    """Why ``stack`` cannot run here (its implementation or Liger-Kernel missing), or None."""
+    import importlib.util
+
+    from lora_suite.implementations import ImplementationError, resolve_implementation
+
+    impl, liger = STACKS[stack]
+    try:
+        resolve_implementation(impl)
+    except ImplementationError as exc:
+        return str(exc)
+    if liger and importlib.util.find_spec("liger_kernel") is None:
+        return "liger_kernel not installed (install lora-gpu-suite[liger])"
+    return None
+
+
+def captured_run(case: Case, stack: str, cfg):
+    """(figures, steps replayed, served_by) of one run of ``stack`` on ``case`` through the project's trainer with
+    ``cfg`` (captured when ``cfg.train.cuda_graph``): ``training_bench.figures`` after 5 warm-up steps."""
+    from lora_suite.engine.trainer import train
+    from lora_suite.scenarios import training_bench as TB
+
+    with stack_model(cfg, stack) as (prepared, window):
+        records = train(prepared.model, prepared.batches, cfg.train, adapters=prepared.adapters).records
+        fig = TB.figures(records, case.batch_size * case.seq_len, 5, window.peak())
+        return fig, sum(r.captured for r in records), prepared.implementation.served_by(prepared.model)
+
+
 def eager_run(prepared, window, cfg, *, warmup: int, measured: int) -> EagerFigures:
     """Forward, backward and optimizer step timed apart with CUDA events; medians over the measured steps."""
     from lora_suite.implementations.liger_ops import describe_liger

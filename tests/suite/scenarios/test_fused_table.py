@@ -160,3 +160,26 @@ def test_the_unsloth_target_row_needs_the_slowest_fused_round_at_1_2x_the_fastes
     heavier = FT.target_cells(unsloth, _figs([190.0, 195.0, 200.0], peaks=[21.5] * 3))
     assert heavier[-1].startswith("not met: peak up to 21.500 GiB")
     assert len(FT.TARGET_COLUMNS) == len(near) and FT.TARGET_COLUMNS[-1].startswith("1.2x target")
+
+
+def test_a_stack_that_cannot_run_here_says_why(monkeypatch):
+    """``unavailable``: the implementation's own error when it cannot be resolved, Liger-Kernel named when a +liger
+    stack lacks it, None when both are there."""
+    import importlib.util
+
+    from lora_suite import implementations
+    from lora_suite.implementations import ImplementationError
+
+    def resolve(name):
+        if name == "unsloth":
+            raise ImplementationError("unsloth is not installed: pip install unsloth")
+        return object()
+
+    monkeypatch.setattr(implementations, "resolve_implementation", resolve)
+    assert FT.unavailable("unsloth") == "unsloth is not installed: pip install unsloth"
+    assert FT.unavailable("cupy") is None
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "liger_kernel" else real(n, *a))
+    assert "liger_kernel not installed" in FT.unavailable("cupy-fused+liger")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: object() if n == "liger_kernel" else real(n, *a))
+    assert FT.unavailable("cupy-fused+liger") is None
