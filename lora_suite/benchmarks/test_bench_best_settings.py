@@ -1,5 +1,6 @@
 """Issue 47's comparison of cupy-fused + Liger with Unsloth, each stack at its own best settings, at the fused
-table's three cases (SmolLM2 32x1024, TinyLlama 16x1024, Llama-2-7B 2x1024; all-linear r16, bf16 base):
+table's three cases (SmolLM2 32x1024, TinyLlama 16x1024, Llama-2-7B 2x1024; all-linear r16, bf16 base) and on the
+full tier's workload (``FT.FULL_TIER_CASE``: Llama-2-7B, NF4 base, q/k/v/o r8, 1x512, checkpointing; issue 47 item 3):
 
     cupy-fused+liger  its step captured in a CUDA graph through the project's trainer (``train.cuda_graph``, as the
                       full tier runs lora_core); Liger's fused linear cross-entropy cannot be captured, so the
@@ -13,7 +14,8 @@ user choosing between the two stacks gets from each. Both figures are the step's
 around the captured replay, or around forward, backward and optimizer step), the median over the measured steps.
 Each case runs ``FT.eager_rounds()`` rounds taken in turns (``FT.schedule``); the summary writes each stack's median
 with its spread and the 1.2x target row of ``FT.target_cells`` (beyond the spread, peak no higher in any round).
-Run: ``lora-suite bench -- -k best_settings`` (one case: ``-k "best_settings and (smollm2 or summary)"``).
+Run: ``lora-suite bench -- -k best_settings`` (one case: ``-k "best_settings and (smollm2 or summary)"``; the full
+tier's workload: ``-k "best_settings and (qlora or summary)"``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from lora_suite.implementations import resolve_implementation
 from lora_suite.scenarios import fused_table as FT
 
 pytestmark = [pytest.mark.gpu, pytest.mark.benchmark]
-CASES = tuple(c for c in FT.EAGER_CASES if not c.name.startswith("llama3"))
+CASES = tuple(c for c in FT.EAGER_CASES if not c.name.startswith("llama3")) + (FT.FULL_TIER_CASE,)
+QUANTIZE = {FT.FULL_TIER_CASE.name: "nf4"}  # the full tier's workload: NF4 base (bitsandbytes' for Unsloth)
 SETTINGS = {"cupy-fused+liger": "captured", "unsloth": "eager"}
 RUNS = FT.schedule(CASES, tuple(SETTINGS), rounds=FT.eager_rounds())
 WARMUP, MEASURED = 5, 20
@@ -40,9 +43,11 @@ def test_best_settings(case, rnd, stack, run_report, check):
         check.not_applicable(f"best settings: {stack}", reason)
         pytest.skip(f"not applicable: {reason}")
     if SETTINGS[stack] == "eager":
-        fig = FT.eager_in_child(case, stack, warmup=WARMUP, measured=MEASURED)
+        fig = FT.eager_in_child(case, stack, warmup=WARMUP, measured=MEASURED, quantize=QUANTIZE.get(case.name))
     else:
-        cfg = FT.stack_config(case, stack, "captured", warmup=WARMUP, measured=MEASURED)
+        cfg = FT.stack_config(
+            case, stack, "captured", warmup=WARMUP, measured=MEASURED, quantize=QUANTIZE.get(case.name)
+        )
         fig, replayed, served = FT.captured_run(case, stack, cfg)
         check(
             f"best settings {case.name} {stack} r{rnd}: steps replayed",

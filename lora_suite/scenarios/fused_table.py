@@ -272,11 +272,13 @@ def target_cells(base_figs: Sequence, figs: Sequence, target: float = UNSLOTH_TA
     return (*comparison_cells(base_figs, figs), verdict)
 
 
-def eager_in_child(case: Case, stack: str, *, warmup: int, measured: int, timeout_s: float = 900) -> EagerFigures:
-    """``eager_run`` of ``stack`` on ``case`` in a fresh Python process (``ISOLATED`` stacks): the child imports the
-    implementation first (``preload``), builds, measures and prints its figures on one marked line. A child that
-    fails raises a RuntimeError carrying the end of its output."""
-    args = {"mode": "eager", "warmup": warmup, "measured": measured}
+def eager_in_child(
+    case: Case, stack: str, *, warmup: int, measured: int, quantize: str | None = None, timeout_s: float = 900
+) -> EagerFigures:
+    """``eager_run`` of ``stack`` on ``case`` (its base quantised as ``quantize`` says) in a fresh Python process
+    (``ISOLATED`` stacks): the child imports the implementation first (``preload``), builds, measures and prints its
+    figures on one marked line. A child that fails raises a RuntimeError carrying the end of its output."""
+    args = {"mode": "eager", "warmup": warmup, "measured": measured, "quantize": quantize}
     return _in_child(case, stack, args, timeout_s, lambda data: EagerFigures(**data))
 
 
