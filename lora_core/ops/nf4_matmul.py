@@ -73,20 +73,25 @@ def _output(x, w: NF4Tensor, out) -> torch.Tensor:
     return out if out is not None else torch.empty((x.shape[0], w.shape[0]), dtype=x.dtype, device=x.device)
 
 
-def _launch(x, w: NF4Tensor, out, config, lookup: bool) -> torch.Tensor:
+def _run(kernel: str, x, w: NF4Tensor, out, tile_m: int, tile_n: int, **meta) -> torch.Tensor:
+    """Launch ``nf4_matmul_kernel.<kernel>`` over (M / tile_m) × (N / tile_n) tiles with the constants ``meta``."""
     out = _output(x, w, out)
     if x.shape[0] == 0:
         return out
     (m, k), n = x.shape, w.shape[0]
-    bm, bn, group_m, warps, stages = config
-    grid = (((m + bm - 1) // bm) * ((n + bn - 1) // bn),)
-    from lora_core.ops.nf4_matmul_kernel import nf4_matmul as kernel  # triton: absent on CPU-only installs
+    grid = (((m + tile_m - 1) // tile_m) * ((n + tile_n - 1) // tile_n),)
+    from lora_core.ops import nf4_matmul_kernel  # triton: absent on CPU-only installs
 
-    kernel[grid](
-        x, *_state(w), out, m, n, k, x.stride(0), out.stride(0),
-        FORM=FORMS[absmax_form(w)], BM=bm, BN=bn, GROUP_M=group_m, LOOKUP=lookup, num_warps=warps, num_stages=stages,
-    )  # fmt: skip
+    getattr(nf4_matmul_kernel, kernel)[grid](
+        x, *_state(w), out, m, n, k, x.stride(0), out.stride(0), FORM=FORMS[absmax_form(w)], **meta
+    )
     return out
+
+
+def _launch(x, w: NF4Tensor, out, config, lookup: bool) -> torch.Tensor:
+    bm, bn, group_m, warps, stages = config
+    meta = {"BM": bm, "BN": bn, "GROUP_M": group_m, "LOOKUP": lookup, "num_warps": warps, "num_stages": stages}
+    return _run("nf4_matmul", x, w, out, bm, bn, **meta)
 
 
 def _state(w: NF4Tensor) -> tuple:
@@ -112,19 +117,9 @@ def weight_first_matmul(x, w: NF4Tensor, out=None, config=WEIGHT_FIRST_CONFIG, s
     Hopper's tensor cores may read from registers. ``split``: two products of 32 columns, x's even and odd ones,
     instead of one of 64 on the tile's interleaved halves. Measured slower than dequantise + cuBLAS like
     ``nf4_matmul`` (docs/fused.md), so nothing in lora_core calls it; the quick tier judges it like nf4_matmul."""
-    out = _output(x, w, out)
-    if x.shape[0] == 0:
-        return out
-    (m, k), n = x.shape, w.shape[0]
     bn, bm, warps, stages = config
-    grid = (((m + bm - 1) // bm) * ((n + bn - 1) // bn),)
-    from lora_core.ops.nf4_matmul_kernel import nf4_matmul_wa as kernel
-
-    kernel[grid](
-        x, *_state(w), out, m, n, k, x.stride(0), out.stride(0),
-        FORM=FORMS[absmax_form(w)], BN=bn, BM=bm, SPLIT=split, num_warps=warps, num_stages=stages,
-    )  # fmt: skip
-    return out
+    meta = {"BN": bn, "BM": bm, "SPLIT": split, "num_warps": warps, "num_stages": stages}
+    return _run("nf4_matmul_wa", x, w, out, bm, bn, **meta)
 
 
 def nf4_matmul(x: torch.Tensor, w: NF4Tensor, out: torch.Tensor | None = None, config=CONFIG) -> torch.Tensor:
