@@ -71,6 +71,7 @@ class PlainLoRA(LoRAImplementation):
         "nf4_base": "plain-lora has no 4-bit base: it adapts 16-bit nn.Linear layers only",
         "op_call_count": "plain-lora keeps no count of op calls; served_by() checks each layer ran",
         "lora_core_ops": "lora_core's own op and kernels, which plain-lora does not use",
+        "moe_experts": "plain-lora adapts nn.Linear layers; 3-D expert parameters are not linears",
     }
     layer_type = PlainLoRALinear
 

@@ -6,8 +6,10 @@
 The options are checked before anything runs (a bad one is a usage error naming it, exit 2); the ``mutate`` extra
 must import and a CUDA GPU must be visible (the checks are GPU tests: without one nothing would be judged, and the
 command says so and exits 1 instead of reporting a pass). The run itself is ``lora_suite.tools.mutate``, its report
-``lora_suite.tools.mutation_report``. Exit codes: 0 the score meets ``--min-score``, 1 it does not (or the source
-fails its checks, or no GPU), 2 bad usage, 3 the mutate extra is missing, 130 interrupted.
+``lora_suite.tools.mutation_report``; it prints both scores (the equivalents left out, and counted as survivors).
+Exit codes: 0 the score meets ``--min-score``, 1 it does not (or the source fails its checks, or no GPU, or no mutant
+was killed or survived: every one judged nothing or is equivalent), 2 bad usage, 3 the mutate extra is missing,
+130 interrupted.
 """
 
 from __future__ import annotations
@@ -26,7 +28,14 @@ from lora_suite.cli.usage import UsageError
 # The quick tier's fast checks that judge a mutant, cheapest first: pytest runs them in this order (after the tests
 # that reached the mutant's line, where the source's run traced them) and -x stops at the first failure, so most
 # mutants are killed early. A listed file that does not exist is skipped.
-FAST_CHECKS = ("test_layer_invariants.py", "test_layer_probes.py", "test_adapter_round_trip.py")
+FAST_CHECKS = (
+    "test_layer_invariants.py",
+    "test_layer_properties.py",  # drawn values: inexact scales, biases, NaN/Inf, the merged weight's rounding
+    "test_adapter_lifecycle.py",  # state across calls
+    "test_layer_probes.py",
+    "test_architectures.py",  # biases, fused projections, tied embeddings
+    "test_adapter_round_trip.py",
+)
 MODULE_FACTORY = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 EXIT_NO_EXTRA = 3
 # What the fork server imports once for every mutant's run (``tools.forked_runs``): the heavy packages the checks
@@ -47,7 +56,11 @@ def add_parser(sub, help_text: str) -> None:
     m.add_argument("--source", nargs="+", metavar="FILE", help="source files to mutate (default: MODULE's file)")
     m.add_argument("--workers", help=f"mutants run at once (default: min(8, CPU cores // 2), here {default_workers()})")
     m.add_argument("--min-score", dest="min_score", help="the score's threshold (default 0.9, the project's target)")
-    m.add_argument("--operators", help="only these mutation operators, comma-separated (default: all)")
+    m.add_argument(
+        "--operators",
+        help="only these mutation operators, comma-separated (default: all, the value operators of "
+        "tools/lora_value_operators.py included)",
+    )
     m.add_argument(
         "--no-fork-server",
         dest="fork_server",
@@ -268,12 +281,35 @@ def _run(spec, plan_targets, names, tests, workers, min_score, report_root: Path
     run_dir = targets.new_run_dir(report_root, stamp, f"mutate-{folder_token(spec)}")
     report = R.build(run, run_dir.name, plan_targets, spec, min_score)
     md = R.write(run_dir, report, run)
-    check = report.checks[0]
-    killed, survived, equivalent = run.counts()
-    print(
-        f"\nmutation score {check.value} (killed {killed}, survived {survived}, equivalent {equivalent}; threshold "
-        f">= {min_score}): {'PASS' if check.passed else 'FAIL'}; wall time {run.wall_s:.0f} s; report {md}"
-    )
+    print("\n" + summary(run, report.checks[0], min_score) + f"; report {md}")
     if args.record:
         print(targets._record(args.ledger or targets.default_ledger(), run_dir))
-    return 0 if check.passed else 1
+    if M.score(*run.counts()[:2]) is None:
+        print(f"lora-suite mutate: {nothing_judged(run)}; no score (report {md})", file=sys.stderr)
+    return 0 if report.checks[0].passed else 1
+
+
+def nothing_judged(run) -> str:
+    """The line for a run in which no mutant was killed or survived."""
+    killed, survived, equivalent = run.counts()
+    errors = run.count("error")
+    return (
+        f"no mutant was killed or survived: {errors} of {len(run.results)} judged nothing (error) and {equivalent} "
+        "are equivalent"
+    )
+
+
+def summary(run, check, min_score: float) -> str:
+    """The console's line: both scores, the counts, the verdict and the wall time."""
+    from lora_suite.tools.mutate import score_counting_equivalents
+
+    killed, survived, equivalent = run.counts()
+    honest = score_counting_equivalents(killed, survived, equivalent)
+    second = "n/a" if honest is None else f"{honest:.3f}"
+    first = "n/a" if check.value != check.value else f"{check.value:.3f}"
+    return (
+        f"mutation score {first} (killed / (killed + survived); threshold >= {min_score}): "
+        f"{'PASS' if check.passed else 'FAIL'}; {second} with the equivalents counted as survivors (killed / (killed "
+        f"+ survived + equivalent)); killed {killed}, survived {survived}, equivalent {equivalent}, error "
+        f"{run.count('error')}; wall time {run.wall_s:.0f} s"
+    )

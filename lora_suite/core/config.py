@@ -86,6 +86,9 @@ class LlamaArchitecture(Checked):
     rope_theta: float = 10000.0
     max_position_embeddings: int = 4096
     rms_norm_eps: float = 1e-5
+    # The decoder family (settings_rules.ARCHITECTURE_FAMILIES): "llama", or "qwen2" (the same block with a bias on
+    # q, k and v: transformers' Qwen2 classes), which lora_suite.engine.models builds
+    family: str = "llama"
 
     @property
     def head_dim(self) -> int:

@@ -247,6 +247,7 @@ _ARCHITECTURE_SIZES = """
     hidden_size intermediate_size num_hidden_layers num_attention_heads num_key_value_heads vocab_size
     max_position_embeddings
 """.split()  # counts and sizes: at least 1
+ARCHITECTURE_FAMILIES = ("llama", "qwen2")  # what lora_suite.engine.models builds (LlamaArchitecture.family)
 # thresholds and budgets: off (null) or a positive number
 _POSITIVE_CRITERIA = """
     loss_drop_min loss_match_factor smooth_slack vram_budget_gib leak_slope_max_mib_per_step stall_fraction_max
@@ -264,6 +265,7 @@ RULES: dict[str, tuple[Rule, ...]] = {
         _multiple_of("num_attention_heads", "num_key_value_heads"),
         between("rope_theta", lo=0, lo_open=True, finite=True),
         between("rms_norm_eps", lo=0, lo_open=True, finite=True),
+        one_of("family", ARCHITECTURE_FAMILIES),
     ),
     "LoRASettings": (
         _TARGETS,

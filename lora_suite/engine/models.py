@@ -7,9 +7,10 @@ back to ``random`` (saying so in ``BuiltModel.weights``, which every report prin
 
 Random initialisation is done here, not by transformers: the model is created on the ``meta`` device,
 then each piece is materialised directly on the target device in the training dtype and initialised as
-Llama is (Linear and Embedding N(0, 0.02²), RMSNorm weight 1). Pieces are materialised one decoder
-layer at a time and handed to ``on_layer`` before the next, so a caller can quantise or wrap each layer
-while at most one 16-bit layer exists (a 7B model never exists in 16 bits as a whole).
+Llama is (Linear and Embedding N(0, 0.02²), RMSNorm weight 1; a bias, where the family has one, N(0, 0.5²)). The
+family (``LlamaArchitecture.family``) picks transformers' classes: Llama, or Qwen2 (q, k and v with a bias).
+Pieces are materialised one decoder layer at a time and handed to ``on_layer`` before the next, so a caller can
+quantise or wrap each layer while at most one 16-bit layer exists (a 7B model never exists in 16 bits as a whole).
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from torch import nn
 from lora_suite.core.config import LlamaArchitecture, ModelConfig
 
 INIT_STD = 0.02  # Llama's initializer_range
+# A bias (Qwen2's q, k, v) drawn N(0, 0.5²): the order of x Wᵀ's own scale at SmolLM2's widths (0.02·√576 ≈ 0.5), so a
+# dropped bias moves the function (Qwen2's trained q/k biases are larger still); transformers' own init would zero it
+BIAS_STD = 0.5
 # A Llama of a few hundred thousand parameters: the CPU tests' model (2 layers, hidden 64, vocab 300), and with other
 # sizes the tiers' op-in-a-model checks (``build_tiny_llama``)
 TINY_LLAMA = LlamaArchitecture(
@@ -53,10 +57,21 @@ class BuiltModel:
     build_seconds: float
 
 
-def hf_config(arch: LlamaArchitecture):
-    from transformers import LlamaConfig
+def _family(arch: LlamaArchitecture):
+    """(config class, causal-LM class, rotary-embedding class) of the architecture's family."""
+    if arch.family == "qwen2":
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+        from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding
 
-    return LlamaConfig(
+        return Qwen2Config, Qwen2ForCausalLM, Qwen2RotaryEmbedding
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    return LlamaConfig, LlamaForCausalLM, LlamaRotaryEmbedding
+
+
+def hf_config(arch: LlamaArchitecture):
+    return _family(arch)[0](
         hidden_size=arch.hidden_size,
         intermediate_size=arch.intermediate_size,
         num_hidden_layers=arch.num_hidden_layers,
@@ -152,13 +167,11 @@ def build_random(
     seed: int = 0,
     on_layer: Callable[[nn.Module], None] | None = None,
 ) -> nn.Module:
-    from transformers import LlamaForCausalLM
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
+    _, model_class, rotary_class = _family(arch)
     device = torch.device(device)
     config = hf_config(arch)
     with torch.device("meta"), _default_dtype(dtype):
-        model = LlamaForCausalLM(config)
+        model = model_class(config)
     gen = torch.Generator(device=device).manual_seed(seed)
     pieces = [model.model.embed_tokens, model.model.norm] + ([] if arch.tie_word_embeddings else [model.lm_head])
     for piece in pieces:
@@ -168,7 +181,7 @@ def build_random(
         if on_layer is not None:
             on_layer(layer)
     with torch.device(device):  # inv_freq is computed in __init__: build it where it will live, in fp32
-        model.model.rotary_emb = LlamaRotaryEmbedding(config=config)
+        model.model.rotary_emb = rotary_class(config=config)
     if arch.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     leftovers = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
@@ -191,18 +204,18 @@ def _materialise(module: nn.Module, device: torch.device, gen: torch.Generator) 
         if isinstance(sub, (nn.Linear, nn.Embedding)):
             sub.weight.normal_(0.0, INIT_STD, generator=gen)
             if getattr(sub, "bias", None) is not None:
-                sub.bias.zero_()
+                sub.bias.normal_(0.0, BIAS_STD, generator=gen)
         elif hasattr(sub, "weight") and isinstance(sub.weight, torch.Tensor) and sub.weight.dim() == 1:
             sub.weight.fill_(1.0)  # RMSNorm
 
 
 def _load_pretrained(cfg: ModelConfig, path: Path, dtype, device, on_layer):
-    from transformers import AutoTokenizer, LlamaForCausalLM
+    from transformers import AutoTokenizer
 
     # With a per-layer hook, load into host memory and move one decoder layer at a time, so that the hook
     # (NF4 quantisation) runs before the next 16-bit layer reaches the GPU.
     target = torch.device(device)
-    model = LlamaForCausalLM.from_pretrained(
+    model = _family(cfg.architecture)[1].from_pretrained(
         path, dtype=dtype, device_map="cpu" if on_layer else str(target), local_files_only=True
     )
     got, want = model.config, cfg.architecture

@@ -23,14 +23,15 @@ one LoRA linear and ``MLP_STAGES`` of it for the MLP (its derivation: ``parity.M
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lora_suite.engine.parity import MLP_STAGES, TensorError, compare, tolerance
+from lora_suite.engine.parity import MLP_STAGES, TensorError, cancellation_floor, compare, tolerance
 from lora_suite.implementations import AdapterSpec, LoRAImplementation
 
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -40,13 +41,15 @@ PROBE_TARGETS = ATTN + MLP  # named, not "all-linear": PEFT expands that shortha
 
 @dataclass(frozen=True)
 class BlockShape:
-    """Widths of one probe block: hidden K, q (and o's input) width, k/v width, MLP intermediate width I."""
+    """Widths of one probe block: hidden K, q (and o's input) width, k/v width, MLP intermediate width I; ``bias``:
+    every projection carries a base bias b (then p(x) = x Wₚᵀ + bₚ + s·(x Aₚᵀ) Bₚᵀ, as Qwen2's q/k/v)."""
 
     name: str
     hidden: int
     q_out: int
     kv_out: int
     intermediate: int
+    bias: bool = False
 
 
 class Projections(nn.Module):
@@ -54,11 +57,11 @@ class Projections(nn.Module):
 
     def __init__(self, shape: BlockShape, **kw):
         super().__init__()
-        k = shape.hidden
-        self.q_proj = nn.Linear(k, shape.q_out, bias=False, **kw)
-        self.k_proj = nn.Linear(k, shape.kv_out, bias=False, **kw)
-        self.v_proj = nn.Linear(k, shape.kv_out, bias=False, **kw)
-        self.o_proj = nn.Linear(shape.q_out, k, bias=False, **kw)
+        k, b = shape.hidden, shape.bias
+        self.q_proj = nn.Linear(k, shape.q_out, bias=b, **kw)
+        self.k_proj = nn.Linear(k, shape.kv_out, bias=b, **kw)
+        self.v_proj = nn.Linear(k, shape.kv_out, bias=b, **kw)
+        self.o_proj = nn.Linear(shape.q_out, k, bias=b, **kw)
 
     def forward(self, x):
         return self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -69,9 +72,10 @@ class SwiGLU(nn.Module):
 
     def __init__(self, shape: BlockShape, **kw):
         super().__init__()
-        self.gate_proj = nn.Linear(shape.hidden, shape.intermediate, bias=False, **kw)
-        self.up_proj = nn.Linear(shape.hidden, shape.intermediate, bias=False, **kw)
-        self.down_proj = nn.Linear(shape.intermediate, shape.hidden, bias=False, **kw)
+        b = shape.bias
+        self.gate_proj = nn.Linear(shape.hidden, shape.intermediate, bias=b, **kw)
+        self.up_proj = nn.Linear(shape.hidden, shape.intermediate, bias=b, **kw)
+        self.down_proj = nn.Linear(shape.intermediate, shape.hidden, bias=b, **kw)
         self.act_fn = nn.SiLU()
 
     def forward(self, x):
@@ -95,8 +99,9 @@ INPUTS = ("x", "x_o", "x_m")
 @dataclass
 class Probe:
     """A probe block adapted by ``impl``: its module, the base weights it was built with (module path -> W, the
-    dtype it was built in; None for a 4-bit base until ``effective_weight`` reads them), the adapters (canonical
-    names) and the scale every adapted layer applies."""
+    dtype it was built in; None for a 4-bit base until ``effective_weight`` reads them), the base biases (module
+    path -> b; empty when the shape has none), the adapters (canonical names) and the scale every adapted layer
+    applies."""
 
     impl: LoRAImplementation
     spec: AdapterSpec
@@ -107,6 +112,7 @@ class Probe:
     adapted: list[str]
     scale: float
     dtype: torch.dtype
+    biases: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def run_names(self) -> list[str]:
         """The names ``ProbeRun.tensors`` gives, in order."""
@@ -132,6 +138,11 @@ def build_probe(
     (``spec.quantize``) the weights the reference uses are read from a twin built from the same seed
     (``effective_weight``), so that the probe under test has run nothing before the test runs it.
     ``randomise=False`` keeps the adapters as ``inject`` made them (the initial state is then what is judged)."""
+    if spec.quantize is not None and shape.bias:
+        raise ValueError(
+            f"build_probe: shape {shape.name!r} has biases and quantize={spec.quantize!r}: the 4-bit "
+            "probe reads its weights through the identity, which a bias would add to; use bias=False"
+        )
     probe = _build(impl, shape, spec, dtype, device, seed, randomise)
     if spec.quantize is not None:
         twin = _build(impl, shape, spec, dtype, device, seed, randomise)
@@ -142,13 +153,16 @@ def build_probe(
 def _build(impl, shape, spec, dtype, device, seed: int, randomise: bool = True) -> Probe:
     gen = torch.Generator(device=device).manual_seed(seed)
     block = ProbeBlock(shape, device=device, dtype=dtype)
-    weights = {}
+    weights, biases = {}, {}
     with torch.no_grad():
         for path, m in block.named_modules():
             if isinstance(m, nn.Linear):
                 w = torch.randn(m.weight.shape, device=device, generator=gen) * m.in_features**-0.5
                 m.weight.copy_(w.to(dtype))
                 weights[path] = m.weight.detach().clone()
+                if m.bias is not None:  # of the outputs' own scale (unit variance), so that a dropped bias shows
+                    m.bias.copy_(torch.randn(m.bias.shape, device=device, generator=gen).to(dtype))
+                    biases[path] = m.bias.detach().clone()
     torch.manual_seed(seed)  # an implementation's own random init (kaiming A) is the same for the same seed
     adapted = list(impl.inject(block, spec))
     adapters = impl.adapter_parameters(block)
@@ -156,7 +170,7 @@ def _build(impl, shape, spec, dtype, device, seed: int, randomise: bool = True) 
         for _name, p in adapters.items() if randomise else ():
             fan = p.shape[1]
             p.copy_((torch.randn(p.shape, device=device, generator=gen) * fan**-0.5).to(p.dtype))
-    return Probe(impl, spec, shape, block, weights, adapters, adapted, spec_scale(spec), dtype)
+    return Probe(impl, spec, shape, block, weights, adapters, adapted, spec_scale(spec), dtype, biases)
 
 
 def effective_weight(probe: Probe, path: str) -> torch.Tensor:
@@ -254,9 +268,11 @@ def reference(
     probe: Probe, inputs: ProbeInputs, *, inputs_require_grad: bool = True, backward: bool = True
 ) -> ProbeRun:
     """The probe's function in float64 by autograd on the same tensors (none of the code under test):
-    each projection ``x Wᵀ + s·(x Âᵀ) B̂ᵀ`` with Â, B̂ the adapters rounded to the activation dtype."""
+    each projection ``x Wᵀ + b + s·(x Âᵀ) B̂ᵀ`` with Â, B̂ the adapters rounded to the activation dtype (b where the
+    shape has biases)."""
     s, act = probe.scale, inputs.x.dtype
     w = {path: t.double() for path, t in probe.weights.items()}
+    bias = {path: t.double() for path, t in probe.biases.items()}
     leaves = {path.rsplit(".", 1)[-1]: path for path in w}
     ad = {}
     for path in w:
@@ -268,6 +284,8 @@ def reference(
     def lin(leaf, x):
         path = leaves[leaf]
         y = x @ w[path].T
+        if path in bias:
+            y = y + bias[path]
         if path in ad:
             a, b = ad[path]
             y = y + s * ((x @ a.T) @ b.T)
@@ -305,12 +323,35 @@ def tolerances(probe: Probe, inputs: ProbeInputs) -> dict[str, float]:
     return out
 
 
+def absolute_reference(probe: Probe, inputs: ProbeInputs) -> ProbeRun:
+    """``reference`` with every input, weight, bias, adapter and upstream gradient replaced by its absolute value: each
+    tensor's terms summed without cancellation (the scale ``parity.cancellation_floor`` reads)."""
+    a = dataclasses.replace(
+        probe,
+        weights={p: t.abs() for p, t in probe.weights.items()},
+        biases={p: t.abs() for p, t in probe.biases.items()},
+        adapters={n: t.detach().abs() for n, t in probe.adapters.items()},
+    )
+    i = ProbeInputs(inputs.x.abs(), inputs.x_o.abs(), inputs.x_m.abs(), tuple(d.abs() for d in inputs.dys))
+    return reference(a, i, inputs_require_grad=inputs.x.requires_grad or True)
+
+
+def floors(probe: Probe, inputs: ProbeInputs, ref: ProbeRun | None = None) -> dict[str, float]:
+    """Each tensor's normaliser floor (``parity.cancellation_floor``) for the probe's longest inner dimension."""
+    k = _inner(probe, inputs)
+    return {
+        n: cancellation_floor(t, k) for n, t in absolute_reference(probe, inputs).tensors().items() if t is not None
+    }
+
+
 def judge(probe: Probe, inputs: ProbeInputs, got: ProbeRun, ref: ProbeRun) -> list[TensorError]:
     """One ``TensorError`` per tensor the reference has (a tensor the implementation did not give is NaN:
-    beyond any tolerance)."""
-    tols = tolerances(probe, inputs)
+    beyond any tolerance), normalised by max(max|ref|, the cancellation floor)."""
+    tols, low = tolerances(probe, inputs), floors(probe, inputs)
     want, have = ref.tensors(), got.tensors()
-    return [compare(name, have.get(name), r, tols[name]) for name, r in want.items() if r is not None]
+    return [
+        compare(name, have.get(name), r, tols[name], low.get(name, 0.0)) for name, r in want.items() if r is not None
+    ]
 
 
 def dtype_errors(probe: Probe, inputs: ProbeInputs, got: ProbeRun) -> list[str]:

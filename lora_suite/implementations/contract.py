@@ -31,6 +31,10 @@ FEATURES = {
     "partial_groups": "LoRA on part of a fusable group of projections (q and v without k)",
     "autocast_fp32_inputs": "fp32 activations under torch.autocast (mixed precision over an fp32 model)",
     "inputs_2d": "2-D (tokens, features) inputs to a layer (a model always gives (batch, seq, features))",
+    "linear_bias": "target linears that carry a bias (Qwen2's q/k/v): kept in the function, frozen",
+    "fused_projections": "fused target linears by their own names (Phi-3's qkv_proj and gate_up_proj)",
+    "moe_experts": "mixture-of-experts weights held as 3-D parameters (PEFT's target_parameters)",
+    "gated_gelu_mlp": "an MLP whose gate is a GELU, not a SiLU (Gemma's GeGLU: gelu_pytorch_tanh)",
 }
 
 

@@ -4,6 +4,13 @@ from __future__ import annotations
 
 from lora_suite.implementations.contract import ImplementationError, LoRAImplementation
 
+# What lora_core's injection cannot adapt (found by trying; lora_suite.tiers.quick.test_architectures records it)
+ARCHITECTURE_LIMITS = {
+    "fused_projections": "lora_core.inject refuses targets outside a Llama block's names (lora_core/targets.py: "
+    "q_proj ... down_proj), so Phi-3's qkv_proj and gate_up_proj cannot be named",
+    "moe_experts": "lora_core.LoRALinear wraps nn.Linear only; 3-D expert parameters are not linears",
+}
+
 
 class LoraCoreImplementation(LoRAImplementation):
     """This project's ``lora_core.LoRALinear`` on one backend (``cupy``: the system under test; ``torch``)."""
@@ -12,7 +19,7 @@ class LoraCoreImplementation(LoRAImplementation):
 
     def __init__(self, backend: str):
         self.name = self.expected_path = self.backend = backend
-        self.not_applicable = {}
+        self.not_applicable = dict(ARCHITECTURE_LIMITS)
 
     def describe(self) -> str:
         which = "CuPy RawKernels + cuBLAS" if self.name == "cupy" else "torch reference ops"
@@ -76,8 +83,13 @@ class FusedLoraCoreImplementation(LoraCoreImplementation):
         super().__init__("cupy")
         self.name = self.expected_path = "cupy-fused"
         self.not_applicable = {
+            **ARCHITECTURE_LIMITS,
             "partial_groups": "the fused paths adapt whole groups: q, k and v together, gate, up and down together "
-            "(a tier that targets q and v runs q, k and v)"
+            "(a tier that targets q and v runs q, k and v)",
+            # lora_core.fuse refuses both with a FuseError (loudly, never an unfused fallback)
+            "linear_bias": "lora_core's fused MLP and QKV paths take no base bias (lora_core.fuse refuses biased groups)",
+            "gated_gelu_mlp": "lora_core's fused MLP is SwiGLU only (lora_core.fuse refuses a GELU gate); a GeGLU "
+            "kernel is not written yet",
         }
 
     def merge_reason(self):

@@ -31,6 +31,7 @@ class LoralibImplementation(WrappedLinearPeer):
         "nf4_base": "loralib has no quantised base",
         "op_call_count": "loralib's layers keep no call counter; served_by() checks the layer types instead",
         "lora_core_ops": "these tests call lora_core's cupy op and kernels directly, which loralib does not use",
+        "moe_experts": "loralib adapts nn.Linear (and Embedding, Conv) layers; 3-D expert parameters are none of them",
     }
     library, layer_name = "loralib", "Linear"
     description = "loralib: Microsoft loralib {version} loralib.Linear (merge_weights=False), eager torch ops"

@@ -30,6 +30,8 @@ class TorchtuneImplementation(WrappedLinearPeer):
         "this adapter does not build that path yet",
         "op_call_count": "torchtune's layers keep no call counter; served_by() checks the layer types instead",
         "lora_core_ops": "these tests call lora_core's cupy op and kernels directly, which torchtune does not use",
+        "moe_experts": "torchtune's LoRALinear wraps one linear; its MoE LoRA lives in its own expert modules, "
+        "not transformers' 3-D parameters",
     }
     library, layer_name = "torchtune.modules.peft", "LoRALinear"
     description = "torchtune: torchtune {version} modules.peft.LoRALinear, eager torch ops"

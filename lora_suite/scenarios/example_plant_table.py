@@ -83,4 +83,49 @@ PLANTS = {
         "inject with targets that name no layer: refused",
     ),
     "1 MiB of GPU memory kept per forward": ("gpu_memory_leak", "extended", "allocated_mib slope after step"),
+    "base bias dropped (F.linear(x, base.weight))": (
+        "base_bias_dropped",
+        "quick",
+        "qwen2: logits beyond tolerance of the float64 adapted model",
+    ),
+    "base bias left trainable by inject": (
+        "base_bias_left_trainable",
+        "quick",
+        "qwen2: base weights or biases trainable or given a gradient",
+    ),
+    "scale rounded through bf16 (exact at 12/8, off at a drawn 7.3/3)": (
+        "scale_rounded_bf16",
+        "quick",
+        "layer properties: drawn cases off the float64 function",
+    ),
+    "merged delta formed in bf16 from fp32 adapters": (
+        "merge_delta_bf16",
+        "quick",
+        "layer properties: drawn cases whose merged weights are not W + s·B·A rounded once",
+    ),
+    "NaN/Inf replaced in the adapters' gradients (a nan_to_num hook)": (
+        "adapter_grads_nan_to_num",
+        "quick",
+        "layer properties: drawn cases where a NaN/Inf did not reach what it must",
+    ),
+    "NaN/Inf replaced in the LoRA path's input": (
+        "lora_input_nan_to_num",
+        "quick",
+        "layer properties: drawn cases where a NaN/Inf did not reach what it must",
+    ),
+    "inference weight (W + s·B·A) cached at the first eval no-grad call, kept through training": (
+        "inference_weight_cached",
+        "quick",
+        "adapter lifecycle: rule sequences whose model left the float64 function of its current adapters",
+    ),
+    "merge keeps the layer; eval() ignores its merged mark and adds the adapters again": (
+        "merge_kept_in_eval",
+        "quick",
+        "adapter lifecycle: rule sequences whose model left the float64 function of its current adapters",
+    ),
+    "inference casts of the adapters cached per dtype by version, kept over module.to()": (
+        "inference_cast_cache_kept_over_to",
+        "quick",
+        "adapter lifecycle: rule sequences whose model left the float64 function of its current adapters",
+    ),
 }

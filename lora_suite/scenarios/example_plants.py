@@ -337,3 +337,17 @@ def load_takes_what_fits():
             p.copy_(t)
 
     return _load_each("load_takes_what_fits", copy_if_it_fits)
+
+
+from lora_suite.scenarios.example_plants_arch import base_bias_dropped, base_bias_left_trainable  # noqa: E402,F401
+from lora_suite.scenarios.example_plants_state import (  # noqa: E402,F401
+    inference_cast_cache_kept_over_to,
+    inference_weight_cached,
+    merge_kept_in_eval,
+)
+from lora_suite.scenarios.example_plants_values import (  # noqa: E402,F401
+    adapter_grads_nan_to_num,
+    lora_input_nan_to_num,
+    merge_delta_bf16,
+    scale_rounded_bf16,
+)

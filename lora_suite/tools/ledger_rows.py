@@ -51,6 +51,8 @@ BENCH_COLUMNS = (
     "mutants killed",
     "mutants survived",
     "mutants equivalent",
+    "mutants error",
+    "score, equivalents as survivors (killed / (killed + survived + equivalent))",
     "wall s",
 )
 LABEL_COLUMNS = (

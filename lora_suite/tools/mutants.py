@@ -1,5 +1,5 @@
 """The mutants of a source file: cosmic-ray's standard operators (a chosen set, below) and the LoRA operators of
-``lora_operators``, applied one at a time to the code inside functions and methods.
+``lora_operators`` and ``lora_value_operators``, applied one at a time to the code inside functions and methods.
 
 cosmic-ray 8.7 is used as a library: its operators and its parso helpers (``cosmic_ray.operators``,
 ``cosmic_ray.ast``) import parso and attrs only; its runner (``cosmic_ray.mutating``, sessions in SQLite, stevedore
@@ -75,17 +75,25 @@ class Mutant:
 
 
 def operators() -> dict[str, type]:
-    """Operator name -> class: ``STANDARD`` from cosmic-ray, then the LoRA operators."""
+    """Operator name -> class: ``STANDARD`` from cosmic-ray, then the LoRA operators (syntactic, then the value
+    classes of ``lora_value_operators``)."""
     try:
         from cosmic_ray.operators.provider import OperatorProvider
 
-        from lora_suite.tools import lora_operators
+        from lora_suite.tools import lora_operators, lora_value_operators
     except ImportError as exc:
         raise MutateUnavailable(f"mutation testing needs the mutate extra ({exc}): {EXTRA_HINT}") from None
     provider = OperatorProvider()
     out = {name: provider[name] for name in STANDARD}
     out.update({cls.__name__: cls for cls in lora_operators.LORA_OPERATORS})
+    out.update({cls.__name__: cls for cls in lora_value_operators.VALUE_OPERATORS})
     return out
+
+
+def fingerprint_blind(name: str) -> str:
+    """Why the fingerprint cannot show a mutant of operator ``name`` equivalent (its class lies outside what the
+    fingerprint runs: ``FINGERPRINT_BLIND`` of ``lora_value_operators``); empty where it can."""
+    return getattr(operators().get(name), "FINGERPRINT_BLIND", "")
 
 
 def _inside_function(node) -> bool:

@@ -5,9 +5,16 @@
     equivalent  it survived and its fingerprint (``lora_suite.engine.fingerprint``) is bitwise the source's: outputs,
                 gradients, saved files and the rest on a probe grid; no check could tell it apart. Only where the
                 source's fingerprint runs the mutated line: where it does not, the sameness proves nothing and the
-                mutant stays a survivor (a refusal no check triggers, code the stack never calls)
+                mutant stays a survivor (a refusal no check triggers, code the stack never calls); nor for an
+                operator whose class the fingerprint cannot see (``mutants.fingerprint_blind``: a bf16 rounding of
+                a value the probe holds exactly, a cache of a layer called once, a NaN the probe never feeds)
+    error       the run judged nothing (``check_run``: no report.json, no test ran, a crash outside the code under
+                test), twice (the second run alone on the host): never a kill, left out of both scores, listed
 
-The mutation score is killed / (killed + survived): the equivalent mutants are left out of it.
+Two scores, both printed and recorded: ``score`` = killed / (killed + survived), the equivalent mutants left out;
+``score_counting_equivalents`` = killed / (killed + survived + equivalent), every equivalent counted as a survivor
+(a bound from below: an "equivalent" mutant may still be a defect no probe of the fingerprint reaches). Neither
+exists where no mutant was killed or survived (every one an error or equivalent): then ``mutate`` fails.
 
 The unmutated source runs first and must pass (a score on a stack that fails its checks means nothing); its time
 sets each mutant's timeout (``TIMEOUT_FACTOR`` x it + ``TIMEOUT_SLACK_S`` by default). That run also records which
@@ -41,12 +48,12 @@ from lora_suite.core.mutant_source import mutant_env
 from lora_suite.engine.fingerprint import differing
 from lora_suite.tools.check_run import Attempt, last_line, run_checks
 from lora_suite.tools.forked_runs import Finished, run_subprocess
-from lora_suite.tools.mutants import Mutant, mutants_of, read_source
+from lora_suite.tools.mutants import Mutant, fingerprint_blind, mutants_of, read_source
 
 TIMEOUT_FACTOR, TIMEOUT_SLACK_S = 3.0, 30.0  # a mutant that runs 3x the source's time and half a minute is stuck
 ALONE_FACTOR = 3.0  # a timed-out mutant's second run, alone on the host: 3x the timeout it passed
 BASELINE_TIMEOUT_S = 1800.0  # the unmutated source's own run: half an hour means something is wrong
-STATUSES = ("killed", "survived", "equivalent")
+STATUSES = ("killed", "survived", "equivalent", "error")
 
 
 class BaselineFailed(RuntimeError):
@@ -103,15 +110,23 @@ class MutationRun:
         return sum(r.status == status for r in self.results)
 
     def counts(self) -> tuple[int, int, int]:
-        """(killed, survived, equivalent)."""
-        return tuple(self.count(s) for s in STATUSES)
+        """(killed, survived, equivalent); ``count("error")`` for the mutants whose runs judged nothing."""
+        return tuple(self.count(s) for s in STATUSES[:3])
 
 
 def score(killed: int, survived: int) -> float | None:
-    """killed / (killed + survived); None where no mutant counts (every one equivalent, or none at all)."""
+    """killed / (killed + survived); None where no mutant counts (every one equivalent or an error, or none)."""
     if killed < 0 or survived < 0:
         raise ValueError(f"counts must not be negative, got killed={killed}, survived={survived}")
     return killed / (killed + survived) if killed + survived else None
+
+
+def score_counting_equivalents(killed: int, survived: int, equivalent: int) -> float | None:
+    """killed / (killed + survived + equivalent): every equivalent mutant counted as a survivor; None where no
+    mutant was killed or survived (a score of equivalents alone would judge nothing the checks did)."""
+    if equivalent < 0:
+        raise ValueError(f"counts must not be negative, got equivalent={equivalent}")
+    return None if score(killed, survived) is None else killed / (killed + survived + equivalent)
 
 
 def execute(plan: Plan, workdir: Path) -> MutationRun:
@@ -133,9 +148,9 @@ def execute(plan: Plan, workdir: Path) -> MutationRun:
     runner = _MutantRunner(plan, workdir, mutants, not_run, order, timeout)
     with ThreadPoolExecutor(max_workers=max(1, plan.workers)) as pool:
         results = list(pool.map(runner.one, enumerate(mutants)))
-        timed_out = [n for n, r in enumerate(results) if r.killed_by.startswith("timeout")]
+        timed_out = [n for n, r in enumerate(results) if r.killed_by.startswith("timeout") or r.status == "error"]
         if timed_out:
-            plan.log(f"mutate: {len(timed_out)} mutant(s) timed out beside the others: each again, alone")
+            plan.log(f"mutate: {len(timed_out)} mutant(s) timed out or judged nothing beside the others: again, alone")
         for n in timed_out:
             results[n] = runner.alone(n, results[n])
         results = _judge_survivors(plan, workdir, mutants, results, pool, starts)
@@ -156,7 +171,7 @@ def _source_run(plan: Plan, base_dir: Path, trace_out: Path) -> tuple[Attempt, d
     base_env = {**plan.env, **trace_env([t.path for t in plan.targets], trace_out)}
     baseline = run_checks(plan.command(base_dir, ()), base_env, base_dir, BASELINE_TIMEOUT_S)
     if not baseline.passed or baseline.judged == 0:
-        why = baseline.killed_by or "no test passed: the checks judged nothing (is a CUDA GPU visible to torch?)"
+        why = baseline.killed_by or f"the checks judged nothing: {baseline.error or 'no test passed'}"
         raise BaselineFailed(
             f"the unmutated source does not pass the checks ({why}); a mutation score on a failing stack means "
             f"nothing: fix it first (its run: {base_dir})"
@@ -179,7 +194,7 @@ class _MutantRunner:
 
     def one(self, item: tuple[int, tuple[Target, Mutant]]) -> MutantResult:
         """Mutant ``n``'s file written in its folder and the checks run on it (unless its line is never run):
-        survived when they pass, else killed by what failed."""
+        survived when they pass, an error where they judged nothing, else killed by what failed."""
         plan = self.plan
         n, (target, m) = item
         folder = self.workdir / f"mutant-{n:04d}"
@@ -196,26 +211,33 @@ class _MutantRunner:
                 folder / "report",
                 self.timeout,
                 plan.runner,
+                path,
             )
-        status = "survived" if a.passed else "killed"
+        status = _status(a)
         self.done += 1
-        plan.log(f"[{self.done}/{len(self.mutants)}] {status:<8} {m.id}  {a.killed_by}".rstrip())
-        note = f"not run: the checks never execute line {m.line}" if n in self.not_run else ""
+        plan.log(f"[{self.done}/{len(self.mutants)}] {status:<8} {m.id}  {a.killed_by or a.error}".rstrip())
+        note = f"not run: the checks never execute line {m.line}" if n in self.not_run else a.error
         return MutantResult(m.id, m.file, m.operator, m.line, m.diff, status, a.killed_by, note, round(a.seconds, 2))
 
     def alone(self, n: int, r: MutantResult) -> MutantResult:
-        """A mutant that timed out beside the others, run again with nothing else running (``alone_factor`` times
-        the timeout); its seconds are both runs'."""
+        """A mutant that timed out or judged nothing beside the others, run again with nothing else running
+        (``alone_factor`` times the timeout); its seconds are both runs'."""
         plan = self.plan
         target = self.mutants[n][0]
         folder = self.workdir / f"mutant-{n:04d}"
-        env = {**plan.env, **mutant_env(target.module, folder / target.path.name)}
+        path = folder / target.path.name
+        env = {**plan.env, **mutant_env(target.module, path)}
         command = plan.command(folder / "alone", self.order.get(n, ()))
-        a = run_checks(command, env, folder / "alone", plan.alone_factor * self.timeout, plan.runner)
+        a = run_checks(command, env, folder / "alone", plan.alone_factor * self.timeout, plan.runner, path)
         why = a.killed_by.replace(")", ", run alone)") if a.killed_by.startswith("timeout") else a.killed_by
-        plan.log(f"[alone] {'survived' if a.passed else 'killed':<8} {r.id}  {why}".rstrip())
-        status = "survived" if a.passed else "killed"
-        return dataclasses.replace(r, status=status, killed_by=why, seconds=round(r.seconds + a.seconds, 2))
+        reason = f"{a.error} (twice: beside the others, then alone)" if a.error else ""
+        plan.log(f"[alone] {_status(a):<8} {r.id}  {why or reason}".rstrip())
+        seconds = round(r.seconds + a.seconds, 2)
+        return dataclasses.replace(r, status=_status(a), killed_by=why, reason=reason, seconds=seconds)
+
+
+def _status(a: Attempt) -> str:
+    return "error" if a.error else "survived" if a.passed else "killed"
 
 
 def _starts(targets: tuple[Target, ...]) -> dict[str, dict[int, int]]:
@@ -297,7 +319,9 @@ def _judge_survivors(
             fp = plan.fingerprint({**plan.env, **mutant_env(target.module, path)})
         except Exception as exc:  # as above: reported, never a pass
             return _with_reason(results[i], f"{note}not judged for equivalence: its fingerprint failed ({exc})")
-        parts = differing(fp, original)
+        parts, blind = differing(fp, original), fingerprint_blind(m.operator)
+        if not parts and blind:  # its class lies outside what the fingerprint runs: the sameness proves nothing
+            return _with_reason(results[i], f"{note}bitwise the source's fingerprint, which cannot show it: {blind}")
         if not parts:
             return dataclasses.replace(
                 results[i], status="equivalent", reason=f"{note}bitwise the source's fingerprint"

@@ -12,6 +12,8 @@ report directories (``gpu-test.sh scorecard`` lays out one run directory per imp
   declared something not applicable (a pass on 7 checks is not a pass on 250);
 - the convergence tier's loss curves, overlaid per implementation;
 - the memory tier's peak allocated VRAM per implementation, as bars;
+- the implementation × architecture matrix from the quick tier's checks of each family
+  (``lora_suite.tools.scorecard_architectures``): pass or fail with its checks, or n/a with the reason;
 - the benchmark column, per implementation that took turns in a bench run's interleaved training benchmark
   (``--bench-impls``): measured, fail (a run that stopped: the row saying what stopped it) or n/a (every mode
   declared not applicable); its tokens/s relative to PEFT eager, each taken from the first bench run that
@@ -32,6 +34,7 @@ from pathlib import Path
 
 from lora_suite.harness.report import atomic_write_text
 from lora_suite.tools import ledger
+from lora_suite.tools import scorecard_architectures as arch_card
 
 TIERS = ("quick", "convergence", "memory", "benchmark")
 PEAK_CHECK = "peak allocated VRAM"
@@ -54,6 +57,7 @@ class Scorecard:
     speed_vs_peft_eager: dict[str, float]  # "<case> <run>" -> tokens/s ÷ PEFT eager's, from a bench run
     peak_base: dict[str, str] = field(default_factory=dict)  # implementation -> "NF4" or "16-bit", memory tier
     speed_source: dict[str, str] = field(default_factory=dict)  # "<case> <run>" -> the bench run it is from
+    architectures: dict[str, dict[str, Cell]] = field(default_factory=dict)  # implementation -> family -> cell
 
 
 def build_rows(rows: list[dict], losses: dict | None = None) -> Scorecard:
@@ -100,7 +104,7 @@ def build_rows(rows: list[dict], losses: dict | None = None) -> Scorecard:
                     bench_cells.setdefault(impl_of, Cell("n/a", run)).not_applicable.append(item)
     for impl, cell in bench_cells.items():  # measured, fail (a run that stopped) or n/a (every mode declared)
         matrix.setdefault(impl, {})["benchmark"] = cell
-    return Scorecard(matrix, losses or {}, peaks, ratios, bases, sources)
+    return Scorecard(matrix, losses or {}, peaks, ratios, bases, sources, arch_card.matrix(rows, Cell, ledger.run_key))
 
 
 def loss_curves(dirs: list[Path]) -> dict[str, tuple[list, list]]:
@@ -223,6 +227,7 @@ def render_md(card: Scorecard, images: dict[str, bytes]) -> str:
     if notes:
         lines += ["", "Not applicable, as each implementation declared it:", ""]
         lines += [f"{i}. {n}" for i, n in enumerate(notes, 1)]
+    lines += arch_card.render_md(card.architectures)
     if card.peaks_gib:
         lines += ["", "| implementation | base | peak allocated VRAM (GiB), memory tier |", "|---|---|---|"]
         lines += [f"| {k} | {card.peak_base.get(k, '?')} | {v} |" for k, v in sorted(card.peaks_gib.items())]
@@ -265,7 +270,7 @@ def render_html(card: Scorecard, images: dict[str, bytes]) -> str:
         "<h1>LoRA implementations scorecard</h1><p>Hover a cell for the failed checks and the reasons of what "
         "was not applicable.</p>"
         f"<table><tr><th>implementation</th>{''.join(f'<th>{t}</th>' for t in tiers)}</tr>{''.join(rows)}"
-        f"</table>{imgs}\n"
+        f"</table>{arch_card.render_html(card.architectures, colour)}{imgs}\n"
     )
 
 
@@ -286,6 +291,7 @@ def write(out_dir: Path, card: Scorecard) -> None:
                 "peak_base": card.peak_base,
                 "speed_vs_peft_eager": card.speed_vs_peft_eager,
                 "speed_source": card.speed_source,
+                "architectures": {i: {a: asdict(c) for a, c in row.items()} for i, row in card.architectures.items()},
             },
             indent=1,
         ),

@@ -34,6 +34,7 @@ import gc
 import pytest
 import torch
 
+from lora_suite.core.loader import load_model_config
 from lora_suite.engine.gradients import copy_adapters, perturb_lora_a
 from lora_suite.engine.trainer import train
 from lora_suite.harness.figures import record_figure
@@ -42,6 +43,7 @@ from lora_suite.implementations import ImplementationError, resolve_implementati
 from lora_suite.measure.criteria import loss_drop, loss_match
 
 pytestmark = [pytest.mark.gpu, pytest.mark.convergence]
+QWEN2_SHAPE = "qwen2-smollm2-shape"  # the non-Llama model of issue 55 (lora_suite/configs/models/)
 
 
 def _run(tier, cfg, implementation, init, perturb=0.0):
@@ -60,7 +62,34 @@ def _run(tier, cfg, implementation, init, perturb=0.0):
 
 
 def test_convergence_and_match_to_reference(tier):
+    converge(tier, tier.config("convergence"), "")
+
+
+def test_convergence_on_a_qwen2_shaped_model(tier):
+    """The same runs on a Qwen2-shaped model at SmolLM2's widths (``configs/models/qwen2-smollm2-shape.yaml``: q, k
+    and v with a bias), random-initialised: a stack that drops the base's bias, or trains it, leaves the band around
+    the torch reference (lora_core's layer keeps it, frozen). Check and table names start with ``qwen2-shape: ``."""
     cfg = tier.config("convergence")
+    converge(tier, dataclasses.replace(cfg, model=load_model_config(QWEN2_SHAPE), weights="random"), "qwen2-shape: ")
+
+
+class Prefixed:
+    """``tier.check`` with ``label`` before every check's name (the same checks for a second model)."""
+
+    def __init__(self, check, label: str):
+        self.check, self.label = check, label
+
+    def __call__(self, name, *args, **kwargs):
+        return self.check(self.label + name, *args, **kwargs)
+
+    def not_applicable(self, name, reason):
+        return self.check.not_applicable(self.label + name, reason)
+
+
+def converge(tier, cfg, label: str):
+    """The four runs (five with the eager twin of a captured run) and every check of the tier on ``cfg``'s model,
+    check and table names prefixed with ``label``."""
+    check = Prefixed(tier.check, label)
     crit = cfg.criteria
     name = tier.impl.name
     # The initial adapters every run starts from: those of the first injection (seeded).
@@ -73,16 +102,16 @@ def test_convergence_and_match_to_reference(tier):
     peft_run = None
     peft_check = "steps where PEFT leaves the tolerance band"
     if name == "peft":
-        tier.check.not_applicable(peft_check, "PEFT is the implementation under test: its own check above")
+        check.not_applicable(peft_check, "PEFT is the implementation under test: its own check above")
     else:
         try:
             peft_impl = resolve_implementation("peft")
         except ImplementationError as exc:  # peft does not import here
-            tier.check.not_applicable(peft_check, str(exc))
+            check.not_applicable(peft_check, str(exc))
         else:
             no_nf4 = cfg.lora.quantize and peft_impl.reason_not_applicable("nf4_base")
             if no_nf4:  # peft-bnb under test is PEFT on this base; PEFT alone has no NF4 base to compare on
-                tier.check.not_applicable(peft_check, f"the base is {cfg.lora.quantize}: {no_nf4}")
+                check.not_applicable(peft_check, f"the base is {cfg.lora.quantize}: {no_nf4}")
             else:
                 peft_run = _run(tier, cfg, peft_impl, init)
 
@@ -93,7 +122,7 @@ def test_convergence_and_match_to_reference(tier):
             tier, dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, cuda_graph=False)), None, init
         )
         replayed = sum(r.captured for r in ours.records)
-        tier.check(
+        check(
             f"{name}: steps replayed from the captured graph",
             replayed,
             "==",
@@ -101,7 +130,7 @@ def test_convergence_and_match_to_reference(tier):
             source="train.cuda_graph: the mode ran",
         )
     else:
-        tier.check.not_applicable(
+        check.not_applicable(
             captured_check,
             "train.cuda_graph is off for this run (configs/convergence.yaml or the implementation's declaration)",
         )
@@ -119,29 +148,28 @@ def test_convergence_and_match_to_reference(tier):
     tier.report.add_series(
         Series(
             tier.nodeid,
-            "per-step loss: reference vs ours (and PEFT)",
+            f"{label}per-step loss: reference vs ours (and PEFT)",
             cols,
             tuple(rows),
             plot_x="step",
             plot_y=cols[1:3] + (("peft",) if peft_run is not None else ()),
         )
     )
-    tier.record_steps(f"convergence ({name})", ours.records)
+    tier.record_steps(f"{label}convergence ({name})", ours.records)
     drop = loss_drop(ours.losses, crit.loss_window)
-    record_figure(tier.report, tier.nodeid, "convergence", "loss drop", drop)
+    if not label:  # the headline figure is the tier's own model's (configs/convergence.yaml suite.figures)
+        record_figure(tier.report, tier.nodeid, "convergence", "loss drop", drop)
     source = "max(loss_match_factor*e(t), loss_match_floor): configs/convergence.yaml"
-    tier.check(
+    check(
         f"loss drop, mean of first {crit.loss_window} vs last {crit.loss_window} steps",
         round(drop, 4),
         ">=",
         crit.loss_drop_min,
         source="configs/convergence.yaml loss_drop_min",
     )
-    tier.check(
-        f"steps where {name} leaves the tolerance band (first: {beyond[:5]})", len(beyond), "==", 0, source=source
-    )
+    check(f"steps where {name} leaves the tolerance band (first: {beyond[:5]})", len(beyond), "==", 0, source=source)
     if peft_run is not None:
-        tier.check(f"{peft_check} (first: {beyond_peft[:5]})", len(beyond_peft), "==", 0, source=source)
+        check(f"{peft_check} (first: {beyond_peft[:5]})", len(beyond_peft), "==", 0, source=source)
     if ours_eager is not None:
         cap_rows, beyond_cap = loss_match(
             ours.losses, ours_eager.losses, control.losses, crit.loss_match_factor, crit.loss_match_floor
@@ -149,7 +177,7 @@ def test_convergence_and_match_to_reference(tier):
         tier.report.add_series(
             Series(
                 tier.nodeid,
-                f"per-step loss: {name} captured vs {name} eager",
+                f"{label}per-step loss: {name} captured vs {name} eager",
                 ("step", "eager", "captured", "rel diff", "control envelope e(t)", "tolerance"),
                 tuple(cap_rows),
                 plot_x="step",
@@ -161,4 +189,4 @@ def test_convergence_and_match_to_reference(tier):
             f"{tier.nodeid}: captured and eager losses bitwise equal on {identical} of "
             f"{len(ours.losses)} steps; max relative gap {max(r[3] for r in cap_rows):.3g}"
         )
-        tier.check(f"{captured_check} (first: {beyond_cap[:5]})", len(beyond_cap), "==", 0, source=source)
+        check(f"{captured_check} (first: {beyond_cap[:5]})", len(beyond_cap), "==", 0, source=source)

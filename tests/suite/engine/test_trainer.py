@@ -230,3 +230,16 @@ def test_the_graph_warm_up_must_leave_steps_to_capture_only_when_capturing(confi
     path.write_text(text.replace("log_every: 20}", "log_every: 20, cuda_graph: true, graph_warmup_steps: 40}"))
     with pytest.raises(ConfigError, match="train.graph_warmup_steps: 40 is out of range"):
         load_tier_config(path)
+
+
+def test_the_guard_stops_a_stack_that_cleans_its_gradients(tiny_cfg):
+    """Issue 55: a stack whose adapters' gradients pass through nan_to_num (example_plants_values) trains on with
+    finite gradients once a NaN enters; the guard still stops it at that step, from the loss, naming the frozen tensor."""
+    from lora_suite.scenarios import example_plants as EP
+
+    cfg = dataclasses.replace(tiny_cfg, dtype="float32")
+    p = prepare(cfg, "cpu", implementation=EP.adapter_grads_nan_to_num())
+    with torch.no_grad():
+        p.model.model.layers[0].mlp.up_proj.base.weight[0, 0] = float("nan")
+    with pytest.raises(NonFiniteError, match=r"non-finite values at step 0: loss nan.*frozen base holds NaN/Inf"):
+        train(p.model, p.batches, cfg.train, adapters=p.adapters)

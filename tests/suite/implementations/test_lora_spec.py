@@ -24,6 +24,10 @@ COVERED = (
     "lora_suite/tiers/quick/test_layer_probes.py",
     "lora_suite/tiers/quick/test_layer_invariants.py",
     "lora_suite/tiers/quick/test_adapter_round_trip.py",
+    "lora_suite/engine/layer_properties.py",
+    "lora_suite/engine/merge_rounding.py",
+    "lora_suite/engine/non_finite_checks.py",
+    "lora_suite/tiers/quick/test_layer_properties.py",
 )
 REPOSITORIES = {
     "huggingface/peft",

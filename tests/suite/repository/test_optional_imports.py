@@ -25,6 +25,7 @@ DECLARED = {
     "pytest-xdist": "xdist",
     "sqlalchemy": "sqlalchemy",
     "plotly": "plotly",
+    "hypothesis": "hypothesis",
 }
 TRANSITIVE = {"numpy", "_pytest"}  # matplotlib requires numpy; _pytest is pytest's own package
 OURS = {"lora_core", "lora_suite", "tests", "tiers", "benchmarks", "__future__"}

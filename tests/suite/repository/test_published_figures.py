@@ -8,7 +8,8 @@
   commands and sample output, not figures;
 - a check count printed beside a run ("judged by N checks ... (run R") is that run's count of passed checks;
 - a mutation score ("score S (K killed, V survived, E equivalent of T mutants) in W s") is the figures of a mutation
-  run of the ledger group its paragraph names.
+  run of the ledger group its paragraph names; the second score printed after it ("(score S2 with the equivalents
+  counted as survivors)") is K / (K + V + E) of those counts, at its printed precision.
 
 A figure edited to a value the ledger does not hold fails here."""
 
@@ -24,6 +25,10 @@ RUN = re.compile(r"\b(\d{8}T\d{6}Z-[A-Za-z0-9_.-]*[A-Za-z0-9_])")
 CHECKS = re.compile(r"judged by (\d+) checks[^()]*\(run (\d{8}T\d{6}Z-[A-Za-z0-9_.-]*[A-Za-z0-9_])")
 SCORE = re.compile(
     r"score (\d\.\d+) \((\d+) killed, (\d+) survived,\s+(\d+) equivalent of (\d+)(?: mutants?)?\) in (\d+) s", re.S
+)
+SECOND_SCORE = re.compile(
+    r"\((\d+) killed, (\d+) survived,\s+(\d+) equivalent of \d+(?: mutants?)?\) in \d+ s\s+"
+    r"\(score (\d\.\d+) with\s+the\s+equivalents\s+counted\s+as\s+survivors\)"
 )
 GROUP = re.compile(r"ledger group `([^`]+)`")
 UNITS = {"ms": ("time", 1e-3), "s": ("time", 1.0), "min": ("time", 60.0), "seconds": ("time", 1.0)}
@@ -156,6 +161,17 @@ def wrong_scores(text: str, rows: list[dict]) -> list[str]:
     return bad
 
 
+def wrong_second_scores(text: str) -> list[str]:
+    """Each score printed "with the equivalents counted as survivors" against K / (K + V + E) of the counts printed
+    before it (which ``wrong_scores`` holds to the ledger)."""
+    bad = []
+    for killed, survived, equivalent, printed in SECOND_SCORE.findall(text):
+        k, n = int(killed), int(killed) + int(survived) + int(equivalent)
+        if round(k / n, len(printed) - 2) != float(printed):
+            bad.append(f"score {printed} with the equivalents counted as survivors: {k} / {n} is {k / n:.4f}")
+    return bad
+
+
 def prose_figures(text: str) -> list[re.Match]:
     """The figures ``unledgered_figures`` judges, as matches in ``text`` itself (outside code)."""
     code = [m.span() for m in CODE.finditer(text)]
@@ -173,11 +189,12 @@ def test_each_page_cites_runs_in_the_ledger_and_prints_only_their_figures(page, 
     assert cited_runs_missing(text, rows) == []
     assert unledgered_figures(text, rows) == []
     assert wrong_check_counts(text, rows) == [] and wrong_scores(text, rows) == []
+    assert wrong_second_scores(text) == []
 
 
 def test_the_readme_prints_check_counts_and_mutation_scores_from_the_ledger(rows):
     text = (ROOT / "README.md").read_text()
-    assert CHECKS.findall(text) and len(SCORE.findall(text)) >= 2
+    assert CHECKS.findall(text) and len(SCORE.findall(text)) >= 2 and len(SECOND_SCORE.findall(text)) >= 2
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -199,6 +216,7 @@ def test_every_figure_of_a_page_edited_by_a_third_fails(page, rows):
         ("judged by 161 checks", "judged by 162 checks"),
         ("score 0.931 (121 killed", "score 0.941 (121 killed"),
         ("24 equivalent of 151) in 323 s", "24 equivalent of 151) in 300 s"),
+        ("(score 0.776 with the equivalents", "(score 0.786 with the equivalents"),
         ("20261126T054731Z-quick-plain_lora_make", "20261126T054732Z-quick-plain_lora_make"),
         ("18.2 s on a warm H100", "18.3 s on a warm H100"),
         ("captured step 72.4 ms", "captured step 71.4 ms"),
@@ -212,5 +230,6 @@ def test_a_figure_edited_to_a_value_the_ledger_does_not_hold_fails(old, new, row
         cited_runs_missing(edited, rows)
         or wrong_check_counts(edited, rows)
         or wrong_scores(edited, rows)
+        or wrong_second_scores(edited)
         or unledgered_figures(edited, rows)
     )

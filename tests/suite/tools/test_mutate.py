@@ -17,105 +17,19 @@ pytest.importorskip("cosmic_ray", reason="the mutate extra (cosmic-ray) is not i
 from lora_suite.core import mutant_source  # noqa: E402
 from lora_suite.tools import mutate as M  # noqa: E402
 from lora_suite.tools import mutation_report as R  # noqa: E402
+from tests.suite.tools.mutation_standins import CALC, CHECKS, calc_folder, calc_plan  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
-
-CALC = """\
-def scale(alpha, r):
-    return alpha / r
-
-
-def double(x):
-    unused = x * 1
-    return x * 2
-
-
-def shifted(x):
-    k = 1
-    return x + k
-
-
-def count(n):
-    i = 0
-    while i < n:
-        i += 1
-    return i
-"""
-
-# The stand-in for the quick tier: a process that loads the (mutated) module the way the pytest plugin does and
-# writes a report.json of checks and outcomes as the suite's run report does.
-CHECKS = """\
-import json, os, sys
-from pathlib import Path
-
-from lora_suite.core.mutant_source import install_from_env
-
-install_from_env()
-import calc
-
-TESTS = {
-    "check_calc.py::test_scale": ("scale(8, 4) is 2", lambda: calc.scale(8, 4) == 2),
-    "check_calc.py::test_double": ("double(0) is 0", lambda: calc.double(0) == 0),
-    "check_calc.py::test_shifted": ("shifted(1) is 2", lambda: calc.shifted(1) == 2),
-    "check_calc.py::test_count": ("count(3) is 3", lambda: calc.count(3) == 3),
-}
-checks, outcomes = [], []
-for test in sys.argv[2:] or TESTS:  # the order given, else the file's; stop at the first failure, as -x does
-    os.environ["PYTEST_CURRENT_TEST"] = f"{test} (call)"
-    name, ok = TESTS[test]
-    try:
-        checks.append({"test": test, "name": name, "passed": bool(ok())})
-        outcomes.append({"test": test, "outcome": "passed" if checks[-1]["passed"] else "failed", "reason": ""})
-    except Exception as exc:
-        outcomes.append({"test": test, "outcome": "failed", "reason": f"{type(exc).__name__}: {exc}"})
-    if outcomes[-1]["outcome"] == "failed":
-        break
-out = Path(sys.argv[1])
-out.mkdir(parents=True, exist_ok=True)
-(out / "report.json").write_text(json.dumps({"checks": checks, "outcomes": outcomes}))
-sys.exit(0 if all(o["outcome"] == "passed" for o in outcomes) else 1)
-"""
-
-FINGERPRINT = """\
-import json
-from lora_suite.core.mutant_source import install_from_env
-
-install_from_env()
-import calc
-
-print(json.dumps({f"double({x})": repr(calc.double(x)) for x in (0, 3)}))
-"""
 
 
 @pytest.fixture
 def calc_stack(tmp_path):
-    (tmp_path / "calc.py").write_text(CALC)
-    (tmp_path / "check_calc.py").write_text(CHECKS)
-    (tmp_path / "fingerprint_calc.py").write_text(FINGERPRINT)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
-    for var in (mutant_source.MODULE_ENV, mutant_source.FILE_ENV):
-        env.pop(var, None)
-    return tmp_path, env
-
-
-def _plan(folder: Path, env: dict, **kw) -> M.Plan:
-    defaults = dict(
-        targets=(M.Target(folder / "calc.py", "calc", "calc.py"),),
-        command=lambda report, order: [sys.executable, str(folder / "check_calc.py"), str(report), *order],
-        env=env,
-        fingerprint=M.subprocess_fingerprint([sys.executable, str(folder / "fingerprint_calc.py")]),
-        workers=2,
-        operators=("DeleteStatement", "ReplaceBinaryOperator_Mul_Div"),
-        timeout_slack_s=2.0,
-        alone_factor=1.0,
-        log=lambda line: None,
-    )
-    return M.Plan(**{**defaults, **kw})
+    return calc_folder(tmp_path)
 
 
 def test_each_mutant_is_killed_survives_or_is_equivalent_for_its_reason(calc_stack, tmp_path):
     folder, env = calc_stack
-    run = M.execute(_plan(folder, env), tmp_path / "work")
+    run = M.execute(calc_plan(folder, env), tmp_path / "work")
     by = {(r.line, r.operator): r for r in run.results}
     assert len(run.results) == 10
     assert by[(2, "DeleteStatement")].killed_by == "check 'scale(8, 4) is 2' (check_calc.py::test_scale)"
@@ -142,7 +56,7 @@ def test_a_mutant_on_a_line_neither_the_checks_nor_the_fingerprint_run_survives_
             '    "check_calc.py::test_rarely": ("rarely(1) is 1", lambda: calc.rarely(1) == 1),\n    "check_calc.py::test_count"',
         )
     )
-    run = M.execute(_plan(folder, env, operators=("ReplaceBinaryOperator_Mul_Div",)), tmp_path / "work")
+    run = M.execute(calc_plan(folder, env, operators=("ReplaceBinaryOperator_Mul_Div",)), tmp_path / "work")
     by = {r.line: r for r in run.results}
     skipped = by[24]  # `return x * 3`: never reached by rarely(1), nor by the fingerprint (it calls double only)
     never = "the fingerprint never runs line 24 either: its sameness proves nothing"
@@ -158,7 +72,7 @@ def test_a_mutant_on_a_line_neither_the_checks_nor_the_fingerprint_run_survives_
 @pytest.mark.parametrize("every_thread", [True, False])
 def test_only_a_trace_that_saw_every_thread_lets_mutants_go_unrun(calc_stack, tmp_path, every_thread):
     folder, env = calc_stack
-    plan = _plan(folder, env, operators=("ReplaceBinaryOperator_Mul_Div",))
+    plan = calc_plan(folder, env, operators=("ReplaceBinaryOperator_Mul_Div",))
     from lora_suite.tools.mutants import mutants_of, read_source
 
     target = plan.targets[0]
@@ -174,10 +88,10 @@ def test_runs_forked_from_a_fork_server_give_the_same_verdicts(calc_stack, tmp_p
     from lora_suite.tools.forked_runs import ForkServer
 
     folder, env = calc_stack
-    fresh = M.execute(_plan(folder, env), tmp_path / "fresh")
+    fresh = M.execute(calc_plan(folder, env), tmp_path / "fresh")
     server = ForkServer(sys.executable, env, ["json"], ["calc"], tmp_path / "fs")
     try:
-        plan = _plan(
+        plan = calc_plan(
             folder,
             env,
             command=lambda report, order: [sys.executable, "-m", "check_calc", str(report), *order],
@@ -197,7 +111,7 @@ def test_runs_forked_from_a_fork_server_give_the_same_verdicts(calc_stack, tmp_p
 
 def test_a_mutant_runs_the_tests_that_reach_its_line_first_and_every_test_where_it_survives(calc_stack, tmp_path):
     folder, env = calc_stack
-    run = M.execute(_plan(folder, env), tmp_path / "work")
+    run = M.execute(calc_plan(folder, env), tmp_path / "work")
     ran = {}
     for n, r in enumerate(run.results):
         report = tmp_path / "work" / f"mutant-{n:04d}" / "report" / "report.json"
@@ -212,7 +126,7 @@ def test_a_failing_source_stops_the_run_before_any_mutant(calc_stack, tmp_path):
     folder, env = calc_stack
     (folder / "calc.py").write_text(CALC.replace("alpha / r", "alpha * r"))
     with pytest.raises(M.BaselineFailed, match="unmutated source does not pass the checks .check 'scale"):
-        M.execute(_plan(folder, env), tmp_path / "work")
+        M.execute(calc_plan(folder, env), tmp_path / "work")
     assert not list((tmp_path / "work").glob("mutant-*"))
 
 
@@ -221,7 +135,9 @@ def test_a_source_whose_checks_judge_nothing_stops_the_run(calc_stack, tmp_path)
     nothing = folder / "nothing.py"
     nothing.write_text("import sys\n")  # exits 0, writes no report: every GPU test skipped
     with pytest.raises(M.BaselineFailed, match="judged nothing"):
-        M.execute(_plan(folder, env, command=lambda report, order: [sys.executable, str(nothing)]), tmp_path / "work")
+        M.execute(
+            calc_plan(folder, env, command=lambda report, order: [sys.executable, str(nothing)]), tmp_path / "work"
+        )
 
 
 @pytest.mark.parametrize(
@@ -250,6 +166,7 @@ RESULTS = [
     _result(2, "killed", killed_by="t.py::test: NameError: k"),
     _result(3, "survived", reason="changes fp32: init; no check saw it"),
     _result(4, "equivalent", reason="bitwise the source's fingerprint"),
+    _result(5, "error", reason="no report.json: the harness did not run (exit 4: ImportError: lora_suite)"),
 ]
 
 
@@ -267,16 +184,24 @@ def test_the_report_gives_the_score_first_then_survivors_with_diffs_and_its_ledg
     assert data["checks"][0]["name"] == R.SCORE_CHECK and data["checks"][0]["value"] == pytest.approx(2 / 3, abs=1e-4)
     assert data["checks"][0]["passed"] is False and data["checks"][0]["threshold"] == 0.9
     mutants = next(s for s in data["series"] if s["name"] == "mutants")
-    assert [r[4] for r in mutants["rows"]] == ["killed", "killed", "survived", "equivalent"]
+    assert [r[4] for r in mutants["rows"]] == ["killed", "killed", "survived", "equivalent", "error"]
     assert R.figures(data) == {
         R.SCORE_CHECK: pytest.approx(0.6667),
         "mutants killed": 2,
         "mutants survived": 1,
         "mutants equivalent": 1,
+        "mutants error": 1,
+        R.HONEST: 0.5,  # 2 / (2 + 1 + 1): the equivalent counted as a survivor; the error in neither score
         "wall s": 12.0,
     }
     first = md.splitlines()[2]
     assert first.startswith("**Mutation score 0.667** (killed 2 / (killed 2 + survived 1))") and "FAIL" in first
+    assert md.splitlines()[4].startswith(
+        "**With the equivalents counted as survivors: 0.500** (killed 2 / (killed 2 + survived 1 + equivalent 1))"
+    )
+    assert "1 equivalent (left out of the first score), 1 error (judged nothing: in neither score)" in md
+    assert "## Errors (the run judged nothing: in neither score)\n\n- `calc.py:Op:5:0`: no report.json" in md
+    assert "| Op | 2 | 1 | 1 | 1 |" in md
     assert "### `calc.py:Op:3:0`\n\nWhy it survives: changes fp32: init; no check saw it\n\n```diff\n-a3\n+b3" in md
     assert "| check 'scale' | 1 |" in md and "| crash: NameError | 1 |" in md
     rows = ledger.rows_of_report(data, data["run_id"], "g")
@@ -284,6 +209,8 @@ def test_the_report_gives_the_score_first_then_survivors_with_diffs_and_its_ledg
     assert got[R.SCORE_CHECK] == ("check", pytest.approx(0.6667), "fail")
     assert got["mutation testing: calc: mutants survived"] == ("bench", 1, "measured")
     assert got["mutation testing: calc: wall s"] == ("bench", 12.0, "measured")
+    assert got[f"mutation testing: calc: {R.HONEST}"] == ("bench", 0.5, "measured")
+    assert got["mutation testing: calc: mutants error"] == ("bench", 1, "measured")
     assert rows[0]["tier"] == "mutate" and rows[0]["verdict"] == "fail"
 
 

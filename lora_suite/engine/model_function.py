@@ -1,0 +1,242 @@
+"""The whole-model criterion, for any architecture (``lora_suite.engine.architectures``) and any implementation: the
+adapted model computes the *base* model's function with every adapted weight W replaced by W' = W + s·B·A.
+
+How it is judged (``build_case``, then the verdict functions, each returning ``Verdict``s):
+
+- the reference is a float64 copy of the un-adapted model, taken before ``inject`` (same weights, biases, norms, the
+  tied embedding one tensor); the adapters are read through the contract (``adapter_parameters``) and set to random
+  values first (A std 1/√in, B std 1/√r: B non-zero, so that dA matters), each rounded to the activation dtype as
+  ``lora_suite.engine.probes.reference`` does;
+- forward: the same input ids through both, logits compared (``torch.func.functional_call`` puts W' in place of each
+  adapted weight of the copy, nothing else changes); backward: the same upstream gradient G of the logits
+  (L = Σ logits ⊙ G), and from autograd's dL/dW' through the float64 copy
+
+      dL/dA = s·Bᵀ·(dL/dW'),    dL/dB = s·(dL/dW')·Aᵀ
+
+  against the implementation's adapter gradients, name by name;
+- targets: every linear of the base model whose leaf name is a target is adapted (``adapter_parameters`` names it);
+- frozen base: after ``inject`` nothing but the adapters is trainable; after the backward no other parameter holds a
+  gradient; after one SGD step over whatever is trainable (as a trainer over ``model.parameters()`` takes it) every
+  base weight and bias is bitwise what it was, and the model computes the float64 function of its new adapters.
+
+Tolerance (``model_tolerance``): the parity error model (``lora_suite.engine.parity.tolerance``: 8·(u_dtype +
+u_fp32·√k), k the longest inner dimension) for one LoRA linear, times ``STAGES_PER_LAYER`` for each decoder layer
+and once more for the LM head: a layer's chain stores rounded intermediates in two sub-blocks (attention: q/k/v,
+scores, the softmax-weighted sum, o; MLP: ``parity.MLP_STAGES``), each within one linear's bound of its own scale,
+and the RMSNorm between layers renormalises the scale (unit-variance activations throughout: the init of
+``architectures``). Gradients traverse the chain twice (recomputation and its transpose): twice the bound. An fp32
+model is judged at fp32-level error (about 1e-4 for these widths); a dropped bias, a scale applied twice or a
+missing adapter moves logits by order 0.1 to 1 of their scale.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from lora_suite.engine.architectures import Architecture
+from lora_suite.engine.layer_checks import none_of
+from lora_suite.engine.parity import MLP_STAGES, compare, tolerance
+from lora_suite.engine.probes import spec_scale
+from lora_suite.implementations import AdapterSpec, LoRAImplementation, adapted_modules
+from lora_suite.measure.criteria import Verdict
+
+R, ALPHA = 8, 12.0  # s = 1.5: not a whole number, so a scale of 1 or 2, or alpha // r, shows
+BATCH, SEQ = 2, 12  # 12 tokens: beyond Mistral's sliding window of 8 in architectures.py
+STAGES_PER_LAYER = 2 * MLP_STAGES  # attention and MLP sub-blocks, each of up to MLP_STAGES stored roundings
+STEP_LR = 0.5  # one SGD step large enough that a moved bias or weight is far beyond any tolerance
+SOURCE = "W' = W + s·B·A in a float64 copy of the base; tol = parity.tolerance x 6 per layer (+1); model_function.py"
+FROZEN_SOURCE = "LoRA §4: W0 frozen (weights and biases), only A and B trained; PEFT bias='none'"
+WHOLE = (
+    "linear_bias",
+    "fused_projections",
+    "gated_gelu_mlp",
+)  # features an architecture needs of a stack before any check applies
+
+
+def not_applicable_reason(impl: LoRAImplementation, arch: Architecture) -> str | None:
+    """Why no check of ``arch`` applies to ``impl`` (a feature it needs, as the implementation declares it), or None.
+    Every family is built unquantised in fp32: a stack whose base is always 4-bit (``bf16_base``) says so too."""
+    whys = [f"{f}: {why}" for f in arch.features() if f in WHOLE and (why := impl.reason_not_applicable(f))]
+    if why := impl.reason_not_applicable("bf16_base"):
+        whys.insert(0, f"bf16_base: {why} (these models are unquantised fp32)")
+    return "; ".join(whys) or None
+
+
+def expert_reason(impl: LoRAImplementation, arch: Architecture) -> str | None:
+    """Why ``arch``'s expert parameters are not adapted by ``impl`` (None: it has none, or the stack adapts them)."""
+    return impl.reason_not_applicable("moe_experts") if arch.parameter_targets else None
+
+
+@dataclass
+class ArchCase:
+    """One architecture adapted by one implementation, with what the criterion compares it against."""
+
+    arch: Architecture
+    impl: LoRAImplementation
+    model: nn.Module
+    reference: nn.Module  # float64 copy of the base model, no gradients of its own
+    base: dict[str, tuple[torch.Tensor, torch.Tensor]]  # name -> (the base tensor, a copy taken before inject)
+    expected: list[str]  # module paths of the base model's target linears
+    adapters: dict[str, nn.Parameter]
+    scale: float
+    ids: torch.Tensor
+    dlogits: torch.Tensor
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.get_input_embeddings().weight.dtype
+
+
+def build_case(impl, arch: Architecture, dtype: torch.dtype, device, *, seed: int = 0, adapter_dtype=None) -> ArchCase:
+    """``arch`` built from ``seed``, copied in float64, adapted by ``impl`` on its linear targets (``adapter_dtype``:
+    fp32 where None), the adapters randomised; random ids and an upstream gradient of the logits."""
+    model = arch.build(dtype, device, seed=seed)
+    reference = copy.deepcopy(model).double().requires_grad_(False)
+    base = {n: (p, p.detach().clone()) for n, p in model.named_parameters()}
+    expected = [
+        p for p, m in model.named_modules() if isinstance(m, nn.Linear) and p.rsplit(".", 1)[-1] in arch.targets
+    ]
+    spec = AdapterSpec(arch.targets, R, ALPHA, False, adapter_dtype or torch.float32)
+    torch.manual_seed(seed)  # an implementation's own random init is the same for the same seed
+    model = impl.load_model(model, spec)
+    impl.inject(model, spec)
+    adapters = impl.adapter_parameters(model)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in adapters.values():
+            p.copy_(torch.randn(p.shape, generator=gen) * p.shape[1] ** -0.5)
+    vocab = arch.config().vocab_size
+    ids = torch.randint(0, vocab, (BATCH, SEQ), generator=gen).to(device)
+    dlogits = torch.randn(BATCH, SEQ, vocab, generator=gen).to(device)
+    return ArchCase(arch, impl, model.train(), reference, base, expected, adapters, spec_scale(spec), ids, dlogits)
+
+
+@dataclass
+class FunctionRun:
+    logits: torch.Tensor
+    grads: dict[str, torch.Tensor | None]  # canonical adapter name -> gradient (None: the adapter got none)
+
+
+def run_model(case: ArchCase) -> FunctionRun:
+    """The implementation's logits and adapter gradients for L = Σ logits ⊙ G (gradients set afresh)."""
+    for p in case.model.parameters():
+        p.grad = None
+    logits = case.model(case.ids).logits
+    (logits * case.dlogits.to(logits.dtype)).sum().backward()
+    grads = {n: None if p.grad is None else p.grad.detach().clone() for n, p in case.adapters.items()}
+    return FunctionRun(logits.detach(), grads)
+
+
+def reference_run(case: ArchCase, *, backward: bool = True) -> FunctionRun:
+    """The float64 function of the adapted base (module docstring): W' = W + s·B̂·Â at each adapted path."""
+    act, s, merged, factors = case.dtype, case.scale, {}, {}
+    for path in adapted_modules(case.adapters):
+        a = case.adapters[f"{path}.lora_A"].detach().to(act).double()
+        b = case.adapters[f"{path}.lora_B"].detach().to(act).double()
+        w = case.reference.get_submodule(path).weight
+        merged[f"{path}.weight"] = (w + s * b @ a).requires_grad_(backward)
+        factors[path] = (a, b)
+    with torch.set_grad_enabled(backward):
+        logits = functional_call(case.reference, merged, (case.ids,)).logits
+    grads = {}
+    if backward:
+        (logits * case.dlogits.double()).sum().backward()
+        for path, (a, b) in factors.items():
+            dw = merged[f"{path}.weight"].grad
+            grads[f"{path}.lora_A"], grads[f"{path}.lora_B"] = s * b.T @ dw, s * dw @ a.T
+    return FunctionRun(logits.detach(), grads)
+
+
+def model_tolerance(case: ArchCase) -> float:
+    """One LoRA linear's parity bound × the stages of the whole model (module docstring)."""
+    cfg = case.arch.config()
+    k = max(cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, case.ids.numel())
+    return tolerance(case.dtype, k) * (STAGES_PER_LAYER * cfg.num_hidden_layers + 1)
+
+
+def targets_adapted(case: ArchCase) -> Verdict:
+    """Every target linear of the base model has adapters under its own path."""
+    got = set(adapted_modules(case.adapters))
+    missing = [p for p in case.expected if p not in got]
+    return none_of(
+        f"{case.arch.name}: target projections left without adapters (of {len(case.expected)})",
+        missing,
+        "AdapterSpec.targets: every linear whose leaf name is a target (PEFT target_modules)",
+        sep=", ",
+        shown=4,
+    )
+
+
+def _base_params(case: ArchCase) -> dict[str, nn.Parameter]:
+    ids = {id(p) for p in case.adapters.values()}
+    return {n: p for n, p in case.model.named_parameters() if id(p) not in ids}
+
+
+def function_verdicts(case: ArchCase) -> list[Verdict]:
+    """Logits and adapter gradients against the float64 adapted model, and the base frozen through the backward
+    (nothing but the adapters trainable, no other parameter given a gradient)."""
+    name, tol = case.arch.name, model_tolerance(case)
+    base = _base_params(case)
+    trainable = [f"{n} trainable" for n, p in base.items() if p.requires_grad]
+    got, want = run_model(case), reference_run(case)
+    graded = [f"{n} got a gradient" for n, p in base.items() if p.grad is not None]
+    logits = compare("logits", got.logits, want.logits, tol)
+    errs = [compare(n, got.grads.get(n), r, 2 * tol) for n, r in want.grads.items()]
+    return [
+        none_of(
+            f"{name}: logits beyond tolerance of the float64 adapted model",
+            [] if logits.ok else [logits.describe()],
+            SOURCE,
+        ),
+        none_of(
+            f"{name}: adapter gradients beyond tolerance of the float64 adapted model (of {len(errs)})",
+            [e.describe() for e in errs if not e.ok],
+            SOURCE + "; x2 for the backward",
+            shown=4,
+        ),
+        none_of(
+            f"{name}: base weights or biases trainable or given a gradient (of {len(base)})",
+            trainable + graded,
+            FROZEN_SOURCE,
+            shown=4,
+        ),
+    ]
+
+
+def step_verdicts(case: ArchCase) -> list[Verdict]:
+    """One SGD step (lr ``STEP_LR``) over every trainable parameter, from the gradients ``function_verdicts`` left:
+    every base tensor bitwise as before ``inject``, and the model then the float64 function of its new adapters."""
+    name = case.arch.name
+    with torch.no_grad():
+        for p in case.model.parameters():
+            if p.requires_grad and p.grad is not None:
+                p.add_(p.grad, alpha=-STEP_LR)
+    moved = [n for n, (t, before) in case.base.items() if not torch.equal(t.detach(), before)]
+    with torch.no_grad():
+        got = case.model(case.ids).logits
+    logits = compare("logits", got, reference_run(case, backward=False).logits, model_tolerance(case))
+    return [
+        none_of(
+            f"{name}: base weights or biases changed by a training step (of {len(case.base)})",
+            moved,
+            FROZEN_SOURCE + "; an optimizer over model.parameters() moves whatever is trainable",
+            sep=", ",
+            shown=4,
+        ),
+        none_of(
+            f"{name}: after a step, logits beyond tolerance of the float64 adapted model",
+            [] if logits.ok else [logits.describe()],
+            SOURCE,
+        ),
+    ]
+
+
+def judge(impl, arch: Architecture, dtype: torch.dtype, device, *, seed: int = 0) -> list[Verdict]:
+    """Every verdict of ``arch`` for ``impl`` (its applicability checked by the caller: ``not_applicable_reason``)."""
+    case = build_case(impl, arch, dtype, device, seed=seed)
+    return [targets_adapted(case), *function_verdicts(case), *step_verdicts(case)]

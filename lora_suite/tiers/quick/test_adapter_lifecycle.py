@@ -1,0 +1,51 @@
+"""The adapter's lifecycle for the implementation under test, whatever it is (``lora_suite.engine.lifecycle``): rule
+sequences drawn by Hypothesis (training steps with SGD or AdamW, forwards in train and eval mode, two forwards before
+one backward, a checkpointed forward, adapters rewritten in place, merge, save, load into a fresh model or the same
+one, a cast of the whole block to another dtype), and after every rule the model must compute the float64 function of
+its current adapters, its base bitwise frozen. A failure's detail is the shrunk sequence of rules.
+
+On the odd probe block (widths 333, 1000, 37, 1001; 2 x 37 tokens) with base biases (without them over a 4-bit base
+or where the implementation declares ``linear_bias`` not applicable: the architecture checks record that), in fp32 and
+in bf16 (over fp32 adapters where the implementation keeps them). The rules an implementation cannot take are recorded as not applicable with its
+reason: merge without ``merge_adapters``, merge and the dtype change over a base that is always 4-bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lora_suite.engine import lifecycle as LC
+from lora_suite.engine import probes as P
+from lora_suite.implementations import AdapterSpec
+
+pytestmark = [pytest.mark.gpu, pytest.mark.quick]
+
+DEV = "cuda"
+F32, BF16 = torch.float32, torch.bfloat16
+ODD, TOKENS = P.BlockShape("odd", 333, 1000, 37, 1001), (2, 37)
+ODD_BIAS = P.BlockShape("odd-bias", 333, 1000, 37, 1001, bias=True)  # Qwen2-like biases, judged kept and frozen
+# alpha = 12 over r = 8: s = 1.5, no whole-number ratio (as the scaling tests of test_layer_invariants.py)
+R, ALPHA = 8, 12.0
+
+
+def _quantize(impl):
+    return "nf4" if impl.reason_not_applicable("bf16_base") else None  # a base that is always 4-bit: its own storage
+
+
+def _adapter_dtype(impl, dtype):
+    return dtype if dtype != F32 and impl.reason_not_applicable("fp32_adapters_on_16bit_base") else F32
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=["fp32", "bf16"])
+def test_every_rule_sequence_keeps_the_function_of_the_current_adapters(dtype, lora_impl, check):
+    label = str(dtype).removeprefix("torch.")
+    quantize = _quantize(lora_impl)
+    if quantize:
+        why = f"{lora_impl.name}'s base is always 4-bit: merging re-quantises it, and it has no other floating dtype"
+        check.not_applicable(f"{label}: adapter lifecycle: the merge rule and the dtype change rule", why)
+    elif why := lora_impl.merge_reason():
+        check.not_applicable(f"{label}: adapter lifecycle: the merge rule", why)
+    spec = AdapterSpec(P.PROBE_TARGETS, R, ALPHA, False, _adapter_dtype(lora_impl, dtype), quantize)
+    shape = ODD if quantize or lora_impl.reason_not_applicable("linear_bias") else ODD_BIAS
+    v = LC.run_lifecycle(lora_impl, shape, spec, dtype, DEV, tokens=TOKENS, label=label)
+    check(v.name, v.value, v.op, v.threshold, source=v.source, detail=v.detail)

@@ -1,0 +1,116 @@
+"""The layer properties (``lora_suite.engine.layer_properties``) on the CPU with the derandomised ``ci`` profile: they
+hold for the torch reference implementation, PEFT and the shipped example; each plant of the two value classes
+(``example_plants_values``) fails the property its table row names, shrunk to a minimal case with the lines that
+reproduce it, while passing the fixed-value checks that let it through before."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lora_suite.engine import layer_checks as L
+from lora_suite.engine import layer_properties as LP
+from lora_suite.engine import merge_rounding as MR
+from lora_suite.engine import probes as P
+from lora_suite.engine.hypothesis_profiles import ENV, profile_name, suite_settings
+from lora_suite.implementations import AdapterSpec
+from lora_suite.implementations.lookup import resolve_implementation
+from lora_suite.scenarios import example_plants as EP
+
+WIDTH, TOKENS = 24, 12  # tiny: the CPU judges the logic, the GPU's quick tier the kernels at 320 x 96
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny tensors: one thread (two threads on a busy two-core machine made each float64 reference 30x slower)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _run(impl, prop):
+    return LP.run_property(prop, impl, LP.Limits.of(impl, WIDTH, TOKENS), "cpu")
+
+
+@pytest.mark.parametrize("name", ["torch", "peft", "example"])
+def test_the_properties_hold_for_correct_stacks(name):
+    impl = EP._example().make() if name == "example" else resolve_implementation(name)
+    for prop in ("function", "merge", "non_finite"):
+        run = _run(impl, prop)
+        assert run.failure is None, (prop, run.failure, run.reproduce)
+        assert run.cases >= 10
+        assert run.tally["scale inexact in bf16"] >= 1 and run.tally["base bias"] >= 1
+
+
+PLANTS = ["scale_rounded_bf16", "merge_delta_bf16", "adapter_grads_nan_to_num", "lora_input_nan_to_num"]
+PROPERTY_OF = {v: k for k, v in LP.NAMES.items()}
+
+
+@pytest.mark.parametrize("plant", PLANTS)
+def test_each_value_plant_fails_the_property_it_names(plant):
+    (fragment,) = [frag for name, _, frag in EP.PLANTS.values() if name == plant]
+    (prop,) = [p for name, p in PROPERTY_OF.items() if name.startswith(fragment)]
+    run = _run(getattr(EP, plant)(), prop)
+    verdict = LP.verdict_of(prop, run)
+    assert not verdict.passed and verdict.name.startswith(fragment)
+    assert "LayerCase(" in run.reproduce  # the shrunk case, printed as the Python that rebuilds it
+
+
+def test_the_value_plants_pass_the_fixed_grids_they_escaped():
+    """At the grids' exact scale 12/8 the rounded scale is exact, and in bf16 the 16-bit delta is inside tolerance."""
+    shape = P.BlockShape("tiny", 48, 40, 16, 76)
+    for plant, dtype in (("scale_rounded_bf16", torch.float32), ("merge_delta_bf16", torch.bfloat16)):
+        impl = getattr(EP, plant)()
+        spec = AdapterSpec(P.PROBE_TARGETS, 8, 12.0, False, torch.float32)
+        probe = P.build_probe(impl, shape, spec, dtype, "cpu", seed=3)
+        inputs = P.random_inputs(shape, (2, 5), dtype, "cpu", seed=4)
+        got, errs = L.parity_errors(probe, inputs)
+        assert all(e.ok for e in errs) and L.merged(probe, inputs).passed, plant
+
+
+def test_a_drawn_case_reruns_from_its_printed_form():
+    impl = EP.scale_rounded_bf16()
+    case = LP.LayerCase("fp32", 3, 2, 2, 3, 2, "2d", 3, 7.3, False, True, 1)
+    assert eval(repr(case), {"LayerCase": LP.LayerCase}) == case
+    broken = LP.check_case(impl, case)
+    assert broken and broken[0].startswith("function: s = 2.43")
+    assert LP.check_case(EP._example().make(), case) == []
+
+
+def test_an_fp16_case_beyond_the_dtype_range_is_not_judged():
+    impl = resolve_implementation("torch")
+    case = LP.LayerCase("fp16", 8, 8, 8, 8, 4, "2d", 1, 1e9, False, False, 0)
+    probe = P.build_probe(impl, case.shape(), case.spec(), torch.float16, "cpu", seed=0)
+    inputs = P.random_inputs(case.shape(), (4,), torch.float16, "cpu")
+    assert not LP.in_range(probe, inputs)
+
+
+def test_ulp_is_the_spacing_of_the_dtype():
+    v = torch.tensor([1.0, 1.5, 0.0, -3.0], dtype=torch.float64)
+    assert MR.ulp(v, torch.bfloat16).tolist()[:2] == [2.0**-7, 2.0**-7]
+    assert MR.ulp(v, torch.float32).tolist()[0] == 2.0**-23
+    assert MR.ulp(v, torch.bfloat16).tolist()[2] == 2.0**-133  # bf16's subnormal spacing
+    assert MR.ulp(v, torch.float16).tolist()[3] == 2.0**-9
+
+
+def test_the_hypothesis_profile_is_chosen_by_name(monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    assert profile_name() == "ci" and suite_settings().derandomize
+    monkeypatch.setenv(ENV, "nightly")
+    assert not suite_settings().derandomize and suite_settings().max_examples > 100
+    monkeypatch.setenv(ENV, "weekly")
+    with pytest.raises(ValueError, match=r"LORA_SUITE_HYPOTHESIS_PROFILE='weekly' is not a profile; expected one of"):
+        profile_name()
+
+
+def test_the_cancellation_floor_leaves_random_grids_as_they_were():
+    """For unit-variance terms the floor Σ|t|/√k stays below max|ref|: the grids' normalisation is unchanged."""
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(64, 512, generator=gen).double(), torch.randn(256, 512, generator=gen).double()
+    from lora_suite.engine.parity import cancellation_floor
+
+    assert cancellation_floor(x.abs() @ w.abs().T, 512) < float((x @ w.T).abs().max())
+    assert cancellation_floor(torch.tensor([[3.0]]), 1) == 3.0 and not math.isnan(cancellation_floor(x, 1))

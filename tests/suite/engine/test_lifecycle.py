@@ -1,0 +1,138 @@
+"""The adapter lifecycle (``lora_suite.engine.lifecycle``) on the CPU under the derandomised profile: the torch
+reference implementation, PEFT and the shipped example keep the float64 function of their current adapters through
+every rule sequence drawn (each rule reached); each planted state defect of ``example_plants_state`` breaks it, with
+the shrunk sequence in the verdict's detail (which ``replay`` reproduces), and passes every check that existed
+before it."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+import pytest
+import torch
+
+from lora_suite.engine import layer_checks as L
+from lora_suite.engine import lifecycle as LC
+from lora_suite.engine import probes as P
+from lora_suite.engine import round_trip as RT
+from lora_suite.engine.prepare import prepare
+from lora_suite.implementations import AdapterSpec, LoRAImplementation, resolve_implementation
+from lora_suite.scenarios import example_plants as EP
+from tests.suite.engine.test_invariant_checks import invariant_verdicts
+
+SHAPE = P.BlockShape("tiny-bias", 48, 40, 16, 76, bias=True)  # base biases: judged kept and frozen through every rule
+PLAIN = P.BlockShape("tiny", 48, 40, 16, 76)  # the shape the earlier checks' CPU tests use
+F32, BF16 = torch.float32, torch.bfloat16
+SPEC = AdapterSpec(P.PROBE_TARGETS, 4, 12.0, False, F32)  # s = 3: not a power of two
+RULES = {
+    "save_at_start",
+    "train_step",
+    "forward",
+    "set_mode",
+    "two_forwards_one_backward",
+    "checkpointed_forward",
+    "rewrite_adapters",
+    "merge",
+    "save",
+    "load_saved_adapter",
+    "load into the fresh model",
+    "load into the same model",
+    "cast_to_other_dtype",
+}
+# plant -> the rule its shrunk sequence must hold (the state it leaves stale)
+STATE_PLANTS = {
+    "inference_weight_cached": ("state.train_step(", "state.rewrite_adapters("),
+    "merge_kept_in_eval": ("state.merge()",),
+    "inference_cast_cache_kept_over_to": ("state.cast_to_other_dtype()",),
+}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny matrices: one thread is faster than two on a shared CPU, and the timings stay those of the machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _impl(name: str) -> LoRAImplementation:
+    if name == "example":
+        return EP._example().make()
+    if name == "peft":
+        pytest.importorskip("peft")
+    return resolve_implementation(name) if name in ("torch", "peft") else getattr(EP, name)()
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", ["torch", "peft", "example"])
+def test_correct_stacks_keep_the_function_of_their_current_adapters(name, dtype):
+    ran: Counter = Counter()
+    v = LC.run_lifecycle(_impl(name), SHAPE, SPEC, dtype, "cpu", ran=ran)
+    assert v.passed, v.detail
+    assert v.name.startswith(f"{str(dtype)[6:]}: adapter lifecycle: rule sequences whose model left")
+    assert set(ran) == RULES, f"rules never reached: {RULES - set(ran)}"
+
+
+@pytest.mark.parametrize("plant", list(STATE_PLANTS))
+def test_a_state_plant_breaks_the_lifecycle_with_its_shrunk_sequence(plant):
+    (fragment,) = [frag for name, _, frag in EP.PLANTS.values() if name == plant]
+    impl = _impl(plant)
+    v = LC.run_lifecycle(impl, SHAPE, SPEC, F32, "cpu")
+    assert not v.passed and fragment in v.name, v
+    program = v.detail.split("shrunk sequence", 1)[1]
+    assert "state = AdapterLifecycle()" in program and "LifecycleBroken" in v.detail, v.detail
+    assert any(rule in program for rule in STATE_PLANTS[plant]), v.detail
+    steps = [line for line in program.splitlines() if line.startswith("state.") and "check()" not in line]
+    assert 1 <= len(steps) <= 4, v.detail  # shrunk: the few rules that leave the state stale
+    with pytest.raises(LC.LifecycleBroken):
+        LC.replay(LC.Build(impl, SHAPE, SPEC, F32, "cpu"), program)
+
+
+def _existing_checks(impl, tiny_cfg, tmp_path) -> list:
+    """The checks that judged the example before the lifecycle: the invariants, the probe checks of
+    ``tests/suite/scenarios/test_example_plants.py`` and the adapter round trip."""
+    out = invariant_verdicts(impl)
+    for dtype in (F32, BF16):
+        spec = AdapterSpec(P.PROBE_TARGETS, 4, 8.0, adapter_dtype=dtype)
+        probe, inputs = P.build_probe(impl, PLAIN, spec, dtype, "cpu"), P.random_inputs(PLAIN, (2, 5), dtype, "cpu")
+        got, errs = L.parity_errors(probe, inputs)
+        out += L.parity_verdicts("cpu", [("tiny", errs, P.dtype_errors(probe, inputs, got))])
+    spec = AdapterSpec(P.PROBE_TARGETS, 4, 8.0, adapter_dtype=F32)
+    probe, inputs = P.build_probe(impl, PLAIN, spec, F32, "cpu"), P.random_inputs(PLAIN, (2, 5), F32, "cpu")
+    for check in (L.determinism, L.eval_mode, L.accumulation, L.no_input_gradient, L.nan_rows, L.merged):
+        out.append(check(probe, inputs))
+    cfg = dataclasses.replace(tiny_cfg, dtype="float32")
+    trained = prepare(cfg, "cpu", implementation=impl)
+    RT.train_a_few(trained, 3, 1e-2)
+    return out + RT.round_trip(trained, lambda: prepare(cfg, "cpu", implementation=impl), tmp_path / "adapter")
+
+
+@pytest.mark.parametrize("plant", list(STATE_PLANTS))
+def test_a_state_plant_passes_every_check_that_judges_one_call(plant, tiny_cfg, tmp_path):
+    verdicts = _existing_checks(_impl(plant), tiny_cfg, tmp_path)
+    assert len(verdicts) > 40
+    assert [v.name for v in verdicts if not v.passed] == []
+
+
+def test_the_merge_rule_is_left_out_where_the_implementation_has_no_merge():
+    impl = EP._planted("no_merge", merge_adapters=LoRAImplementation.merge_adapters)
+    assert impl.merge_reason() is not None
+    ran: Counter = Counter()
+    v = LC.run_lifecycle(impl, SHAPE, SPEC, F32, "cpu", ran=ran)
+    assert v.passed, v.detail
+    assert "merge" not in ran and ran["train_step"] > 0, ran
+
+
+def test_a_crash_inside_a_rule_is_a_failure_naming_the_error():
+    """A load that raises on the folder its own save wrote is a broken lifecycle (the stack's error, named), shrunk to
+    the checkpoint every sequence starts with and one load."""
+
+    def load_adapter(self, model, path):
+        raise RuntimeError(f"cannot read {path}")
+
+    v = LC.run_lifecycle(EP._planted("load_raises", load_adapter=load_adapter), SHAPE, SPEC, F32, "cpu")
+    assert not v.passed and "RuntimeError: cannot read" in v.detail, v.detail
+    steps = [line for line in v.detail.splitlines() if line.startswith("state.") and "check()" not in line]
+    assert steps == ["state.save_at_start()", "state.load_saved_adapter(into='fresh model')", "state.teardown()"], steps

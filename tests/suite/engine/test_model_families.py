@@ -1,0 +1,55 @@
+"""The model families ``lora_suite.engine.models`` builds (``LlamaArchitecture.family``, issue 55): a Qwen2-shaped model
+(q, k, v with a non-zero bias) random-initialised offline like the Llama, its model YAML at SmolLM2's widths for the
+convergence tier, a family the loader refuses, and the tiny tier trained on a Qwen2-shaped model on the CPU (what the
+convergence tier's Qwen2 case does at SmolLM2's size on a GPU)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from lora_suite.core.config import LlamaArchitecture, SettingsError
+from lora_suite.core.loader import load_model_config
+from lora_suite.engine.models import TINY_LLAMA, build_random
+from lora_suite.engine.prepare import prepare
+from lora_suite.engine.trainer import train
+from lora_suite.measure.criteria import loss_drop
+
+QWEN2 = dataclasses.replace(TINY_LLAMA, family="qwen2")
+
+
+def test_a_qwen2_family_builds_qwen2_with_non_zero_q_k_v_biases_and_llama_stays_bias_free():
+    model, again = build_random(QWEN2, torch.float32, "cpu", seed=1), build_random(QWEN2, torch.float32, "cpu", seed=1)
+    assert type(model).__name__ == "Qwen2ForCausalLM"
+    biases = {n: p for n, p in model.named_parameters() if n.endswith(".bias")}
+    assert {n.rsplit(".", 2)[-2] for n in biases} == {"q_proj", "k_proj", "v_proj"}
+    assert all(bool((b != 0).all()) for b in biases.values()), "a zero bias would hide a stack that drops it"
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), again.parameters()))
+    llama = build_random(TINY_LLAMA, torch.float32, "cpu", seed=1)
+    assert type(llama).__name__ == "LlamaForCausalLM" and not any(
+        n.endswith(".bias") for n, _ in llama.named_parameters()
+    )
+
+
+def test_the_qwen2_model_yaml_is_smollm2_widths_with_the_qwen2_family():
+    qwen2, smollm2 = load_model_config("qwen2-smollm2-shape"), load_model_config("smollm2-135m")
+    assert qwen2.architecture.family == "qwen2" and smollm2.architecture.family == "llama"
+    assert dataclasses.replace(qwen2.architecture, family="llama") == smollm2.architecture
+
+
+def test_a_family_the_suite_cannot_build_is_refused_by_name():
+    with pytest.raises(SettingsError, match=r"LlamaArchitecture\.family: .*'gpt2'.*\['llama', 'qwen2'\]"):
+        LlamaArchitecture(**{**dataclasses.asdict(TINY_LLAMA), "family": "gpt2"})
+
+
+def test_the_tiny_tier_trains_a_qwen2_shaped_model_and_keeps_its_biases(tiny_cfg):
+    cfg = dataclasses.replace(tiny_cfg, model=dataclasses.replace(tiny_cfg.model, architecture=QWEN2))
+    prepared = prepare(cfg, "cpu", implementation="torch")
+    biases = {n: p.detach().clone() for n, p in prepared.model.named_parameters() if n.endswith(".bias")}
+    assert len(biases) == 3 * QWEN2.num_hidden_layers
+    result = train(prepared.model, prepared.batches, cfg.train, adapters=prepared.adapters)
+    assert loss_drop(result.losses, cfg.criteria.loss_window) >= cfg.criteria.loss_drop_min  # the tiny tier's bar
+    after = dict(prepared.model.named_parameters())
+    assert all(torch.equal(after[n], b) for n, b in biases.items())
