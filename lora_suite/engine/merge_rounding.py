@@ -13,8 +13,11 @@ plus zeros, exact in any dtype (a bias-free block only: a bias would add a round
 The bound, per element, with E = W + s·B·A in float64 (B, A as the adapters hold them, in their own dtype):
 
     |W' − E| ≤ ulp_w(E)                          one rounding to the weight dtype, with room for a second
-             + ½·s·ulp_a(B·A) + ½·ulp_a(s·B·A)   (16-bit adapters only) the delta formed in the adapters' own dtype
-                                                  as PEFT does on a GPU: B·A rounded, then times s rounded again
+             + s·(½·ulp_a(B·A) + r·u_a·|B|·|A|) + ½·ulp_a(s·B·A)
+                                                  (16-bit adapters only) the delta formed in the adapters' own dtype
+                                                  as PEFT does on a GPU: B·A by a 16-bit GEMM (cuBLAS may reduce its
+                                                  partial sums in 16 bits: the r-term bound r·u_a), rounded, then
+                                                  times s and rounded again
              + 2·(r+2)·u_fp32·(|W| + s·|B|·|A|)   the delta's fp32 accumulation over r products and the addition
 
 where ulp_t(v) is the spacing of dtype t at |v| (2^(e−p) for |v| in [2^(e−1), 2^e), p the significand bits; the
@@ -32,7 +35,8 @@ from lora_suite.measure.criteria import Verdict
 
 U32 = 2.0**-24
 SOURCE = (
-    "|W' - (W + s·B·A)| <= ulp_w + ½·s·ulp_a(B·A) + ½·ulp_a(s·B·A) (16-bit adapters) + 2(r+2)·u_fp32·(|W|+s|B||A|); "
+    "|W' - (W + s·B·A)| <= ulp_w + s(½ulp_a(B·A) + r·u_a|B||A|) + ½ulp_a(s·B·A) (16-bit adapters) "
+    "+ 2(r+2)·u_fp32·(|W|+s|B||A|); "
     "merge_rounding.py"
 )
 
@@ -68,12 +72,13 @@ def element_bounds(probe: P.Probe, adapters: dict[str, torch.Tensor], path: str)
     w = probe.weights[path].double()
     a, b = adapters[f"{path}.lora_A"], adapters[f"{path}.lora_B"]
     s, r = probe.scale, a.shape[0]
-    product = b.double() @ a.double()
+    product, magnitude = b.double() @ a.double(), b.double().abs() @ a.double().abs()
     delta = s * product
     exact = w + delta
-    bound = ulp(exact, probe.dtype) + 2 * (r + 2) * U32 * (w.abs() + s * (b.double().abs() @ a.double().abs()))
+    bound = ulp(exact, probe.dtype) + 2 * (r + 2) * U32 * (w.abs() + s * magnitude)
     if a.dtype != torch.float32:  # PEFT's merge of 16-bit adapters: B·A in their dtype, then s·(B·A) rounded again
-        bound = bound + 0.5 * s * ulp(product, a.dtype) + 0.5 * ulp(delta, a.dtype)
+        u_a = 0.5 * float(torch.finfo(a.dtype).eps)
+        bound = bound + s * (0.5 * ulp(product, a.dtype) + r * u_a * magnitude) + 0.5 * ulp(delta, a.dtype)
     return exact, bound
 
 

@@ -61,7 +61,8 @@ WHOLE = (
 def not_applicable_reason(impl: LoRAImplementation, arch: Architecture) -> str | None:
     """Why no check of ``arch`` applies to ``impl`` (a feature it needs, as the implementation declares it), or None.
     Every family is built unquantised in fp32: a stack whose base is always 4-bit (``bf16_base``) says so too."""
-    whys = [f"{f}: {why}" for f in arch.features() if f in WHOLE and (why := impl.reason_not_applicable(f))]
+    needed = [f for f in arch.features() if f in WHOLE] + ["float64_reference_model"]
+    whys = [f"{f}: {why}" for f in needed if (why := impl.reason_not_applicable(f))]
     if why := impl.reason_not_applicable("bf16_base"):
         whys.insert(0, f"bf16_base: {why} (these models are unquantised fp32)")
     return "; ".join(whys) or None

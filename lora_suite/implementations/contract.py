@@ -35,6 +35,8 @@ FEATURES = {
     "fused_projections": "fused target linears by their own names (Phi-3's qkv_proj and gate_up_proj)",
     "moe_experts": "mixture-of-experts weights held as 3-D parameters (PEFT's target_parameters)",
     "gated_gelu_mlp": "an MLP whose gate is a GELU, not a SiLU (Gemma's GeGLU: gelu_pytorch_tanh)",
+    "float64_reference_model": "a float64 copy of the whole model run in the same process (the architecture checks' "
+    "reference): a stack that patches transformers' functions process-wide with kernels that take no float64 has none",
 }
 
 

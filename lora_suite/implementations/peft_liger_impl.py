@@ -19,7 +19,13 @@ class PeftLigerImplementation(BnbBase, PeftImplementation):
         require_module(self.name, "peft", "liger_kernel", hint="install lora-gpu-suite[liger]", when="found")
         from lora_suite.implementations.liger_ops import NOT_CAPTURABLE
 
-        self.not_applicable = dict(self.not_applicable, cuda_graph_capture=NOT_CAPTURABLE)
+        self.not_applicable = dict(
+            self.not_applicable,
+            cuda_graph_capture=NOT_CAPTURABLE,
+            float64_reference_model="Liger's RoPE replaces transformers' function for the whole process and its Triton "
+            "kernels take no float64, so no float64 copy of a model runs beside it; the LoRA layers peft-liger uses "
+            "are PEFT's, judged on every architecture under --lora-impl peft",
+        )
         self._declare_base()  # Liger's ops run over PEFT's bitsandbytes layers as over its 16-bit ones
 
     def describe(self) -> str:

@@ -134,3 +134,15 @@ def test_the_builtins_refuse_a_folder_whose_weights_do_not_fit(name, tiny_cfg, t
             what,
         )
         assert v.passed, (what, v.detail)
+
+
+def test_selftest_gpu_runs_the_plants_it_is_told_and_refuses_unknown_names(monkeypatch):
+    from lora_suite.tiers.selftest_gpu import test_planted_example_defects as T
+
+    monkeypatch.delenv(T.ONLY, raising=False)
+    assert T.chosen_plants() == EP.PLANTS
+    monkeypatch.setenv(T.ONLY, "scale_rounded_bf16, merge_delta_bf16")
+    assert sorted(v[0] for v in T.chosen_plants().values()) == ["merge_delta_bf16", "scale_rounded_bf16"]
+    monkeypatch.setenv(T.ONLY, "scale_rounded_bf16,no_such_plant")
+    with pytest.raises(ValueError, match=r"\['no_such_plant'\] are not plants; expected some of"):
+        T.chosen_plants()
