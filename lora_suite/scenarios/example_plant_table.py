@@ -128,4 +128,14 @@ PLANTS = {
         "quick",
         "adapter lifecycle: rule sequences whose model left the float64 function of its current adapters",
     ),
+    "the first model's settings kept on the implementation (saved for every later model)": (
+        "settings_kept_on_the_implementation",
+        "quick",
+        "two models adapted by one implementation: state of one seen in the other",
+    ),
+    "served_by's first answer kept on the implementation": (
+        "served_by_kept_on_the_implementation",
+        "quick",
+        "two models adapted by one implementation: state of one seen in the other",
+    ),
 }

@@ -344,6 +344,8 @@ from lora_suite.scenarios.example_plants_state import (  # noqa: E402,F401
     inference_cast_cache_kept_over_to,
     inference_weight_cached,
     merge_kept_in_eval,
+    served_by_kept_on_the_implementation,
+    settings_kept_on_the_implementation,
 )
 from lora_suite.scenarios.example_plants_values import (  # noqa: E402,F401
     adapter_grads_nan_to_num,

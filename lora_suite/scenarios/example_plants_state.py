@@ -83,3 +83,27 @@ def _version_keyed_cast(self, x):
 
 
 inference_cast_cache_kept_over_to = _forward_plant("inference_cast_cache_kept_over_to", _version_keyed_cast)
+
+
+def settings_kept_on_the_implementation():
+    """inject records the model's r, lora_alpha and use_rslora on the implementation the first time (reused for every
+    later model): the second model's saved folder names the first model's settings."""
+    example_inject = _example().PlainLoRA.inject
+
+    def inject(self, model, spec):
+        adapted = example_inject(self, model, spec)
+        model._plain_lora = self.__dict__.setdefault("_first_settings", model._plain_lora)
+        return adapted
+
+    return _planted("settings_kept_on_the_implementation", inject=inject)
+
+
+def served_by_kept_on_the_implementation():
+    """served_by answers once and keeps the answer on the implementation: a model none of whose layers ran is then
+    reported as served (the first model's forward counted for every later one)."""
+    example_served_by = _example().PlainLoRA.served_by
+
+    def served_by(self, model):
+        return self.__dict__.setdefault("_served", example_served_by(self, model))
+
+    return _planted("served_by_kept_on_the_implementation", served_by=served_by)

@@ -6,7 +6,8 @@ is (``docs/lora-spec.md`` gives each one's source; ``lora_suite.engine.invariant
 - the scale s = alpha / r with alpha not a multiple of r, and rsLoRA's alpha / √r (outputs, gradients and the merge);
 - adapters in the requested dtype; only the adapters trainable; targets that name no layer refused; inputs never
   written; several forwards before one
-  backward; activation checkpointing in both of torch's modes.
+  backward; activation checkpointing in both of torch's modes;
+- one implementation object adapting two models: each keeps its own settings and state.
 
 Each costs well under a second on a GPU. What the implementation declares it cannot do is recorded as not applicable
 with its own reason."""
@@ -19,6 +20,7 @@ import torch
 from lora_suite.engine import invariant_checks as I
 from lora_suite.engine import layer_checks as L
 from lora_suite.engine import probes as P
+from lora_suite.engine import two_models as TM
 from lora_suite.implementations import AdapterSpec
 
 pytestmark = [pytest.mark.gpu, pytest.mark.quick]
@@ -104,3 +106,8 @@ def test_several_forwards_before_one_backward(lora_impl, check):
 @pytest.mark.parametrize("use_reentrant", [False, True], ids=["non-reentrant", "reentrant"])
 def test_activation_checkpointing_gives_the_plain_gradients(use_reentrant, lora_impl, check):
     _record(check, I.checkpointed(*_probe(lora_impl), use_reentrant))
+
+
+def test_one_implementation_adapts_two_models_apart(lora_impl, check, tmp_path):
+    """State across models: one implementation object adapting two models with different settings (two_models.py)."""
+    _record(check, TM.two_models(lora_impl, SMALL, BF16, DEV, tmp_path, adapter_dtype=_adapter_dtype(lora_impl, BF16)))

@@ -94,3 +94,18 @@ def test_the_kept_input_plant_passes_the_parity_grid_alone():
     probe, inputs = _probe(EP.input_kept_on_the_layer())
     got, errs = L.parity_errors(probe, inputs)
     assert _failed(L.parity_verdicts("one", [("tiny", errs, [])])) == []
+
+
+@pytest.mark.parametrize("plant", ["", "settings_kept_on_the_implementation", "served_by_kept_on_the_implementation"])
+def test_two_models_keep_their_own_state(plant, tmp_path):
+    """Issue 55: state kept on the implementation object (4 surviving value mutants of the example) is caught; the
+    example as shipped, the torch reference and PEFT pass."""
+    from lora_suite.engine.two_models import two_models
+    from lora_suite.implementations.lookup import resolve_implementation
+
+    impls = [getattr(EP, plant)()] if plant else [EP._example().make(), resolve_implementation("torch")]
+    if not plant:
+        impls.append(resolve_implementation("peft"))
+    for i, impl in enumerate(impls):
+        v = two_models(impl, SHAPE, F32, "cpu", tmp_path / str(i))
+        assert v.passed != bool(plant), (impl.name, v.detail)

@@ -27,6 +27,7 @@ COVERED = (
     "lora_suite/engine/layer_properties.py",
     "lora_suite/engine/merge_rounding.py",
     "lora_suite/engine/non_finite_checks.py",
+    "lora_suite/engine/two_models.py",
     "lora_suite/tiers/quick/test_layer_properties.py",
 )
 REPOSITORIES = {
