@@ -213,12 +213,13 @@ def test_every_figure_of_a_page_edited_by_a_third_fails(page, rows):
 @pytest.mark.parametrize(
     "old, new",
     [
-        ("judged by 161 checks", "judged by 162 checks"),
+        ("judged by 210 checks", "judged by 211 checks"),
         ("score 0.931 (121 killed", "score 0.941 (121 killed"),
         ("24 equivalent of 151) in 323 s", "24 equivalent of 151) in 300 s"),
         ("(score 0.776 with the equivalents", "(score 0.786 with the equivalents"),
-        ("20261126T054731Z-quick-plain_lora_make", "20261126T054732Z-quick-plain_lora_make"),
-        ("18.2 s on a warm H100", "18.3 s on a warm H100"),
+        ("20261127T111738Z-quick-plain_lora_make", "20261127T111739Z-quick-plain_lora_make"),
+        ("34.9 s on a warm H200", "35.9 s on a warm H200"),
+        ("score 0.964 (27 killed", "score 0.954 (27 killed"),
         ("captured step 72.4 ms", "captured step 71.4 ms"),
     ],
 )
