@@ -22,13 +22,7 @@ from lora_suite.scenarios import example_plants as EP
 WIDTH, TOKENS = 24, 12  # tiny: the CPU judges the logic, the GPU's quick tier the kernels at 320 x 96
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one thread (two threads on a busy two-core machine made each float64 reference 30x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/suite/engine/conftest.py
 
 
 def _run(impl, prop):

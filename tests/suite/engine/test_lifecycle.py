@@ -48,13 +48,7 @@ STATE_PLANTS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matrices: one thread is faster than two on a shared CPU, and the timings stay those of the machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/suite/engine/conftest.py
 
 
 def _impl(name: str) -> LoRAImplementation:
