@@ -43,8 +43,12 @@ def _poisoned(t: torch.Tensor, token: int, value: float) -> torch.Tensor:
     return out
 
 
-def _adapter_grads_of(run: P.ProbeRun, leaves: tuple[str, ...]):
-    return {n: g for n, g in run.adapter_grads.items() if n.rsplit(".", 2)[-2] in leaves}
+def _adapter_grads_reached(run: P.ProbeRun, leaves: tuple[str, ...]) -> list[str]:
+    """What is wrong with the adapters' gradients: those of the projections ``leaves`` (the poison's path) must hold a
+    non-finite value, every other adapter's must be finite."""
+    seen = {n: g for n, g in run.adapter_grads.items() if n.rsplit(".", 2)[-2] in leaves}
+    bad = [f"d[{n}] finite (or missing)" for n, g in seen.items() if g is None or bool(torch.isfinite(g).all())]
+    return bad + [f"d[{n}] not finite" for n, g in run.adapter_grads.items() if n not in seen and not _finite(g)]
 
 
 def poisoned_input(probe: P.Probe, inputs: P.ProbeInputs, value: float = math.nan, token: int = 0) -> Verdict:
@@ -59,9 +63,7 @@ def poisoned_input(probe: P.Probe, inputs: P.ProbeInputs, value: float = math.na
         others = torch.cat([rows[:token], rows[token + 1 :]])
         if not bool(torch.isfinite(others).all()):
             bad.append(f"{name}: other tokens' outputs not finite")
-    seen = _adapter_grads_of(run, ATTN_INPUT)
-    bad += [f"d[{n}] finite (or missing)" for n, g in seen.items() if g is None or bool(torch.isfinite(g).all())]
-    bad += [f"d[{n}] not finite" for n, g in run.adapter_grads.items() if n not in seen and not _finite(g)]
+    bad += _adapter_grads_reached(run, ATTN_INPUT)
     return none_of(
         f"{_label(value)} in one token's input: not reaching that token's outputs and its adapters' gradients, or "
         f"reaching others (of {len(run.adapter_grads) + 3})",
@@ -84,9 +86,7 @@ def poisoned_upstream(probe: P.Probe, inputs: P.ProbeInputs, value: float = math
             bad.append("dx of the poisoned token finite")
         if not bool(torch.isfinite(torch.cat([dx[:token], dx[token + 1 :]])).all()):
             bad.append("dx of other tokens not finite")
-    seen = _adapter_grads_of(run, ("q_proj",))
-    bad += [f"d[{n}] finite (or missing)" for n, g in seen.items() if g is None or bool(torch.isfinite(g).all())]
-    bad += [f"d[{n}] not finite" for n, g in run.adapter_grads.items() if n not in seen and not _finite(g)]
+    bad += _adapter_grads_reached(run, ("q_proj",))
     return none_of(
         f"{_label(value)} in one token's upstream gradient of q: not reaching q's adapter gradients and that token's "
         f"input gradient, or reaching others (of {len(run.adapter_grads) + 1})",
