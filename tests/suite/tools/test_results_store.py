@@ -177,3 +177,26 @@ def test_what_names_a_store_and_what_names_a_ledger_file():
     assert not store.is_store("reports/ledger.jsonl")
     assert store.redacted("postgresql://u:pw@h:5/db") == "postgresql://u:***@h:5/db"
     assert store.redacted("reports/results.sqlite") == "reports/results.sqlite"
+
+
+def test_the_wal_switch_waits_for_a_writer_that_holds_the_file():
+    """SQLite answers a journal-mode change "database is locked" at once (no busy timeout) while writers open a new
+    file together: the switch is retried, and any other error is raised."""
+    import sqlite3
+
+    class Conn:
+        def __init__(self, errors):
+            self.errors, self.calls = list(errors), 0
+
+        def execute(self, sql):
+            self.calls += 1
+            if self.errors:
+                raise sqlite3.OperationalError(self.errors.pop(0))
+
+    conn = Conn(["database is locked", "database is locked"])
+    store._wal(conn)
+    assert conn.calls == 3
+    with pytest.raises(sqlite3.OperationalError, match="disk I/O error"):
+        store._wal(Conn(["disk I/O error"]))
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        store._wal(Conn(["database is locked"] * 1000), wait_s=0.0)
