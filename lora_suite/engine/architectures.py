@@ -66,6 +66,8 @@ class Architecture:
         import torch
         import transformers
 
+        from lora_suite.engine.models import _default_dtype  # imports torch: here, not where the names are read
+
         with torch.device(device), _default_dtype(dtype):
             model = getattr(transformers, self.model_class)(self.config())
         init_from_seed(model, seed)
@@ -79,23 +81,6 @@ class Architecture:
         out += ["fused_projections"] if set(self.targets) - set(LLAMA_LINEARS) else []
         out += ["gated_gelu_mlp"] if "gelu" in str(getattr(self.config(), "hidden_activation", "") or "") else []
         return tuple(out + (["moe_experts"] if self.parameter_targets else []))
-
-
-def _default_dtype(dtype):
-    import contextlib
-
-    import torch
-
-    @contextlib.contextmanager
-    def scope():
-        old = torch.get_default_dtype()
-        torch.set_default_dtype(dtype)
-        try:
-            yield
-        finally:
-            torch.set_default_dtype(old)
-
-    return scope()
 
 
 def init_from_seed(model: nn.Module, seed: int) -> None:

@@ -83,7 +83,7 @@ def run_drawn(
             raise
         seen[0] += 1
 
-    test = given(strategy)(lambda case: counted(case))
+    test = given(strategy)(counted)
     for case in reversed(tuple(explicit)):
         test = example(case)(test)
     test = suite_settings(scale=scale)(test)

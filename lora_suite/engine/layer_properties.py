@@ -118,10 +118,8 @@ class Limits:
 
 
 def bias_reason(impl: LoRAImplementation) -> str | None:
-    """Why the implementation takes no base bias (its ``linear_bias`` feature, where the contract has it)."""
-    from lora_suite.implementations.contract import FEATURES
-
-    return impl.reason_not_applicable("linear_bias") if "linear_bias" in FEATURES else None
+    """Why the implementation takes no base bias (its ``linear_bias`` feature)."""
+    return impl.reason_not_applicable("linear_bias")
 
 
 def cases(limits: Limits) -> st.SearchStrategy[LayerCase]:
@@ -175,7 +173,10 @@ def build(impl: LoRAImplementation, case: LayerCase, device) -> tuple[P.Probe, P
 
 
 def in_range(probe: P.Probe, inputs: P.ProbeInputs) -> bool:
-    """Whether every tensor's terms (``probes.absolute_reference``) stay ``RANGE_MARGIN`` below the dtype's max."""
+    """Whether every tensor's terms (``probes.absolute_reference``) stay ``RANGE_MARGIN`` below the dtype's max. Only
+    fp16 can be left: the drawn terms stay many orders below fp32's and bf16's max (3e38), so those are not computed."""
+    if inputs.x.dtype != torch.float16:
+        return True
     top = torch.finfo(inputs.x.dtype).max / RANGE_MARGIN
     terms = P.absolute_reference(probe, inputs).tensors().values()
     return all(float(t.abs().max()) < top for t in terms if t is not None)

@@ -116,6 +116,16 @@ class WrapValue(Operator):
         return node
 
 
+def _assigned_slot(node, words: set[str]) -> list[int] | None:
+    """For an assignment: its value's slot where the value is a value and the target names one of ``words`` (else
+    no slot); None where ``node`` is no assignment."""
+    pair = _assignment(node)
+    if pair is None:
+        return None
+    target, value = pair
+    return [2] if _is_value(value) and _parts(target) & words else []
+
+
 class LowPrecisionRoundTrip(WrapValue):
     """A scale, a delta or merged weight, or an output rounded through bf16 and back (``ROUND_TRIP``): the value of
     an assignment whose target names one (``VALUE_WORDS``), a value returned by ``forward``/``backward``/
@@ -125,10 +135,8 @@ class LowPrecisionRoundTrip(WrapValue):
     template = ROUND_TRIP
 
     def _slots(self, node):
-        pair = _assignment(node)
-        if pair is not None:
-            target, value = pair
-            return [2] if _is_value(value) and _parts(target) & VALUE_WORDS else []
+        if (slot := _assigned_slot(node, VALUE_WORDS)) is not None:
+            return slot
         value = _returned(node)
         if value is not None:
             fn = _function(node)
@@ -152,10 +160,8 @@ class NanToNum(WrapValue):
     template = NAN_TO_NUM
 
     def _slots(self, node):
-        pair = _assignment(node)
-        if pair is not None:
-            target, value = pair
-            return [2] if _is_value(value) and _parts(target) & GRAD_WORDS else []
+        if (slot := _assigned_slot(node, GRAD_WORDS)) is not None:
+            return slot
         if node.type in ("testlist", "testlist_star_expr") and _returned(node.parent) is node:
             fn = _function(node)
             if fn is not None and fn.name.value in VALUE_FUNCTIONS[:3]:
