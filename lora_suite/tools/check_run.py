@@ -39,7 +39,7 @@ def killed_by(report: dict | None, returncode: int, output: str, mutated: str = 
     failed = [c for c in report.get("checks", []) if not c.get("passed")]
     outcomes = report.get("outcomes", [])
     passed = sum(o.get("outcome") == "passed" for o in outcomes)
-    judged = bool(report.get("checks")) or passed > 0
+    judged = _judged(report)
     if failed:
         c = failed[0]
         return f"check {c.get('name')!r} ({_short(c.get('test', ''))})", passed
@@ -53,6 +53,11 @@ def killed_by(report: dict | None, returncode: int, output: str, mutated: str = 
     return "", passed
 
 
+def _judged(report: dict) -> bool:
+    """Whether a run judged something: a check recorded, or a test passed."""
+    return bool(report.get("checks")) or any(o.get("outcome") == "passed" for o in report.get("outcomes", []))
+
+
 def nothing_judged(report: dict | None, returncode: int, output: str) -> str:
     """Why a run that no check failed and no crash of the code under test killed judged nothing; empty where it
     judged something (a check recorded, a test passed) and exited 0."""
@@ -60,7 +65,7 @@ def nothing_judged(report: dict | None, returncode: int, output: str) -> str:
     if report is None:
         return f"no report.json: the harness did not run ({end})"
     outcomes = report.get("outcomes", [])
-    if report.get("checks") or any(o.get("outcome") == "passed" for o in outcomes):
+    if _judged(report):
         return ""
     crashed = [o for o in outcomes if o.get("outcome") in ("failed", "error")]
     if crashed:
