@@ -160,6 +160,10 @@ class Criteria(Checked):
     loss_match_factor: float | None = None
     loss_match_floor: float | None = None
     control_perturbation: float = 2.0**-8  # bf16 unit roundoff
+    # Control runs, each with its own random signs of the perturbation: e(t) is the running max over all of them
+    # (measure/criteria.py widest_control). One control is one sample of how far rounding noise carries a chaotic
+    # trajectory; several sample it better (issue 55: configs/convergence.yaml says why three).
+    control_runs: int = 1
     smooth_window: int = 50  # steps per window of the smoothed-loss check (extended tier)
     smooth_slack: float | None = None  # a window mean may exceed the previous one by at most this fraction
     checkpoint_roundtrip: bool = False  # save adapters, reload into a fresh model, compare logits

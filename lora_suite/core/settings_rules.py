@@ -336,6 +336,7 @@ RULES: dict[str, tuple[Rule, ...]] = {
     "Criteria": (
         between("loss_window", lo=1),
         between("control_perturbation", lo=0, hi=1, lo_open=True, hi_open=True, finite=True),
+        between("control_runs", lo=1, hi=16),
         between("smooth_window", lo=1),
         between("fit_after_step", lo=0),
         between("stall_factor", lo=1, lo_open=True, finite=True),  # a stall is a step this many times the median

@@ -34,15 +34,16 @@ from collections import Counter
 from pathlib import Path
 
 import torch
+from hypothesis import seed as hypothesis_seed
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
+    get_state_machine_test,
     initialize,
     invariant,
     precondition,
     rule,
-    run_state_machine_as_test,
 )
 
 from lora_suite.engine import probes as P
@@ -52,14 +53,18 @@ from lora_suite.implementations import AdapterSpec, LoRAImplementation
 from lora_suite.measure.criteria import Verdict
 
 
-def _settings() -> settings:
+def _settings(parts: int = 1) -> settings:
     """The suite's profile (``lora_suite.engine.hypothesis_profiles``: derandomised ``ci`` by default, ``nightly``
-    by ``LORA_SUITE_HYPOTHESIS_PROFILE``) with twice its sequences, the lifecycle's one place to change it: ``ci``
-    then runs 24 sequences of up to 8 rules, each followed by its check. Why twice: Hypothesis enables a random subset
-    of the rules in each sequence (swarm testing), and 12 sequences left a rule unreached under some derandomised
-    seeds (``tests/suite/engine/test_lifecycle.py`` asserts that every rule is reached); 24 costs ~5 s per dtype on
-    the CPU's tiny probe."""
-    return suite_settings(scale=2.0)
+    by ``LORA_SUITE_HYPOTHESIS_PROFILE``) with twice its sequences, shared by ``parts`` runs, the lifecycle's one
+    place to change it: ``ci`` then runs 24 sequences of up to 8 rules, each followed by its check (12 in each of two
+    parts). Why twice: Hypothesis enables a random subset of the rules in each sequence (swarm testing), and 12
+    sequences left a rule unreached under some derandomised seeds (``tests/suite/engine/test_lifecycle.py`` asserts
+    that every rule is reached); 24 cost ~5 s per dtype on the CPU's tiny probe, ~27 s on an H200 shared by the quick
+    tier's workers, hence the parts (each its own test, run side by side)."""
+    return suite_settings(scale=2.0 / parts)
+
+
+PART_SEED = 55_000  # part k of a derandomised run draws from seed PART_SEED + k (one part alone: Hypothesis' own)
 
 
 SOURCE = (
@@ -212,21 +217,31 @@ def run_lifecycle(
     label: str | None = None,
     settings: settings | None = None,
     ran: Counter | None = None,
+    part: tuple[int, int] = (0, 1),
 ) -> Verdict:
-    """The machine of (impl, shape, spec, dtype, device, seed) run under ``settings`` (``_settings()`` by default):
-    how many rule sequences broke (0 or 1: Hypothesis stops at the first and shrinks it) of how many ran (those of the
-    shrinking included); ``ran`` (where given) counts each rule's calls."""
+    """The machine of (impl, shape, spec, dtype, device, seed) run under ``settings`` (``_settings(parts)`` by
+    default): how many rule sequences broke (0 or 1: Hypothesis stops at the first and shrinks it) of how many ran
+    (those of the shrinking included); ``ran`` (where given) counts each rule's calls. ``part`` = (k, parts): the k-th
+    of ``parts`` runs that share the sequences (a derandomised profile gives each part its own fixed seed, so the parts
+    draw different sequences; a random one draws anew in each)."""
+    k, parts = part
+    if not 0 <= k < parts:
+        raise ValueError(f"part={part!r}: expected (k, parts) with 0 <= k < parts")
     build = Build(impl, shape, spec, dtype, str(device), seed, tokens)
     runs: list = []
+    chosen = settings or _settings(parts)
+    test = get_state_machine_test(lifecycle_machine(build, runs, ran), settings=chosen)
+    if parts > 1 and chosen.derandomize:
+        test = hypothesis_seed(PART_SEED + k)(test)
     try:
-        run_state_machine_as_test(lifecycle_machine(build, runs, ran), settings=settings or _settings())
+        test()
         broken, detail = 0, ""
     except Exception as exc:  # noqa: BLE001  (any failure of a sequence is the verdict: named, with its program)
         broken, detail = 1, failure_detail(exc)
     label = label or str(dtype).removeprefix("torch.")
     return Verdict(
         f"{label}: adapter lifecycle: rule sequences whose model left the float64 function of its current adapters "
-        f"(of {len(runs)} run)",
+        f"(of {len(runs)} run{f', part {k + 1} of {parts}' if parts > 1 else ''})",
         broken,
         "==",
         0,

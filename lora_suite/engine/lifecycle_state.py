@@ -123,13 +123,17 @@ class Lifecycle:
         if bad:
             raise LifecycleBroken(f"{what}: beyond the float64 function of the current adapters: {_describe(bad)}")
 
-    def forward(self, seed: int, *, grad: bool, what: str) -> None:
-        """One forward in the current mode (grad enabled or not, no backward), outputs judged."""
+    def forward(self, seed: int, *, grad: bool, what: str, ref: P.ProbeRun | None = None) -> P.ProbeRun:
+        """One forward in the current mode (grad enabled or not, no backward), outputs judged against ``ref`` (the
+        float64 run of these inputs; computed when not given). Returns the reference, for another forward of the same
+        inputs and adapters."""
         inputs = self.build.inputs(seed, self.dtype)
         with torch.set_grad_enabled(grad):
             got = P.run_probe(self.run_probe(), inputs, inputs_require_grad=False, backward=False)
-        ref = P.reference(self.reference_probe(), inputs, inputs_require_grad=False, backward=False)
+        if ref is None:
+            ref = P.reference(self.reference_probe(), inputs, inputs_require_grad=False, backward=False)
         self.judge(what, inputs, got, ref)
+        return ref
 
     def check(self) -> None:
         """After every rule: the base untouched and frozen, the adapters listed and trainable, and the function of
@@ -153,9 +157,9 @@ class Lifecycle:
         mode = self.training
         try:
             self.probe.block.train()
-            self.forward(CHECK_SEED, grad=True, what="train-mode forward")
-            self.probe.block.eval()
-            self.forward(CHECK_SEED, grad=False, what="eval-mode forward under no_grad")
+            ref = self.forward(CHECK_SEED, grad=True, what="train-mode forward")
+            self.probe.block.eval()  # the same inputs and adapters: the same float64 reference
+            self.forward(CHECK_SEED, grad=False, what="eval-mode forward under no_grad", ref=ref)
         finally:
             self.probe.block.train(mode)
 

@@ -75,6 +75,21 @@ def loss_match(ours, reference, control, factor: float, floor: float) -> tuple[l
     return rows, beyond
 
 
+def widest_control(controls, reference) -> list[float]:
+    """Per step t, the loss of the control run farthest from the reference, |c_t − ref_t| / ref_t largest (a NaN
+    counts as farthest): ``loss_match``'s e(t) over it is the running max over every control run."""
+    if not controls:
+        raise ValueError("widest_control: expected one or more control runs, got none")
+    if any(len(c) != len(reference) for c in controls):
+        raise ValueError(f"control runs of {[len(c) for c in controls]} steps, reference of {len(reference)}")
+
+    def gap(c, r):
+        g = abs(c - r) / abs(r)
+        return math.inf if math.isnan(g) else g
+
+    return [max(cs, key=lambda c, r=r: gap(c, r)) for *cs, r in zip(*controls, reference)]
+
+
 OPS = {  # the comparison of a value with its threshold, for verdicts here and checks in report.py
     "<=": lambda v, t: v <= t,
     "<": lambda v, t: v < t,

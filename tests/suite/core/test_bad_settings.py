@@ -113,6 +113,7 @@ TIER_CASES = [
     ("convergence", "criteria.loss_window", 60, "60 is out of range; expected >= 1, and two windows must fit"),
     ("tiny", "criteria.loss_window", 30, "criteria.loss_window: 30 is out of range; expected >= 1, and two windows"),
     ("convergence", "criteria.control_perturbation", 0, "0.0 is out of range; expected 0 < x < 1"),
+    ("convergence", "criteria.control_runs", 0, "criteria.control_runs: 0 is out of range; expected 1 <= x <= 16"),
     ("convergence", "criteria.loss_match_floor", -1, "-1.0 is out of range; expected null or finite, >= 0"),
     ("extended", "criteria.stall_fraction_max", 1.0, "1.0 is out of range; expected null or 0 < x < 1"),
 ] + [

@@ -62,11 +62,27 @@ def _impl(name: str) -> LoRAImplementation:
 @pytest.mark.parametrize("dtype", [F32, BF16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("name", ["torch", "peft", "example"])
 def test_correct_stacks_keep_the_function_of_their_current_adapters(name, dtype):
+    """In the quick tier's two parts (tiers/quick/test_adapter_lifecycle.py PARTS): each passes, and together they
+    reach every rule."""
     ran: Counter = Counter()
-    v = LC.run_lifecycle(_impl(name), SHAPE, SPEC, dtype, "cpu", ran=ran)
-    assert v.passed, v.detail
-    assert v.name.startswith(f"{str(dtype)[6:]}: adapter lifecycle: rule sequences whose model left")
+    impl = _impl(name)
+    for k in range(2):
+        v = LC.run_lifecycle(impl, SHAPE, SPEC, dtype, "cpu", ran=ran, part=(k, 2))
+        assert v.passed, v.detail
+        assert v.name.startswith(f"{str(dtype)[6:]}: adapter lifecycle: rule sequences whose model left")
+        assert v.name.endswith(f", part {k + 1} of 2)"), v.name
     assert set(ran) == RULES, f"rules never reached: {RULES - set(ran)}"
+
+
+def test_the_parts_draw_different_sequences_and_a_bad_part_is_refused():
+    seen = []
+    for k in range(2):
+        ran: Counter = Counter()
+        LC.run_lifecycle(_impl("torch"), SHAPE, SPEC, F32, "cpu", ran=ran, part=(k, 2))
+        seen.append(ran)
+    assert seen[0] != seen[1]
+    with pytest.raises(ValueError, match=r"part=\(2, 2\)"):
+        LC.run_lifecycle(_impl("torch"), SHAPE, SPEC, F32, "cpu", part=(2, 2))
 
 
 @pytest.mark.parametrize("plant", list(STATE_PLANTS))

@@ -13,17 +13,18 @@ from lora_core.ops import lora_linear as op
 from lora_suite.engine.gradients import copy_adapters, perturb_lora_a
 from lora_suite.engine.prepare import prepare
 from lora_suite.engine.trainer import train
-from lora_suite.measure.criteria import loss_match
+from lora_suite.measure.criteria import loss_match, widest_control
 
-FACTOR, FLOOR, PERTURB = 4, 2.0**-10, 2.0**-8  # the convergence tier's values (configs/convergence.yaml)
+# the convergence tier's values (configs/convergence.yaml)
+FACTOR, FLOOR, PERTURB, CONTROLS = 4, 2.0**-10, 2.0**-8, 3
 
 
-def _run(cfg, init, perturb=0.0):
+def _run(cfg, init, perturb=0.0, seed=99):
     p = prepare(cfg, "cpu")
     adapters = adapter_parameters(p.model)
     copy_adapters(adapters, init)
     if perturb:
-        perturb_lora_a(adapters, perturb)
+        perturb_lora_a(adapters, perturb, seed=seed)
     return train(p.model, p.batches, cfg.train).losses
 
 
@@ -40,7 +41,7 @@ def setup(tiny_cfg):
     cfg = dataclasses.replace(tiny_cfg, train=dataclasses.replace(tiny_cfg.train, steps=30))
     init = {n: p.detach().clone() for n, p in adapter_parameters(prepare(cfg, "cpu").model).items()}
     ref = _run(cfg, init)
-    control = _run(cfg, init, PERTURB)
+    control = widest_control([_run(cfg, init, PERTURB, seed=99 + i) for i in range(CONTROLS)], ref)
     return cfg, init, ref, control
 
 
@@ -51,3 +52,17 @@ def test_loss_match_separates_rounding_from_bugs(setup, monkeypatch, candidate, 
     ours = _run(cfg, init)
     _, beyond = loss_match(ours, ref, control, FACTOR, FLOOR)
     assert bool(beyond) == caught, f"steps beyond the band: {beyond}"
+
+
+def test_the_widest_control_is_the_running_max_over_every_control():
+    ref = [10.0, 10.0, 10.0, 10.0]
+    a, b = [10.0, 10.2, 9.9, 10.0], [10.0, 9.7, 10.05, float("nan")]
+    assert widest_control([a, b], ref)[:3] == [10.0, 9.7, 9.9]
+    rows, _ = loss_match(ref, ref, widest_control([a, b], ref), FACTOR, FLOOR)
+    assert [round(r[4], 6) for r in rows[:3]] == [0.0, 0.03, 0.03]
+    widest = widest_control([a, b], ref)[3]
+    assert widest != widest  # a NaN control is the farthest; loss_match's running max keeps the finite envelope
+    with pytest.raises(ValueError, match=r"control runs of \[4, 3\] steps, reference of 4"):
+        widest_control([a, b[:3]], ref)
+    with pytest.raises(ValueError, match="got none"):
+        widest_control([], ref)
