@@ -67,6 +67,18 @@ def _describe(bad: list[str], shown: int = 3) -> str:
     return "; ".join(bad[:shown]) + more
 
 
+def _changed(now: dict[str, torch.Tensor], frozen: dict[str, torch.Tensor]) -> list[str]:
+    """The parameters of ``now`` not bitwise their snapshot in ``frozen`` (dtype, shape and every element; a NaN is
+    never equal), read in one transfer."""
+    common = [n for n in now if n in frozen]
+    bad = [n for n in common if now[n].dtype != frozen[n].dtype or now[n].shape != frozen[n].shape]
+    same = [n for n in common if n not in bad]
+    if same:
+        equal = torch.stack([(now[n].detach() == frozen[n]).all() for n in same]).tolist()
+        bad += [n for n, ok in zip(same, equal) if not ok]
+    return bad
+
+
 class Lifecycle:
     """The probe under the rules. Each rule method raises ``LifecycleBroken`` naming what broke."""
 
@@ -141,12 +153,8 @@ class Lifecycle:
         now = self._base_now()
         bad = [f"{n} gone" for n in self.frozen if n not in now]
         bad += [f"{n} appeared" for n in now if n not in self.frozen]
-        for n, p in now.items():
-            want = self.frozen.get(n)
-            if want is not None and (p.dtype != want.dtype or not torch.equal(p.detach(), want)):
-                bad.append(f"{n} changed")
-            if p.requires_grad or p.grad is not None:
-                bad.append(f"{n} trainable or holding a gradient")
+        bad += [f"{n} changed" for n in _changed(now, self.frozen)]
+        bad += [f"{n} trainable or holding a gradient" for n, p in now.items() if p.requires_grad or p.grad is not None]
         if self.merged is None:
             live = self.live()
             if sorted(live) != self.names:

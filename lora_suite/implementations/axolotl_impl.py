@@ -1,6 +1,7 @@
 """``axolotl``: PEFT's LoRA layers driven by Axolotl's kernels (``axolotl.kernels.lora``), applied the way its
 ``lora_mlp_kernel`` / ``lora_qkv_kernel`` / ``lora_o_kernel`` flags apply them: each decoder layer's MLP forward
-becomes ``apply_lora_mlp_swiglu`` (its LoRA_MLP Function with a Triton SwiGLU), q/k/v come from one
+becomes ``apply_lora_mlp_swiglu`` (its LoRA_MLP Function with a Triton SwiGLU; ``apply_lora_mlp_geglu`` for a GELU
+MLP, as its patcher chooses: ``axolotl_mlp_kernel``), q/k/v come from one
 ``apply_lora_qkv`` call per input, and o_proj from ``apply_lora_o`` (``lora_suite.implementations.fused_lora``).
 Installed with ``pip install --no-deps axolotl`` plus triton and bitsandbytes, which its kernel module imports.
 
@@ -9,7 +10,7 @@ Installed with ``pip install --no-deps axolotl`` plus triton and bitsandbytes, w
 
 from __future__ import annotations
 
-from lora_suite.implementations.contract import library_version, require_module
+from lora_suite.implementations.contract import ImplementationError, library_version, require_module
 from lora_suite.implementations.fused_lora import fused_served_by, install_fused_lora
 from lora_suite.implementations.peft_bnb_impl import BnbBase
 from lora_suite.implementations.peft_impl import PeftImplementation
@@ -17,6 +18,17 @@ from lora_suite.implementations.peft_impl import PeftImplementation
 LIBRARIES = ("peft", "axolotl", "triton", "bitsandbytes")
 INSTALL = "pip install peft triton bitsandbytes and pip install --no-deps axolotl"
 INSTALL_KERNELS = "pip install --no-deps axolotl, with triton and bitsandbytes (what axolotl.kernels.lora imports)"
+
+
+def axolotl_mlp_kernel(activation: str) -> str:
+    """The MLP kernel Axolotl's patcher (``axolotl.monkeypatch.lora_kernels``, 0.21) runs for ``activation``: any
+    name holding "gelu" (Gemma's ``gelu_pytorch_tanh`` too) its GeGLU kernel, whose GELU is the erf form; "silu" its
+    SwiGLU; nothing else (its patcher refuses it)."""
+    if "gelu" in activation:
+        return "apply_lora_mlp_geglu"
+    if activation == "silu":
+        return "apply_lora_mlp_swiglu"
+    raise ImplementationError(f"axolotl: MLP activation {activation!r}: Axolotl's kernels have SwiGLU and GeGLU only")
 
 
 class AxolotlImplementation(BnbBase, PeftImplementation):
@@ -41,7 +53,7 @@ class AxolotlImplementation(BnbBase, PeftImplementation):
     def inject(self, model, spec):
         kernels = require_module(self.name, "axolotl.kernels.lora", hint=INSTALL_KERNELS, when="use")
         adapted = super().inject(model, self._bnb_spec(model, spec))
-        install_fused_lora(model, kernels)
+        install_fused_lora(model, kernels, mlp_kernel=axolotl_mlp_kernel)
         return adapted
 
     def served_by(self, model):

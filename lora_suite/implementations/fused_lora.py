@@ -7,7 +7,9 @@ which runs the same Function on the same input."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import types
+from collections.abc import Callable
 
 
 class _QKVCall:
@@ -31,19 +33,46 @@ def _count(*layers):
         layer._fused_calls = getattr(layer, "_fused_calls", 0) + 1
 
 
-def install_fused_lora(model, kernels, **options) -> None:
+def activation_of(model) -> str | None:
+    """The MLP activation ``model``'s config names (``hidden_act``, else ``hidden_activation``, of its text config
+    where it has one: where the stacks' patchers read it); None for a module without a config (the suite's probe
+    block, whose MLP is SwiGLU)."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return None
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return getattr(config, "hidden_act", None) or getattr(config, "hidden_activation", None)
+
+
+def swiglu_only(activation: str) -> str:
+    return "apply_lora_mlp_swiglu"
+
+
+def _accepted(fn, options: dict) -> dict:
+    """The ``options`` ``fn``'s signature takes (Unsloth's GeGLU approximation takes no ``inplace``)."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return options
+    return {k: v for k, v in options.items() if k in params}
+
+
+def install_fused_lora(model, kernels, mlp_kernel: Callable[[str], str] = swiglu_only, **options) -> None:
     """The LoRA kernels of ``kernels`` (Axolotl's ``axolotl.kernels.lora`` or Unsloth's
-    ``unsloth.kernels.fast_lora``: the same three entry points) put over PEFT's layers in ``model``: each block's
-    MLP forward becomes ``apply_lora_mlp_swiglu``, q/k/v come from one ``apply_lora_qkv`` call per input, o_proj
-    from ``apply_lora_o``. ``options`` go to the MLP and QKV calls. Every kernel call is counted on the layers it
-    served (``_fused_calls``), for ``fused_served_by``. A kernel that hands a call back to the layers (Unsloth's do,
-    under autocast or for a LoRA variant) reaches PEFT's own forward of the projection, which its hook counts."""
+    ``unsloth.kernels.fast_lora``: the same entry points) put over PEFT's layers in ``model``: each block's MLP
+    forward becomes the MLP kernel ``mlp_kernel`` names for the model's activation (``activation_of``; "silu" where
+    there is no config), the way the stack's own patcher chooses it; q/k/v come from one ``apply_lora_qkv`` call per
+    input, o_proj from ``apply_lora_o``. ``options`` go to the MLP (those its signature takes) and QKV calls. Every
+    kernel call is counted on the layers it served (``_fused_calls``), for ``fused_served_by``. A kernel that hands a
+    call back to the layers (Unsloth's do, under autocast or for a LoRA variant) reaches PEFT's own forward of the
+    projection, which its hook counts."""
+    apply_mlp = getattr(kernels, mlp_kernel(activation_of(model) or "silu"))
+    mlp_options = _accepted(apply_mlp, options)
     for module in model.modules():
         if all(hasattr(module, p) for p in ("gate_proj", "up_proj", "down_proj")):
 
-            def mlp_forward(self, x, _k=kernels):
+            def mlp_forward(self, x, _apply=apply_mlp):
                 _count(self.gate_proj, self.up_proj, self.down_proj)
-                return _k.apply_lora_mlp_swiglu(self, x, **options)
+                return _apply(self, x, **mlp_options)
 
             module.forward = types.MethodType(mlp_forward, module)
             for proj in (module.gate_proj, module.up_proj, module.down_proj):

@@ -45,6 +45,16 @@ FP32_RULE = (
 )
 
 
+def unsloth_mlp_kernel(activation: str) -> str:
+    """The MLP kernel Unsloth's ``patch_peft_model`` runs: SwiGLU for SiLU models, its tanh GeGLU approximation for
+    Gemma's ``gelu_pytorch_tanh``, the exact one for ``gelu``; nothing else (it refuses the model type)."""
+    kernels = {"silu": "apply_lora_mlp_swiglu", "gelu_pytorch_tanh": "apply_lora_mlp_geglu_approx"}
+    kernels["gelu"] = "apply_lora_mlp_geglu_exact"
+    if activation not in kernels:
+        raise ImplementationError(f"unsloth: MLP activation {activation!r}: expected one of {sorted(kernels)}")
+    return kernels[activation]
+
+
 class UnslothImplementation(BnbBase, PeftImplementation):
     name = expected_path = "unsloth"
     not_applicable = dict(
@@ -157,7 +167,7 @@ class UnslothImplementation(BnbBase, PeftImplementation):
         kernels = require_module(self.name, "unsloth.kernels.fast_lora", hint=HINT, when="use")
         adapted = PeftImplementation.inject(self, model, self._bnb_spec(model, spec))
         if not _fp32_base(model):
-            install_fused_lora(model, kernels, inplace=False)
+            install_fused_lora(model, kernels, mlp_kernel=unsloth_mlp_kernel, inplace=False)
         return adapted
 
     def served_by(self, model):
