@@ -2,7 +2,7 @@
 
 A mutant that survives the checks is *equivalent* when its fingerprint equals the unmutated source's, bit for bit:
 on a small probe block (``lora_suite.engine.probes``) with fixed seeds, in fp32 and in bf16 (and fp32 with rsLoRA
-where the implementation has it),
+where the implementation has it, and fp32 over base layers with a bias where it adapts them),
 
 - ``init``: the adapters as ``inject`` made them (``build_probe(randomise=False)``, which seeds torch first, so random
   inits repeat);
@@ -60,29 +60,35 @@ def _guarded(fn) -> str:
         return f"raised {type(exc).__name__}: {exc}"
 
 
-def configurations(impl) -> dict[str, tuple[str, bool]]:
-    """label -> (dtype name, rsLoRA): fp32 and bf16, and fp32 with rsLoRA where the implementation has it."""
-    out = {name: (name, False) for name in DTYPES}
+BIAS = "+bias"  # the label of the configuration whose base layers carry a bias (lora_value_operators.DropBias)
+
+
+def configurations(impl) -> dict[str, tuple[str, bool, bool]]:
+    """label -> (dtype name, rsLoRA, base bias): fp32 and bf16; fp32 with rsLoRA where the implementation has it; fp32
+    over base layers with a bias where it adapts such layers on a floating base (``linear_bias``, ``bf16_base``)."""
+    out = {name: (name, False, False) for name in DTYPES}
     if impl.reason_not_applicable("rslora") is None:
-        out["float32+rslora"] = ("float32", True)
+        out["float32+rslora"] = ("float32", True, False)
+    if impl.reason_not_applicable("linear_bias") is None and impl.reason_not_applicable("bf16_base") is None:
+        out[f"float32{BIAS}"] = ("float32", False, True)
     return out
 
 
 def fingerprint(impl, device: str = "cuda") -> dict[str, str]:
     """part -> digest (module docstring) of ``impl`` on ``device``, each part under its configuration's label."""
     out: dict[str, str] = {}
-    for label, (dtype, rslora) in configurations(impl).items():
-        out.update({f"{label}: {part}": v for part, v in _parts(impl, dtype, rslora, device).items()})
+    for label, (dtype, rslora, bias) in configurations(impl).items():
+        out.update({f"{label}: {part}": v for part, v in _parts(impl, dtype, rslora, bias, device).items()})
     return out
 
 
-def _parts(impl, dtype_name: str, rslora: bool, device: str) -> dict[str, str]:
+def _parts(impl, dtype_name: str, rslora: bool, bias: bool, device: str) -> dict[str, str]:
     import torch
 
     from lora_suite.engine import probes as P
     from lora_suite.implementations import AdapterSpec
 
-    shape = P.BlockShape("fingerprint", 48, 40, 16, 76)
+    shape = P.BlockShape("fingerprint", 48, 40, 16, 76, bias=bias)
     dtype = getattr(torch, dtype_name)
     spec = AdapterSpec(P.PROBE_TARGETS, RANK, ALPHA, use_rslora=rslora, adapter_dtype=dtype)
     inputs = P.random_inputs(shape, N_SHAPE, dtype, device, seed=PROBE_SEED + 1)

@@ -254,6 +254,7 @@ class DropBias(Operator):
     ``linear(x, w, b)`` call removed; ``obj.base(x)`` / ``obj.base_layer(x)`` -> ``linear(x, obj.base.weight)``."""
 
     FINGERPRINT_BLIND = "the fingerprint's probe block has no bias"
+    FINGERPRINT_SEEN_IN = "+bias"  # engine.fingerprint.BIAS: where the fingerprint ran a biased probe, it can see this
 
     def _edits(self, node) -> list[tuple[str, int]]:
         if _is_call(node) and len(node.children) == 3:

@@ -90,10 +90,16 @@ def operators() -> dict[str, type]:
     return out
 
 
-def fingerprint_blind(name: str) -> str:
+def fingerprint_blind(name: str, parts=()) -> str:
     """Why the fingerprint cannot show a mutant of operator ``name`` equivalent (its class lies outside what the
-    fingerprint runs: ``FINGERPRINT_BLIND`` of ``lora_value_operators``); empty where it can."""
-    return getattr(operators().get(name), "FINGERPRINT_BLIND", "")
+    fingerprint runs: ``FINGERPRINT_BLIND`` of ``lora_value_operators``); empty where it can, or where one of the
+    fingerprint's ``parts`` (labels ``configuration: part``) comes from the configuration the operator names in
+    ``FINGERPRINT_SEEN_IN`` (DropBias: a probe with biases)."""
+    op = operators().get(name)
+    seen_in = getattr(op, "FINGERPRINT_SEEN_IN", None)
+    if seen_in and any(seen_in in label.split(":", 1)[0] for label in parts):
+        return ""
+    return getattr(op, "FINGERPRINT_BLIND", "")
 
 
 def _inside_function(node) -> bool:

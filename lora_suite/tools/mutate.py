@@ -319,7 +319,7 @@ def _judge_survivors(
             fp = plan.fingerprint({**plan.env, **mutant_env(target.module, path)})
         except Exception as exc:  # as above: reported, never a pass
             return _with_reason(results[i], f"{note}not judged for equivalence: its fingerprint failed ({exc})")
-        parts, blind = differing(fp, original), fingerprint_blind(m.operator)
+        parts, blind = differing(fp, original), fingerprint_blind(m.operator, original)
         if not parts and blind:  # its class lies outside what the fingerprint runs: the sameness proves nothing
             return _with_reason(results[i], f"{note}bitwise the source's fingerprint, which cannot show it: {blind}")
         if not parts:

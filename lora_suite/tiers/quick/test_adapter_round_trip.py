@@ -1,11 +1,13 @@
 """The adapter round trip of the implementation under test (``lora_suite.engine.round_trip``): three training steps,
 ``save_adapter``, a fresh model, ``load_adapter``: the folder holds the trained tensors, the fresh model gets them
-back bitwise and computes the trained logits bitwise; folders with a planted wrong lora_alpha or r are refused (or
-honoured), never loaded as if they matched; folders whose weights do not fit (an adapter missing, a tensor of no
+back bitwise and computes the trained logits bitwise; folders with a planted wrong lora_alpha, r or use_rslora are
+refused (or honoured), never loaded as if they matched, on a model with rsLoRA too; folders whose weights do not fit (an adapter missing, a tensor of no
 adapter, a shape changed) are refused; on a 16-bit base PEFT's own loader reads the same tensors and scale.
 Tests that each build their own model, so that worker processes (``--workers``) can run them side by side."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
@@ -34,6 +36,22 @@ def test_a_folder_with_a_wrong_setting_is_not_loaded_as_matching(tier, tmp_path,
     RT.train_a_few(trained, STEPS, cfg.train.lr)
     v = RT.tampered_folder(trained, lambda: tier.prepare(cfg), tmp_path / "adapter", key)
     tier.check(v.name, v.value, v.op, v.threshold, source=v.source, detail=v.detail)
+
+
+def test_an_rslora_adapter_round_trips_and_its_setting_is_read(tier, tmp_path):
+    """The same round trip on a model adapted with rsLoRA (scale alpha/sqrt(r)), then its folder with use_rslora
+    flipped to false, which must not load as matching: a loader that remembered the setting of an earlier load (a
+    value computed once and reused, issue 55) passes every round trip of a model without rsLoRA."""
+    name = "rsLoRA: every round-trip check"
+    if why := tier.impl.reason_not_applicable("rslora"):
+        tier.check.not_applicable(name, why)
+        return
+    cfg = tier.config("quick")
+    cfg = dataclasses.replace(cfg, lora=dataclasses.replace(cfg.lora, use_rslora=True))
+    trained = tier.prepare(cfg)
+    RT.train_a_few(trained, STEPS, cfg.train.lr)
+    for v in RT.round_trip(trained, lambda: tier.prepare(cfg), tmp_path / "adapter", tampered=("use_rslora",)):
+        tier.check(f"rsLoRA: {v.name}", v.value, v.op, v.threshold, source=v.source, detail=v.detail)
 
 
 @pytest.mark.parametrize("what", list(RT.BROKEN))

@@ -112,6 +112,10 @@ def test_every_value_operator_is_registered_and_names_what_the_fingerprint_canno
     assert set(NEW) <= set(ops)
     assert all(MU.fingerprint_blind(name) for name in NEW)
     assert not MU.fingerprint_blind("DeleteStatement") and not MU.fingerprint_blind("ReplaceBinaryOperator_Add_Sub")
+    # a fingerprint that ran a probe with biases sees a dropped bias; one without does not
+    assert MU.fingerprint_blind("DropBias", {"float32: loaded": "x"}) == V.DropBias.FINGERPRINT_BLIND
+    assert MU.fingerprint_blind("DropBias", {"float32: loaded": "x", "float32+bias: loaded": "y"}) == ""
+    assert MU.fingerprint_blind("NanToNum", {"float32+bias: loaded": "y"}) != ""
 
 
 def _example_mutants() -> list[MU.Mutant]:

@@ -346,9 +346,16 @@ def test_the_fingerprint_tells_an_equivalent_mutant_from_one_that_changes_someth
     init = _example_variant(tmp_path, "fp_init", "a=math.sqrt(5)", "a=5")
     assert FP.differing(FP.fingerprint(init, "cpu"), source) == [
         "bfloat16: init",
+        "float32+bias: init",
         "float32+rslora: init",
         "float32: init",
     ]
+    # the base's bias dropped: only the configuration whose base layers carry one tells it apart
+    nobias = _example_variant(tmp_path, "fp_nobias", "self.base(x) +", "F.linear(x, self.base.weight) +")
+    assert FP.differing(FP.fingerprint(nobias, "cpu"), source) == [
+        "float32+bias: forward+backward",
+        "float32+bias: loaded",
+    ]  # (its merge hands back the base layer, bias and all)
     # rsLoRA's scale: only the rsLoRA configuration tells it apart
     rs = _example_variant(tmp_path, "fp_rs", "math.sqrt(r) if use_rslora", "r if use_rslora")
     assert FP.differing(FP.fingerprint(rs, "cpu"), source) == [
