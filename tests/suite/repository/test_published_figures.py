@@ -218,7 +218,7 @@ def test_every_figure_of_a_page_edited_by_a_third_fails(page, rows):
         ("24 equivalent of 151) in 323 s", "24 equivalent of 151) in 300 s"),
         ("(score 0.776 with the equivalents", "(score 0.786 with the equivalents"),
         ("20261127T111738Z-quick-plain_lora_make", "20261127T111739Z-quick-plain_lora_make"),
-        ("34.9 s on a warm H200", "35.9 s on a warm H200"),
+        ("22.3 s on a warm H100", "23.3 s on a warm H100"),
         ("score 0.964 (27 killed", "score 0.954 (27 killed"),
         ("captured step 72.4 ms", "captured step 71.4 ms"),
     ],
