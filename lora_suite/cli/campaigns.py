@@ -179,6 +179,8 @@ def ledger_command(args) -> int:
         preflight.check_existing("ledger show --ledger", [args.ledger], kind="ledger file")
     if args.action == "record":
         preflight.check_existing("ledger record", args.runs)
+    if args.action in ("record", "import") and args.ledger:
+        preflight.check_store_path(args.ledger)
     name = store.redacted(path)
     try:
         if args.action == "record":

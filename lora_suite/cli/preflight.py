@@ -69,6 +69,17 @@ def check_implementation(spec: str | None) -> None:
         )
 
 
+# The run options selftest would take and ignore: (argparse dest, flag)
+SELFTEST_IGNORES = (
+    ("lora_impl", "--lora-impl"),
+    ("fused_ops", "--fused-ops"),
+    ("baseline", "--baseline"),
+    ("record", "--record"),
+    ("ledger", "--ledger"),
+    ("require_gpu", "--require-gpu"),
+)
+
+
 def check_run_options(args, target: str, tiers: dict) -> None:
     """The run options against the target and the machine."""
     if getattr(args, "strict_vram", False) and not args.check_vram:
@@ -79,6 +90,11 @@ def check_run_options(args, target: str, tiers: dict) -> None:
         raise UsageError(f"--baseline {args.baseline}: not a directory (a run folder, or auto)")
     if target == "selftest" and args.report_dir:  # issue 28: it was accepted, and the folder stayed empty
         raise UsageError("--report-dir: selftest (the CPU tests) writes no run report; it is for the GPU targets")
+    if target == "selftest" and (given := [flag for dest, flag in SELFTEST_IGNORES if getattr(args, dest, None)]):
+        raise UsageError(  # issue 56: `selftest --lora-impl peft` was accepted and ignored
+            f"{', '.join(given)}: selftest runs the framework's own CPU tests, which judge no implementation on no GPU "
+            "and write no run report; that is for the GPU targets (quick, convergence, ..., selftest-gpu)"
+        )
     if getattr(args, "gpus", None) is not None and target not in GPUS_TARGETS:
         raise UsageError(f"--gpus applies to {' and '.join(GPUS_TARGETS)} (torchrun jobs), not to {target!r}")
     workers = getattr(args, "workers", None)
@@ -94,6 +110,22 @@ def check_run_options(args, target: str, tiers: dict) -> None:
 def check_ledger_option(args) -> None:
     if getattr(args, "ledger", None) and not getattr(args, "record", False):
         raise UsageError(f"--ledger {args.ledger}: names the ledger --record appends to; add --record (or drop it)")
+    if getattr(args, "ledger", None):
+        check_store_path(args.ledger)
+
+
+def check_store_path(location: str) -> None:
+    """A ledger file or SQLite store may be created, but not a whole missing path (as ``--report-dir``); a database
+    URL other than SQLite's is the server's business."""
+    text = str(location)
+    if "://" in text and not text.startswith("sqlite:///"):
+        return
+    target = Path(text.removeprefix("sqlite:///")).resolve()
+    if not target.exists() and not target.parent.is_dir():
+        raise UsageError(
+            f"--ledger {location}: its folder {target.parent} does not exist (expected an existing ledger or store, or "
+            "a new file in an existing folder: create the folder first with mkdir -p)"
+        )
 
 
 def check_report_dir(path: str) -> None:

@@ -346,9 +346,8 @@ def _record(path: Path, run_dir: Path) -> str:
 
     from lora_suite.tools import ledger
 
-    report = json.loads((run_dir / "report.json").read_text())
-    if not (report.get("environment") or {}).get("gpu_name"):
-        return f"ledger: {run_dir.name} not recorded: it saw no GPU (its GPU tests skipped; nothing was judged on one)"
+    if why := ledger.refusal(json.loads((run_dir / "report.json").read_text())):
+        return f"ledger: {run_dir.name} not recorded: {why}"
     from lora_suite.tools.store import redacted
 
     try:

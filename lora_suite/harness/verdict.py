@@ -9,9 +9,23 @@ writes the verdict into report.json and report.md's first line; the command line
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+# The verdict as the ledger and the results store hold it (a run row's ``verdict``): lower case
+LEDGER_WORD = {
+    "PASS": "pass",
+    "FAIL": "fail",
+    "NOT JUDGED": "not judged",
+    "INTERRUPTED": "interrupted",
+    "TERMINATED": "terminated",
+    "RUNNING": "running",
+}
+
 
 def run_verdict(report) -> tuple[str, str]:
-    """(result, why) of a ``RunReport``."""
+    """(result, why) of a ``RunReport``, or of anything with its ``status``, ``checks`` (``name``, ``passed``,
+    ``test``), ``outcomes`` (``test``, ``outcome``, ``reason``) and ``not_applicable`` (``test``, ``reason``):
+    ``verdict_of_json`` reads a report.json that way."""
     stopped = {"interrupted": "INTERRUPTED", "terminated": "TERMINATED"}.get(report.status)
     failed = [o.test for o in report.outcomes if o.outcome in ("failed", "error")]
     failed_checks = [c.name for c in report.checks if not c.passed]
@@ -50,3 +64,22 @@ def _why_nothing_judged(outcomes: list, not_applicable: list) -> str:
         reasons[key] = reasons.get(key, 0) + 1
     reason, count = max(reasons.items(), key=lambda kv: kv[1])
     return f"{count} of {len(outcomes)} test(s) {reason}"
+
+
+def verdict_of_json(report: dict) -> tuple[str, str]:
+    """``run_verdict`` of a report.json's content: the one rule the summary, the report, the ledger and the results
+    store share (a report written before the verdict field existed is judged the same way)."""
+
+    def records(key: str) -> list:
+        return [
+            SimpleNamespace(**{"test": "", "reason": "", **r}) for r in report.get(key) or [] if isinstance(r, dict)
+        ]
+
+    return run_verdict(
+        SimpleNamespace(
+            status=str(report.get("status")),
+            checks=records("checks"),
+            outcomes=records("outcomes"),
+            not_applicable=records("not_applicable"),
+        )
+    )

@@ -232,6 +232,12 @@ def compare_runs(baseline: Path, run: Path) -> list[Change]:
                     f"{baseline} judged the LoRA implementation {_implementation(b)!r} and {run} "
                     f"{_implementation(r)!r}: a baseline only compares with runs of the same one"
                 )
+            if name == "report.json" and str(b.get("selection")) != str(r.get("selection")):
+                raise ValueError(
+                    f"{baseline} is a run of the tier {b.get('selection')!r} and {run} of {r.get('selection')!r}: a "
+                    "baseline only compares with runs of the same tier (other tests, other figures: nothing moved "
+                    "would mean nothing)"
+                )
             if name == "report.json" and not (b.get("checks") or b.get("outcomes")):
                 raise ValueError(
                     f"the baseline {baseline} judged nothing (its report.json has no checks and no test outcomes): "

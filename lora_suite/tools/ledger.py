@@ -84,14 +84,11 @@ def newer_schema(report: dict) -> str | None:
 
 
 def _run_verdict(report: dict) -> str:
-    checks, summary = report.get("checks", []), report.get("summary", {})
-    if report.get("status") != "complete":
-        return str(report.get("status"))
-    if any(not c.get("passed") for c in checks) or summary.get("failed"):
-        return "fail"
-    if not checks and report.get("not_applicable"):
-        return "n/a"
-    return "pass"
+    """The run's verdict by the rule of its report and summary (``harness.verdict``), in the ledger's words."""
+    from lora_suite.harness.verdict import LEDGER_WORD, verdict_of_json
+
+    result = verdict_of_json(report)[0]
+    return LEDGER_WORD.get(result, result.lower())
 
 
 def rows_of_report(report: dict, run: str, group: str = "") -> list[dict]:
@@ -265,7 +262,27 @@ def _store(location):
     return store.open_store(location) if store.is_store(location) else None
 
 
+def refusal(report: dict) -> str | None:
+    """Why a run is not recorded, or None: the one rule of ``--record`` and ``ledger record``. A run that saw no GPU
+    judged nothing on one (its GPU tests skipped): its rows would read as a GPU's verdict."""
+    if not (report.get("environment") or {}).get("gpu_name"):
+        return "it saw no GPU (its GPU tests skipped; nothing was judged on one)"
+    return None
+
+
 def record(path: Path, runs: list[Path], group: str | None = None) -> int:
+    """Append the rows of the run folders ``runs`` (each, or every run under it); nothing is appended when one of
+    them is refused (``refusal``), and the error names each."""
+    refused = []
+    for d in run_folders(runs):
+        try:
+            why = refusal(json.loads((d / "report.json").read_text()))
+        except (OSError, json.JSONDecodeError, AttributeError):
+            continue  # rows_of_runs names an unreadable report
+        if why:
+            refused.append(f"{d.name}: {why}")
+    if refused:
+        raise LedgerError("not recorded (nothing was appended): " + "; ".join(refused))
     return append(path, rows_of_runs(runs, group))
 
 

@@ -232,3 +232,31 @@ def test_an_unknown_lora_impl_is_a_usage_error_naming_it(session):
     result, report, _ = session("def test_a():\n    pass\n", "--lora-impl", "triton")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "--lora-impl triton: LoRA implementation 'triton' is not known" in result.stderr.str()
+
+
+@pytest.mark.parametrize("who", ["controller", "controller and worker"])
+def test_sigterm_over_workers_ends_quietly_with_the_report(session, who):
+    """Issue 56: a run spread over pytest-xdist workers (quick's default on a GPU) stopped by SIGTERM, to the
+    controlling process alone (a job's timeout) or to the workers too (a process group's): the report reads
+    terminated, and no traceback reaches the console."""
+    pytest.importorskip("xdist")
+    also_self = "os.kill(os.getpid(), signal.SIGTERM)" if who == "controller and worker" else "pass"
+    result, report, out = session(
+        f"""
+        import os, signal, time
+        def test_first():
+            pass
+        def test_stops_the_run():
+            os.kill(os.getppid(), signal.SIGTERM)
+            {also_self}
+            time.sleep(4)
+        def test_other():
+            time.sleep(4)
+    """,
+        "-n",
+        "2",
+    )
+    console = result.stdout.str() + result.stderr.str()
+    assert "Traceback" not in console and "During handling" not in console, console[-3000:]
+    assert report is not None and report["status"] == "terminated", console[-2000:]
+    assert report["verdict"]["result"] == "TERMINATED"
