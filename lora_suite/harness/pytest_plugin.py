@@ -9,7 +9,8 @@ module loads the plugin's modules, one concern each, in ``lora_suite/harness/plu
 - ``run_report``: the run report's life, from configure (run id, environment, implementation) to the terminal
   summary, SIGTERM included;
 - ``outcomes``: each test's outcome in the report, failed checks failing their test, a CUDA error stopping the session;
-- ``fixtures``: ``run_report``, ``check``, ``lora_impl`` and the seeding and GPU clean-up around each test.
+- ``fixtures``: ``run_report``, ``check``, ``lora_impl`` and the seeding and GPU clean-up around each test;
+- ``log_frames``: captured log records keep a logged traceback as text, never its frames (nor what they hold).
 
 Tests that need a GPU carry the ``gpu`` marker and skip with a reason when torch sees no CUDA device (a run that
 judged nothing says so). A CUDA error (illegal address, device-side assert, a failed cuBLAS call) leaves the CUDA
@@ -37,4 +38,5 @@ pytest_plugins = [
     "lora_suite.harness.plugin.run_report",
     "lora_suite.harness.plugin.outcomes",
     "lora_suite.harness.plugin.fixtures",
+    "lora_suite.harness.plugin.log_frames",
 ]

@@ -260,3 +260,35 @@ def test_sigterm_over_workers_ends_quietly_with_the_report(session, who):
     assert "Traceback" not in console and "During handling" not in console, console[-3000:]
     assert report is not None and report["status"] == "terminated", console[-2000:]
     assert report["verdict"]["result"] == "TERMINATED"
+
+
+def test_a_logged_exception_does_not_keep_what_its_frames_held(session):
+    """Issue 56, item 5: a model built, an exception caught and logged inside a call that held it, the model dropped:
+    with pytest's log capture on it is freed at once (the traceback is kept as text), and the log still shows it."""
+    result, report, out = session("""
+        import gc, logging, weakref
+
+        class Model:
+            pass
+
+        def build_and_fall_back():
+            model = Model()
+            try:
+                raise ImportError("cannot import name 'tanh' from 'triton.language.math'")
+            except ImportError:
+                logging.getLogger("somelib").warning("fused op unavailable, falling back", exc_info=True)
+            return weakref.ref(model)
+
+        def test_the_model_is_freed(caplog):
+            ref = build_and_fall_back()
+            gc.collect()
+            assert ref() is None, "a captured log record keeps the model alive"
+            (record,) = caplog.records
+            assert "cannot import name 'tanh'" in caplog.text and record.exc_info is None
+
+        def test_the_report_section_still_shows_the_traceback():
+            build_and_fall_back()
+            assert False
+    """)
+    result.assert_outcomes(passed=1, failed=1)
+    assert "ImportError: cannot import name 'tanh'" in result.stdout.str()
