@@ -34,7 +34,9 @@ from pathlib import Path
 PROBE_SEED = 7
 N_SHAPE = (2, 5)  # tokens: (batch, sequence) of the probe's inputs
 DTYPES = ("float32", "bfloat16")
-RANK, ALPHA = 4, 8.0
+# alpha / r = 7/3 (and 7/sqrt(3) under rsLoRA) is exact in no float format: a scale or a value rounded through bf16
+# on an fp32 path changes the fp32 configurations' digests (lora_value_operators.LowPrecisionRoundTrip)
+RANK, ALPHA = 3, 7.0
 
 
 def _digest(items) -> str:

@@ -19,9 +19,10 @@ Each mutated value goes through a guard that changes floats and floating tensors
 through as it is (``ROUND_TRIP``, ``NAN_TO_NUM``): a mutant that only crashes on a value of another type would teach
 nothing. The guard imports torch itself (``__import__("torch")``), so a file that names torch otherwise still runs.
 
-Each operator's ``FINGERPRINT_BLIND`` says why ``engine.fingerprint`` (one forward and backward of a bias-free probe
-block in train mode, finite inputs, α/r = 8/4 exact in bf16) cannot show a mutant of its class equivalent:
-``lora_suite.tools.mutate`` keeps such a survivor a survivor.
+Each operator's ``FINGERPRINT_BLIND`` says why ``engine.fingerprint`` (one forward and backward of a probe block in
+train mode, finite inputs; fp32 and bf16, α/r = 7/3 exact in neither; a biased probe where the stack adapts biased
+layers) cannot show a mutant of its class equivalent, unless the fingerprint ran the configuration its
+``FINGERPRINT_SEEN_IN`` names: ``lora_suite.tools.mutate`` keeps such a survivor a survivor.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ GRAD_WORDS = {"grad", "grads", "gradient", "dy", "dx", "dout", "out", "output", 
 VALUE_FUNCTIONS = ("forward", "backward", "__call__", "merge")  # a return of these is an output (prefix match)
 NOT_VALUES = {"len", "int", "str", "bool", "list", "dict", "set", "tuple", "sorted", "range", "isinstance", "type"}
 BASE_LAYERS = ("base", "base_layer")
-_ROUNDING = "the fingerprint's scale (8/4) and probe values are exact in bf16"
+_ROUNDING = "the fingerprint ran no fp32 configuration, where a bf16 rounding shows"
 
 
 def _parts(node) -> set[str]:
@@ -132,6 +133,7 @@ class LowPrecisionRoundTrip(WrapValue):
     ``__call__``/``merge…``, and each factor of a product (``*``, ``@``)."""
 
     FINGERPRINT_BLIND = _ROUNDING
+    FINGERPRINT_SEEN_IN = "float32"  # its fp32 configurations: inexact scale 7/3, fp32 inputs and adapters
     template = ROUND_TRIP
 
     def _slots(self, node):

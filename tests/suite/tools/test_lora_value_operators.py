@@ -116,6 +116,9 @@ def test_every_value_operator_is_registered_and_names_what_the_fingerprint_canno
     assert MU.fingerprint_blind("DropBias", {"float32: loaded": "x"}) == V.DropBias.FINGERPRINT_BLIND
     assert MU.fingerprint_blind("DropBias", {"float32: loaded": "x", "float32+bias: loaded": "y"}) == ""
     assert MU.fingerprint_blind("NanToNum", {"float32+bias: loaded": "y"}) != ""
+    # a bf16 rounding shows in the fp32 configurations (scale 7/3, fp32 values); a bf16-only fingerprint is blind to it
+    assert MU.fingerprint_blind("LowPrecisionRoundTrip", {"float32+rslora: loaded": "y"}) == ""
+    assert MU.fingerprint_blind("LowPrecisionRoundTrip", {"bfloat16: loaded": "y"}) != ""
 
 
 def _example_mutants() -> list[MU.Mutant]:

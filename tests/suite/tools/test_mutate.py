@@ -363,6 +363,11 @@ def test_the_fingerprint_tells_an_equivalent_mutant_from_one_that_changes_someth
         "float32+rslora: loaded",
         "float32+rslora: merged",
     ]
+    # the scale rounded through bf16 (LowPrecisionRoundTrip's class): 7/3 is exact in no format, so every fp32
+    # configuration tells it apart, and the bf16 one (whose adapters are bf16 anyway) does not
+    scale = "alpha / (math.sqrt(r) if use_rslora else r)"
+    rounded = _example_variant(tmp_path, "fp_rounded", scale, f"float(torch.tensor({scale}).bfloat16())")
+    assert {p.split(":")[0] for p in FP.differing(FP.fingerprint(rounded, "cpu"), source)} >= {"float32"}
     # a save that raises: the exception is part of the fingerprint
     broken = _example_variant(tmp_path, "fp_broken", "path.mkdir(parents=True, exist_ok=True)", "pass")
     diff = FP.differing(FP.fingerprint(broken, "cpu"), source)
