@@ -79,6 +79,13 @@ def _run_options(p: argparse.ArgumentParser, tier: bool = True) -> None:
             help="compare the LoRA-aware memory estimate with NVML free memory before each tier; skip when short",
         )
         g.add_argument("--strict-vram", action="store_true", help="with --check-vram: fail instead of skipping")
+        g.add_argument(
+            "--vram-limit",
+            type=_vram_limit,
+            metavar="GIB",
+            help="judge as if on a card of GIB GiB (16, 24): each test process's allocator capped to it, "
+            "--check-vram against it",
+        )
         g.add_argument("--weights", type=_weights, help="auto, pretrained or random: override the tiers' weights mode")
         g.add_argument("--gpus", type=_positive_int("--gpus"), help="multigpu: processes (GPUs) per torchrun job")
         g.add_argument(
@@ -133,6 +140,15 @@ def _workers(text: str) -> str:
     if text != "auto" and not re.fullmatch(r"[1-9][0-9]*", text):
         raise argparse.ArgumentTypeError(f"--workers must be a positive whole number or auto, got {text!r}")
     return text
+
+
+def _vram_limit(text: str) -> float:
+    from lora_suite.measure.vram_limit import VramLimitError, parse_limit
+
+    try:
+        return parse_limit(text)
+    except VramLimitError as exc:
+        raise argparse.ArgumentTypeError(f"{str(exc).removeprefix(f'--vram-limit {text}: ')}, got {text!r}") from None
 
 
 def _weights(text: str) -> str:

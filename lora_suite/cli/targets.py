@@ -178,6 +178,7 @@ def pytest_args(target: str, args, run_dir: Path | None, tiers: dict) -> list[st
         ("--weights", getattr(args, "weights", None)),
         ("--gpus", getattr(args, "gpus", None)),
         ("--fused-ops", getattr(args, "fused_ops", None)),
+        ("--vram-limit", getattr(args, "vram_limit", None)),
     ):
         if value is not None:
             base += [flag, str(value)]

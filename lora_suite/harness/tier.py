@@ -26,6 +26,7 @@ from lora_suite.measure.device_time import DeviceTimer, DeviceWindow
 from lora_suite.measure.device_time import window as device_window
 from lora_suite.measure.memory import GIB, PeakWindow, estimate_training_memory, measured_split, vram_verdict
 from lora_suite.measure.nvml import nvml_memory
+from lora_suite.measure.vram_limit import limited_free
 from lora_suite.scenarios.aged_vs_fresh import Pair, run_pairs
 from lora_suite.scenarios.long_run import LongRunVerdicts, aged_vs_fresh_resolved, time_budget_rows
 
@@ -69,7 +70,7 @@ class Tier:
         return cfg
 
     def _vram_precheck(self, cfg: TierConfig) -> None:
-        est = estimate_training_memory(
+        self.estimate = est = estimate_training_memory(
             cfg.model.architecture,
             cfg.lora,
             batch_size=cfg.data.batch_size,
@@ -77,13 +78,13 @@ class Tier:
             gradient_checkpointing=cfg.train.gradient_checkpointing,
             dtype=cfg.dtype,
         )
-        self.estimate = est
         if not self.request.config.getoption("check_vram"):
             return
         mem = nvml_memory()
         if mem is None:
             pytest.skip("--check-vram: NVML gives no reading for this device")
-        ok, msg = vram_verdict(est, mem.free, mem.used)
+        limit = float(self.request.config.getoption("vram_limit", None) or 0) or None  # --vram-limit: the card's
+        ok, msg = vram_verdict(est, limited_free(mem.free, limit, torch.cuda.memory_reserved()), mem.used, limit)
         self.report.notes.append(f"{self.nodeid}: {msg}")
         if not ok:
             if self.request.config.getoption("strict_vram"):

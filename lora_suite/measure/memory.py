@@ -44,10 +44,9 @@ from dataclasses import asdict, dataclass
 import torch
 
 from lora_suite.core.config import LlamaArchitecture, LoRASettings
+from lora_suite.measure.card import CONTEXT_BYTES, GIB  # noqa: F401 (GIB re-exported: the suite's unit)
 
-GIB = 2**30
 MIB = 2**20
-CONTEXT_BYTES = int(0.6 * GIB)
 NF4_BITS_PER_PARAM = 4.127  # 4-bit codes + 8-bit absmax per 64 + fp32 per 256 absmaxes (QLoRA double quant)
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -198,10 +197,13 @@ class PeakWindow:
         return torch.cuda.max_memory_allocated(self.device) - self.carried
 
 
-def vram_verdict(estimate: MemoryEstimate, free_bytes: int, used_bytes: int | None = None) -> tuple[bool, str]:
+def vram_verdict(
+    estimate: MemoryEstimate, free_bytes: int, used_bytes: int | None = None, limit_gib: float | None = None
+) -> tuple[bool, str]:
     """(enough?, message giving need and free) for the --check-vram pre-check. NVML's free memory is what is left
     after every process on the GPU, this one and others (``used_bytes``), so a neighbour's memory counts, and the
-    message says how much was already held."""
+    message says how much was already held; under ``--vram-limit`` (``limit_gib``) ``free_bytes`` is the card's
+    (``vram_limit.limited_free``) and the message names the card."""
     need = estimate.device_need
     ok = need <= free_bytes
     parts = ", ".join(f"{k} {v:.2f}" for k, v in estimate.gib().items() if v)
@@ -214,6 +216,7 @@ def vram_verdict(estimate: MemoryEstimate, free_bytes: int, used_bytes: int | No
             if used_bytes is None
             else f" (after {used_bytes / GIB:.2f} GiB already held on the GPU, other processes' included)"
         )
+        + ("" if limit_gib is None else f", as on a {limit_gib:g} GiB card (--vram-limit)")
         + f": {'enough' if ok else 'NOT enough'}"
     )
     return ok, msg

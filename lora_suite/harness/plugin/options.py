@@ -24,6 +24,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="with --check-vram: fail instead of skip when the estimate exceeds free memory",
     )
     group.addoption(
+        "--vram-limit",
+        default=None,
+        metavar="GIB",
+        help="judge as if on a card of GIB GiB: each test process's allocator capped to it, --check-vram against it",
+    )
+    group.addoption(
         "--report-dir", default=None, help="write report.json / report.md (+ plots) of this run into this directory"
     )
     group.addoption(

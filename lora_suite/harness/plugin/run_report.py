@@ -68,6 +68,8 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--lora-impl {spec}: {why}") from None
     config.stash[IMPL_KEY] = impl
     report.implementation = implementation_record(impl, spec)
+    if config.getoption("vram_limit"):
+        report.notes.append(_vram_limit(config))
     if config.getoption("report_dir"):
         check_report_dir(config.getoption("report_dir"))
     if is_worker(config):  # an xdist worker: hands its records to the controller, which alone writes the report
@@ -81,6 +83,23 @@ def pytest_configure(config: pytest.Config) -> None:
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
         config.add_cleanup(lambda: logger.removeHandler(handler))
+
+
+def _vram_limit(config: pytest.Config) -> str:
+    """``--vram-limit``: checked, and applied where tests run on a GPU (``lora_suite.measure.vram_limit``); the note."""
+    from lora_suite.measure import vram_limit as V
+
+    try:
+        gib = V.parse_limit(config.getoption("vram_limit"))
+        if drives_workers(config):
+            return f"--vram-limit {gib:g} GiB: each test process judged as on a {gib:g} GiB card"
+        import torch
+
+        if not torch.cuda.is_available():
+            return f"--vram-limit {gib:g} GiB: no CUDA GPU here, nothing capped"
+        return V.apply_limit(gib, torch.cuda.current_device())
+    except V.VramLimitError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

@@ -292,3 +292,16 @@ def test_a_logged_exception_does_not_keep_what_its_frames_held(session):
     """)
     result.assert_outcomes(passed=1, failed=1)
     assert "ImportError: cannot import name 'tanh'" in result.stdout.str()
+
+
+def test_the_vram_limit_is_stated_in_the_report_and_a_bad_one_refused(session):
+    """``--vram-limit`` (issue 56, item 6) in the report's notes; on a machine without a GPU it says nothing was
+    capped; a value that names no card stops the run before any test, naming it."""
+    body = """
+        def test_a():
+            pass
+    """
+    result, report, _ = session(body, "--vram-limit", "16")
+    assert any("--vram-limit 16 GiB: no CUDA GPU here, nothing capped" in n for n in report["notes"]), report["notes"]
+    result, _, _ = session(body, "--vram-limit", "0.1")
+    assert result.ret == 4 and "--vram-limit 0.1: expected a card's memory in GiB" in result.stderr.str()

@@ -1,0 +1,9 @@
+"""What a GPU card's memory holds besides torch's allocator, in the units the suite states memory in (imports no
+torch: the command line reads it before any run)."""
+
+from __future__ import annotations
+
+GIB = 2**30
+# The CUDA context is outside torch's allocator but counts against NVML's free memory and a card's size: 0.6 GiB,
+# typical for CUDA 12/13 with cuBLAS loaded (lora_suite/measure/memory.py says how it was taken)
+CONTEXT_BYTES = int(0.6 * GIB)
