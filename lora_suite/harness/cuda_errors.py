@@ -15,3 +15,9 @@ _CUDA_ERROR = re.compile(
 def is_cuda_error(exc: BaseException) -> bool:
     """Whether ``exc`` comes from a CUDA error, after which the context cannot be trusted (stop, do not go on)."""
     return bool(_CUDA_ERROR.search(f"{type(exc).__name__}: {exc}"))
+
+
+def is_oom(exc: BaseException) -> bool:
+    """Whether ``exc`` is an out-of-memory error (torch's ``OutOfMemoryError``, CuPy's, or one that says so): a
+    verdict on the settings, after which the context is still sound (``lora_suite.harness.oom_verdict``)."""
+    return "outofmemory" in type(exc).__name__.lower() or "out of memory" in str(exc).lower()

@@ -42,11 +42,10 @@ class Tier:
     def config(self, tier: str) -> TierConfig:
         """The tier's YAML with --weights and the implementation under test applied.
 
-        What the implementation declares it cannot do is changed as ``lora_suite.engine.prepare.fit_to_implementation``
-        says (an NF4 base becomes 16-bit for ``nf4_base``, a 16-bit one NF4 for ``bf16_base``, fp32 adapters on a
-        16-bit base take the base's dtype, rsLoRA and captured steps are dropped), each change recorded as not
-        applicable with the implementation's reason; the checks that only an NF4 base can take are recorded as
-        not applicable by the tier.
+        What the implementation declares it cannot do is changed as ``engine.prepare.fit_to_implementation`` says (an
+        NF4 base becomes 16-bit for ``nf4_base``, a 16-bit one NF4 for ``bf16_base``, fp32 adapters on a 16-bit base
+        take the base's dtype, rsLoRA and captured steps are dropped), each change recorded as not applicable with the
+        implementation's reason; the checks only an NF4 base can take are recorded as not applicable by the tier.
         """
         cfg = load_tier_config(CONFIG_DIR / f"{tier}.yaml")
         weights = self.request.config.getoption("weights")
@@ -70,6 +69,7 @@ class Tier:
         return cfg
 
     def _vram_precheck(self, cfg: TierConfig) -> None:
+        self.estimate_cfg = cfg  # what an out-of-memory verdict estimates other settings from (measure/oom.py)
         self.estimate = est = estimate_training_memory(
             cfg.model.architecture,
             cfg.lora,

@@ -23,12 +23,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="with --check-vram: fail instead of skip when the estimate exceeds free memory",
     )
-    group.addoption(
-        "--vram-limit",
-        default=None,
-        metavar="GIB",
-        help="judge as if on a card of GIB GiB: each test process's allocator capped to it, --check-vram against it",
-    )
+    group.addoption("--vram-limit", metavar="GIB", help="judge as if on a card of GIB GiB (measure/vram_limit.py)")
     group.addoption(
         "--report-dir", default=None, help="write report.json / report.md (+ plots) of this run into this directory"
     )

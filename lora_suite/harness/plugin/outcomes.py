@@ -1,4 +1,5 @@
-"""Each test's outcome: a test whose recorded checks failed fails when it ends, a CUDA error stops the session, and
+"""Each test's outcome: a test whose recorded checks failed fails when it ends, a CUDA error stops the session, a
+CUDA out-of-memory is a failed check saying why (``lora_suite.harness.oom_verdict``), and
 every phase's outcome and duration goes into the run report (an xdist worker hands its new records over with each
 phase's report; the controlling process applies them)."""
 
@@ -11,7 +12,8 @@ import pytest
 
 from lora_suite.harness import worker_records
 from lora_suite.harness.checks import CheckFailed, failure_text
-from lora_suite.harness.cuda_errors import is_cuda_error
+from lora_suite.harness.cuda_errors import is_cuda_error, is_oom
+from lora_suite.harness.oom_verdict import record_oom
 from lora_suite.harness.plugin.state import FAILED_KEY, REPORT_KEY, RUN, worker_id
 from lora_suite.harness.report import Outcome
 
@@ -38,6 +40,8 @@ def pytest_runtest_makereport(
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """Name a failed test's first failed check, stop the session at a CUDA error, hand a worker's records over."""
     report = yield
+    if call.excinfo is not None and call.when == "call" and is_oom(call.excinfo.value):
+        record_oom(item, call.excinfo, item.config.stash[REPORT_KEY])  # a verdict that says why; the GPU released
     if call.excinfo is not None and isinstance(call.excinfo.value, CheckFailed):
         report.user_properties.append(("first_failed_check", call.excinfo.value.where))
     if call.excinfo is not None and is_cuda_error(call.excinfo.value):
