@@ -313,19 +313,27 @@ def _run(names, args, extra, tiers, report_root: Path, have_gpu: bool) -> int:
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     impl = folder_token(args.lora_impl) if args.lora_impl else ""
     rows, codes, stopped, baseline = [], [], None, _baseline(args)
-    setup = bytecode.compile_packages(python(), _child_env(names[0])) if have_gpu and names != ["selftest"] else None
-    for t in names:
-        suffix = f"-{impl}" if impl and t not in ("selftest-gpu",) else ""
-        run_dir = None if t == "selftest" else new_run_dir(report_root, stamp, t + suffix)
-        row, rc, stopped = _run_one(t, args, extra, tiers, run_dir, have_gpu, setup, baseline)
-        rows.append(row)
-        codes.append(rc)
-        setup = None
-        if stopped:
-            break
-        if rc not in (0, EXIT_NOT_JUDGED) and not args.continue_on_error and len(names) > 1:
-            print(f"{t} failed; stopping (use --continue-on-error to run the rest).")
-            break
+    term = signal.signal(signal.SIGTERM, _raise_terminated)  # also between targets: the summary of what ran
+    try:
+        setup = (
+            bytecode.compile_packages(python(), _child_env(names[0])) if have_gpu and names != ["selftest"] else None
+        )
+        for t in names:
+            suffix = f"-{impl}" if impl and t not in ("selftest-gpu",) else ""
+            run_dir = None if t == "selftest" else new_run_dir(report_root, stamp, t + suffix)
+            row, rc, stopped = _run_one(t, args, extra, tiers, run_dir, have_gpu, setup, baseline)
+            rows.append(row)
+            codes.append(rc)
+            setup = None
+            if stopped:
+                break
+            if rc not in (0, EXIT_NOT_JUDGED) and not args.continue_on_error and len(names) > 1:
+                print(f"{t} failed; stopping (use --continue-on-error to run the rest).")
+                break
+    except Terminated:  # outside a pytest run (the set-up, a comparison, a record): no traceback, the summary
+        stopped = "TERMINATED"
+    finally:
+        signal.signal(signal.SIGTERM, term)
     print("\nSummary" + (" (no GPU: GPU tests were skipped)" if not have_gpu else ""))
     print(f"{'target':<12} {'result':<30} {'time':>7}  report")
     print("\n".join(rows))
@@ -378,11 +386,15 @@ def _raise_terminated(signum, frame):
 
 
 def _wait_after_interrupt(proc: subprocess.Popen) -> int:
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not leave pytest's report half written
+    """Wait for pytest to write its report after the first signal; a second Ctrl-C or SIGTERM (a job's timeout that
+    signals the whole process group, or signals again) must neither leave the report half written nor raise here
+    while the first is handled (issue 56: two chained tracebacks before the summary)."""
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         return proc.wait(timeout=120)
     except subprocess.TimeoutExpired:
         proc.kill()
         return proc.wait()
     finally:
-        signal.signal(signal.SIGINT, old)
+        for s, handler in old.items():
+            signal.signal(s, handler)

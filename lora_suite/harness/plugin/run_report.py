@@ -40,7 +40,10 @@ class Terminated(KeyboardInterrupt):
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> NoReturn:
+    """The first SIGTERM stops the session; the ones after it are ignored, so that none interrupts the report being
+    written (a job's timeout may signal the process group and then the command, which hands it on)."""
     RUN["terminated"] = True
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Terminated(f"received signal {signum} (SIGTERM)")
 
 

@@ -200,6 +200,36 @@ def test_sigterm_to_the_command_alone_reaches_pytest_and_stops_the_run_with_143(
     assert "Terminated (SIGTERM)" in out
 
 
+SLOW_TERM_PYTHON = """#!/usr/bin/env bash
+# As TERM_AWARE_PYTHON, but writing its report takes a second after the SIGTERM (a second signal comes meanwhile).
+for a in "$@"; do [[ "$a" == pytest ]] && exec {py} -c "
+import signal, sys, time
+def stop(*_):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(1.5)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+time.sleep(60)"; done
+exec {py} "$@"
+"""
+
+
+def test_a_second_sigterm_while_the_first_is_handled_prints_no_traceback(tmp_path):
+    """Issue 56: a job's timeout that signals again (or the whole process group) while pytest writes its report: the
+    command waits for the report, prints the summary and exits 143, without a traceback."""
+    import signal
+    import sys
+    import time
+
+    proc = _all_run_in_quick(tmp_path, SLOW_TERM_PYTHON.format(py=sys.executable))
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)  # while the command waits for pytest's report
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, out + err
+    assert "Traceback" not in out + err and "quick        TERMINATED" in out, out + err
+
+
 def test_bootstrap_installs_the_cupy_of_torchs_cuda_major_and_peft(tmp_path):
     """A fresh GPU machine: .venv gets torch, then this project with PEFT and cupy-cuda<major>x."""
     env = dict(os.environ, NO_COLOR="1", GPU_TEST_BOOTSTRAP_DRY_RUN="1", GPU_TEST_ASSUME_GPU="1")
