@@ -19,7 +19,9 @@ pytest_plugins = ["pytester"]
 def _oom_during(tiny_cfg, hook: str, at_step: int):
     """The traceback of an out-of-memory raised by a hook of the first decoder layer, in ``hook`` (forward or
     backward) of optimizer step ``at_step``."""
-    cfg = dataclasses.replace(tiny_cfg, train=dataclasses.replace(tiny_cfg.train, steps=6, warmup_steps=0, grad_accum=1))
+    cfg = dataclasses.replace(
+        tiny_cfg, train=dataclasses.replace(tiny_cfg.train, steps=6, warmup_steps=0, grad_accum=1)
+    )
     p = prepare(cfg, "cpu")
     calls = {"n": 0}
 
@@ -107,4 +109,3 @@ def test_an_out_of_memory_is_a_failed_check_saying_why_and_the_session_goes_on(p
     assert check["name"] == f"CUDA out of memory at {O.OUTSIDE}" and not check["passed"], check
     assert check["detail"].startswith("CUDA out of memory. Tried to allocate 2.00 GiB"), check["detail"]
     assert report["verdict"]["result"] == "FAIL"
-
