@@ -125,6 +125,39 @@ def wrong_check_counts(text: str, rows: list[dict]) -> list[str]:
     ]
 
 
+SHORT_RUN = re.compile(r"…(\d{6}Z-[A-Za-z0-9_.-]*[A-Za-z0-9_])")  # "…011821Z-memory": the date of the run before it
+COUNT = re.compile(r"(?<![\w.])(\d+) checks?\b")
+
+
+def _runs_of(line: str) -> set[str]:
+    """The run ids a line names, an abbreviated one ("…HHMMSSZ-name") completed with the date of the first."""
+    full = RUN.findall(line)
+    return set(full) | ({full[0][:9] + short for short in SHORT_RUN.findall(line)} if full else set())
+
+
+def wrong_run_check_counts(text: str, rows: list[dict]) -> list[str]:
+    """Each "N checks" printed in a table row, or a paragraph, that names runs: N is the count of checks (all, or
+    those that passed) of one of those runs in the ledger (0 for a run that recorded none)."""
+    counts: dict[str, set[int]] = {}
+    for run in {r["run_id"] for r in rows}:
+        counts[run] = {0}
+    tallies: dict[str, list[int]] = {}
+    for r in rows:
+        if r["kind"] == "check":
+            t = tallies.setdefault(r["run_id"], [0, 0])
+            t[0] += 1
+            t[1] += r["verdict"] == "pass"
+    counts |= {run: set(t) for run, t in tallies.items()}
+    bad = []
+    for para in _paragraphs(CODE.sub("", text)):
+        for line in para.splitlines() if para.lstrip().startswith("|") else [para]:
+            runs = _runs_of(line)
+            for m in COUNT.finditer(line) if runs else ():
+                if not any(int(m.group(1)) in counts.get(run, set()) for run in runs):
+                    bad.append(f"{m.group(0)} beside {sorted(runs)}: the ledger has {[counts.get(r) for r in runs]}")
+    return bad
+
+
 def wrong_scores(text: str, rows: list[dict]) -> list[str]:
     """Each printed mutation score against the mutation runs of the ledger group its paragraph names."""
     runs: dict[str, dict[str, float]] = {}
@@ -189,6 +222,7 @@ def test_each_page_cites_runs_in_the_ledger_and_prints_only_their_figures(page, 
     assert cited_runs_missing(text, rows) == []
     assert unledgered_figures(text, rows) == []
     assert wrong_check_counts(text, rows) == [] and wrong_scores(text, rows) == []
+    assert wrong_run_check_counts(text, rows) == []
     assert wrong_second_scores(text) == []
 
 
@@ -208,6 +242,15 @@ def test_every_figure_of_a_page_edited_by_a_third_fails(page, rows):
         if edited != text and not unledgered_figures(edited, rows):
             escaped.append(text[max(0, m.start() - 40) : m.end()])
     assert escaped == []
+
+
+def test_a_check_count_beside_its_runs_edited_by_one_fails(rows):
+    text = (ROOT / "reports/README.md").read_text()
+    for old in ("82 passed, 173 checks", "127 / 132 checks", "(7 and 4 checks;"):
+        assert old in text and not wrong_run_check_counts(text, rows)
+        n = re.search(r"(\d+) checks", old).group(1)
+        edited = text.replace(old, old.replace(f"{n} checks", f"{int(n) + 1} checks"))
+        assert wrong_run_check_counts(edited, rows), old
 
 
 @pytest.mark.parametrize(
