@@ -86,10 +86,13 @@ def largest_live_tensors(n: int = 5, device_type: str = "cuda") -> list[tuple[in
     """(bytes, dtype and shape, owner) of the ``n`` largest storages alive on ``device_type``."""
     owners, seen, out = tensor_owners(), set(), []
     for t in (o for o in gc.get_objects() if torch.is_tensor(o)):
-        if t.device.type != device_type or t.is_meta:
+        try:
+            if t.device.type != device_type or t.is_meta:
+                continue
+            storage = t.untyped_storage()
+            key = (storage.data_ptr(), storage.nbytes())
+        except RuntimeError:  # a tensor without data (a fake or functional tensor a compile left behind)
             continue
-        storage = t.untyped_storage()
-        key = (storage.data_ptr(), storage.nbytes())
         owner = owners.get(id(t), "no owner found (an activation, a cache or a workspace)")
         if key in seen:
             continue

@@ -42,7 +42,7 @@ PEAK_CHECK = "peak allocated VRAM"
 
 @dataclass
 class Cell:
-    verdict: str  # "pass", "fail", "n/a", "not run" or the run's status ("error", "interrupted", ...)
+    verdict: str  # "pass", "fail", "n/a", "not judged", "not run" or the run's status ("error", "interrupted", ...)
     run: str = ""  # the run directory's name
     failed: list[str] = field(default_factory=list)
     not_applicable: list[str] = field(default_factory=list)  # "test: reason"

@@ -77,7 +77,7 @@ def test_a_failing_or_broken_run_is_a_finding_not_an_error(tmp_path):
             {"status": "complete", "checks": [], "summary": {}, "not_applicable": [{"name": "x", "reason": "no NF4"}]},
             "r",
         ).verdict
-        == "n/a"
+        == "not judged"  # only "not applicable" recorded: it judged nothing (issue 56: the report's own verdict)
     )
     assert main([str(tmp_path / "out"), str(root)]) == 0
     assert cell.judged == len(report["checks"])
