@@ -120,20 +120,25 @@ def check_store_path(location: str) -> None:
     text = str(location)
     if "://" in text and not text.startswith("sqlite:///"):
         return
-    target = Path(text.removeprefix("sqlite:///")).resolve()
-    if not target.exists() and not target.parent.is_dir():
+    if parent := _missing_parent(text.removeprefix("sqlite:///")):
         raise UsageError(
-            f"--ledger {location}: its folder {target.parent} does not exist (expected an existing ledger or store, or "
+            f"--ledger {location}: its folder {parent} does not exist (expected an existing ledger or store, or "
             "a new file in an existing folder: create the folder first with mkdir -p)"
         )
 
 
-def check_report_dir(path: str) -> None:
-    """A report folder may be created, but not a whole missing path: a typo would otherwise create it from /."""
+def _missing_parent(path: str) -> Path | None:
+    """The folder ``path`` would be made in, where neither ``path`` nor that folder exists (a typo would otherwise
+    create a whole path from /); None where it may be created."""
     target = Path(path).resolve()
-    if not target.is_dir() and not target.parent.is_dir():
+    return None if target.exists() or target.parent.is_dir() else target.parent
+
+
+def check_report_dir(path: str) -> None:
+    """A report folder may be created, but not a whole missing path."""
+    if parent := _missing_parent(path):
         raise UsageError(
-            f"--report-dir {path}: its parent {target.parent} does not exist (expected an existing folder, or a new "
+            f"--report-dir {path}: its parent {parent} does not exist (expected an existing folder, or a new "
             "folder inside one: create the path first with mkdir -p)"
         )
 

@@ -24,7 +24,7 @@ from lora_suite.harness.report import Series
 from lora_suite.measure.carried import carried_note
 from lora_suite.measure.device_time import DeviceTimer, DeviceWindow
 from lora_suite.measure.device_time import window as device_window
-from lora_suite.measure.memory import GIB, PeakWindow, estimate_training_memory, measured_split, vram_verdict
+from lora_suite.measure.memory import GIB, PeakWindow, estimate_tier, measured_split, vram_verdict
 from lora_suite.measure.nvml import nvml_memory
 from lora_suite.measure.vram_limit import limited_free
 from lora_suite.scenarios.aged_vs_fresh import Pair, run_pairs
@@ -70,14 +70,7 @@ class Tier:
 
     def _vram_precheck(self, cfg: TierConfig) -> None:
         self.estimate_cfg = cfg  # what an out-of-memory verdict estimates other settings from (measure/oom.py)
-        self.estimate = est = estimate_training_memory(
-            cfg.model.architecture,
-            cfg.lora,
-            batch_size=cfg.data.batch_size,
-            seq_len=cfg.data.seq_len,
-            gradient_checkpointing=cfg.train.gradient_checkpointing,
-            dtype=cfg.dtype,
-        )
+        self.estimate = est = estimate_tier(cfg)
         if not self.request.config.getoption("check_vram"):
             return
         mem = nvml_memory()

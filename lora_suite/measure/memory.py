@@ -94,6 +94,17 @@ def linear_shapes(arch: LlamaArchitecture) -> dict[str, tuple[int, int]]:
     }
 
 
+def estimate_tier(cfg, **changes) -> MemoryEstimate:
+    """``estimate_training_memory`` of a tier's settings (``cfg``, a TierConfig), with ``changes`` to its batch size,
+    sequence length or gradient checkpointing (what an out-of-memory verdict tries: ``lora_suite.measure.oom``)."""
+    settings = {
+        "batch_size": cfg.data.batch_size,
+        "seq_len": cfg.data.seq_len,
+        "gradient_checkpointing": cfg.train.gradient_checkpointing,
+    }
+    return estimate_training_memory(cfg.model.architecture, cfg.lora, dtype=cfg.dtype, **{**settings, **changes})
+
+
 def estimate_training_memory(
     arch: LlamaArchitecture,
     lora: LoRASettings,

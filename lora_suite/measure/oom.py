@@ -103,7 +103,7 @@ def largest_live_tensors(n: int = 5, device_type: str = "cuda") -> list[tuple[in
 
 def what_would_fit(cfg, capacity_bytes: int) -> list[str]:
     """The tier's settings (``cfg``, a TierConfig) changed one way at a time, each estimated against the card."""
-    from lora_suite.measure.memory import estimate_training_memory
+    from lora_suite.measure.memory import estimate_tier
 
     d, t = cfg.data, cfg.train
     variants = [
@@ -114,12 +114,10 @@ def what_would_fit(cfg, capacity_bytes: int) -> list[str]:
         (f"sequence length {max(1, d.seq_len // 2)}", {"seq_len": max(1, d.seq_len // 2)}),
         ("gradient checkpointing on", {"gradient_checkpointing": True}),
     ]
-    base = {"batch_size": d.batch_size, "seq_len": d.seq_len, "gradient_checkpointing": t.gradient_checkpointing}
     out = []
     for label, change in variants:
-        need = estimate_training_memory(cfg.model.architecture, cfg.lora, dtype=cfg.dtype, **{**base, **change})
-        fits = need.device_need <= capacity_bytes
-        out.append(f"{label}: needs ~{need.device_need / GIB:.2f} GiB, {'fits' if fits else 'does not fit'}")
+        need = estimate_tier(cfg, **change).device_need
+        out.append(f"{label}: needs ~{need / GIB:.2f} GiB, {'fits' if need <= capacity_bytes else 'does not fit'}")
     return out
 
 

@@ -140,15 +140,23 @@ def run_folders(paths: list[Path]) -> list[Path]:
     return out
 
 
-def rows_of_runs(paths: list[Path], group: str | None = None) -> list[dict]:
-    rows = []
+def _reports(paths: list[Path]) -> list[tuple[Path, dict]]:
+    """(run folder, its report.json) of each run under ``paths``; an unreadable one is an error naming it."""
+    out = []
     for d in run_folders(paths):
         try:
-            report = json.loads((d / "report.json").read_text())
+            out.append((d, json.loads((d / "report.json").read_text())))
         except (OSError, json.JSONDecodeError) as exc:
             raise LedgerError(f"{d / 'report.json'}: not a readable report.json ({exc})") from None
-        rows += rows_of_report(report, d.name, d.parent.name if group is None else group)
-    return rows
+    return out
+
+
+def _rows(reports: list[tuple[Path, dict]], group: str | None) -> list[dict]:
+    return [r for d, rep in reports for r in rows_of_report(rep, d.name, d.parent.name if group is None else group)]
+
+
+def rows_of_runs(paths: list[Path], group: str | None = None) -> list[dict]:
+    return _rows(_reports(paths), group)
 
 
 RUN_FIELDS = ("time", "commit", "gpu", "driver", "cuda", "torch", "tier")  # the same on every row of one run
@@ -273,17 +281,11 @@ def refusal(report: dict) -> str | None:
 def record(path: Path, runs: list[Path], group: str | None = None) -> int:
     """Append the rows of the run folders ``runs`` (each, or every run under it); nothing is appended when one of
     them is refused (``refusal``), and the error names each."""
-    refused = []
-    for d in run_folders(runs):
-        try:
-            why = refusal(json.loads((d / "report.json").read_text()))
-        except (OSError, json.JSONDecodeError, AttributeError):
-            continue  # rows_of_runs names an unreadable report
-        if why:
-            refused.append(f"{d.name}: {why}")
+    reports = _reports(runs)
+    refused = [f"{d.name}: {why}" for d, rep in reports if isinstance(rep, dict) and (why := refusal(rep))]
     if refused:
         raise LedgerError("not recorded (nothing was appended): " + "; ".join(refused))
-    return append(path, rows_of_runs(runs, group))
+    return append(path, _rows(reports, group))
 
 
 def select(rows: list[dict], run: str | None = None, check: str | None = None, group: str | None = None) -> list[dict]:

@@ -11,7 +11,7 @@ import torch
 from lora_suite.engine.prepare import prepare
 from lora_suite.engine.trainer import train
 from lora_suite.measure import oom as O
-from lora_suite.measure.memory import estimate_training_memory
+from lora_suite.measure.memory import estimate_tier
 
 pytest_plugins = ["pytester"]
 
@@ -61,14 +61,7 @@ def test_the_largest_live_tensors_are_named_by_their_owners(tiny_cfg):
 
 def test_what_would_fit_estimates_each_change_against_the_card(tiny_cfg):
     cfg = tiny_cfg
-    base = estimate_training_memory(
-        cfg.model.architecture,
-        cfg.lora,
-        batch_size=cfg.data.batch_size,
-        seq_len=cfg.data.seq_len,
-        gradient_checkpointing=cfg.train.gradient_checkpointing,
-        dtype=cfg.dtype,
-    ).device_need
+    base = estimate_tier(cfg).device_need
     lines = O.what_would_fit(cfg, base - 1)  # the card one byte short of what the tier needs
     assert len(lines) == 3 and lines[0].startswith(f"micro-batch {max(1, cfg.data.batch_size // 2)}")
     assert any(line.endswith(", fits") for line in lines), lines
