@@ -65,9 +65,8 @@ def _roots(modules: list[nn.Module]) -> list[nn.Module]:
     return sorted((m for m in modules if id(m) not in children), key=lambda m: -sum(1 for _ in m.parameters()))
 
 
-def tensor_owners() -> dict[int, str]:
-    """id of a tensor -> its owner's name, for every model and optimizer alive (module docstring)."""
-    objects = gc.get_objects()
+def tensor_owners(objects: list) -> dict[int, str]:
+    """id of a tensor -> its owner's name, for every model and optimizer among ``objects`` (module docstring)."""
     owners: dict[int, str] = {}
     for model in _roots([o for o in objects if isinstance(o, nn.Module)]):
         for name, p in [*model.named_parameters(), *model.named_buffers()]:
@@ -82,10 +81,15 @@ def tensor_owners() -> dict[int, str]:
     return owners
 
 
+NO_OWNER = "no owner found (an activation, a cache or a workspace)"
+
+
 def largest_live_tensors(n: int = 5, device_type: str = "cuda") -> list[tuple[int, str, str]]:
-    """(bytes, dtype and shape, owner) of the ``n`` largest storages alive on ``device_type``."""
-    owners, seen, out = tensor_owners(), set(), []
-    for t in (o for o in gc.get_objects() if torch.is_tensor(o)):
+    """(bytes, dtype and shape, owner) of the ``n`` largest storages alive on ``device_type``; a storage seen through
+    several tensors (views) is named by the one with an owner."""
+    objects = gc.get_objects()
+    owners, storages = tensor_owners(objects), {}
+    for t in (o for o in objects if torch.is_tensor(o)):
         try:
             if t.device.type != device_type or t.is_meta:
                 continue
@@ -93,12 +97,10 @@ def largest_live_tensors(n: int = 5, device_type: str = "cuda") -> list[tuple[in
             key = (storage.data_ptr(), storage.nbytes())
         except RuntimeError:  # a tensor without data (a fake or functional tensor a compile left behind)
             continue
-        owner = owners.get(id(t), "no owner found (an activation, a cache or a workspace)")
-        if key in seen:
-            continue
-        seen.add(key)
-        out.append((storage.nbytes(), f"{str(t.dtype).removeprefix('torch.')} {tuple(t.shape)}", owner))
-    return sorted(out, key=lambda r: -r[0])[:n]
+        owner = owners.get(id(t), NO_OWNER)
+        if key not in storages or (storages[key][2] == NO_OWNER and owner != NO_OWNER):
+            storages[key] = (storage.nbytes(), f"{str(t.dtype).removeprefix('torch.')} {tuple(t.shape)}", owner)
+    return sorted(storages.values(), key=lambda r: -r[0])[:n]
 
 
 def what_would_fit(cfg, capacity_bytes: int) -> list[str]:
