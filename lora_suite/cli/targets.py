@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 import lora_suite
-from lora_suite.cli import bytecode, preflight
+from lora_suite.cli import bytecode, preflight, verdicts
 from lora_suite.cli.usage import UsageError
-from lora_suite.cli.verdicts import EXIT_NOT_JUDGED, EXIT_USAGE, REQUIRE_GPU_ENV, judged_verdict, require_gpu
+from lora_suite.cli.verdicts import EXIT_NOT_JUDGED, EXIT_USAGE, judged_verdict, require_gpu
 
 PACKAGE = Path(lora_suite.__file__).resolve().parent
 
@@ -227,11 +227,7 @@ def run_targets(args, extra: list[str]) -> int:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")  # progress lines appear as they happen in CI logs
     os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")  # no network at run time: local weights only
     if target != "selftest" and require_gpu(args) and not gpu_line():  # before the "will be skipped" lines
-        how = "--require-gpu" if getattr(args, "require_gpu", False) else f"{REQUIRE_GPU_ENV}=1"
-        print(
-            f"lora-suite {target}: {how}: no NVIDIA GPU found (nvidia-smi / NVML sees no device); nothing was judged",
-            file=sys.stderr,
-        )
+        print(verdicts.no_gpu_found(args, target), file=sys.stderr)
         return EXIT_NOT_JUDGED
     have_gpu = target == "selftest" or _announce_gpu(target)
     return _run(names, args, extra, tiers, report_root, have_gpu)
@@ -328,6 +324,10 @@ def _run(names, args, extra, tiers, report_root: Path, have_gpu: bool) -> int:
             if stopped:
                 break
             if rc not in (0, EXIT_NOT_JUDGED) and not args.continue_on_error and len(names) > 1:
+                # a capacity verdict, and the GPU was released: the rest still run
+                if verdicts.ran_out_of_memory(run_dir):
+                    print(f"{t} ran out of memory (its report says where and what would fit); the next targets run.")
+                    continue
                 print(f"{t} failed; stopping (use --continue-on-error to run the rest).")
                 break
     except Terminated:  # outside a pytest run (the set-up, a comparison, a record): no traceback, the summary

@@ -7,6 +7,8 @@ import json
 import os
 from pathlib import Path
 
+from lora_suite.measure.card import OOM_CHECK
+
 EXIT_NOT_JUDGED = 4  # a target judged nothing on a machine with a GPU, or --require-gpu found none
 REQUIRE_GPU_ENV = "LORA_SUITE_REQUIRE_GPU"
 
@@ -37,6 +39,8 @@ def judged_verdict(run_dir: Path | None, rc: int, have_gpu: bool) -> tuple[str, 
     """The summary's verdict and the target's exit code: pytest's, unless its run report says it judged nothing
     (``RunReport.verdict``): then NOT JUDGED (why), exit 4 on a machine with a GPU and 0 on one without (a CPU
     machine running the README's commands is not a failure; ``--require-gpu`` made it one before anything ran)."""
+    if rc == 1 and ran_out_of_memory(run_dir):
+        return "FAIL (out of memory)", 1
     if rc != 0 or run_dir is None:
         return verdict_of(rc), exit_of(rc)
     try:
@@ -48,6 +52,23 @@ def judged_verdict(run_dir: Path | None, rc: int, have_gpu: bool) -> tuple[str, 
     if not have_gpu:
         return "NOT JUDGED (no GPU)", 0
     return f"NOT JUDGED ({verdict.get('why', '')})", EXIT_NOT_JUDGED
+
+
+def ran_out_of_memory(run_dir: Path | None) -> bool:
+    """Whether the run failed only by running out of memory: its report's failed checks are all out-of-memory checks
+    (``lora_suite/harness/oom_verdict.py``, which released the GPU after each), and there is one at least."""
+    try:
+        checks = json.loads((run_dir / "report.json").read_text()).get("checks") or []
+    except (OSError, ValueError, TypeError):
+        return False
+    failed = [str(c.get("name", "")) for c in checks if isinstance(c, dict) and not c.get("passed")]
+    return bool(failed) and all(name.startswith(OOM_CHECK) for name in failed)
+
+
+def no_gpu_found(args, target: str) -> str:
+    """The one line a target that must see a GPU (``--require-gpu`` or the environment's flag) prints without one."""
+    how = "--require-gpu" if getattr(args, "require_gpu", False) else f"{REQUIRE_GPU_ENV}=1"
+    return f"lora-suite {target}: {how}: no NVIDIA GPU found (nvidia-smi / NVML sees no device); nothing was judged"
 
 
 def require_gpu(args) -> bool:

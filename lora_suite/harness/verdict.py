@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from lora_suite.measure.card import OOM_CHECK
+
 # The verdict as the ledger and the results store hold it (a run row's ``verdict``): lower case
 LEDGER_WORD = {
     "PASS": "pass",
@@ -31,6 +33,8 @@ def run_verdict(report) -> tuple[str, str]:
     failed_checks = [c.name for c in report.checks if not c.passed]
     if failed or failed_checks:
         what = f"{len(failed_checks)} check(s) failed" if failed_checks else f"{len(failed)} test(s) failed"
+        if failed_checks and all(n.startswith(OOM_CHECK) for n in failed_checks):
+            what += " (out of memory)"
         return stopped or "FAIL", what + (f" before the run was {report.status}" if stopped else "")
     if stopped:
         return stopped, f"the run was {report.status} before it finished"

@@ -7,3 +7,5 @@ GIB = 2**30
 # The CUDA context is outside torch's allocator but counts against NVML's free memory and a card's size: 0.6 GiB,
 # typical for CUDA 12/13 with cuBLAS loaded (lora_suite/measure/memory.py says how it was taken)
 CONTEXT_BYTES = int(0.6 * GIB)
+# The name of the failed check an out-of-memory leaves in a run report starts with this (lora_suite/measure/oom.py)
+OOM_CHECK = "CUDA out of memory"

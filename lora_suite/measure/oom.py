@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from lora_suite.measure.card import GIB
+from lora_suite.measure.card import GIB, OOM_CHECK
 
 TRAINER = Path(__file__).resolve().parents[1] / "engine" / "trainer.py"
 # (class or "", function of the trainer, text of its line, phase): the innermost trainer frame that matches names it
@@ -136,7 +136,7 @@ class OomContext:
 def oom_detail(exc: BaseException, tb, ctx: OomContext, tensors: list[tuple[int, str, str]]) -> tuple[str, str]:
     """(the check's name, its detail): where, what held the memory, the estimate against the peak, what would fit."""
     step, phase = oom_site(tb)
-    name = f"CUDA out of memory at {'step ' + str(step) + ', ' if step is not None else ''}{phase}"
+    name = f"{OOM_CHECK} at {'step ' + str(step) + ', ' if step is not None else ''}{phase}"
     lines = [str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__]
     lines += [f"live: {b / GIB:.2f} GiB {what}, {owner}" for b, what, owner in tensors]
     if ctx.estimate is not None:
