@@ -81,7 +81,8 @@ class ArchCase:
     impl: LoRAImplementation
     model: nn.Module
     reference: nn.Module  # float64 copy of the base model, no gradients of its own
-    base: dict[str, tuple[torch.Tensor, torch.Tensor]]  # name -> (the base tensor, a copy taken before inject)
+    # name -> (the trained model's base tensor, None where its loader lost it; a copy of the built one)
+    base: dict[str, tuple[torch.Tensor | None, torch.Tensor]]
     expected: list[str]  # module paths of the base model's target linears
     adapters: dict[str, nn.Parameter]
     scale: float
@@ -98,13 +99,15 @@ def build_case(impl, arch: Architecture, dtype: torch.dtype, device, *, seed: in
     fp32 where None), the adapters randomised; random ids and an upstream gradient of the logits."""
     model = arch.build(dtype, device, seed=seed)
     reference = copy.deepcopy(model).double().requires_grad_(False)
-    base = {n: (p, p.detach().clone()) for n, p in model.named_parameters()}
+    built = {n: p.detach().clone() for n, p in model.named_parameters()}
     expected = [
         p for p, m in model.named_modules() if isinstance(m, nn.Linear) and p.rsplit(".", 1)[-1] in arch.targets
     ]
     spec = AdapterSpec(arch.targets, R, ALPHA, False, adapter_dtype or torch.float32)
     torch.manual_seed(seed)  # an implementation's own random init is the same for the same seed
-    model = impl.load_model(model, spec)
+    model = impl.load_model(model, spec)  # a stack with its own loader trains the model it read back
+    live = dict(model.named_parameters())
+    base = {n: (live.get(n), before.to(live[n].device) if n in live else before) for n, before in built.items()}
     impl.inject(model, spec)
     adapters = impl.adapter_parameters(model)
     gen = torch.Generator().manual_seed(seed + 1)
@@ -217,7 +220,11 @@ def step_verdicts(case: ArchCase) -> list[Verdict]:
         for p in case.model.parameters():
             if p.requires_grad and p.grad is not None:
                 p.add_(p.grad, alpha=-STEP_LR)
-    moved = [n for n, (t, before) in case.base.items() if not torch.equal(t.detach(), before)]
+    moved = [
+        n if t is not None else f"{n} (not in the model the loader returned)"
+        for n, (t, before) in case.base.items()
+        if t is None or not torch.equal(t.detach(), before)
+    ]
     with torch.no_grad():
         got = case.model(case.ids).logits
     logits = compare("logits", got, reference_run(case, backward=False).logits, model_tolerance(case))

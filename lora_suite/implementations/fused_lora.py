@@ -56,7 +56,16 @@ def _accepted(fn, options: dict) -> dict:
     return {k: v for k, v in options.items() if k in params}
 
 
-def install_fused_lora(model, kernels, mlp_kernel: Callable[[str], str] = swiglu_only, **options) -> None:
+GROUPS = {"mlp": ("gate_proj", "up_proj", "down_proj"), "qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",)}
+
+
+def patches_every_group(projections) -> bool:
+    return True
+
+
+def install_fused_lora(
+    model, kernels, mlp_kernel: Callable[[str], str] = swiglu_only, patches: Callable = patches_every_group, **options
+) -> None:
     """The LoRA kernels of ``kernels`` (Axolotl's ``axolotl.kernels.lora`` or Unsloth's
     ``unsloth.kernels.fast_lora``: the same entry points) put over PEFT's layers in ``model``: each block's MLP
     forward becomes the MLP kernel ``mlp_kernel`` names for the model's activation (``activation_of``; "silu" where
@@ -64,11 +73,13 @@ def install_fused_lora(model, kernels, mlp_kernel: Callable[[str], str] = swiglu
     input, o_proj from ``apply_lora_o``. ``options`` go to the MLP (those its signature takes) and QKV calls. Every
     kernel call is counted on the layers it served (``_fused_calls``), for ``fused_served_by``. A kernel that hands a
     call back to the layers (Unsloth's do, under autocast or for a LoRA variant) reaches PEFT's own forward of the
-    projection, which its hook counts."""
+    projection, which its hook counts. ``patches(projections)`` is the stack's own rule for a group (MLP, q/k/v, o):
+    a group it declines keeps PEFT's forward, as the stack's patcher leaves it, marked ``_declined_by_stack``."""
     apply_mlp = getattr(kernels, mlp_kernel(activation_of(model) or "silu"))
     mlp_options = _accepted(apply_mlp, options)
     for module in model.modules():
-        if all(hasattr(module, p) for p in ("gate_proj", "up_proj", "down_proj")):
+        declined = {g for g, names in GROUPS.items() if _declined(module, names, patches)}
+        if all(hasattr(module, p) for p in GROUPS["mlp"]) and "mlp" not in declined:
 
             def mlp_forward(self, x, _apply=apply_mlp):
                 _count(self.gate_proj, self.up_proj, self.down_proj)
@@ -78,27 +89,47 @@ def install_fused_lora(model, kernels, mlp_kernel: Callable[[str], str] = swiglu
             for proj in (module.gate_proj, module.up_proj, module.down_proj):
                 proj._fused_by_block = True  # never called on the kernel's path: any call of its own is PEFT's
         if all(hasattr(module, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")):
-            call = _QKVCall(module, lambda attn, x, _k=kernels: _k.apply_lora_qkv(attn, x, **options))
-            for role, proj in enumerate((module.q_proj, module.k_proj, module.v_proj)):
+            _install_attention(module, kernels, declined, options)
 
-                def proj_forward(self, x, _call=call, _role=role, _attn=module):
-                    if _attn._in_fused_kernel:  # the kernel called the layer back: PEFT's own forward
-                        return type(self).forward(self, x)
-                    _count(self)
-                    with _inside(_attn):
-                        return _call.take(_role, x)
 
-                proj.forward = types.MethodType(proj_forward, proj)
+def _declined(module, names, patches) -> bool:
+    """Whether the stack's rule ``patches`` leaves ``module``'s group ``names`` to PEFT (marking its layers so)."""
+    if not all(hasattr(module, n) for n in names):
+        return False
+    projections = [getattr(module, n) for n in names]
+    if patches(projections):
+        return False
+    for proj in projections:
+        proj._declined_by_stack = True
+    return True
 
-            def o_forward(self, x, _attn=module, _k=kernels):
-                if _attn._in_fused_kernel:
+
+def _install_attention(module, kernels, declined: set, options: dict) -> None:
+    """q/k/v from one ``apply_lora_qkv`` call, o_proj from ``apply_lora_o``: each group unless the stack declines it."""
+    module._in_fused_kernel = False
+    if "qkv" not in declined:
+        call = _QKVCall(module, lambda attn, x, _k=kernels: _k.apply_lora_qkv(attn, x, **options))
+        for role, proj in enumerate((module.q_proj, module.k_proj, module.v_proj)):
+
+            def proj_forward(self, x, _call=call, _role=role, _attn=module):
+                if _attn._in_fused_kernel:  # the kernel called the layer back: PEFT's own forward
                     return type(self).forward(self, x)
                 _count(self)
                 with _inside(_attn):
-                    return _k.apply_lora_o(_attn, x)
+                    return _call.take(_role, x)
 
-            module._in_fused_kernel = False
-            module.o_proj.forward = types.MethodType(o_forward, module.o_proj)
+            proj.forward = types.MethodType(proj_forward, proj)
+
+    if "o" not in declined:
+
+        def o_forward(self, x, _attn=module, _k=kernels):
+            if _attn._in_fused_kernel:
+                return type(self).forward(self, x)
+            _count(self)
+            with _inside(_attn):
+                return _k.apply_lora_o(_attn, x)
+
+        module.o_proj.forward = types.MethodType(o_forward, module.o_proj)
 
 
 @contextlib.contextmanager
@@ -121,6 +152,9 @@ def fused_served_by(impl, model) -> str:
         layer = model.get_submodule(path)
         fused, calls = getattr(layer, "_fused_calls", 0), getattr(layer, "_lora_suite_calls", 0)
         peft_calls = calls if getattr(layer, "_fused_by_block", False) else calls - fused
-        if fused == 0 or peft_calls > 0:
+        if getattr(layer, "_declined_by_stack", False):  # the stack's own rule left it to PEFT: PEFT's forward is due
+            if calls == 0 or fused:
+                wrong.append(f"{path}: declined by {impl.name}'s rule, yet {calls} PEFT and {fused} kernel calls")
+        elif fused == 0 or peft_calls > 0:
             wrong.append(f"{path}: {fused} calls through a {impl.name} kernel, {peft_calls} through PEFT's forward")
     return impl.expected_path if not wrong else "; ".join(wrong[:3]) + (" ..." if len(wrong) > 3 else "")

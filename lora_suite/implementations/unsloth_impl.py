@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from lora_suite.implementations.contract import ImplementationError, library_version, require_module
-from lora_suite.implementations.fused_lora import fused_served_by, install_fused_lora
+from lora_suite.implementations.fused_lora import GROUPS, fused_served_by, install_fused_lora
 from lora_suite.implementations.peft_bnb_impl import BnbBase
 from lora_suite.implementations.peft_impl import PeftImplementation, adapted_modules, count_call, trainable_in
 
@@ -42,6 +42,10 @@ ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "d
 HINT = "install lora-gpu-suite[unsloth] (unsloth and unsloth_zoo, on a CUDA GPU)"
 FP32_RULE = (
     "a float32 base runs PEFT's forward (Unsloth's patch_peft_model installs its kernels over 16-bit bases only)"
+)
+BIAS_RULE = (
+    "an MLP, q/k/v or o group whose base layers carry a bias runs PEFT's forward (patch_peft_model installs a kernel "
+    "only where every base layer of its group has bias None)"
 )
 
 
@@ -69,6 +73,10 @@ class UnslothImplementation(BnbBase, PeftImplementation):
         "(1, tokens, features)",
         cuda_graph_capture="Unsloth's fused cross-entropy invalidates stream capture (an H100 run at f266ade: "
         "cudaErrorStreamCaptureInvalidated in unsloth_zoo/fused_losses/fused_linear.py, _keep_index)",
+        float64_reference_model="Unsloth replaces transformers' model code when it is imported (FastLlamaModel's "
+        "pre_patch, unsloth_zoo's temporary_patches), so a float64 copy of the model in the same process runs "
+        "Unsloth's code, not an independent reference (an H100 run at d75fb77: 'Expected mat_a to be Float32, "
+        "BFloat16 or Float16 matrix, got Double' in unsloth_compiled_cache/moe_utils.py for the float64 Qwen3-MoE)",
         autocast_fp32_inputs="Unsloth's kernels hand fp32 activations under autocast back to PEFT's forward "
         "(unsloth/kernels/fast_lora.py, _autocast_dtype_mismatch): no Unsloth kernel to judge there",
     )
@@ -80,7 +88,7 @@ class UnslothImplementation(BnbBase, PeftImplementation):
     def describe(self) -> str:
         return (
             f"unsloth: Unsloth {library_version('unsloth')} (FastLanguageModel loader, get_peft_model, fused LoRA "
-            f"MLP/QKV/O kernels) over PEFT {library_version('peft')} layers; {FP32_RULE}"
+            f"MLP/QKV/O kernels) over PEFT {library_version('peft')} layers; {FP32_RULE}; {BIAS_RULE}"
         )
 
     def preload(self) -> None:
@@ -167,7 +175,7 @@ class UnslothImplementation(BnbBase, PeftImplementation):
         kernels = require_module(self.name, "unsloth.kernels.fast_lora", hint=HINT, when="use")
         adapted = PeftImplementation.inject(self, model, self._bnb_spec(model, spec))
         if not _fp32_base(model):
-            install_fused_lora(model, kernels, mlp_kernel=unsloth_mlp_kernel, inplace=False)
+            install_fused_lora(model, kernels, mlp_kernel=unsloth_mlp_kernel, patches=unsloth_patches, inplace=False)
         return adapted
 
     def served_by(self, model):
@@ -181,14 +189,31 @@ class UnslothImplementation(BnbBase, PeftImplementation):
             block_path, leaf = path.rsplit(".", 1)
             layer, block = model.get_submodule(path), model.get_submodule(block_path)
             own = getattr(layer, "_lora_suite_calls", 0)
-            if _fp32_base(layer):
+            if _fp32_base(layer) or not unsloth_patches(_group_of(block, leaf)):
                 if own == 0:
-                    wrong.append(f"{path}: never ran (float32 base: PEFT's forward expected)")
+                    wrong.append(f"{path}: never ran (float32 base or a biased group: PEFT's forward expected)")
             elif not _holds_kernel(block, leaf, kernels):
                 wrong.append(f"{path}: its block holds no Unsloth kernel for {leaf} ({own} PEFT forward calls)")
             elif own:
                 wrong.append(f"{path}: ran PEFT's own forward {own} times beside Unsloth's kernel")
         return self.expected_path if not wrong else "; ".join(wrong[:3]) + (" ..." if len(wrong) > 3 else "")
+
+
+def unsloth_patches(projections) -> bool:
+    """Unsloth's rule (``patch_peft_model``) for one group of projections: its kernel only where every base layer
+    has no bias and no DoRA magnitude."""
+    for proj in projections:
+        if getattr(getattr(proj, "base_layer", proj), "bias", None) is not None:
+            return False
+        if len(getattr(proj, "lora_magnitude_vector", None) or []):
+            return False
+    return True
+
+
+def _group_of(block: nn.Module, leaf: str) -> list[nn.Module]:
+    """The projections of ``block`` that share ``leaf``'s kernel (``fused_lora.GROUPS``)."""
+    names = next((names for names in GROUPS.values() if leaf in names), (leaf,))
+    return [getattr(block, n) for n in names if hasattr(block, n)]
 
 
 def _count_model(module, args, output) -> None:

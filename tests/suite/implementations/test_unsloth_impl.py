@@ -6,6 +6,7 @@ own loader."""
 
 from __future__ import annotations
 
+import copy
 import sys
 import types
 
@@ -19,7 +20,11 @@ from lora_suite.engine import probes as P  # noqa: E402
 from lora_suite.engine.prepare import prepare  # noqa: E402
 from lora_suite.implementations import AdapterSpec, ImplementationError, PeftImplementation  # noqa: E402
 from lora_suite.implementations.fused_lora import fused_served_by, install_fused_lora  # noqa: E402
-from lora_suite.implementations.unsloth_impl import UnslothImplementation, write_tokenizer  # noqa: E402
+from lora_suite.implementations.unsloth_impl import (  # noqa: E402
+    UnslothImplementation,
+    unsloth_patches,
+    write_tokenizer,
+)
 
 SHAPE = P.BlockShape("tiny", 16, 16, 8, 24)
 
@@ -79,6 +84,56 @@ def test_fallback_outputs_equal_the_fused_ones():
     _, _, fallback = _patched_block(fused=False)
     for a, b in zip(fused, fallback, strict=True):
         torch.testing.assert_close(a, b)
+
+
+def _bias_dropping_kernels():
+    """Kernels that read W, A, B and s but not the base bias (Unsloth's QKV and O kernels take only lora_B's bias)."""
+
+    def lora(layer, x):
+        a, b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
+        return x @ layer.base_layer.weight.T + layer.scaling["default"] * (x @ a.T) @ b.T
+
+    k = types.SimpleNamespace()
+    k.apply_lora_mlp_swiglu = lambda m, x, **kw: lora(m.down_proj, m.act_fn(lora(m.gate_proj, x)) * lora(m.up_proj, x))
+    k.apply_lora_qkv = lambda a, x, **kw: tuple(lora(p, x) for p in (a.q_proj, a.k_proj, a.v_proj))
+    k.apply_lora_o = lambda a, x: lora(a.o_proj, x)
+    return k
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_group_the_stacks_rule_declines_keeps_peft_and_counts_as_served(bias):
+    """Unsloth's patch_peft_model installs a kernel only over groups whose base layers have no bias; the suite's glue
+    follows the rule (an H100 run at d75fb77 put the kernel over biased probes: 0.3 of the scale off, a false FAIL)."""
+    shape = P.BlockShape("tiny", 16, 16, 8, 24, bias=bias)
+    torch.manual_seed(0)
+    reference = P.ProbeBlock(shape)
+    peft, fused = _Fused(), _Fused()
+    blocks = []
+    for impl in (peft, fused):
+        block = copy.deepcopy(reference)
+        impl.inject(block, AdapterSpec(P.PROBE_TARGETS, 4, 8.0))
+        for name, p in block.named_parameters():
+            if "lora_B" in name:
+                torch.nn.init.normal_(p)
+        blocks.append(block)
+    blocks[1].load_state_dict(blocks[0].state_dict())
+    install_fused_lora(blocks[1], _bias_dropping_kernels(), patches=unsloth_patches)
+    x = torch.randn(2, 3, shape.hidden)
+    inputs = (x, torch.randn(2, 3, shape.q_out), x)
+    for want, got in zip(blocks[0](*inputs), blocks[1](*inputs), strict=True):
+        torch.testing.assert_close(got, want)
+    assert fused_served_by(fused, blocks[1]) == "fake-fused"
+
+
+def test_the_rule_ignored_over_a_biased_group_is_seen():
+    """The glue that ignores the rule (every group patched) gives outputs without the base bias: what the rule avoids."""
+    shape = P.BlockShape("tiny", 16, 16, 8, 24, bias=True)
+    block = P.ProbeBlock(shape)
+    _Fused().inject(block, AdapterSpec(P.PROBE_TARGETS, 4, 8.0))
+    x = torch.randn(2, 3, shape.hidden)
+    want = block(x, torch.randn(2, 3, shape.q_out), x)[0]
+    install_fused_lora(block, _bias_dropping_kernels())
+    assert not torch.allclose(block(x, torch.randn(2, 3, shape.q_out), x)[0], want)
 
 
 def test_byte_tokenizer_for_the_loader(tmp_path):
