@@ -36,7 +36,10 @@ IMPL_SPEC = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*(:[A-Za-z_][A-Za-z0-9_]*)?")
 
 EPILOG = """run options (tiers, all, bench, selftest-gpu; `lora-suite TARGET --help` lists each target's):
   --check-vram / --strict-vram   the LoRA-aware memory estimate against NVML free memory first; skip (or fail) if short
-  --continue-on-error            run the remaining targets after a failure (the exit code is still 1)
+  --vram-limit GIB / --oom-retry judge as on a card of GIB GiB; a test out of memory runs again with half the
+                                 micro-batch (its pass reads PASS (RETRIED)); an out-of-memory is a verdict, not a crash
+  --continue-on-error            run the remaining targets after a failure (the exit code is still 1; an
+                                 out-of-memory stops nothing)
   --report-dir DIR               runs go to DIR/<run-id>/ (default reports/, ignored by git: CI keeps them as artifacts)
   --lora-impl NAME|MODULE:FACTORY   the implementation under test (default cupy)
   --weights auto|pretrained|random  --gpus N  --workers N|auto  --baseline DIR|auto  -v/--verbose
@@ -85,6 +88,12 @@ def _run_options(p: argparse.ArgumentParser, tier: bool = True) -> None:
             metavar="GIB",
             help="judge as if on a card of GIB GiB (16, 24): each test process's allocator capped to it, "
             "--check-vram against it",
+        )
+        g.add_argument(
+            "--oom-retry",
+            action="store_true",
+            help="run a test that ran out of GPU memory again with half the micro-batch and twice the accumulation "
+            "(the effective batch kept), down to a micro-batch of 1; its pass reads PASS (RETRIED)",
         )
         g.add_argument("--weights", type=_weights, help="auto, pretrained or random: override the tiers' weights mode")
         g.add_argument("--gpus", type=_positive_int("--gpus"), help="multigpu: processes (GPUs) per torchrun job")

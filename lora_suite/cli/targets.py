@@ -194,11 +194,8 @@ def pytest_args(target: str, args, run_dir: Path | None, tiers: dict) -> list[st
     t = tiers[target]
     out = base + [str(t.tests_dir if not root else tiers_dir / t.tests_dir.name), "-m", t.marker] + report
     out += worker_args(target, getattr(args, "workers", None))
-    if args.check_vram:
-        out.append("--check-vram")
-    if args.strict_vram:
-        out.append("--strict-vram")
-    return out
+    flags = {"--check-vram": args.check_vram, "--strict-vram": args.strict_vram, "--oom-retry": args.oom_retry}
+    return out + [flag for flag, on in flags.items() if on]
 
 
 def run_targets(args, extra: list[str]) -> int:

@@ -13,7 +13,12 @@ _CUDA_ERROR = re.compile(
 
 
 def is_cuda_error(exc: BaseException) -> bool:
-    """Whether ``exc`` comes from a CUDA error, after which the context cannot be trusted (stop, do not go on)."""
+    """Whether ``exc`` comes from a CUDA error, after which the context cannot be trusted (stop, do not go on). A
+    failed assertion or check, or pytest's own error (a fixture not found, a skip), is never one, whatever its text
+    quotes (a test whose id names "CUDA error" stopped a whole session)."""
+    pytest_own = any(c.__module__.split(".")[0] in ("_pytest", "pytest") for c in type(exc).__mro__)
+    if isinstance(exc, AssertionError) or pytest_own:
+        return False
     return bool(_CUDA_ERROR.search(f"{type(exc).__name__}: {exc}"))
 
 

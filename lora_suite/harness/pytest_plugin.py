@@ -39,4 +39,5 @@ pytest_plugins = [
     "lora_suite.harness.plugin.outcomes",
     "lora_suite.harness.plugin.fixtures",
     "lora_suite.harness.plugin.log_frames",
+    "lora_suite.harness.plugin.oom_retry",
 ]

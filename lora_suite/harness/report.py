@@ -81,7 +81,8 @@ class Outcome:
 
 # 1: reports before the field existed (reports/schema/report-v1.schema.json); 2: status, before issue 9;
 # 3: the implementation under test and the not-applicable checks; 4: the verdict
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
+REWOUND = ("notes", "checks", "series", "not_applicable", "figures")  # what one test attempt adds to a run report
 STATUSES = ("running", "complete", "interrupted", "terminated")
 
 
@@ -109,6 +110,14 @@ class RunReport:
             raise ValueError(f"figure {record.name!r}: value {record.value!r} is not a finite number")
         self.figures.append(record)
         return record
+
+    def mark(self) -> dict[str, int]:
+        """How many records each list holds now: ``rewind`` takes later ones back out (a test run again)."""
+        return {f: len(getattr(self, f)) for f in REWOUND}
+
+    def rewind(self, mark: dict[str, int]) -> None:
+        for f, n in mark.items():
+            del getattr(self, f)[n:]
 
     def check(
         self, test: str, name: str, value, op: str, threshold, *, unit: str = "", source: str = "", detail: str = ""

@@ -20,6 +20,7 @@ from lora_suite.engine.prepare import Prepared, fit_to_implementation, prepare
 from lora_suite.engine.trainer import StepRecord, TrainingRun, TrainResult, train
 from lora_suite.harness import recompute_reuse
 from lora_suite.harness.figures import record_figure
+from lora_suite.harness.oom_retry import record_retry, retried_config
 from lora_suite.harness.report import Series
 from lora_suite.measure.carried import carried_note
 from lora_suite.measure.device_time import DeviceTimer, DeviceWindow
@@ -38,6 +39,7 @@ class Tier:
         self.request, self.report, self.check, self.impl = request, run_report, check, impl
         self.nodeid = request.node.nodeid
         self.configured_quantize: str | None = None  # the YAML's base storage, before the implementation's limits
+        self.oom_retries: list[str] = []  # --oom-retry: where each earlier attempt ran out of memory
 
     def config(self, tier: str) -> TierConfig:
         """The tier's YAML with --weights and the implementation under test applied.
@@ -65,6 +67,9 @@ class Tier:
             from lora_suite.implementations.liger_ops import LCE_LEFT_OUT
 
             self.check.not_applicable("--fused-ops liger: fused linear cross-entropy", LCE_LEFT_OUT)
+        if self.oom_retries:  # --oom-retry: run again with the micro-batch halved (harness/oom_retry.py)
+            configured, cfg = cfg, retried_config(cfg, len(self.oom_retries))
+            record_retry(self, cfg, configured)
         self._vram_precheck(cfg)
         return cfg
 

@@ -1,4 +1,5 @@
-"""What a run judged, as one verdict: PASS, FAIL, NOT JUDGED, INTERRUPTED, TERMINATED or RUNNING, and why.
+"""What a run judged, as one verdict: PASS, PASS (RETRIED), FAIL, NOT JUDGED, INTERRUPTED, TERMINATED or RUNNING, and
+why. PASS (RETRIED): everything passed, but some test only after ``--oom-retry`` halved its micro-batch.
 
 A run that judged nothing is NOT JUDGED, never PASS: no check recorded, and no test passed but ones that recorded
 only "not applicable" (every test skipped by the VRAM pre-check or for want of a GPU, every test not applicable,
@@ -11,11 +12,12 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from lora_suite.measure.card import OOM_CHECK
+from lora_suite.measure.card import OOM_CHECK, RETRIED_CHECK
 
 # The verdict as the ledger and the results store hold it (a run row's ``verdict``): lower case
 LEDGER_WORD = {
     "PASS": "pass",
+    "PASS (RETRIED)": "pass (retried)",
     "FAIL": "fail",
     "NOT JUDGED": "not judged",
     "INTERRUPTED": "interrupted",
@@ -46,10 +48,11 @@ def run_verdict(report) -> tuple[str, str]:
         return "RUNNING", f"{judged} judgement(s) so far"
     if judged == 0:
         return "NOT JUDGED", _why_nothing_judged(report.outcomes, report.not_applicable)
-    return (
-        "PASS",
-        f"{len(report.checks)} check(s) and {sum(o.outcome == 'passed' for o in report.outcomes)} test(s) passed",
-    )
+    why = f"{len(report.checks)} check(s) and {sum(o.outcome == 'passed' for o in report.outcomes)} test(s) passed"
+    retried = sorted({c.test for c in report.checks if c.name == RETRIED_CHECK})
+    if retried:  # --oom-retry ran them with a smaller micro-batch than asked for: never an ordinary PASS
+        return "PASS (RETRIED)", f"{why}; {len(retried)} test(s) passed only with the micro-batch halved (--oom-retry)"
+    return "PASS", why
 
 
 def _why_nothing_judged(outcomes: list, not_applicable: list) -> str:

@@ -9,3 +9,6 @@ GIB = 2**30
 CONTEXT_BYTES = int(0.6 * GIB)
 # The name of the failed check an out-of-memory leaves in a run report starts with this (lora_suite/measure/oom.py)
 OOM_CHECK = "CUDA out of memory"
+# The name of the check a test run again by --oom-retry records (lora_suite/harness/oom_retry.py): a pass with one is
+# PASS (RETRIED), never an ordinary PASS
+RETRIED_CHECK = "micro-batch halved after a CUDA out of memory (--oom-retry)"

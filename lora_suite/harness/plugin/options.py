@@ -25,6 +25,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption("--vram-limit", metavar="GIB", help="judge as if on a card of GIB GiB (measure/vram_limit.py)")
     group.addoption(
+        "--oom-retry",
+        action="store_true",
+        help="run a tier test that ran out of memory again with half the micro-batch (harness/oom_retry.py)",
+    )
+    group.addoption(
         "--report-dir", default=None, help="write report.json / report.md (+ plots) of this run into this directory"
     )
     group.addoption(

@@ -25,7 +25,14 @@ def write_report(folder, checks):
 
 @pytest.mark.parametrize(
     "checks, expected",
-    [([OOM, PASSED], True), ([OOM, OOM], True), ([OOM, OTHER], False), ([OTHER], False), ([PASSED], False), ([], False)],
+    [
+        ([OOM, PASSED], True),
+        ([OOM, OOM], True),
+        ([OOM, OTHER], False),
+        ([OTHER], False),
+        ([PASSED], False),
+        ([], False),
+    ],
 )
 def test_a_run_failed_only_by_running_out_of_memory_is_told_apart(tmp_path, checks, expected):
     assert ran_out_of_memory(write_report(tmp_path / "run", checks)) is expected

@@ -1,4 +1,4 @@
-"""Every committed report.json validates against the JSON Schema of its schema_version; new reports are v4."""
+"""Every committed report.json validates against the JSON Schema of its schema_version; new reports are v5."""
 
 from __future__ import annotations
 
@@ -34,15 +34,15 @@ def test_committed_report_validates(path):
     jsonschema.validate(data, schema_for(data.get("schema_version", 1)))
 
 
-def test_a_new_report_is_schema_v4_with_implementation_not_applicable_checks_and_verdict(tmp_path):
+def test_a_new_report_is_the_current_schema_with_implementation_not_applicable_checks_and_verdict(tmp_path):
     r = RunReport("r", "quick", collect_environment())
     r.implementation = {"name": "peft", "spec": "peft", "description": "PEFT", "not_applicable": {"nf4_base": "why"}}
     r.check("t", "x", 1.0, "<=", 2.0)
     r.mark_not_applicable("t", "QLoRA peak < 16-bit peak", "peft has no NF4 base")
     r.status = "complete"
     data = json.loads(r.write_json(tmp_path).read_text())
-    assert data["schema_version"] == SCHEMA_VERSION == 4
-    jsonschema.validate(data, schema_for(4))
+    assert data["schema_version"] == SCHEMA_VERSION == 5
+    jsonschema.validate(data, schema_for(SCHEMA_VERSION))
     assert data["summary"]["checks_not_applicable"] == 1
     assert data["verdict"] == {"result": "PASS", "why": "1 check(s) and 0 test(s) passed"}
     md = r.write(tmp_path).read_text()
@@ -104,7 +104,7 @@ def test_a_run_that_judged_nothing_is_not_judged_never_a_pass(outcomes, checks, 
     r.status = status
     assert r.verdict() == want
     data = json.loads(r.write_json(tmp_path).read_text())
-    jsonschema.validate(data, schema_for(4))
+    jsonschema.validate(data, schema_for(SCHEMA_VERSION))
     assert data["verdict"] == dict(zip(("result", "why"), want))
     assert r.write(tmp_path).read_text().splitlines()[2] == f"**{want[0]}**: {want[1]}"  # report.md's first lines
 

@@ -47,7 +47,7 @@ def test_failure_reason_keeps_the_whole_assertion_message(session):
     (outcome,) = report["outcomes"]
     assert "layer39.lora_A err 0.9" in outcome["reason"], "the message was cut"
     assert "test_sample.py:" in outcome["location"]
-    assert report["status"] == "complete" and report["schema_version"] == 4
+    assert report["status"] == "complete" and report["schema_version"] == 5
 
 
 def test_ctrl_c_marks_the_report_interrupted(session):

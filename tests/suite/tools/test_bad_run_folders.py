@@ -47,7 +47,7 @@ COMPARE_CASES = [  # (what, the baseline's kind, the run's kind, what the output
     # issue 28's battery: these passed with exit 0
     ("compare: baseline judged nothing", "nothing", "ok", "judged nothing (its report.json has no checks"),
     ("compare: baseline not an object", "list", "ok", "holds a JSON list, expected an object"),
-    ("compare: baseline from a newer suite", "future", "ok", "schema_version 99; this suite reads 1 to 4"),
+    ("compare: baseline from a newer suite", "future", "ok", "schema_version 99; this suite reads 1 to 5"),
 ]
 
 
@@ -69,7 +69,7 @@ HISTORY_CASES = {  # what -> (the run folder's name and report.json, or None: no
     "a report that is not an object": (("20261120T000000Z-quick", [1, 2]), "holds list, expected a JSON object"),
     "a report from a newer suite": (
         ("20261120T000000Z-quick", {"schema_version": 7, "checks": []}),
-        "schema_version 7; this suite reads 1 to 4",
+        "schema_version 7; this suite reads 1 to 5",
     ),
 }
 

@@ -180,7 +180,7 @@ def test_the_report_gives_the_score_first_then_survivors_with_diffs_and_its_ledg
     report = R.build(run, "20260101T000000Z-mutate-calc", targets, "calc:make", 0.9)
     md = R.write(tmp_path, report, run).read_text()
     data = json.loads((tmp_path / "report.json").read_text())
-    jsonschema.validate(data, json.loads((ROOT / "reports/schema/report-v4.schema.json").read_text()))
+    jsonschema.validate(data, json.loads((ROOT / "reports/schema/report-v5.schema.json").read_text()))
     assert data["checks"][0]["name"] == R.SCORE_CHECK and data["checks"][0]["value"] == pytest.approx(2 / 3, abs=1e-4)
     assert data["checks"][0]["passed"] is False and data["checks"][0]["threshold"] == 0.9
     mutants = next(s for s in data["series"] if s["name"] == "mutants")
