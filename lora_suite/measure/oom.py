@@ -108,14 +108,14 @@ def what_would_fit(cfg, capacity_bytes: int) -> list[str]:
     from lora_suite.measure.memory import estimate_tier
 
     d, t = cfg.data, cfg.train
-    variants = [
-        (
-            f"micro-batch {max(1, d.batch_size // 2)}, accumulation x{t.grad_accum * 2} (the same effective batch)",
-            {"batch_size": max(1, d.batch_size // 2)},
-        ),
-        (f"sequence length {max(1, d.seq_len // 2)}", {"seq_len": max(1, d.seq_len // 2)}),
-        ("gradient checkpointing on", {"gradient_checkpointing": True}),
-    ]
+    variants = []  # only changes that change something: no micro-batch below 1, no checkpointing turned on twice
+    if d.batch_size > 1:
+        label = f"micro-batch {d.batch_size // 2}, accumulation {t.grad_accum * 2} (the same effective batch)"
+        variants.append((label, {"batch_size": d.batch_size // 2}))
+    if d.seq_len > 1:
+        variants.append((f"sequence length {d.seq_len // 2}", {"seq_len": d.seq_len // 2}))
+    if not t.gradient_checkpointing:
+        variants.append(("gradient checkpointing on", {"gradient_checkpointing": True}))
     out = []
     for label, change in variants:
         need = estimate_tier(cfg, **change).device_need

@@ -102,3 +102,17 @@ def test_an_out_of_memory_is_a_failed_check_saying_why_and_the_session_goes_on(p
     assert check["name"] == f"CUDA out of memory at {O.OUTSIDE}" and not check["passed"], check
     assert check["detail"].startswith("CUDA out of memory. Tried to allocate 2.00 GiB"), check["detail"]
     assert report["verdict"]["result"] == "FAIL"
+
+
+def test_what_would_fit_offers_only_changes_that_change_something(tiny_cfg):
+    """A micro-batch of 1 cannot halve and checkpointing already on cannot be turned on (the memory tier on an H100
+    under --vram-limit 1 was offered 'micro-batch 1' at a micro-batch of 1)."""
+    import dataclasses
+
+    cfg = dataclasses.replace(
+        tiny_cfg,
+        data=dataclasses.replace(tiny_cfg.data, batch_size=1),
+        train=dataclasses.replace(tiny_cfg.train, gradient_checkpointing=True),
+    )
+    (line,) = O.what_would_fit(cfg, 1)
+    assert line.startswith(f"sequence length {cfg.data.seq_len // 2}:"), line
