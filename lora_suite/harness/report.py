@@ -80,7 +80,7 @@ class Outcome:
 
 
 # 1: reports before the field existed (reports/schema/report-v1.schema.json); 2: status, before issue 9;
-# 3: the implementation under test and the not-applicable checks; 4: the verdict
+# 3: the implementation under test and the not-applicable checks; 4: the verdict; 5: the verdict PASS (RETRIED)
 SCHEMA_VERSION = 5
 REWOUND = ("notes", "checks", "series", "not_applicable", "figures")  # what one test attempt adds to a run report
 STATUSES = ("running", "complete", "interrupted", "terminated")

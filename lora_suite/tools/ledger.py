@@ -16,7 +16,8 @@ run, appended by ``lora-suite ledger record RUN...`` (or ``--record`` on a run).
   <column>";
 - ``stopped``: a benchmark run that stopped, ``value`` what stopped it, ``verdict`` fail;
 - ``figure``: a tier's headline figure (report.json ``figures``: its YAML's ``suite.figures``), ``verdict``
-  measured, ``detail`` its p20/p80, samples, clock and direction.
+  measured, ``detail`` its p20/p80, samples, clock and direction; and each test function's seconds ("test time:
+  <file>::<function>", every parametrisation and phase summed).
 Commits are kept to 12 hex digits. A run already in the ledger is not appended twice (its run id, group and
 implementation identify it). The ledger is written atomically (a temporary file beside it, then renamed): an
 interruption leaves the old one whole. Appends are serialised by an OS file lock on ``<ledger>.lock`` held across the
@@ -37,7 +38,14 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from lora_suite.harness.report import atomic_write_text
-from lora_suite.tools.ledger_rows import check_rows, figure_rows, ledger_row, not_applicable_rows, series_rows
+from lora_suite.tools.ledger_rows import (
+    check_rows,
+    figure_rows,
+    ledger_row,
+    not_applicable_rows,
+    series_rows,
+    test_time_rows,
+)
 
 LOCK_TIMEOUT_S = 300.0  # a writer holds the lock for one read and one rename; five minutes means a stuck holder
 
@@ -105,6 +113,7 @@ def rows_of_report(report: dict, run: str, group: str = "") -> list[dict]:
     out += not_applicable_rows(report, row)
     out += figure_rows(report, row)
     out += series_rows(report, row)
+    out += test_time_rows(report, row)
     return out
 
 

@@ -9,6 +9,7 @@ import json
 import math
 from collections.abc import Callable
 
+TEST_TIME = "test time: "  # the check of a test function's seconds (test_time_rows)
 BENCH_COLUMNS = (
     "÷ PEFT eager",
     "step ms",
@@ -136,6 +137,21 @@ def figure_rows(report: dict, row: Callable[..., dict]) -> list[dict]:
         detail = f"{spread}{f.get('samples', 1)} sample(s), {f['clock']} clock, {f['better']} is better"
         out.append(row("figure", f["name"], f["value"], "measured", unit=f.get("unit", ""), detail=detail))
     return out
+
+
+def test_time_rows(report: dict, row: Callable[..., dict]) -> list[dict]:
+    """A figure per test function: its seconds in the run, every parametrisation and phase summed (the cost
+    docs/lora-spec.md prints beside each check is one of these)."""
+    totals: dict[str, list[float]] = {}
+    for o in report.get("outcomes") or []:
+        seconds = o.get("duration_s") if isinstance(o, dict) else None
+        if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and math.isfinite(seconds):
+            t = totals.setdefault(str(o.get("test", "")).split("[", 1)[0], [0.0, 0])
+            t[0], t[1] = t[0] + seconds, t[1] + 1
+    return [
+        row("figure", f"{TEST_TIME}{test}", round(seconds, 2), "measured", unit="s", detail=f"{n} phase record(s)")
+        for test, (seconds, n) in sorted(totals.items())
+    ]
 
 
 def series_rows(report: dict, row: Callable[..., dict]) -> list[dict]:

@@ -205,6 +205,88 @@ def wrong_second_scores(text: str) -> list[str]:
     return bad
 
 
+RATIO = re.compile(r"(?<![\w.×])(\d+(?:\.\d+)?)\s?×(?!\w)")  # "5.03×", not a shape ("8×256") nor "2×H200"
+TARGET = re.compile(r"target|≥|asks for|would|bar\b", re.I)  # a ratio asked for, not measured
+RATIO_CHECK = re.compile(r"÷|ratio|speed-?up|×|faster|slower| / |relative|vs\b", re.I)  # a check that is a ratio
+NUMBER = re.compile(r"(?<![\w.×])-?\d+(?:\.\d+)?(?![\w.×])")
+
+
+def _cited(section: str, by_run: dict, by_group: dict) -> list[dict]:
+    rows = [r for run in set(RUN.findall(section)) for r in by_run.get(run, [])]
+    return rows + [r for g in set(re.findall(r"`([^`\n]+)`", section)) for r in by_group.get(g, [])]
+
+
+def _indexed(rows: list[dict]) -> tuple[dict, dict]:
+    by_run: dict[str, list[dict]] = {}
+    by_group: dict[str, list[dict]] = {}
+    for r in rows:
+        by_run.setdefault(r["run_id"], []).append(r)
+        by_group.setdefault(r["group"], []).append(r)
+    return by_run, by_group
+
+
+def _within(printed: str, value: float) -> bool:
+    return abs(value - float(printed)) <= 0.5 * 10.0 ** -len(printed.partition(".")[2]) * (1 + 1e-9)
+
+
+def ratio_backed(printed: str, cited: list[dict]) -> bool:
+    """A printed ratio is a figure of a row of the runs its section cites whose check is a ratio (its value,
+    threshold or a number of its detail). A quotient of any two cited figures is no derivation: with the dozens of
+    rows a section cites, a ratio edited by 1% still matched some pair for 103 of the 134 ratios the pages printed."""
+    for r in cited:
+        if not RATIO_CHECK.search(r["check"]):
+            continue
+        numbers = [r.get("value"), r.get("threshold"), *(float(x) for x in NUMBER.findall(r.get("detail") or ""))]
+        if any(isinstance(x, (int, float)) and not isinstance(x, bool) and _within(printed, x) for x in numbers):
+            return True
+    return False
+
+
+def unbacked_ratios(text: str, rows: list[dict]) -> list[str]:
+    """Each measured ratio ("1.182×") of ``text`` that the rows cited in its section do not back (``ratio_backed``);
+    a ratio asked for (a target, a bar) is not a measurement."""
+    by_run, by_group = _indexed(rows)
+    bad = []
+    for section in _sections(text):
+        cited, prose = _cited(section, by_run, by_group), CODE.sub("", section)
+        for m in RATIO.finditer(prose):
+            around = prose[max(0, m.start() - 30) : m.start()] + prose[m.end() : m.end() + 8]
+            if not TARGET.search(around) and not ratio_backed(m.group(1), cited):
+                bad.append(f"{m.group(1)}× in '{section.splitlines()[0][:60]}' ({prose[max(0, m.start() - 50) : m.end()]!r})")
+    return bad
+
+
+def table_cells(section: str) -> list[tuple[str, str, str]]:
+    """(number, unit, row) of each table cell whose unit is its column's header ("step ms", "peak (GiB)")."""
+    out, header = [], None
+    for line in CODE.sub("", section).splitlines():
+        if not line.startswith("|"):
+            header = None
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if header is None:
+            header = [(CHECK_UNIT.findall(c) or [None])[-1] for c in cells]
+        elif not set("".join(cells)) <= set("-: "):
+            for cell, unit in zip(cells, header):
+                number = NUMBER.search(cell) if unit and not FIGURE.search(cell) else None
+                if number and not cell.startswith(("≤", "≥", "<", ">")):
+                    out.append((number.group(0), unit, line))
+    return out
+
+
+def unbacked_cells(text: str, rows: list[dict]) -> list[str]:
+    """Each table cell whose unit is in its header (``table_cells``) that no row cited in its section holds."""
+    by_run, by_group = _indexed(rows)
+    bad = []
+    for section in _sections(text):
+        values = [v for r in _cited(section, by_run, by_group) for v in _row_values(r)]
+        for printed, unit, line in table_cells(section):
+            kind, scale = UNITS.get(unit, (unit, 1.0))
+            if not any(k == kind and _within(printed, v / scale) for k, v in values):
+                bad.append(f"{printed} {unit} in '{section.splitlines()[0][:60]}' ({line[:90]!r})")
+    return bad
+
+
 def prose_figures(text: str) -> list[re.Match]:
     """The figures ``unledgered_figures`` judges, as matches in ``text`` itself (outside code)."""
     code = [m.span() for m in CODE.finditer(text)]
