@@ -44,7 +44,7 @@ from lora_suite.tools.ledger_rows import (
     ledger_row,
     not_applicable_rows,
     series_rows,
-    test_time_rows,
+    seconds_rows,
 )
 
 LOCK_TIMEOUT_S = 300.0  # a writer holds the lock for one read and one rename; five minutes means a stuck holder
@@ -113,7 +113,7 @@ def rows_of_report(report: dict, run: str, group: str = "") -> list[dict]:
     out += not_applicable_rows(report, row)
     out += figure_rows(report, row)
     out += series_rows(report, row)
-    out += test_time_rows(report, row)
+    out += seconds_rows(report, row)
     return out
 
 

@@ -9,7 +9,7 @@ import json
 import math
 from collections.abc import Callable
 
-TEST_TIME = "test time: "  # the check of a test function's seconds (test_time_rows)
+TEST_TIME = "test time: "  # the check of a test function's seconds (seconds_rows)
 BENCH_COLUMNS = (
     "÷ PEFT eager",
     "step ms",
@@ -139,7 +139,7 @@ def figure_rows(report: dict, row: Callable[..., dict]) -> list[dict]:
     return out
 
 
-def test_time_rows(report: dict, row: Callable[..., dict]) -> list[dict]:
+def seconds_rows(report: dict, row: Callable[..., dict]) -> list[dict]:
     """A figure per test function: its seconds in the run, every parametrisation and phase summed (the cost
     docs/lora-spec.md prints beside each check is one of these)."""
     totals: dict[str, list[float]] = {}

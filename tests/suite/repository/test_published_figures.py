@@ -252,7 +252,9 @@ def unbacked_ratios(text: str, rows: list[dict]) -> list[str]:
         for m in RATIO.finditer(prose):
             around = prose[max(0, m.start() - 30) : m.start()] + prose[m.end() : m.end() + 8]
             if not TARGET.search(around) and not ratio_backed(m.group(1), cited):
-                bad.append(f"{m.group(1)}× in '{section.splitlines()[0][:60]}' ({prose[max(0, m.start() - 50) : m.end()]!r})")
+                bad.append(
+                    f"{m.group(1)}× in '{section.splitlines()[0][:60]}' ({prose[max(0, m.start() - 50) : m.end()]!r})"
+                )
     return bad
 
 

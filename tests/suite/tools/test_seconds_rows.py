@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 
-from lora_suite.tools.ledger_rows import TEST_TIME, ledger_row, test_time_rows
+from lora_suite.tools.ledger_rows import TEST_TIME, ledger_row, seconds_rows
 
 HEAD = {"run_id": "r", "time": "", "group": "g", "commit": "c", "gpu": "G", "driver": None, "cuda": None}
 HEAD |= {"torch": None, "implementation": "cupy", "tier": "quick"}
@@ -19,7 +19,7 @@ def test_a_test_functions_parametrisations_and_phases_are_summed():
         {"test": "tiers/quick/test_a.py::test_one", "outcome": "passed", "duration_s": float("nan")},
         {"test": "tiers/quick/test_a.py::test_none", "outcome": "skipped"},
     ]
-    rows = test_time_rows({"outcomes": outcomes}, functools.partial(ledger_row, HEAD))
+    rows = seconds_rows({"outcomes": outcomes}, functools.partial(ledger_row, HEAD))
     got = {r["check"]: (r["value"], r["unit"], r["kind"]) for r in rows}
     assert got == {
         f"{TEST_TIME}tiers/quick/test_a.py::test_grid": (1.75, "s", "figure"),
