@@ -73,28 +73,33 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+def _memory_options(g) -> None:
+    """The run options of the card's memory: the pre-check, a smaller card, out-of-memory retries."""
+    g.add_argument(
+        "--check-vram",
+        action="store_true",
+        help="compare the LoRA-aware memory estimate with NVML free memory before each tier; skip when short",
+    )
+    g.add_argument("--strict-vram", action="store_true", help="with --check-vram: fail instead of skipping")
+    g.add_argument(
+        "--vram-limit",
+        type=_vram_limit,
+        metavar="GIB",
+        help="judge as if on a card of GIB GiB (16, 24): each test process's allocator capped to it, "
+        "--check-vram against it",
+    )
+    g.add_argument(
+        "--oom-retry",
+        action="store_true",
+        help="run a test that ran out of GPU memory again with half the micro-batch and twice the accumulation "
+        "(the effective batch kept), down to a micro-batch of 1; its pass reads PASS (RETRIED)",
+    )
+
+
 def _run_options(p: argparse.ArgumentParser, tier: bool = True) -> None:
     g = p.add_argument_group("run options")
     if tier:
-        g.add_argument(
-            "--check-vram",
-            action="store_true",
-            help="compare the LoRA-aware memory estimate with NVML free memory before each tier; skip when short",
-        )
-        g.add_argument("--strict-vram", action="store_true", help="with --check-vram: fail instead of skipping")
-        g.add_argument(
-            "--vram-limit",
-            type=_vram_limit,
-            metavar="GIB",
-            help="judge as if on a card of GIB GiB (16, 24): each test process's allocator capped to it, "
-            "--check-vram against it",
-        )
-        g.add_argument(
-            "--oom-retry",
-            action="store_true",
-            help="run a test that ran out of GPU memory again with half the micro-batch and twice the accumulation "
-            "(the effective batch kept), down to a micro-batch of 1; its pass reads PASS (RETRIED)",
-        )
+        _memory_options(g)
         g.add_argument("--weights", type=_weights, help="auto, pretrained or random: override the tiers' weights mode")
         g.add_argument("--gpus", type=_positive_int("--gpus"), help="multigpu: processes (GPUs) per torchrun job")
         g.add_argument(

@@ -43,8 +43,8 @@ from lora_suite.tools.ledger_rows import (
     figure_rows,
     ledger_row,
     not_applicable_rows,
-    series_rows,
     seconds_rows,
+    series_rows,
 )
 
 LOCK_TIMEOUT_S = 300.0  # a writer holds the lock for one read and one rename; five minutes means a stuck holder

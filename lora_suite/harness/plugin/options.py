@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    """The ``lora-gpu-suite`` group of options."""
-    group = parser.getgroup("lora-gpu-suite")
+def _memory_options(group) -> None:
+    """The options of the card's memory: the pre-check, a smaller card, out-of-memory retries."""
     group.addoption(
         "--check-vram",
         action="store_true",
@@ -29,6 +28,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="run a tier test that ran out of memory again with half the micro-batch (harness/oom_retry.py)",
     )
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """The ``lora-gpu-suite`` group of options."""
+    group = parser.getgroup("lora-gpu-suite")
+    _memory_options(group)
     group.addoption(
         "--report-dir", default=None, help="write report.json / report.md (+ plots) of this run into this directory"
     )

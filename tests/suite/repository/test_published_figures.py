@@ -85,6 +85,32 @@ def _sections(text: str) -> list[str]:
     return ["\n".join(lines) for lines in sections if lines]
 
 
+def _cell_context(prose: str) -> dict:
+    """For each table row of ``prose`` (by the offset its line starts at): a function of an offset in that line to
+    (the column's header, the row's labels), as ``table_cells`` reads them."""
+    out, header, shape, start = {}, None, None, 0
+    for line in prose.splitlines(keepends=True):
+        if not line.startswith("|"):
+            header, start = None, start + len(line)
+            continue
+        cells = line.rstrip("\n").split("|")[1:]
+        if header is None:
+            header = [c.strip().lower() for c in cells]
+        else:
+            words = [c.strip().lower() for c in cells if c.strip() and not NUMBER.fullmatch(c.strip())]
+            shape = SHAPE.search(cells[0]) if cells[0].strip() else shape
+            labels = ([words[-1]] if words else []) + ([shape.group(0).replace("×", "x")] if shape else [])
+            bounds = [start + 1 + sum(len(c) + 1 for c in cells[:i]) for i in range(len(cells) + 1)]
+
+            def where(at, bounds=bounds, header=header, labels=labels):
+                i = max(j for j, b in enumerate(bounds) if b <= at)
+                return (header[i] if i < len(header) else ""), labels
+
+            out[start] = where
+        start += len(line)
+    return out
+
+
 def unledgered_figures(text: str, rows: list[dict]) -> list[str]:
     """Each measured figure of ``text`` that no row of the runs and groups cited in its section holds."""
     by_run: dict[str, list[dict]] = {}
@@ -98,8 +124,14 @@ def unledgered_figures(text: str, rows: list[dict]) -> list[str]:
         cited += [r for g in set(re.findall(r"`([^`\n]+)`", section)) for r in by_group.get(g, [])]
         values = [v for r in cited for v in _row_values(r)]
         prose = CODE.sub("", section)
+        cells = _cell_context(prose)
         for m in FIGURE.finditer(prose):
             kind, scale = UNITS[m.group(3)]
+            if (where := cells.get(prose.rfind("\n", 0, m.start()) + 1)) is not None:  # a table row: its cell's rows
+                column, labels = where(m.start())
+                values = [v for r in _described(cited, column, labels) for v in _row_values(r)]
+            else:
+                values = [v for r in cited for v in _row_values(r)]
             for printed in filter(None, m.group(1, 2)):
                 half = 0.5 * 10.0 ** -len(printed.partition(".")[2]) * (1 + 1e-9)  # its printed precision
                 if not any(k == kind and abs(v / scale - float(printed)) <= half for k, v in values):
@@ -205,9 +237,15 @@ def wrong_second_scores(text: str) -> list[str]:
     return bad
 
 
-RATIO = re.compile(r"(?<![\w.×])(\d+(?:\.\d+)?)\s?×(?!\w)")  # "5.03×", not a shape ("8×256") nor "2×H200"
+# a measured ratio has decimals ("5.03×"); a whole one ("2×", "16×") is a rule's constant or a target. Not a shape
+# ("8×256") nor a count of GPUs ("2×H200")
+RATIO = re.compile(r"(?<![\w.×])(\d+\.\d+)\s?×(?!\w)")
+# its derivation, written right after it: <!-- = RUN "part of a check" / RUN "part of another" --> (or one row)
+DERIVED = re.compile(r'\**\)?\s?<!-- = (\S+) "([^"]+)"(?: / (\S+) "([^"]+)")? -->')
 TARGET = re.compile(r"target|≥|asks for|would|bar\b", re.I)  # a ratio asked for, not measured
 RATIO_CHECK = re.compile(r"÷|ratio|speed-?up|×|faster|slower| / |relative|vs\b", re.I)  # a check that is a ratio
+SHAPE = re.compile(r"\d+×\d+")  # a case's batch and sequence ("32×1024")
+QUOTIENT = re.compile(r"(\d+(?:\.\d+)?) vs (\d+(?:\.\d+)?) \($")
 NUMBER = re.compile(r"(?<![\w.×])-?\d+(?:\.\d+)?(?![\w.×])")
 
 
@@ -242,15 +280,37 @@ def ratio_backed(printed: str, cited: list[dict]) -> bool:
     return False
 
 
+def derived(printed: str, derivation: re.Match, by_run: dict) -> str | None:
+    """Why the written derivation does not give ``printed`` (None: it does): each part names one row of its run."""
+    values = []
+    for run, part in ((derivation.group(1), derivation.group(2)), (derivation.group(3), derivation.group(4))):
+        if run is None:
+            continue
+        found = [r["value"] for r in by_run.get(run, []) if part in r["check"] and isinstance(r["value"], (int, float))]
+        if len(found) != 1:
+            return f"{run} has {len(found)} rows whose check holds {part!r}: expected one"
+        values.append(float(found[0]))
+    value = values[0] / values[1] if len(values) == 2 else values[0]
+    return None if _within(printed, value) else f"the derivation gives {value:.6g}"
+
+
 def unbacked_ratios(text: str, rows: list[dict]) -> list[str]:
-    """Each measured ratio ("1.182×") of ``text`` that the rows cited in its section do not back (``ratio_backed``);
-    a ratio asked for (a target, a bar) is not a measurement."""
+    """Each measured ratio ("1.182×") of ``text`` that its written derivation (``DERIVED``, ``derived``), else the
+    ratio rows cited in its section (``ratio_backed``), do not give; a ratio asked for (a target, a bar) is not a
+    measurement."""
     by_run, by_group = _indexed(rows)
     bad = []
     for section in _sections(text):
         cited, prose = _cited(section, by_run, by_group), CODE.sub("", section)
         for m in RATIO.finditer(prose):
-            around = prose[max(0, m.start() - 30) : m.start()] + prose[m.end() : m.end() + 8]
+            if derivation := DERIVED.match(prose, m.end()):
+                if why := derived(m.group(1), derivation, by_run):
+                    bad.append(f"{m.group(1)}× ({prose[max(0, m.start() - 50) : m.end()]!r}): {why}")
+                continue
+            around = prose[max(0, m.start() - 30) : m.start()] + prose[m.end() : m.end() + 14]
+            quotient = QUOTIENT.search(prose[max(0, m.start() - 40) : m.start()])
+            if quotient and _within(m.group(1), float(quotient.group(1)) / float(quotient.group(2))):
+                continue  # "0.71 vs 0.25 (2.8×)": the quotient of the two figures printed before it
             if not TARGET.search(around) and not ratio_backed(m.group(1), cited):
                 bad.append(
                     f"{m.group(1)}× in '{section.splitlines()[0][:60]}' ({prose[max(0, m.start() - 50) : m.end()]!r})"
@@ -258,32 +318,55 @@ def unbacked_ratios(text: str, rows: list[dict]) -> list[str]:
     return bad
 
 
-def table_cells(section: str) -> list[tuple[str, str, str]]:
-    """(number, unit, row) of each table cell whose unit is its column's header ("step ms", "peak (GiB)")."""
-    out, header = [], None
+def table_cells(section: str) -> list[tuple[str, str, str, int, str, str]]:
+    """(number, unit, row, the number's offset in the row, its column's name, the row's label) of each table cell
+    whose unit is its column's header ("step ms", "peak (GiB)"); a ratio column ("÷", "ratio") has no unit. The
+    label is the row's last cell that is not a number ("cupy+liger")."""
+    out, header, shape = [], None, None
     for line in CODE.sub("", section).splitlines():
         if not line.startswith("|"):
             header = None
             continue
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        cells = line.split("|")[1:-1] if line.rstrip().endswith("|") else line.split("|")[1:]
         if header is None:
-            header = [(CHECK_UNIT.findall(c) or [None])[-1] for c in cells]
-        elif not set("".join(cells)) <= set("-: "):
-            for cell, unit in zip(cells, header):
-                number = NUMBER.search(cell) if unit and not FIGURE.search(cell) else None
-                if number and not cell.startswith(("≤", "≥", "<", ">")):
-                    out.append((number.group(0), unit, line))
+            header = [c.strip().lower() for c in cells]
+            continue
+        words = [c.strip().lower() for c in cells if c.strip() and not NUMBER.fullmatch(c.strip())]
+        shape = SHAPE.search(cells[0]) if cells and cells[0].strip() else shape if header else None
+        offset = 1
+        for cell, name in zip(cells, header):
+            unit = None if re.search(r"÷|ratio", name) else (CHECK_UNIT.findall(name) or [None])[-1]
+            number = NUMBER.search(cell) if unit and not FIGURE.search(cell) and not set(cell) <= set("-: ") else None
+            if number and not cell.strip().startswith(("≤", "≥", "<", ">")):
+                labels = [words[-1]] if words else []
+                labels += [shape.group(0).replace("×", "x")] if shape else []  # "32×1024" is "32x1024" in a check
+                out.append((number.group(0), unit, line, offset + number.start(), name, labels))
+            offset += len(cell) + 1
     return out
 
 
+def _described(rows: list[dict], column: str, labels: list[str]) -> list[dict]:
+    """The rows a table cell describes: those whose check names its column ("fwd ms") and, among them, each of its
+    row's labels ("cupy+liger", the case's "32x1024", as words) that some of them name (all of them where no check
+    names the column: a table of its own)."""
+    chosen = [r for r in rows if column and column in r["check"].lower()] or rows
+    for label in (label for label in labels if re.search(r"[a-z0-9]{2}", label)):  # a word, not "-"
+        edge = r"\d" if SHAPE.fullmatch(label.replace("x", "×")) else r"[\w+-]"  # "…-r16-32x1024": a shape
+        word = re.compile(rf"(?<!{edge}){re.escape(label)}(?!{edge})")
+        chosen = [r for r in chosen if word.search(r["check"].lower())] or chosen
+    return chosen
+
+
 def unbacked_cells(text: str, rows: list[dict]) -> list[str]:
-    """Each table cell whose unit is in its header (``table_cells``) that no row cited in its section holds."""
+    """Each table cell whose unit is in its header (``table_cells``) that the rows it describes (``_described``,
+    among those cited in its section) do not hold."""
     by_run, by_group = _indexed(rows)
     bad = []
     for section in _sections(text):
-        values = [v for r in _cited(section, by_run, by_group) for v in _row_values(r)]
-        for printed, unit, line in table_cells(section):
+        cited = _cited(section, by_run, by_group)
+        for printed, unit, line, _, column, labels in table_cells(section):
             kind, scale = UNITS.get(unit, (unit, 1.0))
+            values = [v for r in _described(cited, column, labels) for v in _row_values(r)]
             if not any(k == kind and _within(printed, v / scale) for k, v in values):
                 bad.append(f"{printed} {unit} in '{section.splitlines()[0][:60]}' ({line[:90]!r})")
     return bad
@@ -313,6 +396,49 @@ def test_each_page_cites_runs_in_the_ledger_and_prints_only_their_figures(page, 
 def test_the_readme_prints_check_counts_and_mutation_scores_from_the_ledger(rows):
     text = (ROOT / "README.md").read_text()
     assert CHECKS.findall(text) and len(SCORE.findall(text)) >= 2 and len(SECOND_SCORE.findall(text)) >= 2
+
+
+# the pages whose ratios and table cells are held to the ledger too (issue 56, item 4: README.md and docs/);
+# reports/README.md, the record of every run since the first, is held for its figures with units and its counts
+BACKED = [p for p in PAGES if p != "reports/README.md"]
+
+
+@pytest.mark.parametrize("page", BACKED)
+def test_each_ratio_and_table_cell_is_a_ledger_figure_or_derived_from_two(page, rows):
+    text = (ROOT / page).read_text()
+    assert unbacked_ratios(text, rows) == []
+    assert unbacked_cells(text, rows) == []
+
+
+def _edited_by_one_percent(text: str, start: int, end: int) -> str | None:
+    printed = text[start:end]
+    new = f"{float(printed) * 1.01:.{len(printed.partition('.')[2])}f}"
+    return None if new == printed else text[:start] + new + text[end:]
+
+
+@pytest.mark.parametrize("page", BACKED)
+def test_every_ratio_and_table_cell_edited_by_one_percent_fails(page, rows):
+    """Each measured ratio and each table cell with its unit in the header, in turn made 1% larger (printed to the
+    same precision: where that changes the text), is a value its rows or its derivation do not give."""
+    text = (ROOT / page).read_text()
+    code = [m.span() for m in CODE.finditer(text)]
+    spans = []
+    for m in RATIO.finditer(text):
+        around = text[max(0, m.start() - 30) : m.start()] + text[m.end() : m.end() + 14]
+        if not any(a <= m.start() < b for a, b in code) and not TARGET.search(around):  # a target is no figure
+            spans.append(m.span(1))
+    for section in _sections(text):
+        for number, _, line, offset, _, _ in table_cells(section):
+            for at in re.finditer(re.escape(line), text):
+                spans.append((at.start() + offset, at.start() + offset + len(number)))
+    before = set(unbacked_ratios(text, rows)) | set(unbacked_cells(text, rows))
+    escaped = []
+    for start, end in spans:
+        edited = _edited_by_one_percent(text, start, end)
+        after = set(unbacked_ratios(edited, rows)) | set(unbacked_cells(edited, rows)) if edited else before
+        if edited and not after - before:
+            escaped.append(text[max(0, start - 50) : end + 2])
+    assert escaped == []
 
 
 @pytest.mark.parametrize("page", PAGES)
