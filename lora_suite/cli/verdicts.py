@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from lora_suite.measure.card import OOM_CHECK
+from lora_suite.harness.verdict import only_out_of_memory
 
 EXIT_NOT_JUDGED = 4  # a target judged nothing on a machine with a GPU, or --require-gpu found none
 REQUIRE_GPU_ENV = "LORA_SUITE_REQUIRE_GPU"
@@ -63,8 +63,7 @@ def ran_out_of_memory(run_dir: Path | None) -> bool:
         checks = json.loads((run_dir / "report.json").read_text()).get("checks") or []
     except (OSError, ValueError, TypeError):
         return False
-    failed = [str(c.get("name", "")) for c in checks if isinstance(c, dict) and not c.get("passed")]
-    return bool(failed) and all(name.startswith(OOM_CHECK) for name in failed)
+    return only_out_of_memory([str(c.get("name", "")) for c in checks if isinstance(c, dict) and not c.get("passed")])
 
 
 def no_gpu_found(args, target: str) -> str:

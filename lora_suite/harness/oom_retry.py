@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import gc
-import traceback
 
 from lora_suite.measure.card import RETRIED_CHECK
 
@@ -49,7 +47,8 @@ def retrying(test, report):
     """``test`` (a tier test function, called with its fixtures) run again after each out-of-memory while its
     micro-batch can halve (module docstring)."""
     from lora_suite.harness.cuda_errors import is_oom
-    from lora_suite.measure.oom import oom_site
+    from lora_suite.harness.oom_verdict import release_gpu
+    from lora_suite.measure.oom import oom_where
 
     @functools.wraps(test)
     def run(*args, **kwargs):
@@ -62,22 +61,8 @@ def retrying(test, report):
                 batch = getattr(getattr(tier, "estimate_cfg", None), "data", None)
                 if not is_oom(exc) or batch is None or batch.batch_size < 2:
                     raise
-                step, phase = oom_site(exc.__traceback__)
-                where = (
-                    f"{'step ' + str(step) + ', ' if step is not None else ''}{phase} (micro-batch {batch.batch_size})"
-                )
-                traceback.clear_frames(exc.__traceback__)
+                tier.oom_retries.append(f"{oom_where(exc.__traceback__)} (micro-batch {batch.batch_size})")
+                release_gpu(exc.__traceback__)
             report.rewind(mark)
-            tier.oom_retries.append(where)
-            _release()
 
     return run
-
-
-def _release() -> None:
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()

@@ -32,8 +32,16 @@ def record_oom(item: pytest.Item, excinfo: pytest.ExceptionInfo, report) -> None
     tensors = largest_live_tensors(device_type="cuda" if cuda else "cpu")
     name, detail = oom_detail(excinfo.value, excinfo.tb, ctx, tensors)
     report.check(item.nodeid, name, "out of memory", "==", "fits", source=SOURCE, detail=detail)
-    traceback.clear_frames(excinfo.tb)
+    release_gpu(excinfo.tb)
+
+
+def release_gpu(tb) -> None:
+    """After an out-of-memory: the traceback ``tb``'s frames cleared (they hold the step's tensors and the model),
+    the garbage collected, torch's cache emptied and its peak reset, so what runs next starts on a released GPU."""
+    import torch
+
+    traceback.clear_frames(tb)
     gc.collect()
-    if cuda:
+    if torch.cuda.is_available():
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()

@@ -35,7 +35,7 @@ def run_verdict(report) -> tuple[str, str]:
     failed_checks = [c.name for c in report.checks if not c.passed]
     if failed or failed_checks:
         what = f"{len(failed_checks)} check(s) failed" if failed_checks else f"{len(failed)} test(s) failed"
-        if failed_checks and all(n.startswith(OOM_CHECK) for n in failed_checks):
+        if only_out_of_memory(failed_checks):
             what += " (out of memory)"
         return stopped or "FAIL", what + (f" before the run was {report.status}" if stopped else "")
     if stopped:
@@ -53,6 +53,12 @@ def run_verdict(report) -> tuple[str, str]:
     if retried:  # --oom-retry ran them with a smaller micro-batch than asked for: never an ordinary PASS
         return "PASS (RETRIED)", f"{why}; {len(retried)} test(s) passed only with the micro-batch halved (--oom-retry)"
     return "PASS", why
+
+
+def only_out_of_memory(failed_checks: list[str]) -> bool:
+    """Whether the failed checks named are all out-of-memory checks (``lora_suite.harness.oom_verdict``), one at
+    least: a capacity verdict, after which the GPU was released."""
+    return bool(failed_checks) and all(name.startswith(OOM_CHECK) for name in failed_checks)
 
 
 def _why_nothing_judged(outcomes: list, not_applicable: list) -> str:

@@ -133,10 +133,15 @@ class OomContext:
     peak_bytes: int | None = None
 
 
+def oom_where(tb) -> str:
+    """Where the traceback ``tb`` ran out of memory, in words: "step 3, backward" (``oom_site``)."""
+    step, phase = oom_site(tb)
+    return f"{'step ' + str(step) + ', ' if step is not None else ''}{phase}"
+
+
 def oom_detail(exc: BaseException, tb, ctx: OomContext, tensors: list[tuple[int, str, str]]) -> tuple[str, str]:
     """(the check's name, its detail): where, what held the memory, the estimate against the peak, what would fit."""
-    step, phase = oom_site(tb)
-    name = f"{OOM_CHECK} at {'step ' + str(step) + ', ' if step is not None else ''}{phase}"
+    name = f"{OOM_CHECK} at {oom_where(tb)}"
     lines = [str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__]
     lines += [f"live: {b / GIB:.2f} GiB {what}, {owner}" for b, what, owner in tensors]
     if ctx.estimate is not None:
