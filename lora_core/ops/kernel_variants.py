@@ -127,6 +127,8 @@ def _designed() -> tuple[Variant, ...]:
             for t in ("full last CTA", "partial last CTA")
         ]
     out += [Variant("absmax_quantize", "fp32", t) for t in ("full last CTA", "partial last CTA")]
+    for dtype in ("fp32", "bf16", "fp16"):  # one block per row: V within one block's threads, or a strided loop
+        out += [Variant("cross_entropy_rows", dtype, p) for p in ("one pass", "grid-stride")]
     return tuple(out)
 
 

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from lora_core.inject import adapter_parameters, lora_modules
+from lora_core.loss_head import unfuse_loss
 from lora_suite.engine import trainer
 
 
@@ -80,13 +81,15 @@ def adapter_gradients(
 
 
 def reference_model(model: nn.Module, dtype: torch.dtype = torch.float32) -> nn.Module:
-    """A deep copy in ``dtype`` (fp32 for a 16-bit model, fp64 for an fp32 one) on the torch reference backend.
+    """A deep copy in ``dtype`` (fp32 for a 16-bit model, fp64 for an fp32 one) on the torch reference backend, with
+    the model's own loss (a fused one, ``lora_core.loss_head``, taken off).
 
     Upcasting is exact (bf16 ⊂ fp16-range fp32 ⊂ fp64), so the copy computes the same function in more precision.
     """
     ref = copy.deepcopy(model).to(dtype)
     for m in lora_modules(ref).values():
         m.backend = "torch"
+    unfuse_loss(ref)  # the reference's loss is transformers' own, over materialised logits
     return ref
 
 

@@ -190,6 +190,7 @@ def prepare(
     if not per_layer:
         built = dataclasses.replace(built, model=impl.load_model(built.model, spec))
         impl.inject(built.model, spec)
+    impl.finish_model(built.model, spec)
     adapters = impl.adapter_parameters(built.model)
     if not adapters:
         raise ValueError(

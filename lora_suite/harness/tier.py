@@ -63,7 +63,7 @@ class Tier:
         for what, reason in changes:  # a tier-wide change is one record, not one per test that reads the tier
             if (what, reason) not in recorded:
                 self.check.not_applicable(what, reason)
-        if self.request.config.getoption("fused_ops", None) and cfg.train.cuda_graph:
+        if self.request.config.getoption("fused_ops", None) and cfg.train.cuda_graph and not self.impl.fuses_loss:
             from lora_suite.implementations.liger_ops import LCE_LEFT_OUT
 
             self.check.not_applicable("--fused-ops liger: fused linear cross-entropy", LCE_LEFT_OUT)

@@ -118,6 +118,9 @@ class LoRAImplementation:
     # True: inject() may be given each decoder layer as the model is built (a quantised base then never exists
     # in 16 bits as a whole); False: it is given the whole model once built.
     inject_per_layer: bool = False
+    # True: inject() also fuses the LM head and the loss (no logits in a training step, captured or eager), so
+    # --fused-ops liger leaves its own fused linear cross-entropy out and nothing is missing from a captured step
+    fuses_loss: bool = False
 
     def describe(self) -> str:
         return self.name
@@ -139,6 +142,10 @@ class LoRAImplementation:
 
     def inject(self, model: nn.Module, spec: AdapterSpec) -> list[str]:
         raise NotImplementedError
+
+    def finish_model(self, model: nn.Module, spec: AdapterSpec) -> None:
+        """Optional: what the implementation does to the whole model beyond its layers, once every ``inject`` call
+        (per layer or whole) is done, before training (cupy-fused: the fused LM head and loss)."""
 
     def adapter_parameters(self, model: nn.Module) -> dict[str, nn.Parameter]:
         raise NotImplementedError

@@ -15,6 +15,8 @@ import importlib
 
 from torch import nn
 
+from lora_core.loss_head import loss_head
+
 FUSED_OPS = ("liger",)
 # Seen on an H100 (Liger-Kernel 0.8.5, torch 2.11, 88062a8): the convergence tier's capture stopped inside
 # liger_kernel/ops/fused_linear_cross_entropy.py with "operation not permitted when stream is capturing".
@@ -64,7 +66,8 @@ def apply_liger_ops(model: nn.Module, *, swiglu: bool | None = None, captured: b
     already fused, lora_core's ``LoRAMLP``, keeps its own). ``captured``: the steps will be captured in a CUDA
     graph, so the fused linear cross-entropy (``NOT_CAPTURABLE``) is left out and the loss is transformers' own;
     RMSNorm, RoPE and SwiGLU are plain Triton launches, which a capture records (the trainer's eager warm-up steps
-    compile them first). The caller records the left-out op (``LCE_LEFT_OUT``)."""
+    compile them first). The caller records the left-out op (``LCE_LEFT_OUT``). A model whose loss lora_core already
+    fuses (``lora_core.loss_head``, cupy-fused) keeps that loss, eager or captured."""
     liger = _liger()
     if type(model).__name__ != "LlamaForCausalLM":
         raise FusedOpsError(f"--fused-ops liger: a LlamaForCausalLM is expected, got {type(model).__name__}")
@@ -77,7 +80,7 @@ def apply_liger_ops(model: nn.Module, *, swiglu: bool | None = None, captured: b
         rms_norm=True,
         swiglu=swiglu,
         cross_entropy=False,
-        fused_linear_cross_entropy=not captured,
+        fused_linear_cross_entropy=not captured and loss_head(model) is None,
         model=model,
     )
     return model
@@ -91,12 +94,14 @@ def liger_ops(model: nn.Module, *, swiglu: bool | None = None, captured: bool = 
 
 
 def describe_liger(model: nn.Module) -> str:
-    """Which Liger ops the model holds (Liger renames what it patches: ``_get_name()``); "none" when there are none."""
+    """Which Liger ops the model holds (Liger renames what it patches: ``_get_name()``); "none" when there are none.
+    A loss fused by lora_core is named beside them."""
+    own = "" if loss_head(model) is None else "; the loss: lora_core's fused linear cross-entropy"
     names = [m._get_name() for m in model.modules()]
     norms = sum(n == "LigerRMSNorm" for n in names)
     mlps = sum(n == "LigerSwiGLUMLP" for n in names)
     forward = getattr(model.forward, "__func__", model.forward)
     lce = "lce" in getattr(forward, "__name__", "")
     if not (norms or mlps or lce):
-        return "none"
-    return f"liger: rms_norm x{norms}, swiglu x{mlps}, fused linear cross-entropy {'on' if lce else 'off'}"
+        return "none" + own
+    return f"liger: rms_norm x{norms}, swiglu x{mlps}, fused linear cross-entropy {'on' if lce else 'off'}{own}"

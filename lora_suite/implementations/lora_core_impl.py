@@ -75,9 +75,15 @@ class FusedLoraCoreImplementation(LoraCoreImplementation):
     (gate and up from one read of x, SwiGLU in a RawKernel, down) and q/k/v from one read of x, wherever the
     targets cover a whole group; o_proj's LoRA linear already is one Function (reported as ``cupy``).
 
-    ``served_by`` is ``cupy-fused`` only when every adapted layer ran the path its group should: a fusable group
-    that ran unfused, or a layer outside one that did not run ``cupy``, is named instead.
+    The LM head and the loss of a training step run lora_core's fused linear cross-entropy (``lora_core.loss_head``):
+    no logits, in eager and captured steps alike.
+
+    ``served_by`` is ``cupy-fused`` only when every adapted layer ran the path its group should and the last
+    training loss of a whole model was the fused one: a fusable group that ran unfused, a layer outside one that did not run
+    ``cupy``, or a loss of another path is named instead.
     """
+
+    fuses_loss = True
 
     def __init__(self):
         super().__init__("cupy")
@@ -99,7 +105,10 @@ class FusedLoraCoreImplementation(LoraCoreImplementation):
         )
 
     def describe(self) -> str:
-        return "cupy-fused: lora_core.LoRALinear on the cupy backend with the fused MLP (SwiGLU) and QKV paths"
+        return (
+            "cupy-fused: lora_core.LoRALinear on the cupy backend with the fused MLP (SwiGLU) and QKV paths and the "
+            "fused linear cross-entropy (lora_core.loss_head)"
+        )
 
     def parts(self, targets: tuple[str, ...]) -> tuple[str, ...]:
         """The groups these targets cover whole (and "o" when o_proj is a target)."""
@@ -120,7 +129,7 @@ class FusedLoraCoreImplementation(LoraCoreImplementation):
                 f"cupy-fused: targets {list(spec.targets)} cover no whole group to fuse (the MLP needs "
                 f"{list(MLP_PARTS)}, the attention {list(QKV_PARTS)}); run cupy for these targets"
             )
-        return inject_lora(
+        names = inject_lora(
             model,
             spec.targets,
             spec.r,
@@ -131,10 +140,21 @@ class FusedLoraCoreImplementation(LoraCoreImplementation):
             quantize=spec.quantize,
             fuse=parts,
         )
+        if hasattr(model, "lm_head"):  # the whole model (not one decoder layer of a per-layer injection)
+            self.finish_model(model, spec)
+        return names
+
+    def finish_model(self, model, spec):
+        """The LM head and the loss through lora_core's fused linear cross-entropy (``lora_core.loss_head``)."""
+        from lora_core.loss_head import fuse_loss, loss_head
+
+        if loss_head(model) is None:
+            fuse_loss(model, backend="cupy")
 
     def served_by(self, model):
         from lora_core.fuse import GROUPS, LoRAMLP
         from lora_core.inject import lora_modules
+        from lora_core.loss_head import loss_head, loss_path
 
         fused_leaf = {leaf: f"cupy-fused-{g}" for g, members in GROUPS.items() for leaf in members}
         wrong = []
@@ -143,6 +163,9 @@ class FusedLoraCoreImplementation(LoraCoreImplementation):
             want = fused_leaf.get(name.rsplit(".", 1)[-1], "cupy") if grouped else "cupy"
             if m.last_backend != want:
                 wrong.append(f"{name}: {m.last_backend} (expected {want})")
+        head = loss_head(model)  # None on a module that is not a whole causal LM (a probe's layers)
+        if head is not None and head.last_backend not in (None, "cupy"):
+            wrong.insert(0, f"the training loss: {loss_path(model)} (expected cupy-fused-loss)")
         return self.expected_path if not wrong else "; ".join(wrong[:3]) + (" ..." if len(wrong) > 3 else "")
 
 

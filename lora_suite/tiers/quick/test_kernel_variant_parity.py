@@ -27,6 +27,7 @@ from lora_core.ops import cupy_interop as cx
 from lora_core.ops import cupy_lora
 from lora_core.ops import fused_engine as fe
 from lora_core.ops import kernel_variants as kv
+from lora_core.ops import linear_cross_entropy as lce
 from lora_suite.engine.parity import UNIT_ROUNDOFF
 
 pytestmark = [pytest.mark.gpu, pytest.mark.quick, pytest.mark.needs_feature("lora_core_ops")]
@@ -164,7 +165,40 @@ def _nf4_dequantize(v: kv.Variant, gen) -> list[str]:
     return _bitwise(("weight",), (got,), (dequantize_nf4_reference(q, dtype),))
 
 
+# ---------------------------------------------------------------------------------------------
+# The cross-entropy rows: V decides one pass (V ≤ the block's 256 threads) or a strided loop
+def _cross_entropy(v: kv.Variant, gen) -> list[str]:
+    """Loss rows and dz against float64 from the same logits: dz is rounded once to T (2·u_T·|ref|), the rest is
+    fp32 arithmetic over V terms and the fast exp (2⁻¹⁵ of the row's scale covers both with room); ignored rows 0."""
+    dtype, vocab = DTYPES[v.dtype], 200 if v.variant == "one pass" else 1001
+    z = _randn((ROWS, vocab), gen, dtype) * 3
+    t = torch.randint(0, vocab, (ROWS,), device=DEV, generator=gen)
+    t[::5] = -100
+    scale = torch.tensor([1 / 29], device=DEV)
+    zd, kept = z.double(), t != -100
+    lse, picked = torch.logsumexp(zd, -1), torch.where(kept, t, 0)
+    loss_ref = torch.where(kept, lse - zd[torch.arange(ROWS, device=DEV), picked], 0.0)
+    dz_ref = torch.exp(zd - lse[:, None])
+    dz_ref[torch.arange(ROWS, device=DEV), picked] -= 1
+    dz_ref = dz_ref * (1 / 29) * kept[:, None]
+    _poisoned(ROWS, torch.float32)
+    loss = torch.empty(ROWS, device=DEV)
+    with cx.on_torch_stream(z.device) as eng:
+        lce.ce_rows_(eng, z, t, scale, loss, -100)
+    torch.cuda.synchronize()
+    out = []
+    for name, got, ref, bound in (
+        ("dz", z, dz_ref, 2 * UNIT_ROUNDOFF[dtype] * dz_ref.abs() + 2.0**-15 / 29),
+        ("loss rows", loss, loss_ref, 2.0**-15 * (lse.abs() + 1)),
+    ):
+        bad = (got.double() - ref).abs().nan_to_num(nan=float("inf")) > bound
+        if bad.any():
+            out.append(f"{name}: {int(bad.sum())} element(s) beyond bound")
+    return out
+
+
 CASES = {
+    "cross_entropy_rows": _cross_entropy,
     "swiglu_forward": _swiglu,
     "swiglu_backward_inplace": _swiglu,
     "cast_pair_from_f32": _cast_pair,

@@ -81,3 +81,46 @@ def test_dx_of_k_not_accumulated_is_caught(tier, monkeypatch):
 
     monkeypatch.setattr(fused_qkv, "accumulate_dx", planted)
     _check_caught(tier, "qkv", "planted dx missing dk·W_k: fused QKV tensors beyond tolerance")
+
+
+LOSS_PARITY = Path(__file__).resolve().parents[1] / "quick" / "test_fused_loss_parity.py"
+
+
+def _loss_parity_failures() -> tuple[int, str]:
+    """Tensors beyond tolerance in one bf16 case of the quick tier's fused loss parity test (a trainable head, many
+    chunks, a third of the tokens ignored)."""
+    fp = load_test_module(LOSS_PARITY, "fused_loss_parity_plant")
+    gen = torch.Generator(device="cuda").manual_seed(2034)
+    h, w, t = fp.loss_case(2048, 576, 49152, torch.bfloat16, "3d", gen)
+    got, want = fp.fused(h, w, t, True, 300), fp.reference(h, w, t, True)
+    bad = [e for e in fp.judge(got, want, torch.bfloat16, 2048, 576, 49152) if not e.ok]
+    return len(bad), "; ".join(e.describe() for e in bad[:3])
+
+
+@pytest.mark.needs_feature("lora_core_ops")
+def test_a_dropped_target_term_in_the_loss_gradient_is_caught(tier, monkeypatch):
+    """The fused loss's dz keeps softmax(z) but drops the −[j = t] term at each labelled row's target."""
+    from lora_core.ops import linear_cross_entropy as lce
+
+    real = lce.ce_rows_
+
+    def planted(eng, z, targets, scale, loss_rows, ignore):
+        real(eng, z, targets, scale, loss_rows, ignore)
+        rows = torch.arange(z.shape[0], device=z.device)
+        kept = targets != ignore
+        z[rows[kept], targets[kept]] += scale.to(z.dtype)
+
+    monkeypatch.setattr(lce, "ce_rows_", planted)
+    n_bad, detail = _loss_parity_failures()
+    tier.check("planted dropped -[j = t] term: fused loss tensors beyond tolerance", n_bad, ">", 0, detail=detail)
+
+
+@pytest.mark.needs_feature("lora_core_ops")
+def test_a_mean_over_ignored_tokens_too_is_caught(tier, monkeypatch):
+    """The fused loss divides by every token, not by the labelled ones (ignored tokens counted in n)."""
+    from lora_core.ops import linear_cross_entropy as lce
+
+    real = lce._scale
+    monkeypatch.setattr(lce, "_scale", lambda t, num_items, ignore, dtype: real(t, t.numel(), ignore, dtype))
+    n_bad, detail = _loss_parity_failures()
+    tier.check("planted mean over all tokens: fused loss tensors beyond tolerance", n_bad, ">", 0, detail=detail)

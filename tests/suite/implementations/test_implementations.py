@@ -455,6 +455,16 @@ def test_cupy_fused_served_by_names_each_layer_that_did_not_run_its_fused_path()
     assert impl.served_by(model) == "cupy-fused"
     model.model.layers[1].mlp.up_proj.last_backend = "cupy"  # one layer of a fused group ran unfused
     assert impl.served_by(model) == "model.layers.1.mlp.up_proj: cupy (expected cupy-fused-mlp)"
+    model.model.layers[1].mlp.up_proj.last_backend = "cupy-fused-mlp"
+    from lora_core.loss_head import fuse_loss
+
+    fuse_loss(model, backend="torch")  # a training loss on another path than the cupy engine's is named
+    assert impl.served_by(model) == "cupy-fused"  # installed, not run yet
+    ids = torch.zeros(1, 4, dtype=torch.long)
+    model.train()(input_ids=ids, labels=ids)
+    for m in lora_modules(model).values():
+        m.last_backend = m.last_backend.replace("torch", "cupy")
+    assert impl.served_by(model) == "the training loss: torch-fused-loss (expected cupy-fused-loss)"
 
 
 def test_a_tier_targeting_part_of_a_group_runs_the_whole_group_under_cupy_fused_and_says_so(tiny_cfg):

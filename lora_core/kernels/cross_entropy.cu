@@ -1,0 +1,75 @@
+// cross_entropy.cu: one chunk of the fused linear cross-entropy: per row of logits, the loss and, in place, its
+// gradient (lora_core/ops/linear_cross_entropy.py holds the plan around it).
+//
+// Layout: z is (R, V) row-major, the logits z_r = h_r Wᵀ of R tokens in T; targets (R,) int64; scale points at one
+// fp32 on the device (1/n, n the tokens that carry a loss: read there, so a captured replay uses its own batch's n).
+// Per row r with target t (computed in fp32):
+//   m = max_j z_rj,  s = Σ_j exp(z_rj - m),  lse = m + log s
+//   loss_rows[r] = lse - z_rt                         0 for t == ignore_index, NaN for t outside [0, V)
+//   z_rj <- (exp(z_rj - m) / s - [j == t]) · scale    0 for t == ignore_index   (d loss / d z_rj, rounded to T)
+// One block per row. Pass 1: each thread keeps an online (max, sum) over its strided columns; the block merges them
+// (warp shuffles, then one warp over the warps' pairs). z_rt is read before the merge, whose barriers order it before
+// any write. Pass 2: each thread rewrites its own columns. Assumptions: contiguous z, blockDim.x a multiple of 32,
+// at most 1024 threads.
+// Checked by: tiers/quick/test_fused_loss_parity.py (against float64); selftest-gpu plants a dropped [j == t] term.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+template <typename T> __device__ __forceinline__ float to_f(T v);
+template <> __device__ __forceinline__ float to_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <> __device__ __forceinline__ float to_f<__half>(__half v) { return __half2float(v); }
+template <typename T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+
+// exp in fp32: exact expf for fp32 logits (the parity bar is fp32's), the fast intrinsic for 16-bit ones, whose
+// rounding (2^-8, 2^-11) is far above the intrinsic's error (about 2^-21 relative).
+template <typename T> __device__ __forceinline__ float exp_f(float x) { return __expf(x); }
+template <> __device__ __forceinline__ float exp_f<float>(float x) { return expf(x); }
+
+#define NEG_INF __int_as_float(0xff800000)  // NVRTC defines no INFINITY
+
+// Merge two (max, sum-of-exp relative to that max) pairs; a pair with max -inf holds no column.
+template <typename T> __device__ __forceinline__ void merge(float& m, float& s, float m2, float s2) {
+    if (m2 == NEG_INF) return;
+    if (m == NEG_INF) { m = m2; s = s2; return; }
+    const float hi = fmaxf(m, m2);
+    s = s * exp_f<T>(m - hi) + s2 * exp_f<T>(m2 - hi);
+    m = hi;
+}
+
+template <typename T>
+__global__ void cross_entropy_rows(T* __restrict__ z, const long long* __restrict__ targets,
+                                   const float* __restrict__ scale, float* __restrict__ loss_rows,
+                                   long long vocab, long long ignore_index) {
+    __shared__ float warp_m[32], warp_s[32];
+    T* zr = z + (long long)blockIdx.x * vocab;
+    const long long t = targets[blockIdx.x];
+    const bool ignored = t == ignore_index, in_range = t >= 0 && t < vocab;
+    const float zt = in_range ? to_f(zr[t]) : 0.0f;  // read before the barriers below, so before any write
+    float m = NEG_INF, s = 0.0f;
+    for (long long j = threadIdx.x; j < vocab; j += blockDim.x) {
+        const float v = to_f(zr[j]);
+        if (v > m) { s = s * exp_f<T>(m - v) + 1.0f; m = v; }  // m = -inf first: s * exp(-inf) = 0
+        else { s += exp_f<T>(v - m); }
+    }
+    for (int off = 16; off > 0; off >>= 1)
+        merge<T>(m, s, __shfl_xor_sync(0xffffffffu, m, off), __shfl_xor_sync(0xffffffffu, s, off));
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    if (lane == 0) { warp_m[warp] = m; warp_s[warp] = s; }
+    __syncthreads();
+    m = lane < warps ? warp_m[lane] : NEG_INF;
+    s = lane < warps ? warp_s[lane] : 0.0f;
+    for (int off = 16; off > 0; off >>= 1)
+        merge<T>(m, s, __shfl_xor_sync(0xffffffffu, m, off), __shfl_xor_sync(0xffffffffu, s, off));
+    // every lane of every warp now holds the row's (m, s): each warp merged the same 32 pairs
+    if (threadIdx.x == 0)
+        loss_rows[blockIdx.x] = ignored ? 0.0f : (in_range ? m + logf(s) - zt : __int_as_float(0x7fc00000));
+    const float g = ignored ? 0.0f : *scale, inv_s = 1.0f / s;
+    for (long long j = threadIdx.x; j < vocab; j += blockDim.x) {
+        const float p = exp_f<T>(to_f(zr[j]) - m) * inv_s;
+        zr[j] = from_f<T>((p - (j == t ? 1.0f : 0.0f)) * g);
+    }
+}

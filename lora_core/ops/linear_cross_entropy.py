@@ -1,0 +1,171 @@
+"""Fused linear cross-entropy: the LM head and the token-mean cross-entropy over chunks of tokens, as one autograd
+Function that never holds the (N, V) logits, with static shapes, so a CUDA graph captures the whole training step.
+
+Shapes: h (N, d) the final hidden states, W (V, d) the head, t (N,) the targets (``ignore_index``: no loss),
+n = #{i : t_i ≠ ignore_index} (or ``num_items``, transformers' ``num_items_in_batch``, when given):
+
+    z_i   = h_i Wᵀ                                      (V,)   the logits of token i, in h's dtype
+    lse_i = m_i + log Σ_j exp(z_ij - m_i),  m_i = max_j z_ij
+    loss  = (1/n) Σ_{i: t_i ≠ ignore} (lse_i - z_{i,t_i})                   (fp32; 0/0 = NaN when n = 0)
+    dz_ij = (softmax(z_i)_j - [j = t_i]) / n            0 for an ignored row
+    dh    = dz W   (N, d),   dW = dzᵀ h   (V, d, fp32 accumulation) when W requires grad
+
+Plan, per chunk c of C rows (the last one shorter; C from ``chunk_rows``):
+    z_c  = h_c Wᵀ                      one GEMM into a (C, V) scratch reused by every chunk
+    cross_entropy_rows(z_c)            cross_entropy.cu: loss_rows_c, and z_c overwritten by dz_c (1/n read on device)
+    dh_c = dz_c W,  dW += dz_cᵀ h_c    two GEMMs (the second only when W requires grad)
+The gradient is computed in the forward, as Liger-Kernel's fused linear cross-entropy does: the loss's upstream
+gradient g is a scalar, so the backward only scales dh (and dW) by g, on the device. n is counted on the device (no
+host synchronisation anywhere), so a captured replay judges each batch with its own count. A target outside [0, V)
+that is not ``ignore_index`` makes its row's loss NaN on the cupy engine (the trainer's non-finite check stops the
+run and names the step); the torch engine raises at once.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from lora_core.ops import cupy_interop as cx
+from lora_core.ops import fused_engine as fe
+from lora_core.ops import kernel_variants as kv
+from lora_core.ops.lora_linear import ACTIVATION_DTYPES, REFERENCE_ONLY_DTYPES
+
+IGNORE_INDEX = -100  # transformers' and PyTorch's label for "no loss here"
+MIN_CHUNK_ROWS = 1024
+_BLOCK = 256
+_KERNELS = tuple(f"cross_entropy_rows<{cx.CUDA_TYPE_NAME[d]}>" for d in ACTIVATION_DTYPES)
+
+
+def default_chunk_rows(n: int, vocab: int, hidden: int) -> int:
+    """Rows per chunk: Liger-Kernel's rule, which makes a chunk's logits about the size of the hidden states
+    (C = next power of 2 ≥ N / ⌈V / d⌉), raised to ``MIN_CHUNK_ROWS`` (a chosen floor, so that a chunk's three GEMMs
+    are not a few hundred rows each at small d) and capped at N."""
+    per = math.ceil(n / max(1, math.ceil(vocab / max(1, hidden))))
+    return max(1, min(n, max(MIN_CHUNK_ROWS, 1 << max(0, per - 1).bit_length())))
+
+
+def linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    ignore_index: int = IGNORE_INDEX,
+    num_items: torch.Tensor | int | None = None,
+    chunk_rows: int | None = None,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """The fp32 0-d loss of the module docstring for ``hidden`` (..., d), ``weight`` (V, d) and integer ``targets``
+    of shape ``hidden.shape[:-1]`` (already shifted: target i is the token after position i). ``backend``: "cupy"
+    (cuBLAS + ``cross_entropy.cu``, the system under test) or "torch" (the same plan on torch ops)."""
+    hidden, name = fe.enter(hidden, backend)
+    _check(hidden, weight, targets, chunk_rows, name)
+    n = targets.numel()
+    chunk = chunk_rows or default_chunk_rows(n, weight.shape[0], weight.shape[1])
+    return LinearCrossEntropy.apply(hidden, weight, targets, num_items, int(ignore_index), chunk, name)
+
+
+def _check(hidden, weight, targets, chunk_rows, backend) -> None:
+    """Each error names the bad value and what was expected."""
+    allowed = ACTIVATION_DTYPES + (REFERENCE_ONLY_DTYPES if backend == "torch" else ())
+    if hidden.dtype not in allowed:
+        raise ValueError(f"hidden has dtype {hidden.dtype}, expected one of {allowed} for backend={backend!r}")
+    if weight.dim() != 2 or hidden.dim() < 1 or weight.shape[1] != hidden.shape[-1]:
+        raise ValueError(
+            f"hidden {tuple(hidden.shape)} and weight {tuple(weight.shape)} do not fit an LM head "
+            "(expected hidden (..., d) and weight (V, d))"
+        )
+    if tuple(targets.shape) != tuple(hidden.shape[:-1]):
+        raise ValueError(
+            f"targets have shape {tuple(targets.shape)}, expected {tuple(hidden.shape[:-1])} (one per token)"
+        )
+    if targets.dtype.is_floating_point or targets.dtype == torch.bool or targets.is_complex():
+        raise ValueError(f"targets have dtype {targets.dtype}, expected an integer dtype (token ids)")
+    if chunk_rows is not None and (not isinstance(chunk_rows, int) or chunk_rows < 1):
+        raise ValueError(f"chunk_rows={chunk_rows!r}, expected a positive int (or None for the default)")
+    if weight.device != hidden.device or targets.device != hidden.device:
+        raise ValueError(
+            f"hidden on {hidden.device}, weight on {weight.device}, targets on {targets.device}: expected one device"
+        )
+
+
+def _scale(targets: torch.Tensor, num_items, ignore_index: int, dtype: torch.dtype) -> torch.Tensor:
+    """1/n as a 1-element ``dtype`` tensor on the targets' device (no synchronisation): n counted from ``targets``
+    or given as ``num_items``."""
+    if num_items is None:
+        count = (targets != ignore_index).sum()
+    elif torch.is_tensor(num_items):
+        count = num_items.to(device=targets.device)
+    else:
+        count = torch.tensor(num_items, device=targets.device)
+    return count.to(dtype).reciprocal().reshape(1)
+
+
+def ce_rows_(eng, z: torch.Tensor, targets: torch.Tensor, scale: torch.Tensor, loss_rows: torch.Tensor, ignore: int):
+    """One chunk's rows (module docstring): ``loss_rows`` written, ``z`` overwritten by dz (a module-level name, so
+    that selftest-gpu can plant a defect in it)."""
+    rows, vocab = z.shape
+    if isinstance(eng, cx.on_torch_stream):
+        if rows:
+            kv.note("cross_entropy_rows", z.dtype, kv.passes(vocab, 1, _BLOCK), (rows,), (_BLOCK,))
+            name = f"cross_entropy_rows<{cx.CUDA_TYPE_NAME[z.dtype]}>"
+            eng.launch(
+                "cross_entropy.cu", _KERNELS, name, (rows,), (_BLOCK,), (z, targets, scale, loss_rows, vocab, ignore)
+            )
+        return
+    acc = torch.promote_types(z.dtype, torch.float32)
+    zf = z.to(acc)
+    lse = torch.logsumexp(zf, dim=-1)
+    kept = targets != ignore
+    picked = torch.where(kept, targets, torch.zeros_like(targets))
+    rows_idx = torch.arange(rows, device=z.device)
+    loss_rows.copy_(torch.where(kept, lse - zf[rows_idx, picked], torch.zeros_like(lse)))
+    dz = torch.exp(zf - lse[:, None])
+    dz[rows_idx, picked] -= 1.0
+    z.copy_(dz.mul_(scale.to(acc)).mul_(kept[:, None]))
+
+
+class LinearCrossEntropy(torch.autograd.Function):
+    """The plan in the module docstring, on the engine of the resolved backend (``fused_engine``)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, num_items, ignore_index, chunk, backend):
+        dtype, dev = hidden.dtype, hidden.device
+        h2 = hidden.reshape(-1, hidden.shape[-1]).contiguous()
+        t = targets.reshape(-1).to(torch.int64).contiguous()
+        w = weight if weight.dtype == dtype else weight.to(dtype)
+        n, vocab = h2.shape[0], w.shape[0]
+        acc = torch.promote_types(dtype, torch.float32)  # fp32 (fp64 on the torch engine's float64 reference)
+        scale = _scale(t, num_items, ignore_index, acc)
+        loss_rows = torch.empty(n, dtype=acc, device=dev)
+        dh = torch.empty_like(h2) if ctx.needs_input_grad[0] else None
+        dw = torch.zeros(w.shape, dtype=loss_rows.dtype, device=dev) if ctx.needs_input_grad[1] else None
+        z = torch.empty((min(chunk, n), vocab), dtype=dtype, device=dev)
+        with fe.engine(backend, dev) as eng:
+            for start in range(0, n, chunk):
+                end = min(n, start + chunk)
+                zc, hc = z[: end - start], h2[start:end]
+                eng.gemm(zc, hc, w, trans_b=True)
+                ce_rows_(eng, zc, t[start:end], scale, loss_rows[start:end], ignore_index)
+                if dh is not None:
+                    eng.gemm(dh[start:end], zc, w)
+                if dw is not None:
+                    eng.gemm(dw, zc, hc, trans_a=True, beta=1.0)
+        del z
+        ctx.save_for_backward(dh, dw)
+        ctx.h_shape, ctx.w_dtype, ctx.used = hidden.shape, weight.dtype, False
+        return loss_rows.sum() * scale[0]
+
+    @staticmethod
+    def backward(ctx, g):
+        if ctx.used:
+            raise RuntimeError(
+                "the fused linear cross-entropy's backward scales its saved gradients in place, so it runs once per "
+                "forward; a second backward through the same graph (retain_graph=True) is not supported"
+            )
+        ctx.used = True
+        dh, dw = ctx.saved_tensors
+        d_hidden = None if dh is None else dh.mul_(g.to(dh.dtype)).view(ctx.h_shape)
+        d_weight = None if dw is None else dw.mul_(g.to(dw.dtype)).to(ctx.w_dtype)
+        return d_hidden, d_weight, None, None, None, None, None

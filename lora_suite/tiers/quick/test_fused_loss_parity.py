@@ -1,0 +1,157 @@
+"""GPU parity of lora_core's fused linear cross-entropy (``lora_core.ops.linear_cross_entropy``) on the cupy engine:
+the loss and the gradients of the hidden states and of a trainable head against float64 over dtypes, 2-D / 3-D /
+non-contiguous hidden states, vocabularies wider and narrower than a thread block, chunkings with a partial last
+chunk and ignored tokens; a captured replay bitwise equal to eager.
+
+Reference: PyTorch's cross-entropy over the float64 logits h Wᵀ (materialised), by autograd, independent of the fused
+code. Tolerance: ``STAGES · tolerance(dtype, k)``, k the largest inner dimension (d for the logits, V for dh, N for
+dW), 3 stages as for the fused MLP: the logits rounded to the dtype, dz rounded to it, and the GEMM's output. A
+dropped ``[j = t]`` term or a mean over every token instead of the labelled ones gives errors of order 1 or of the
+ignored fraction (selftest-gpu plants both).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lora_core.ops import kernel_variants as kv
+from lora_core.ops.linear_cross_entropy import linear_cross_entropy
+from lora_suite.engine.parity import MLP_STAGES as STAGES
+from lora_suite.engine.parity import compare, tolerance
+from lora_suite.harness.report import Series
+
+pytestmark = [pytest.mark.gpu, pytest.mark.quick, pytest.mark.needs_feature("lora_core_ops")]
+
+DEV = "cuda"
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+SHAPES = ((576, 49152), (333, 1001), (64, 200))  # (d, V): SmolLM2's head, odd widths, V within one thread block
+N_TOKENS = (1, 37, 2048)
+CHUNKS = (None, 7)  # the default (one chunk at these N), and 7 rows: many chunks, the last one partial
+NAMES = ("loss", "dh", "dW")
+
+
+def loss_case(n, d, vocab, dtype, layout, gen):
+    """(hidden, head, targets): unit-variance hidden states, a 1/√d head, a third of the targets ignored (never the
+    first)."""
+    w = (torch.randn((vocab, d), device=DEV, generator=gen) / math.sqrt(d)).to(dtype)
+    if layout == "noncontig":
+        h = torch.randn((n, 2 * d), device=DEV, generator=gen).to(dtype)[:, ::2]
+    else:
+        h = torch.randn((n, d), device=DEV, generator=gen).to(dtype)
+    t = torch.randint(0, vocab, (n,), device=DEV, generator=gen)
+    t[torch.rand(n, device=DEV, generator=gen) < 1 / 3] = -100
+    t[0] = t[0].clamp_min(0)  # one labelled token at least (a batch with none has the loss 0/0 = NaN)
+    if layout == "3d" and n % 2 == 0:
+        h, t = h.view(2, n // 2, d), t.view(2, n // 2)
+    return h, w, t
+
+
+def loss_and_grads(fn, h, w, t, train_head: bool, upstream: float = 1.5):
+    """(loss, dh, dW or None) of ``fn(h, w, t)`` for an upstream gradient ``upstream`` (not 1: the backward scales
+    what the forward computed)."""
+    h = h.detach().clone().requires_grad_(True)
+    w = w.detach().clone().requires_grad_(train_head)
+    loss = fn(h, w, t)
+    grads = torch.autograd.grad(loss * upstream if upstream != 1 else loss, [h, w] if train_head else [h])
+    return [loss.detach(), *grads] + ([] if train_head else [None])
+
+
+def fused(h, w, t, train_head=False, chunk=None, upstream=1.5):
+    fn = lambda h, w, t: linear_cross_entropy(h, w, t, chunk_rows=chunk, backend="cupy")  # noqa: E731
+    return loss_and_grads(fn, h, w, t, train_head, upstream)
+
+
+def reference(h, w, t, train_head=False):
+    def fn(h, w, t):
+        return F.cross_entropy((h @ w.t()).reshape(-1, w.shape[0]), t.reshape(-1), ignore_index=-100)
+
+    return loss_and_grads(fn, h.double(), w.double(), t, train_head)
+
+
+def judge(got, want, dtype, n, d, vocab):
+    ks = (d, vocab, max(n, 1))
+    pairs = zip(NAMES, got, want, ks)
+    return [compare(name, g, r, STAGES * tolerance(dtype, k)) for name, g, r, k in pairs if r is not None]
+
+
+@pytest.mark.parametrize("layout", ["2d", "3d", "noncontig"])
+@pytest.mark.parametrize("config", list(DTYPES))
+def test_fused_loss_matches_float64(config, layout, run_report, check):
+    dtype = DTYPES[config]
+    gen = torch.Generator(device=DEV).manual_seed(2032)
+    rows, failures, before = [], [], kv.reached()
+    for n, (d, vocab), chunk in itertools.product(N_TOKENS, SHAPES, CHUNKS):
+        train_head = chunk is not None  # the head's gradient on the chunked runs (dW accumulates over chunks)
+        h, w, t = loss_case(n, d, vocab, dtype, layout, gen)
+        errs = judge(fused(h, w, t, train_head, chunk), reference(h, w, t, train_head), dtype, n, d, vocab)
+        label = f"N={n} d={d} V={vocab} chunk={chunk or 'default'}"
+        worst = max(errs, key=lambda e: e.scaled_err / e.tol if e.tol else math.inf)
+        ok = all(e.ok for e in errs)
+        rows.append((label, worst.name, worst.scaled_err, worst.tol, "ok" if ok else "FAIL"))
+        failures += [f"{label}: {e.describe()}" for e in errs if not e.ok]
+    run_report.add_series(
+        Series(
+            test=f"fused loss parity {config} {layout}",
+            name=f"cupy fused linear cross-entropy vs float64, {config}, hidden {layout}",
+            columns=("case", "worst tensor", "max err / max ref", "tol", "verdict"),
+            rows=tuple(rows),
+        )
+    )
+    n_tensors = sum(3 if chunk else 2 for chunk in CHUNKS) * len(N_TOKENS) * len(SHAPES)
+    check(
+        f"fused loss {config} {layout}: tensors beyond tolerance (of {n_tensors})",
+        len(failures),
+        "==",
+        0,
+        source=f"tol = {STAGES}·8·(u_dtype + u_fp32·√k); lora_suite/tiers/quick/test_fused_loss_parity.py",
+        detail="; ".join(failures[:4]),
+    )
+    taken = {v.variant for v in kv.reached_since(before) if v.kernel == "cross_entropy_rows" and v.dtype == config}
+    check(
+        f"fused loss {config} {layout}: cross-entropy variants reached",
+        " + ".join(sorted(taken)),
+        "==",
+        "grid-stride + one pass",
+        source="kernels/cross_entropy.cu: one block of 256 threads per row; V = 200 fits it, 1001 and 49152 loop",
+    )
+
+
+def test_a_captured_loss_replays_bitwise_equal_to_eager(check):
+    """Forward and backward of the fused loss captured in a CUDA graph, replayed on two new batches copied into its
+    static inputs: the loss and dh equal an eager run's bit for bit (the count of labelled tokens is read on the
+    device, so each replay uses its own batch's)."""
+    gen = torch.Generator(device=DEV).manual_seed(2033)
+    batches = [loss_case(512, 576, 49152, torch.bfloat16, "2d", gen) for _ in range(3)]
+    h_s, w, t_s = (x.clone() for x in batches[0])
+    h_s.requires_grad_(True)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up outside the graph: compiles the kernel, sets up cuBLAS
+        linear_cross_entropy(h_s, w, t_s, chunk_rows=100, backend="cupy").backward()
+    torch.cuda.current_stream().wait_stream(stream)
+    h_s.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        loss_s = linear_cross_entropy(h_s, w, t_s, chunk_rows=100, backend="cupy")
+        (dh_s,) = torch.autograd.grad(loss_s, [h_s])
+    mismatches = []
+    for i, (h, _, t) in enumerate(batches[1:], 1):
+        with torch.no_grad():
+            h_s.copy_(h)
+            t_s.copy_(t)
+        graph.replay()
+        eager_loss, eager_dh, _ = fused(h, w, t, chunk=100, upstream=1.0)
+        if not torch.equal(loss_s, eager_loss) or not torch.equal(dh_s, eager_dh):
+            mismatches.append(f"batch {i}: loss {float(loss_s):.6g} vs eager {float(eager_loss):.6g}")
+    check(
+        "fused loss: captured replays differing from eager (of 2)",
+        len(mismatches),
+        "==",
+        0,
+        detail="; ".join(mismatches),
+    )
