@@ -1,8 +1,8 @@
 """Route a LoRA-injected Llama-family model through the fused paths: ``fuse_lora(model, ("mlp", "qkv", "o"))``.
 
 - ``"mlp"``: every MLP whose gate_proj, up_proj and down_proj are all ``LoRALinear`` and whose activation is SiLU
-  is replaced by ``LoRAMLP``, which keeps the three layers as children (same parameter names, same adapters,
-  same PEFT files) and runs ``lora_core.ops.fused_mlp``.
+  (SwiGLU) or the tanh GELU (Gemma's GeGLU) is replaced by ``LoRAMLP``, which keeps the three layers as children
+  (same parameter names, same adapters, same PEFT files) and runs ``lora_core.ops.fused_mlp``.
 - ``"qkv"``: every attention whose q_proj, k_proj and v_proj are all ``LoRALinear`` gets one ``QKVGroup``: the
   first of the three projections called on an input computes all three (``lora_core.ops.fused_qkv``) and the
   other two take their part of that result (the attention module itself is not changed).
@@ -14,7 +14,7 @@ For the 16-bit bases, gate and up (q, k and v) are moved into one buffer, each l
 of its part, so the fused GEMM reads one operand without a copy per step; NF4 bases are dequantised into the
 parts of one scratch buffer each pass. Every adapted layer reports the path that served it in ``last_backend``
 (``"cupy-fused-mlp"``, ``"cupy-fused-qkv"``). What cannot be fused is refused by name, never run unfused:
-a requested part that matches nothing, a bias, a non-SiLU MLP, projections with different ranks or scales.
+a requested part that matches nothing, a bias, an MLP gated by another activation, projections with different ranks or scales.
 LoRA dropout does not exist in ``lora_core``.
 """
 
@@ -84,18 +84,29 @@ def _shared_base(layers: list[LoRALinear], cache: dict) -> torch.Tensor:
     return buf
 
 
-def _is_silu(act) -> bool:
-    """True for nn.SiLU and for any module computing silu (transformers' SiLUActivation): probed, not named."""
+_GATES = {  # the gate activations the fused MLP computes, as torch computes them (the probe's reference)
+    "silu": torch.nn.functional.silu,
+    "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+}
+
+
+def gate_activation(act) -> str | None:
+    """ "silu" or "gelu_tanh" for a module computing SiLU or the tanh GELU (nn.SiLU, transformers' SiLUActivation,
+    ``gelu_pytorch_tanh``): probed on [-8, 8] in float64, not named; None for any other activation."""
     if isinstance(act, nn.SiLU):
-        return True
+        return "silu"
     if not isinstance(act, nn.Module):
-        return False
+        return None
     probe = torch.linspace(-8, 8, 33, dtype=torch.float64)
     try:
         with torch.no_grad():
-            return bool(torch.allclose(act(probe), torch.nn.functional.silu(probe), rtol=1e-12, atol=1e-12))
-    except Exception:  # noqa: BLE001  (an activation that cannot take the probe is not SiLU)
-        return False
+            got = act(probe)
+    except Exception:  # noqa: BLE001  (an activation that cannot take the probe is neither)
+        return None
+    for name, fn in _GATES.items():
+        if got.shape == probe.shape and bool(torch.allclose(got, fn(probe), rtol=1e-12, atol=1e-12)):
+            return name
+    return None
 
 
 class LoRAMLP(nn.Module):
@@ -105,11 +116,13 @@ class LoRAMLP(nn.Module):
         super().__init__()
         parts = _require(where, "mlp", {n: getattr(mlp, n, None) for n in MLP_PARTS})
         act = getattr(mlp, "act_fn", None)
-        if not _is_silu(act):
+        gate = gate_activation(act)
+        if gate is None:
             raise FuseError(
-                f"fuse='mlp' at {where}: the activation is {type(act).__name__}, but the fused MLP is SwiGLU "
-                "(nn.SiLU gate) only"
+                f"fuse='mlp' at {where}: the activation is {type(act).__name__}, but the fused MLP takes a SiLU gate "
+                "(SwiGLU) or a tanh-GELU gate (GeGLU) only"
             )
+        self.activation = gate
         if parts["gate_proj"].out_features != parts["up_proj"].out_features:
             raise FuseError(f"fuse='mlp' at {where}: gate and up have different widths")
         self.gate_proj, self.up_proj, self.down_proj = (parts[n] for n in MLP_PARTS)
@@ -126,7 +139,7 @@ class LoRAMLP(nn.Module):
         g, u, d = self.gate_proj, self.up_proj, self.down_proj
         backend = resolve_backend(g.backend, x.device)
         adapters = (g.lora_A, g.lora_B, u.lora_A, u.lora_B, d.lora_A, d.lora_B)
-        y = lora_mlp(x, self.bases(), adapters, g.scale, d.scale, backend=backend)
+        y = lora_mlp(x, self.bases(), adapters, g.scale, d.scale, backend=backend, activation=self.activation)
         for m in (g, u, d):
             m.last_backend = f"{backend}-fused-mlp"
         return y

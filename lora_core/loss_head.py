@@ -9,8 +9,8 @@ labels) runs the model's own forward: ``LossHead`` counts both kinds, and ``loss
 last training loss, so a report can prove the fused loss ran.
 
 Refused by name (``FuseError``), never run unfused: a model without ``model`` and an ``lm_head`` linear, a head with a
-bias or adapted by LoRA, and a config that changes the logits after the head (``final_logit_softcapping``,
-``logit_scale``, ``logits_scaling``), which this loss does not apply.
+bias or adapted by LoRA, and a config that scales the logits after the head (``logit_scale``, ``logits_scaling``),
+which this loss does not apply. Gemma 2's ``final_logit_softcapping`` c is applied: the logits are c·tanh(z / c).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from lora_core.backend import resolve_backend
 from lora_core.fuse import FuseError
 from lora_core.ops.linear_cross_entropy import IGNORE_INDEX, linear_cross_entropy
 
-LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+LOGIT_TRANSFORMS = ("logit_scale", "logits_scaling")  # not applied here: refused (the soft cap is applied)
 
 
 @dataclasses.dataclass
@@ -84,7 +84,13 @@ def _fused_forward(model: nn.Module, *args, labels=None, **kwargs):
     targets = shifted if shifted is not None else F.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:]
     name = resolve_backend(state.backend, hidden.device)
     loss = linear_cross_entropy(
-        hidden, head.weight, targets, num_items=num_items, chunk_rows=state.chunk_rows, backend=name
+        hidden,
+        head.weight,
+        targets,
+        num_items=num_items,
+        chunk_rows=state.chunk_rows,
+        softcap=getattr(getattr(model, "config", None), "final_logit_softcapping", None),
+        backend=name,
     )
     state.calls, state.last_backend = state.calls + 1, name
     return importlib.import_module("transformers.modeling_outputs").CausalLMOutputWithPast(

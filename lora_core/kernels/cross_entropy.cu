@@ -7,6 +7,8 @@
 //   m = max_j z_rj,  s = Σ_j exp(z_rj - m),  lse = m + log s
 //   loss_rows[r] = lse - z_rt                         0 for t == ignore_index, NaN for t outside [0, V)
 //   z_rj <- (exp(z_rj - m) / s - [j == t]) · scale    0 for t == ignore_index   (d loss / d z_rj, rounded to T)
+// With softcap c > 0 (Gemma 2's final_logit_softcapping) every z_rj above is first replaced by c·tanh(z_rj / c),
+// and its gradient is multiplied by 1 - tanh²(z_rj / c) (the chain rule through the cap); c = 0: no cap.
 // One block per row. Pass 1: each thread keeps an online (max, sum) over its strided columns; the block merges them
 // (warp shuffles, then one warp over the warps' pairs). z_rt is read before the merge, whose barriers order it before
 // any write. Pass 2: each thread rewrites its own columns. Assumptions: contiguous z, blockDim.x a multiple of 32,
@@ -40,18 +42,22 @@ template <typename T> __device__ __forceinline__ void merge(float& m, float& s, 
     m = hi;
 }
 
+__device__ __forceinline__ float capped(float v, float softcap) {
+    return softcap > 0.0f ? softcap * tanhf(v / softcap) : v;
+}
+
 template <typename T>
 __global__ void cross_entropy_rows(T* __restrict__ z, const long long* __restrict__ targets,
                                    const float* __restrict__ scale, float* __restrict__ loss_rows,
-                                   long long vocab, long long ignore_index) {
+                                   long long vocab, long long ignore_index, float softcap) {
     __shared__ float warp_m[32], warp_s[32];
     T* zr = z + (long long)blockIdx.x * vocab;
     const long long t = targets[blockIdx.x];
     const bool ignored = t == ignore_index, in_range = t >= 0 && t < vocab;
-    const float zt = in_range ? to_f(zr[t]) : 0.0f;  // read before the barriers below, so before any write
+    const float zt = in_range ? capped(to_f(zr[t]), softcap) : 0.0f;  // read before the barriers, so before writes
     float m = NEG_INF, s = 0.0f;
     for (long long j = threadIdx.x; j < vocab; j += blockDim.x) {
-        const float v = to_f(zr[j]);
+        const float v = capped(to_f(zr[j]), softcap);
         if (v > m) { s = s * exp_f<T>(m - v) + 1.0f; m = v; }  // m = -inf first: s * exp(-inf) = 0
         else { s += exp_f<T>(v - m); }
     }
@@ -69,7 +75,8 @@ __global__ void cross_entropy_rows(T* __restrict__ z, const long long* __restric
         loss_rows[blockIdx.x] = ignored ? 0.0f : (in_range ? m + logf(s) - zt : __int_as_float(0x7fc00000));
     const float g = ignored ? 0.0f : *scale, inv_s = 1.0f / s;
     for (long long j = threadIdx.x; j < vocab; j += blockDim.x) {
-        const float p = exp_f<T>(to_f(zr[j]) - m) * inv_s;
-        zr[j] = from_f<T>((p - (j == t ? 1.0f : 0.0f)) * g);
+        const float v = capped(to_f(zr[j]), softcap), p = exp_f<T>(v - m) * inv_s;
+        const float chain = softcap > 0.0f ? 1.0f - (v / softcap) * (v / softcap) : 1.0f;
+        zr[j] = from_f<T>((p - (j == t ? 1.0f : 0.0f)) * g * chain);
     }
 }

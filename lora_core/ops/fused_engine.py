@@ -6,15 +6,18 @@ plan, its buffers and its in-place steps, and the CPU tests exercise that plan, 
 
     gemm(out, a, b, trans_a=, trans_b=, alpha=, beta=)   out = alpha·op(a)·op(b) + beta·out, column slices allowed
     stack_cast(eng, tensors, dtype)                      one buffer holding every tensor in ``dtype``, back to back
-    swiglu_forward(eng, gu) -> act                       act = silu(g)·u        (gu = [g | u], (N, 2I))
-    swiglu_backward_(eng, dact, gu)                      in place: gu <- [dg | du], dact <- act (recomputed)
+    swiglu_forward(eng, gu, activation) -> act           act = f(g)·u           (gu = [g | u], (N, 2I))
+    swiglu_backward_(eng, dact, gu, activation)          in place: gu <- [dg | du], dact <- act (recomputed)
     stacked_a_backward(eng, dh, x, a, ...) -> dA, dx     dA = s·dhᵀ x, dx = s·dh A (the adapters' part)
 
-Math of the SwiGLU steps (σ the logistic function, computed in fp32, rounded once to the activation dtype):
-    silu(g) = g σ(g),   silu'(g) = σ(g) (1 + g (1 - σ(g))),   dg = d · u · silu'(g),   du = d · silu(g).
+Math of the gated steps (computed in fp32, rounded once to the activation dtype), f the gate activation:
+    dg = d · u · f'(g),   du = d · f(g);   SiLU (SwiGLU): f(g) = g σ(g), f'(g) = σ(g) (1 + g (1 - σ(g)));
+    the tanh GELU (GeGLU, Gemma): ``activation_parts``.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -26,8 +29,12 @@ from lora_core.ops.lora_linear import ACTIVATION_DTYPES, REFERENCE_ONLY_DTYPES
 _CAST_KERNELS = tuple(f"cast_stack_from_f32<{cx.CUDA_TYPE_NAME[d]}>" for d in (torch.bfloat16, torch.float16))
 _SWIGLU_VEC = {torch.float32: 4, torch.bfloat16: 8, torch.float16: 8}  # 16 bytes per vector
 _SWIGLU_VARIANTS = [(d, v) for d, w in _SWIGLU_VEC.items() for v in (1, w)]
-_SWIGLU_FWD = tuple(f"swiglu_forward<{cx.CUDA_TYPE_NAME[d]}, {v}>" for d, v in _SWIGLU_VARIANTS)
-_SWIGLU_BWD = tuple(f"swiglu_backward_inplace<{cx.CUDA_TYPE_NAME[d]}, {v}>" for d, v in _SWIGLU_VARIANTS)
+ACTIVATIONS = {"silu": "swiglu", "gelu_tanh": "geglu"}  # the gate activation -> its kernels' prefix in swiglu.cu
+_GATED_NAMES = {
+    (act, step): tuple(f"{prefix}_{step}<{cx.CUDA_TYPE_NAME[d]}, {v}>" for d, v in _SWIGLU_VARIANTS)
+    for act, prefix in ACTIVATIONS.items()
+    for step in ("forward", "backward_inplace")
+}
 _BLOCK = 256
 _MAX_GRID = 8192  # grid-stride kernels: more blocks buy nothing
 _MAX_ROWS = 16384  # grid y of the SwiGLU kernels (rows, grid-stride beyond it; the hardware's limit is 65535)
@@ -144,39 +151,49 @@ def stacked_a_backward(
     return da, dx
 
 
-def _silu_parts(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    sig = torch.sigmoid(g)
-    return sig, g * sig
+def activation_parts(g: torch.Tensor, activation: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(f(g), f'(g)) of the gate activation (swiglu.cu's Silu and GeluTanh, on torch ops)."""
+    if activation == "silu":
+        sig = torch.sigmoid(g)
+        return g * sig, sig * (1 + g * (1 - sig))
+    if activation == "gelu_tanh":
+        k0, k1 = math.sqrt(2 / math.pi), 0.044715
+        t = torch.tanh(k0 * (g + k1 * g**3))
+        return 0.5 * g * (1 + t), 0.5 * (1 + t) + 0.5 * g * (1 - t * t) * k0 * (1 + 3 * k1 * g * g)
+    raise ValueError(f"activation={activation!r}, expected one of {sorted(ACTIVATIONS)}")
 
 
-def swiglu_forward(eng, gu: torch.Tensor) -> torch.Tensor:
-    """act (N, I) = silu(g)·u for gu = [g | u] (N, 2I), contiguous."""
+def swiglu_forward(eng, gu: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+    """act (N, I) = f(g)·u for gu = [g | u] (N, 2I), contiguous; f the gate ``activation`` (SiLU: SwiGLU)."""
     n, two_i = gu.shape
     inter = two_i // 2
     act = torch.empty((n, inter), dtype=gu.dtype, device=gu.device)
     if isinstance(eng, cx.on_torch_stream):
         if n * inter:
-            name, grid = _swiglu_launch(gu.dtype, n, inter, "swiglu_forward")
-            eng.launch("swiglu.cu", _SWIGLU_FWD, name, grid, (_BLOCK,), (gu, act, n, inter))
+            kernel = f"{ACTIVATIONS[activation]}_forward"
+            name, grid = _swiglu_launch(gu.dtype, n, inter, kernel)
+            eng.launch("swiglu.cu", _GATED_NAMES[activation, "forward"], name, grid, (_BLOCK,), (gu, act, n, inter))
         return act
     acc = torch.promote_types(gu.dtype, torch.float32)
     g, u = gu[:, :inter].to(acc), gu[:, inter:].to(acc)
-    act.copy_(_silu_parts(g)[1] * u)
+    act.copy_(activation_parts(g, activation)[0] * u)
     return act
 
 
-def swiglu_backward_(eng, dact: torch.Tensor, gu: torch.Tensor) -> None:
-    """In place: gu <- [dg | du] and dact <- act = silu(g)·u (recomputed, for the down projection's dA)."""
+def swiglu_backward_(eng, dact: torch.Tensor, gu: torch.Tensor, activation: str = "silu") -> None:
+    """In place: gu <- [dg | du] and dact <- act = f(g)·u (recomputed, for the down projection's dA)."""
     n, inter = dact.shape
     if isinstance(eng, cx.on_torch_stream):
         if n * inter:
-            name, grid = _swiglu_launch(gu.dtype, n, inter, "swiglu_backward_inplace")
-            eng.launch("swiglu.cu", _SWIGLU_BWD, name, grid, (_BLOCK,), (dact, gu, n, inter))
+            kernel = f"{ACTIVATIONS[activation]}_backward_inplace"
+            name, grid = _swiglu_launch(gu.dtype, n, inter, kernel)
+            names = _GATED_NAMES[activation, "backward_inplace"]
+            eng.launch("swiglu.cu", names, name, grid, (_BLOCK,), (dact, gu, n, inter))
         return
     acc = torch.promote_types(gu.dtype, torch.float32)
     g, u, d = gu[:, :inter].to(acc), gu[:, inter:].to(acc), dact.to(acc)
-    sig, silu = _silu_parts(g)
-    dg, du, act = d * u * sig * (1 + g * (1 - sig)), d * silu, silu * u  # all read before any is written:
+    f, df = activation_parts(g, activation)
+    dg, du, act = d * u * df, d * f, f * u  # all read before any is written:
     gu[:, :inter].copy_(dg)  # g, u and d may be views of the buffers written here
     gu[:, inter:].copy_(du)
     dact.copy_(act)

@@ -1,4 +1,5 @@
-"""The fused LoRA MLP: ``y = down(silu(gate(x)) · up(x))`` with LoRA on all three, as one autograd Function.
+"""The fused LoRA MLP: ``y = down(f(gate(x)) · up(x))`` with LoRA on all three, as one autograd Function; f is SiLU
+(SwiGLU, Llama) or the tanh GELU (GeGLU, Gemma): the steps below are written for SiLU, GeGLU's differ only in f.
 
 Each projection p is ``x W_pᵀ + s·(x A_pᵀ) B_pᵀ`` (W frozen, 16-bit or NF4). Shapes: x (N, K), W_g, W_u (I, K),
 W_d (H, I) with H = K, A_g, A_u (r, K), B_g, B_u (I, r), A_d (r, I), B_d (H, r); s for gate and up, s_d for down.
@@ -20,7 +21,8 @@ Backward:
     dx = s·dh_gu A_gu + [dg | du] W_gu               one buffer: the gate and up contributions in two GEMMs
 
 The backward overwrites the saved gu, so it runs once per forward (a second backward through the same graph is
-refused by name). Limits, refused by ``lora_core.fuse``: no LoRA dropout, no bias, SiLU-gated MLPs only.
+refused by name). Limits, refused by ``lora_core.fuse``: no LoRA dropout, no bias, a gate that is
+neither SiLU nor the tanh GELU.
 """
 
 from __future__ import annotations
@@ -89,8 +91,11 @@ class MLPBases:
         return (g.shape[0] + u.shape[0], g.shape[1]), tuple(d.shape)
 
 
-def lora_mlp(x, bases: MLPBases, adapters, scale: float, scale_down: float, *, backend: str | None = None):
-    """``down(silu(gate(x)) · up(x))`` with LoRA; ``adapters`` = (A_g, B_g, A_u, B_u, A_d, B_d).
+def lora_mlp(
+    x, bases: MLPBases, adapters, scale: float, scale_down: float, *, backend: str | None = None, activation="silu"
+):
+    """``down(f(gate(x)) · up(x))`` with LoRA; ``adapters`` = (A_g, B_g, A_u, B_u, A_d, B_d); f the gate
+    ``activation``: "silu" (SwiGLU, Llama) or "gelu_tanh" (GeGLU, Gemma's ``gelu_pytorch_tanh``).
 
     ``backend``: "cupy" (the system under test) or "torch" (the same plan on torch ops), resolved as for
     ``lora_linear``; every call is counted under the backend that ran.
@@ -98,8 +103,10 @@ def lora_mlp(x, bases: MLPBases, adapters, scale: float, scale_down: float, *, b
     x, name = fe.enter(x, backend)
     fe.check_dtypes(x, adapters, name)
     _check(x, bases, adapters)
+    if activation not in fe.ACTIVATIONS:
+        raise ValueError(f"activation={activation!r}, expected one of {sorted(fe.ACTIVATIONS)}")
     count_call(name, 3)  # gate, up and down
-    return FusedLoRAMLP.apply(x, *adapters, bases, float(scale), float(scale_down), name)
+    return FusedLoRAMLP.apply(x, *adapters, bases, float(scale), float(scale_down), name, activation)
 
 
 def _check(x, bases: MLPBases, adapters) -> None:
@@ -125,7 +132,7 @@ class FusedLoRAMLP(torch.autograd.Function):
     """The plan in the module docstring, on the engine of the resolved backend (``fused_engine``)."""
 
     @staticmethod
-    def forward(ctx, x, a_g, b_g, a_u, b_u, a_d, b_d, bases, scale, scale_d, backend):
+    def forward(ctx, x, a_g, b_g, a_u, b_u, a_d, b_d, bases, scale, scale_d, backend, activation):
         dtype = x.dtype
         x2 = x.reshape(-1, x.shape[-1]).contiguous()  # (N, K)
         n, r = x2.shape[0], a_g.shape[0]
@@ -144,7 +151,7 @@ class FusedLoRAMLP(torch.autograd.Function):
             eng.gemm(gu, x2, w_gu, trans_b=True, beta=1.0)
             bases.keep("gate_up", w_gu, ctx.needs_input_grad[0])  # the backward reads it for dx only
             del w_gu  # an NF4 base's scratch is freed here (unless a recompute kept it)
-            act = fe.swiglu_forward(eng, gu)
+            act = fe.swiglu_forward(eng, gu, activation)
             h_d = torch.empty((n, r), dtype=dtype, device=x.device)
             eng.gemm(h_d, act, a_d_c, trans_b=True)
             y = torch.empty((n, h_out), dtype=dtype, device=x.device)
@@ -154,7 +161,7 @@ class FusedLoRAMLP(torch.autograd.Function):
             bases.keep("down", w_d)  # dact = s_d·dh_d A_d + dY W_d: every backward reads it
             del w_d
         ctx.save_for_backward(x2, gu, h_gu, h_d, stacked)
-        ctx.bases, ctx.scale, ctx.scale_d, ctx.backend = bases, scale, scale_d, backend
+        ctx.bases, ctx.scale, ctx.scale_d, ctx.backend, ctx.activation = bases, scale, scale_d, backend, activation
         ctx.shapes, ctx.x_shape, ctx.adapter_dtype, ctx.used = shapes, x.shape, a_g.dtype, False
         return y.view(*x.shape[:-1], h_out)
 
@@ -181,7 +188,7 @@ class FusedLoRAMLP(torch.autograd.Function):
             dact = torch.empty((n, inter), dtype=dtype, device=dev)
             eng.gemm(dact, dh_d, a_d_c, alpha=s_d)
             eng.gemm(dact, dy2, ctx.bases.for_backward("down", dtype), beta=1.0)
-            swiglu_backward_(eng, dact, gu)  # gu <- [dg | du]; dact <- act
+            swiglu_backward_(eng, dact, gu, ctx.activation)  # gu <- [dg | du]; dact <- act
             da_d = torch.empty((r, inter), dtype=acc_dtype, device=dev)
             eng.gemm(da_d, dh_d, dact, trans_a=True, alpha=s_d)
             del dact
@@ -197,9 +204,10 @@ class FusedLoRAMLP(torch.autograd.Function):
             if dx is not None:
                 eng.gemm(dx, gu, ctx.bases.for_backward("gate_up", dtype), beta=1.0)
                 dx = dx.view(ctx.x_shape)
-        return dx, da_gu[:r], db_g, da_gu[r:], db_u, da_d, db_d, None, None, None, None
+        return dx, da_gu[:r], db_g, da_gu[r:], db_u, da_d, db_d, None, None, None, None, None
 
 
-def swiglu_backward_(eng, dact, gu):
-    """The SwiGLU backward step of the plan (a module-level name, so selftest-gpu can plant a defect in it)."""
-    fe.swiglu_backward_(eng, dact, gu)
+def swiglu_backward_(eng, dact, gu, activation="silu"):
+    """The gated activation's backward step of the plan (a module-level name, so selftest-gpu can plant a defect in
+    it)."""
+    fe.swiglu_backward_(eng, dact, gu, activation)

@@ -106,7 +106,7 @@ ABSMAX_FORMS = ("fp32", "int8", "dcode")  # plain absmax, lora_core's double qua
 
 def _designed() -> tuple[Variant, ...]:
     out = []
-    for kernel in ("swiglu_forward", "swiglu_backward_inplace"):
+    for kernel in ("swiglu_forward", "swiglu_backward_inplace", "geglu_forward", "geglu_backward_inplace"):
         for dtype, w in SWIGLU_VEC_WIDTH.items():
             out += [
                 Variant(kernel, dtype, f"VEC={w}, I%{w}=0"),
@@ -128,7 +128,7 @@ def _designed() -> tuple[Variant, ...]:
         ]
     out += [Variant("absmax_quantize", "fp32", t) for t in ("full last CTA", "partial last CTA")]
     for dtype in ("fp32", "bf16", "fp16"):  # one block per row: V within one block's threads, or a strided loop
-        out += [Variant("cross_entropy_rows", dtype, p) for p in ("one pass", "grid-stride")]
+        out += [Variant("cross_entropy_rows", dtype, p) for p in ("one pass", "grid-stride", "grid-stride, softcap")]
     return tuple(out)
 
 

@@ -8,6 +8,7 @@ n = #{i : t_i ≠ ignore_index} (or ``num_items``, transformers' ``num_items_in_
     lse_i = m_i + log Σ_j exp(z_ij - m_i),  m_i = max_j z_ij
     loss  = (1/n) Σ_{i: t_i ≠ ignore} (lse_i - z_{i,t_i})                   (fp32; 0/0 = NaN when n = 0)
     dz_ij = (softmax(z_i)_j - [j = t_i]) / n            0 for an ignored row
+(with ``softcap`` c, Gemma 2's: z_i = c·tanh(h_i Wᵀ / c), and dz picks up the factor 1 - tanh²(h_i Wᵀ / c))
     dh    = dz W   (N, d),   dW = dzᵀ h   (V, d, fp32 accumulation) when W requires grad
 
 Plan, per chunk c of C rows (the last one shorter; C from ``chunk_rows``):
@@ -54,16 +55,21 @@ def linear_cross_entropy(
     ignore_index: int = IGNORE_INDEX,
     num_items: torch.Tensor | int | None = None,
     chunk_rows: int | None = None,
+    softcap: float | None = None,
     backend: str | None = None,
 ) -> torch.Tensor:
     """The fp32 0-d loss of the module docstring for ``hidden`` (..., d), ``weight`` (V, d) and integer ``targets``
     of shape ``hidden.shape[:-1]`` (already shifted: target i is the token after position i). ``backend``: "cupy"
-    (cuBLAS + ``cross_entropy.cu``, the system under test) or "torch" (the same plan on torch ops)."""
+    (cuBLAS + ``cross_entropy.cu``, the system under test) or "torch" (the same plan on torch ops). ``softcap``
+    c > 0: the logits are c·tanh(z / c) (Gemma 2's ``final_logit_softcapping``)."""
+    if softcap is not None and not (isinstance(softcap, (int, float)) and softcap > 0):
+        raise ValueError(f"softcap={softcap!r}, expected a positive number (or None for no cap)")
     hidden, name = fe.enter(hidden, backend)
     _check(hidden, weight, targets, chunk_rows, name)
     n = targets.numel()
     chunk = chunk_rows or default_chunk_rows(n, weight.shape[0], weight.shape[1])
-    return LinearCrossEntropy.apply(hidden, weight, targets, num_items, int(ignore_index), chunk, name)
+    cap = float(softcap or 0.0)
+    return LinearCrossEntropy.apply(hidden, weight, targets, num_items, int(ignore_index), chunk, cap, name)
 
 
 def _check(hidden, weight, targets, chunk_rows, backend) -> None:
@@ -102,20 +108,24 @@ def _scale(targets: torch.Tensor, num_items, ignore_index: int, dtype: torch.dty
     return count.to(dtype).reciprocal().reshape(1)
 
 
-def ce_rows_(eng, z: torch.Tensor, targets: torch.Tensor, scale: torch.Tensor, loss_rows: torch.Tensor, ignore: int):
+def ce_rows_(eng, z, targets, scale, loss_rows, ignore: int, softcap: float = 0.0):
     """One chunk's rows (module docstring): ``loss_rows`` written, ``z`` overwritten by dz (a module-level name, so
-    that selftest-gpu can plant a defect in it)."""
+    that selftest-gpu can plant a defect in it); ``softcap`` c > 0 caps the logits at c·tanh(z / c) first."""
     rows, vocab = z.shape
     if isinstance(eng, cx.on_torch_stream):
         if rows:
-            kv.note("cross_entropy_rows", z.dtype, kv.passes(vocab, 1, _BLOCK), (rows,), (_BLOCK,))
+            variant = kv.passes(vocab, 1, _BLOCK) + (", softcap" if softcap > 0 else "")
+            kv.note("cross_entropy_rows", z.dtype, variant, (rows,), (_BLOCK,))
             name = f"cross_entropy_rows<{cx.CUDA_TYPE_NAME[z.dtype]}>"
-            eng.launch(
-                "cross_entropy.cu", _KERNELS, name, (rows,), (_BLOCK,), (z, targets, scale, loss_rows, vocab, ignore)
-            )
+            args = (z, targets, scale, loss_rows, vocab, ignore, float(softcap))
+            eng.launch("cross_entropy.cu", _KERNELS, name, (rows,), (_BLOCK,), args)
         return
     acc = torch.promote_types(z.dtype, torch.float32)
     zf = z.to(acc)
+    chain = None
+    if softcap > 0:
+        zf = softcap * torch.tanh(zf / softcap)
+        chain = 1 - (zf / softcap) ** 2
     lse = torch.logsumexp(zf, dim=-1)
     kept = targets != ignore
     picked = torch.where(kept, targets, torch.zeros_like(targets))
@@ -123,14 +133,15 @@ def ce_rows_(eng, z: torch.Tensor, targets: torch.Tensor, scale: torch.Tensor, l
     loss_rows.copy_(torch.where(kept, lse - zf[rows_idx, picked], torch.zeros_like(lse)))
     dz = torch.exp(zf - lse[:, None])
     dz[rows_idx, picked] -= 1.0
-    z.copy_(dz.mul_(scale.to(acc)).mul_(kept[:, None]))
+    dz = dz.mul_(scale.to(acc)).mul_(kept[:, None])
+    z.copy_(dz if chain is None else dz.mul_(chain))
 
 
 class LinearCrossEntropy(torch.autograd.Function):
     """The plan in the module docstring, on the engine of the resolved backend (``fused_engine``)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, num_items, ignore_index, chunk, backend):
+    def forward(ctx, hidden, weight, targets, num_items, ignore_index, chunk, softcap, backend):
         dtype, dev = hidden.dtype, hidden.device
         h2 = hidden.reshape(-1, hidden.shape[-1]).contiguous()
         t = targets.reshape(-1).to(torch.int64).contiguous()
@@ -147,7 +158,7 @@ class LinearCrossEntropy(torch.autograd.Function):
                 end = min(n, start + chunk)
                 zc, hc = z[: end - start], h2[start:end]
                 eng.gemm(zc, hc, w, trans_b=True)
-                ce_rows_(eng, zc, t[start:end], scale, loss_rows[start:end], ignore_index)
+                ce_rows_(eng, zc, t[start:end], scale, loss_rows[start:end], ignore_index, softcap)
                 if dh is not None:
                     eng.gemm(dh[start:end], zc, w)
                 if dw is not None:
@@ -168,4 +179,4 @@ class LinearCrossEntropy(torch.autograd.Function):
         dh, dw = ctx.saved_tensors
         d_hidden = None if dh is None else dh.mul_(g.to(dh.dtype)).view(ctx.h_shape)
         d_weight = None if dw is None else dw.mul_(g.to(dw.dtype)).to(ctx.w_dtype)
-        return d_hidden, d_weight, None, None, None, None, None
+        return d_hidden, d_weight, None, None, None, None, None, None

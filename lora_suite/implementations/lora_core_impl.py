@@ -94,8 +94,6 @@ class FusedLoraCoreImplementation(LoraCoreImplementation):
             "(a tier that targets q and v runs q, k and v)",
             # lora_core.fuse refuses both with a FuseError (loudly, never an unfused fallback)
             "linear_bias": "lora_core's fused MLP and QKV paths take no base bias (lora_core.fuse refuses biased groups)",
-            "gated_gelu_mlp": "lora_core's fused MLP is SwiGLU only (lora_core.fuse refuses a GELU gate); a GeGLU "
-            "kernel is not written yet",
         }
 
     def merge_reason(self):

@@ -109,11 +109,25 @@ def test_what_cannot_be_fused_is_refused_by_name(targets, fuse, message):
         inject_lora(model, targets, r=4, backend="torch", fuse=fuse)
 
 
-def test_a_non_silu_mlp_and_a_bias_are_refused_by_name():
+def test_a_geglu_mlp_fuses_and_equals_the_unfused_one_in_float64():
+    """Gemma's MLP: the gate through the tanh GELU (transformers' gelu_pytorch_tanh), probed, not named."""
+    from lora_core.fuse import LoRAMLP
+
+    plain, fused = _pair(fuse=())
+    for model in (plain, fused):
+        for layer in model.model.layers:
+            layer.mlp.act_fn = torch.nn.GELU(approximate="tanh")
+    fuse_lora(fused, ("mlp", "qkv", "o"))
+    assert {m.activation for m in fused.modules() if isinstance(m, LoRAMLP)} == {"gelu_tanh"}
+    ids = torch.randint(0, TINY_ARCH.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
+    _assert_same_function(plain, fused, ids, 1e-10, 1e-8, 1e-10)
+
+
+def test_a_non_gated_activation_and_a_bias_are_refused_by_name():
     model = build_random(TINY_ARCH, torch.float32, "cpu")
     inject_lora(model, "all-linear", r=4, backend="torch")
-    model.model.layers[0].mlp.act_fn = torch.nn.GELU()
-    with pytest.raises(FuseError, match="the activation is GELU, but the fused MLP is SwiGLU"):
+    model.model.layers[0].mlp.act_fn = torch.nn.GELU()  # the exact (erf) GELU: neither gate the kernels compute
+    with pytest.raises(FuseError, match="the activation is GELU, but the fused MLP takes a SiLU gate"):
         fuse_lora(model, "mlp")
     model = build_random(TINY_ARCH, torch.float32, "cpu")
     inject_lora(model, "all-linear", r=4, backend="torch")

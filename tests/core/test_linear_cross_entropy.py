@@ -50,6 +50,23 @@ def test_every_chunking_gives_the_float64_loss_and_gradients(chunk):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=name)
 
 
+@pytest.mark.parametrize("chunk", [None, 5])
+def test_a_soft_capped_head_gives_the_float64_loss_and_gradients(chunk):
+    """Gemma 2's final_logit_softcapping c: the loss over c·tanh(z / c), and the chain rule through it."""
+    h, w, t = _case()
+    h = h * 4  # logits beyond the cap, so that it bends them
+
+    def capped(h, w, t):
+        z = 2.0 * torch.tanh(h @ w.t() / 2.0)
+        return F.cross_entropy(z, t, ignore_index=-100)
+
+    got = _grads(lambda h, w, t: linear_cross_entropy(h, w, t, chunk_rows=chunk, softcap=2.0, backend="torch"), h, w, t)
+    for a, b, name in zip(got, _grads(capped, h, w, t), ("loss", "dh", "dW")):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=name)
+    with pytest.raises(ValueError, match="softcap=-1"):
+        linear_cross_entropy(h, w, t, softcap=-1, backend="torch")
+
+
 def test_batched_hidden_states_num_items_and_an_all_ignored_batch():
     h, w, t = _case(n=12)
     h3, t3 = h.view(3, 4, -1), t.view(3, 4)
@@ -143,8 +160,8 @@ def test_what_the_fused_loss_cannot_take_is_refused_by_name():
     with pytest.raises(FuseError, match="has a bias"):
         fuse_loss(biased)
     capped = build_random(TINY_ARCH, F64, "cpu", seed=3)
-    capped.config.final_logit_softcapping = 30.0
-    with pytest.raises(FuseError, match="final_logit_softcapping"):
+    capped.config.logit_scale = 0.5
+    with pytest.raises(FuseError, match="logit_scale"):
         fuse_loss(capped)
     with pytest.raises(FuseError, match="expected a causal LM"):
         fuse_loss(capped.model)

@@ -82,20 +82,27 @@ def _mlp_case(n, k, inter, r, dtype, adapter_dtype, layout, gen):
     return x, (w_g, w_u, w_d), adapters, _randn((*x.shape[:-1], k), dtype, gen)
 
 
-def _mlp_reference(x, weights, adapters, dy):
+GATES = {"silu": F.silu, "gelu_tanh": lambda g: F.gelu(g, approximate="tanh")}  # PyTorch's own, the reference's
+
+
+def _mlp_reference(x, weights, adapters, dy, activation="silu"):
     d = [t.double() for t in weights]
 
     def fn(x, a):
         g = lora_linear_torch(x, d[0], a[0], a[1], SCALE)
         u = lora_linear_torch(x, d[1], a[2], a[3], SCALE)
-        return lora_linear_torch(F.silu(g) * u, d[2], a[4], a[5], SCALE)
+        return lora_linear_torch(GATES[activation](g) * u, d[2], a[4], a[5], SCALE)
 
     return _run(fn, x.double(), [a.double() for a in adapters], dy.double())
 
 
-def _mlp_fused(x, weights, adapters, dy, bases=None):
+def _mlp_fused(x, weights, adapters, dy, bases=None, activation="silu"):
     bases = bases or MLPBases(w_gu=torch.cat(weights[:2]), w_d=weights[2])
-    return _run(lambda x, a: lora_mlp(x, bases, tuple(a), SCALE, SCALE, backend="cupy"), x, adapters, dy)
+
+    def fn(x, a):
+        return lora_mlp(x, bases, tuple(a), SCALE, SCALE, backend="cupy", activation=activation)
+
+    return _run(fn, x, adapters, dy)
 
 
 def _judge(names, got, want, tol):
@@ -155,6 +162,28 @@ def test_fused_mlp_matches_float64(config, layout, run_report, check):
     taken = sorted({v.variant for v in kv.reached_since(before) if v.kernel == "swiglu_forward" and v.dtype == name})
     check(
         f"fused MLP {config} {layout}: SwiGLU variants reached",
+        " + ".join(taken),
+        "==",
+        " + ".join(sorted({_designed_swiglu(name, inter) for _, inter in MLP_SHAPES})),
+        source="kernels/swiglu.cu: 16-byte vectors when I is a multiple of the vector width, else scalar",
+    )
+
+
+@pytest.mark.parametrize("config", list(DTYPE_CONFIGS))
+def test_fused_geglu_mlp_matches_float64(config, run_report, check):
+    """Gemma's MLP (the gate through the tanh GELU) on the same grid, 2-D x: the GeGLU kernels' variants."""
+    dtype, adapter_dtype, gen, ranks = _grid_cell(config, "2d", 2029)
+    cases, before, name = [], kv.reached(), kv.DTYPE_NAME[dtype]
+    for n, (k, inter), r in itertools.product(N_TOKENS, MLP_SHAPES, ranks):
+        x, weights, adapters, dy = _mlp_case(n, k, inter, r, dtype, adapter_dtype, "2d", gen)
+        got_o, got_g = _mlp_fused(x, weights, adapters, dy, activation="gelu_tanh")
+        ref_o, ref_g = _mlp_reference(x, weights, adapters, dy, activation="gelu_tanh")
+        errs = _judge(MLP_NAMES, got_o + got_g, ref_o + ref_g, FUSED_STAGES * tolerance(dtype, max(k, inter)))
+        cases.append((f"N={n} K={k} I={inter} r={r}", errs))
+    _grid_check("GeGLU MLP", config, "2d", cases, run_report, check)
+    taken = sorted({v.variant for v in kv.reached_since(before) if v.kernel == "geglu_forward" and v.dtype == name})
+    check(
+        f"fused GeGLU MLP {config}: GeGLU variants reached",
         " + ".join(taken),
         "==",
         " + ".join(sorted({_designed_swiglu(name, inter) for _, inter in MLP_SHAPES})),

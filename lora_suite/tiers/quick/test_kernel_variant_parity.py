@@ -18,6 +18,7 @@ reference (``lora_core.nf4``), bit for bit.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -75,25 +76,37 @@ def _swiglu_failures(names, gots, refs, terms, dtype) -> list[str]:
     return out
 
 
+def _gate_terms(g: torch.Tensor, activation: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bounds on the magnitudes of the terms fp32 sums in f(g) and f'(g) (the 2⁻¹⁷·m term of the bound): SiLU's
+    |g σ| and σ(1 + |g|(1 − σ)); the tanh GELU's |g| (|1 + t| ≤ 2) and 1 + |g|(1 + 3·0.044715·g²)·√(2/π)."""
+    if activation == "silu":
+        sig = torch.sigmoid(g)
+        return (g * sig).abs(), sig * (1 + g.abs() * (1 - sig))
+    return g.abs(), 1 + g.abs() * (1 + 3 * 0.044715 * g * g) * math.sqrt(2 / math.pi)
+
+
 def _swiglu(v: kv.Variant, gen) -> list[str]:
+    """SwiGLU's and GeGLU's kernels (one launcher, the gate activation f apart), against f and f' in float64
+    (``fused_engine.activation_parts``)."""
     dtype = DTYPES[v.dtype]
+    activation = "silu" if v.kernel.startswith("swiglu") else "gelu_tanh"
     inter = _inter(v.variant, kv.SWIGLU_VEC_WIDTH[v.dtype])
     gu = _randn((ROWS, 2 * inter), gen, dtype) * 2
     g, u = gu[:, :inter].double(), gu[:, inter:].double()
-    sig = torch.sigmoid(g)
+    f, df = fe.activation_parts(g, activation)
+    f_terms, df_terms = _gate_terms(g, activation)
     with cx.on_torch_stream(gu.device) as eng:
-        if v.kernel == "swiglu_forward":
+        if v.kernel.endswith("_forward"):
             _poisoned(ROWS * inter, dtype)
-            act = fe.swiglu_forward(eng, gu)
+            act = fe.swiglu_forward(eng, gu, activation)
             torch.cuda.synchronize()
-            return _swiglu_failures(("act",), (act,), (g * sig * u,), ((g * sig * u).abs(),), dtype)
+            return _swiglu_failures(("act",), (act,), (f * u,), ((f_terms * u).abs(),), dtype)
         dact = _randn((ROWS, inter), gen, dtype)
         d = dact.double()
-        fe.swiglu_backward_(eng, dact, gu)
+        fe.swiglu_backward_(eng, dact, gu, activation)
         torch.cuda.synchronize()
-    dg_ref = d * u * sig * (1 + g * (1 - sig))
-    refs = (dg_ref, d * g * sig, g * sig * u)
-    terms = ((d * u * sig).abs() * (1 + g.abs() * (1 - sig)), refs[1].abs(), refs[2].abs())
+    refs = (d * u * df, d * f, f * u)
+    terms = ((d * u).abs() * df_terms, (d * f_terms).abs(), (f_terms * u).abs())
     return _swiglu_failures(("dg", "du", "act"), (gu[:, :inter], gu[:, inter:], dact), refs, terms, dtype)
 
 
@@ -171,20 +184,25 @@ def _cross_entropy(v: kv.Variant, gen) -> list[str]:
     """Loss rows and dz against float64 from the same logits: dz is rounded once to T (2·u_T·|ref|), the rest is
     fp32 arithmetic over V terms and the fast exp (2⁻¹⁵ of the row's scale covers both with room); ignored rows 0."""
     dtype, vocab = DTYPES[v.dtype], 200 if v.variant == "one pass" else 1001
+    cap = 4.0 if v.variant.endswith("softcap") else 0.0  # a cap below the logits' range: it bends them
     z = _randn((ROWS, vocab), gen, dtype) * 3
     t = torch.randint(0, vocab, (ROWS,), device=DEV, generator=gen)
     t[::5] = -100
     scale = torch.tensor([1 / 29], device=DEV)
     zd, kept = z.double(), t != -100
+    chain = torch.ones_like(zd)
+    if cap:
+        zd = cap * torch.tanh(zd / cap)
+        chain = 1 - (zd / cap) ** 2
     lse, picked = torch.logsumexp(zd, -1), torch.where(kept, t, 0)
     loss_ref = torch.where(kept, lse - zd[torch.arange(ROWS, device=DEV), picked], 0.0)
     dz_ref = torch.exp(zd - lse[:, None])
     dz_ref[torch.arange(ROWS, device=DEV), picked] -= 1
-    dz_ref = dz_ref * (1 / 29) * kept[:, None]
+    dz_ref = dz_ref * (1 / 29) * kept[:, None] * chain
     _poisoned(ROWS, torch.float32)
     loss = torch.empty(ROWS, device=DEV)
     with cx.on_torch_stream(z.device) as eng:
-        lce.ce_rows_(eng, z, t, scale, loss, -100)
+        lce.ce_rows_(eng, z, t, scale, loss, -100, cap)
     torch.cuda.synchronize()
     out = []
     for name, got, ref, bound in (
@@ -201,6 +219,8 @@ CASES = {
     "cross_entropy_rows": _cross_entropy,
     "swiglu_forward": _swiglu,
     "swiglu_backward_inplace": _swiglu,
+    "geglu_forward": _swiglu,
+    "geglu_backward_inplace": _swiglu,
     "cast_pair_from_f32": _cast_pair,
     "cast_stack_from_f32": _cast_stack,
     "nf4_quantize": _nf4_quantize,

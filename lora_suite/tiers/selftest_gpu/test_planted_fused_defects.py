@@ -57,10 +57,10 @@ def test_a_dropped_swiglu_derivative_term_is_caught(tier, monkeypatch):
 
     real = fused_mlp.swiglu_backward_
 
-    def planted(eng, dact, gu):
+    def planted(eng, dact, gu, activation="silu"):
         inter = dact.shape[1]
         g, u, d = gu[:, :inter].float(), gu[:, inter:].float(), dact.float()
-        real(eng, dact, gu)
+        real(eng, dact, gu, activation)
         gu[:, :inter].copy_(d * u * torch.sigmoid(g))
 
     monkeypatch.setattr(fused_mlp, "swiglu_backward_", planted)
@@ -104,8 +104,8 @@ def test_a_dropped_target_term_in_the_loss_gradient_is_caught(tier, monkeypatch)
 
     real = lce.ce_rows_
 
-    def planted(eng, z, targets, scale, loss_rows, ignore):
-        real(eng, z, targets, scale, loss_rows, ignore)
+    def planted(eng, z, targets, scale, loss_rows, ignore, softcap=0.0):
+        real(eng, z, targets, scale, loss_rows, ignore, softcap)
         rows = torch.arange(z.shape[0], device=z.device)
         kept = targets != ignore
         z[rows[kept], targets[kept]] += scale.to(z.dtype)
