@@ -1,12 +1,13 @@
 // cross_entropy.cu: one chunk of the fused linear cross-entropy: per row of logits, the loss and, in place, its
 // gradient (lora_core/ops/linear_cross_entropy.py holds the plan around it).
 //
-// Layout: z is (R, V) row-major, the logits z_r = h_r Wᵀ of R tokens in T; targets (R,) int64; scale points at one
-// fp32 on the device (1/n, n the tokens that carry a loss: read there, so a captured replay uses its own batch's n).
+// Layout: z is (R, V) row-major, the logits z_r = h_r Wᵀ of R tokens in T; targets (R,) int64. The 1/n of the
+// token mean is not applied here (the caller scales the loss and the GEMMs' products): dz keeps entries of order 1,
+// which fp16 holds as normal numbers (dz/n would fall among fp16's subnormals at n ~ 10³, V ~ 10⁴).
 // Per row r with target t (computed in fp32):
 //   m = max_j z_rj,  s = Σ_j exp(z_rj - m),  lse = m + log s
 //   loss_rows[r] = lse - z_rt                         0 for t == ignore_index, NaN for t outside [0, V)
-//   z_rj <- (exp(z_rj - m) / s - [j == t]) · scale    0 for t == ignore_index   (d loss / d z_rj, rounded to T)
+//   z_rj <- exp(z_rj - m) / s - [j == t]            0 for t == ignore_index   (n · d loss / d z_rj, rounded to T)
 // With softcap c > 0 (Gemma 2's final_logit_softcapping) every z_rj above is first replaced by c·tanh(z_rj / c),
 // and its gradient is multiplied by 1 - tanh²(z_rj / c) (the chain rule through the cap); c = 0: no cap.
 // One block per row. Pass 1: each thread keeps an online (max, sum) over its strided columns; the block merges them
@@ -48,7 +49,7 @@ __device__ __forceinline__ float capped(float v, float softcap) {
 
 template <typename T>
 __global__ void cross_entropy_rows(T* __restrict__ z, const long long* __restrict__ targets,
-                                   const float* __restrict__ scale, float* __restrict__ loss_rows,
+                                   float* __restrict__ loss_rows,
                                    long long vocab, long long ignore_index, float softcap) {
     __shared__ float warp_m[32], warp_s[32];
     T* zr = z + (long long)blockIdx.x * vocab;
@@ -73,7 +74,7 @@ __global__ void cross_entropy_rows(T* __restrict__ z, const long long* __restric
     // every lane of every warp now holds the row's (m, s): each warp merged the same 32 pairs
     if (threadIdx.x == 0)
         loss_rows[blockIdx.x] = ignored ? 0.0f : (in_range ? m + logf(s) - zt : __int_as_float(0x7fc00000));
-    const float g = ignored ? 0.0f : *scale, inv_s = 1.0f / s;
+    const float g = ignored ? 0.0f : 1.0f, inv_s = 1.0f / s;
     for (long long j = threadIdx.x; j < vocab; j += blockDim.x) {
         const float v = capped(to_f(zr[j]), softcap), p = exp_f<T>(v - m) * inv_s;
         const float chain = softcap > 0.0f ? 1.0f - (v / softcap) * (v / softcap) : 1.0f;

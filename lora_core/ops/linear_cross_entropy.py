@@ -13,10 +13,12 @@ n = #{i : t_i ≠ ignore_index} (or ``num_items``, transformers' ``num_items_in_
 
 Plan, per chunk c of C rows (the last one shorter; C from ``chunk_rows``):
     z_c  = h_c Wᵀ                      one GEMM into a (C, V) scratch reused by every chunk
-    cross_entropy_rows(z_c)            cross_entropy.cu: loss_rows_c, and z_c overwritten by dz_c (1/n read on device)
-    dh_c = dz_c W,  dW += dz_cᵀ h_c    two GEMMs (the second only when W requires grad)
+    cross_entropy_rows(z_c)            cross_entropy.cu: loss_rows_c, and z_c overwritten by n·dz_c (entries of order 1)
+    dh_c = n·dz_c W,  dW += n·dz_cᵀ h_c  two GEMMs (the second only when W requires grad)
 The gradient is computed in the forward, as Liger-Kernel's fused linear cross-entropy does: the loss's upstream
-gradient g is a scalar, so the backward only scales dh (and dW) by g, on the device. n is counted on the device (no
+gradient g is a scalar, so the backward only scales dh (and dW) by g/n, on the device, in fp32. The 1/n is kept out
+of the 16-bit n·dz: dz itself (≈ p/n ~ 10⁻⁸ at V ~ 5·10⁴, n ~ 10³) would fall among fp16's subnormals, which the
+quick tier's fp16 grid caught as a dh error of 2·10⁻² of its scale. n is counted on the device (no
 host synchronisation anywhere), so a captured replay judges each batch with its own count. A target outside [0, V)
 that is not ``ignore_index`` makes its row's loss NaN on the cupy engine (the trainer's non-finite check stops the
 run and names the step); the torch engine raises at once.
@@ -108,8 +110,8 @@ def _scale(targets: torch.Tensor, num_items, ignore_index: int, dtype: torch.dty
     return count.to(dtype).reciprocal().reshape(1)
 
 
-def ce_rows_(eng, z, targets, scale, loss_rows, ignore: int, softcap: float = 0.0):
-    """One chunk's rows (module docstring): ``loss_rows`` written, ``z`` overwritten by dz (a module-level name, so
+def ce_rows_(eng, z, targets, loss_rows, ignore: int, softcap: float = 0.0):
+    """One chunk's rows (module docstring): ``loss_rows`` written, ``z`` overwritten by n·dz (a module-level name, so
     that selftest-gpu can plant a defect in it); ``softcap`` c > 0 caps the logits at c·tanh(z / c) first."""
     rows, vocab = z.shape
     if isinstance(eng, cx.on_torch_stream):
@@ -117,7 +119,7 @@ def ce_rows_(eng, z, targets, scale, loss_rows, ignore: int, softcap: float = 0.
             variant = kv.passes(vocab, 1, _BLOCK) + (", softcap" if softcap > 0 else "")
             kv.note("cross_entropy_rows", z.dtype, variant, (rows,), (_BLOCK,))
             name = f"cross_entropy_rows<{cx.CUDA_TYPE_NAME[z.dtype]}>"
-            args = (z, targets, scale, loss_rows, vocab, ignore, float(softcap))
+            args = (z, targets, loss_rows, vocab, ignore, float(softcap))
             eng.launch("cross_entropy.cu", _KERNELS, name, (rows,), (_BLOCK,), args)
         return
     acc = torch.promote_types(z.dtype, torch.float32)
@@ -133,7 +135,7 @@ def ce_rows_(eng, z, targets, scale, loss_rows, ignore: int, softcap: float = 0.
     loss_rows.copy_(torch.where(kept, lse - zf[rows_idx, picked], torch.zeros_like(lse)))
     dz = torch.exp(zf - lse[:, None])
     dz[rows_idx, picked] -= 1.0
-    dz = dz.mul_(scale.to(acc)).mul_(kept[:, None])
+    dz = dz.mul_(kept[:, None])
     z.copy_(dz if chain is None else dz.mul_(chain))
 
 
@@ -158,13 +160,13 @@ class LinearCrossEntropy(torch.autograd.Function):
                 end = min(n, start + chunk)
                 zc, hc = z[: end - start], h2[start:end]
                 eng.gemm(zc, hc, w, trans_b=True)
-                ce_rows_(eng, zc, t[start:end], scale, loss_rows[start:end], ignore_index, softcap)
+                ce_rows_(eng, zc, t[start:end], loss_rows[start:end], ignore_index, softcap)
                 if dh is not None:
                     eng.gemm(dh[start:end], zc, w)
                 if dw is not None:
                     eng.gemm(dw, zc, hc, trans_a=True, beta=1.0)
         del z
-        ctx.save_for_backward(dh, dw)
+        ctx.save_for_backward(dh, dw, scale)
         ctx.h_shape, ctx.w_dtype, ctx.used = hidden.shape, weight.dtype, False
         return loss_rows.sum() * scale[0]
 
@@ -176,7 +178,8 @@ class LinearCrossEntropy(torch.autograd.Function):
                 "forward; a second backward through the same graph (retain_graph=True) is not supported"
             )
         ctx.used = True
-        dh, dw = ctx.saved_tensors
-        d_hidden = None if dh is None else dh.mul_(g.to(dh.dtype)).view(ctx.h_shape)
-        d_weight = None if dw is None else dw.mul_(g.to(dw.dtype)).to(ctx.w_dtype)
+        dh, dw, scale = ctx.saved_tensors
+        factor = g.to(scale.dtype) * scale[0]  # a 0-d fp32 (fp64) tensor: the products below round once, in fp32
+        d_hidden = None if dh is None else dh.mul_(factor).view(ctx.h_shape)
+        d_weight = None if dw is None else dw.mul_(factor).to(ctx.w_dtype)
         return d_hidden, d_weight, None, None, None, None, None, None

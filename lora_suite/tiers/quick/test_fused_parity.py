@@ -169,28 +169,6 @@ def test_fused_mlp_matches_float64(config, layout, run_report, check):
     )
 
 
-@pytest.mark.parametrize("config", list(DTYPE_CONFIGS))
-def test_fused_geglu_mlp_matches_float64(config, run_report, check):
-    """Gemma's MLP (the gate through the tanh GELU) on the same grid, 2-D x: the GeGLU kernels' variants."""
-    dtype, adapter_dtype, gen, ranks = _grid_cell(config, "2d", 2029)
-    cases, before, name = [], kv.reached(), kv.DTYPE_NAME[dtype]
-    for n, (k, inter), r in itertools.product(N_TOKENS, MLP_SHAPES, ranks):
-        x, weights, adapters, dy = _mlp_case(n, k, inter, r, dtype, adapter_dtype, "2d", gen)
-        got_o, got_g = _mlp_fused(x, weights, adapters, dy, activation="gelu_tanh")
-        ref_o, ref_g = _mlp_reference(x, weights, adapters, dy, activation="gelu_tanh")
-        errs = _judge(MLP_NAMES, got_o + got_g, ref_o + ref_g, FUSED_STAGES * tolerance(dtype, max(k, inter)))
-        cases.append((f"N={n} K={k} I={inter} r={r}", errs))
-    _grid_check("GeGLU MLP", config, "2d", cases, run_report, check)
-    taken = sorted({v.variant for v in kv.reached_since(before) if v.kernel == "geglu_forward" and v.dtype == name})
-    check(
-        f"fused GeGLU MLP {config}: GeGLU variants reached",
-        " + ".join(taken),
-        "==",
-        " + ".join(sorted({_designed_swiglu(name, inter) for _, inter in MLP_SHAPES})),
-        source="kernels/swiglu.cu: 16-byte vectors when I is a multiple of the vector width, else scalar",
-    )
-
-
 def _designed_swiglu(dtype: str, inter: int) -> str:
     """The SwiGLU variant the grid's I must take (the rule swiglu.cu is built for, restated here)."""
     width = kv.SWIGLU_VEC_WIDTH[dtype]
