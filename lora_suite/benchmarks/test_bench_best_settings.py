@@ -3,9 +3,9 @@ table's three cases (SmolLM2 32x1024, TinyLlama 16x1024, Llama-2-7B 2x1024; all-
 full tier's workload (``FT.FULL_TIER_CASE``: Llama-2-7B, NF4 base, q/k/v/o r8, 1x512, checkpointing; issue 47 item 3):
 
     cupy-fused+liger  its step captured in a CUDA graph through the project's trainer (``train.cuda_graph``, as the
-                      full tier runs lora_core); Liger's fused linear cross-entropy cannot be captured, so the
-                      captured step computes transformers' own loss over materialised logits
-                      (``liger_ops.LCE_LEFT_OUT``): a cost in peak memory this comparison reports
+                      full tier runs lora_core), the loss included: cupy-fused fuses the LM head and the loss itself
+                      (``lora_core.loss_head``; Liger's fused linear cross-entropy, which cannot be captured, is left
+                      out of a cupy-fused model)
     unsloth           eager, in a child process (its patched model cannot be captured: issue 47 names eager as its
                       best settings), with its fused cross-entropy
 
@@ -14,8 +14,9 @@ user choosing between the two stacks gets from each. Both figures are the step's
 around the captured replay, or around forward, backward and optimizer step), the median over the measured steps.
 Each case runs ``FT.eager_rounds()`` rounds taken in turns (``FT.schedule``); the summary writes each stack's median
 with its spread and the 1.2x target row of ``FT.target_cells`` (beyond the spread, peak no higher in any round).
-Run: ``lora-suite bench -- -k best_settings`` (one case: ``-k "best_settings and (smollm2 or summary)"``; the full
-tier's workload: ``-k "best_settings and (qlora or summary)"``).
+Run in two commands, each inside 10 minutes on an H100 (issue 57): ``lora-suite bench -- -k "best_settings and
+(smollm2 or tinyllama or summary)"`` and ``-k "best_settings and (llama2-7b or qlora or summary)"`` (one case:
+``-k "best_settings and (smollm2 or summary)"``; ``-k best_settings`` runs all four in one).
 """
 
 from __future__ import annotations
