@@ -94,10 +94,10 @@ class FusedLoraCoreImplementation(LoraCoreImplementation):
             "(a tier that targets q and v runs q, k and v)",
             # lora_core.fuse refuses both with a FuseError (loudly, never an unfused fallback)
             "linear_bias": "lora_core's fused MLP and QKV paths take no base bias (lora_core.fuse refuses biased groups)",
-            "gated_gelu_mlp": "lora_core's GeGLU kernels (swiglu.cu) pass their own float64 checks, but the fused MLP's "
-            "float64 grid with them exceeded its bound at N=1, r=1 (one 1536-term dot product behind every dA_gate "
-            "element, whose cancellation the grid's bound does not budget for): cupy-fused does not claim Gemma's MLP "
-            "until that grid judges it",
+            "gated_gelu_mlp": "lora_core's GeGLU kernels (swiglu.cu) pass their own float64 checks on an H100; the "
+            "fused MLP's float64 grid went beyond its bound with them at N=1, r=1 (the cancellation of one 1536-term dot "
+            "product), and now budgets for that cancellation (_mlp_floors, checked on the CPU); cupy-fused claims "
+            "Gemma's MLP once that grid has passed on a GPU",
         }
 
     def merge_reason(self):
