@@ -5,7 +5,9 @@ into the parts of one scratch buffer), A_qkv = [A_q; A_k; A_v] (3r, K), B_p (O_p
 
 Forward:
     h   = x A_qkvᵀ                                   (N, 3r)        one GEMM
-    p    = s·h_p B_pᵀ + x W_pᵀ   for p in q, k, v   (N, O_p) each    a rank-r GEMM, then a base GEMM into it
+    p    = b_p + s·h_p B_pᵀ + x W_pᵀ   for p in q, k, v   (N, O_p) each    the frozen bias b_p (Qwen2's q/k/v
+                                                     biases; none: 0) broadcast into p, then a rank-r GEMM and a base
+                                                     GEMM accumulated into it (beta = 1)
 q, k and v are three contiguous tensors, each base GEMM reading its row block W_p of the one W_qkv. They were once
 column slices of one (N, ΣO) output written by a single base GEMM: the attention's per-head views of a slice are not
 contiguous, and Liger's RoPE and the attention copied them back (128 copies of (2, 1024, 32, 128) per step on
@@ -17,7 +19,7 @@ Backward (dq, dk, dv as the attention hands them back; a part with no gradient c
     dh   = [dq B_q | dk B_k | dv B_v]                (N, 3r)
     dB_p = s·dpᵀ h_p,   dA_qkv = s·dhᵀ x  -> dA_q, dA_k, dA_v
     dx   = s·dh A_qkv + dq W_q + dk W_k + dv W_v      one buffer, accumulated (beta = 1) GEMM after GEMM
-Limits, refused by ``lora_core.fuse``: no LoRA dropout, no bias.
+The bias is frozen: it adds nothing to the backward. Limits, refused by ``lora_core.fuse``: no LoRA dropout.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class QKVBases:
     sizes: tuple[int, int, int]
     w_qkv: torch.Tensor | None = None
     nf4: tuple[NF4Tensor, NF4Tensor, NF4Tensor] | None = None
+    bias: torch.Tensor | None = None  # [b_q; b_k; b_v] (ΣO,), frozen; None: no bias
 
     def _dense(self) -> torch.Tensor:
         """``w_qkv`` of 16-bit bases (``nf4`` None): lora_core.fuse.QKVGroup sets either it or ``nf4``."""
@@ -95,6 +98,11 @@ def _check(x, bases: QKVBases, adapters) -> None:
             )
     if bases.nf4 is None and bases._dense().requires_grad:
         raise ValueError("the q/k/v base weight requires grad; the LoRA base is frozen (requires_grad_(False))")
+    if bases.bias is not None and (tuple(bases.bias.shape) != (sum(bases.sizes),) or bases.bias.requires_grad):
+        raise ValueError(
+            f"the q/k/v bias has shape {tuple(bases.bias.shape)} (requires_grad={bases.bias.requires_grad}), expected "
+            f"({sum(bases.sizes)},) [b_q; b_k; b_v], frozen"
+        )
 
 
 class FusedLoRAQKV(torch.autograd.Function):
@@ -116,7 +124,10 @@ class FusedLoRAQKV(torch.autograd.Function):
             outs, start = [], 0
             for i, size in enumerate(sizes):  # each part its own contiguous tensor (module docstring: why)
                 out = torch.empty((n, size), dtype=dtype, device=dev)
-                eng.gemm(out, h[:, i * r : (i + 1) * r], bs[i], trans_b=True, alpha=scale)
+                if bases.bias is not None:  # b_p broadcast into the output the GEMMs accumulate into
+                    out.copy_(bases.bias[start : start + size].to(dtype).expand(n, size))
+                beta = 0.0 if bases.bias is None else 1.0
+                eng.gemm(out, h[:, i * r : (i + 1) * r], bs[i], trans_b=True, alpha=scale, beta=beta)
                 outs.append(eng.gemm(out, x2, w[start : start + size], trans_b=True, beta=1.0))
                 start += size
             bases.keep(w, ctx.needs_input_grad[0])  # the backward reads it for dx only

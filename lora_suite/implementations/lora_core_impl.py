@@ -93,7 +93,9 @@ class FusedLoraCoreImplementation(LoraCoreImplementation):
             "partial_groups": "the fused paths adapt whole groups: q, k and v together, gate, up and down together "
             "(a tier that targets q and v runs q, k and v)",
             # lora_core.fuse refuses both with a FuseError (loudly, never an unfused fallback)
-            "linear_bias": "lora_core's fused MLP and QKV paths take no base bias (lora_core.fuse refuses biased groups)",
+            "linear_bias": "lora_core's fused MLP takes no base bias (lora_core.fuse refuses it); the fused QKV takes "
+            "q/k/v biases (Qwen2's, checked on the CPU; the quick tier's grid with biases has not yet run on a GPU, so "
+            "cupy-fused does not claim biased models)",
             "gated_gelu_mlp": "lora_core's GeGLU kernels (swiglu.cu) pass their own float64 checks on an H100; the "
             "fused MLP's float64 grid went beyond its bound with them at N=1, r=1 (the cancellation of one 1536-term dot "
             "product), and now budgets for that cancellation (_mlp_floors, checked on the CPU); cupy-fused claims "

@@ -131,7 +131,24 @@ def test_a_non_gated_activation_and_a_bias_are_refused_by_name():
         fuse_lora(model, "mlp")
     model = build_random(TINY_ARCH, torch.float32, "cpu")
     inject_lora(model, "all-linear", r=4, backend="torch")
-    attn = model.model.layers[1].self_attn
-    attn.k_proj.bias = torch.nn.Parameter(torch.zeros(attn.k_proj.out_features), requires_grad=False)
-    with pytest.raises(FuseError, match=r"model.layers.1.self_attn: \['k_proj'\] have a bias"):
-        fuse_lora(model, "qkv")
+    mlp = model.model.layers[1].mlp
+    mlp.up_proj.bias = torch.nn.Parameter(torch.zeros(mlp.up_proj.out_features), requires_grad=False)
+    with pytest.raises(FuseError, match=r"model.layers.1.mlp: \['up_proj'\] have a bias"):
+        fuse_lora(model, "mlp")
+
+
+def test_q_k_v_biases_fuse_and_equal_the_unfused_model_in_float64():
+    """Qwen2's attention: biases on q, k and v (here on q and v only: k's part of the stacked bias is zero)."""
+    plain, fused = _pair(fuse=())
+    for model in (plain, fused):
+        for i, layer in enumerate(model.model.layers):
+            for name in ("q_proj", "v_proj"):
+                proj = getattr(layer.self_attn, name)
+                b = torch.randn(proj.out_features, generator=torch.Generator().manual_seed(10 * i + len(name)))
+                proj.bias = torch.nn.Parameter(b.double(), requires_grad=False)
+    fuse_lora(fused, ("mlp", "qkv", "o"))
+    ids = torch.randint(0, TINY_ARCH.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
+    _assert_same_function(plain, fused, ids, 1e-10, 1e-9, 1e-12)
+    assert {m.last_backend for n, m in lora_modules(fused).items() if "self_attn" in n and "o_proj" not in n} == {
+        "torch-fused-qkv"
+    }

@@ -164,6 +164,19 @@ def test_fused_qkv_equals_the_unfused_layers_in_float64(used):
         torch.testing.assert_close(g, w, rtol=1e-11, atol=1e-11, msg=f"d{name}")
 
 
+def test_fused_qkv_adds_the_q_k_v_biases_and_refuses_a_bad_one():
+    q, k, v = _qkv()
+    x = torch.randn(2, 3, K, dtype=torch.float64)
+    bias = torch.randn(32, dtype=torch.float64)
+    bases = QKVBases((16, 8, 8), w_qkv=torch.cat([q.weight, k.weight, v.weight]), bias=bias)
+    got = lora_qkv(x, bases, _adapters([q, k, v]), q.scale, backend="torch")
+    for out, layer, b in zip(got, (q, k, v), bias.split((16, 8, 8))):
+        torch.testing.assert_close(out, layer(x) + b, rtol=1e-12, atol=1e-12)
+    bad = QKVBases((16, 8, 8), w_qkv=bases.w_qkv, bias=bias[:31])
+    with pytest.raises(ValueError, match=r"the q/k/v bias has shape \(31,\).*expected \(32,\)"):
+        lora_qkv(x, bad, _adapters([q, k, v]), q.scale, backend="torch")
+
+
 def test_fused_qkv_on_nf4_bases_equals_the_unfused_nf4_layers():
     nf4 = _nf4_copies(_qkv(torch.float32))
     x = torch.randn(5, K, requires_grad=True)

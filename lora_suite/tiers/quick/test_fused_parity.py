@@ -248,17 +248,18 @@ def _qkv_case(n, k, sizes, r, dtype, adapter_dtype, layout, gen):
     return x, weights, adapters, tuple(_randn((*x.shape[:-1], o), dtype, gen) for o in sizes)
 
 
-def _qkv_reference(x, weights, adapters, dy):
+def _qkv_reference(x, weights, adapters, dy, bias=None):
     d = [t.double() for t in weights]
+    b = [0.0] * 3 if bias is None else bias.double().split([w.shape[0] for w in weights])
 
     def fn(x, a):
-        return tuple(lora_linear_torch(x, d[i], a[2 * i], a[2 * i + 1], SCALE) for i in range(3))
+        return tuple(lora_linear_torch(x, d[i], a[2 * i], a[2 * i + 1], SCALE) + b[i] for i in range(3))
 
     return _run(fn, x.double(), [a.double() for a in adapters], tuple(t.double() for t in dy))
 
 
-def _qkv_fused(x, weights, adapters, dy, bases=None):
-    bases = bases or QKVBases(tuple(w.shape[0] for w in weights), w_qkv=torch.cat(weights))
+def _qkv_fused(x, weights, adapters, dy, bases=None, bias=None):
+    bases = bases or QKVBases(tuple(w.shape[0] for w in weights), w_qkv=torch.cat(weights), bias=bias)
     return _run(lambda x, a: lora_qkv(x, bases, tuple(a), SCALE, backend="cupy"), x, adapters, dy)
 
 
@@ -274,6 +275,23 @@ def test_fused_qkv_matches_float64(config, layout, run_report, check):
         errs = _judge(QKV_NAMES, got_o + got_g, ref_o + ref_g, FUSED_STAGES * tolerance(dtype, k))
         cases.append((f"N={n} K={k} O={sizes} r={r}", errs))
     _grid_check("QKV", config, layout, cases, run_report, check)
+
+
+@pytest.mark.parametrize("config", list(DTYPE_CONFIGS))
+def test_fused_qkv_with_biases_matches_float64(config, run_report, check):
+    """Qwen2's attention: a frozen bias on q, k and v, broadcast into each output before its GEMMs accumulate. The
+    cases are the 2-D grid's own draws (the same seed), the biases drawn apart: the gradients are the grid's, and
+    what the bias changes, q, k and v, is judged."""
+    dtype, adapter_dtype, gen, ranks = _grid_cell(config, "2d", 2028)
+    bias_gen, cases = torch.Generator(device=DEV).manual_seed(2030), []
+    for n, (k, sizes), r in itertools.product(N_TOKENS, QKV_SHAPES, ranks):
+        x, weights, adapters, dy = _qkv_case(n, k, sizes, r, dtype, adapter_dtype, "2d", gen)
+        bias = _randn((sum(sizes),), dtype, bias_gen)
+        got_o, got_g = _qkv_fused(x, weights, adapters, dy, bias=bias)
+        ref_o, ref_g = _qkv_reference(x, weights, adapters, dy, bias=bias)
+        errs = _judge(QKV_NAMES, got_o + got_g, ref_o + ref_g, FUSED_STAGES * tolerance(dtype, k))
+        cases.append((f"N={n} K={k} O={sizes} r={r}", errs))
+    _grid_check("QKV with biases", config, "2d", cases, run_report, check)
 
 
 def test_fused_paths_on_nf4_bases_match_float64_of_the_dequantised_weights(run_report, check):
