@@ -36,6 +36,7 @@ class LossHead:
 
     chunk_rows: int | None
     backend: str | None
+    output: type  # transformers' CausalLMOutputWithPast, looked up once when installed
     calls: int = 0
     passed: int = 0
     last_backend: str | None = None
@@ -58,8 +59,8 @@ def fuse_loss(model: nn.Module, *, chunk_rows: int | None = None, backend: str |
     transforms = {k: getattr(config, k) for k in LOGIT_TRANSFORMS if getattr(config, k, None) not in (None, 1, 1.0)}
     if transforms:
         raise FuseError(f"fuse_loss: the config transforms the logits after the head ({transforms}); not applied here")
-    importlib.import_module("transformers.modeling_outputs")  # the output type, checked here rather than at a step
-    state = LossHead(chunk_rows, backend)
+    output = importlib.import_module("transformers.modeling_outputs").CausalLMOutputWithPast
+    state = LossHead(chunk_rows, backend, output)
     model._lora_core_loss = state
     # a bound method, not a closure: copy.deepcopy rebinds it to the copy (a closure would run the original model)
     model.forward = types.MethodType(_fused_forward, model)
@@ -93,7 +94,7 @@ def _fused_forward(model: nn.Module, *args, labels=None, **kwargs):
         backend=name,
     )
     state.calls, state.last_backend = state.calls + 1, name
-    return importlib.import_module("transformers.modeling_outputs").CausalLMOutputWithPast(
+    return state.output(
         loss=loss,
         logits=None,
         hidden_states=getattr(out, "hidden_states", None),

@@ -109,6 +109,7 @@ def build_case(impl, arch: Architecture, dtype: torch.dtype, device, *, seed: in
     live = dict(model.named_parameters())
     base = {n: (live.get(n), before.to(live[n].device) if n in live else before) for n, before in built.items()}
     impl.inject(model, spec)
+    impl.finish_model(model, spec)  # the whole model, as prepare() gives it to a tier
     adapters = impl.adapter_parameters(model)
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():

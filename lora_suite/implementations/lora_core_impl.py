@@ -133,7 +133,7 @@ class FusedLoraCoreImplementation(LoraCoreImplementation):
                 f"cupy-fused: targets {list(spec.targets)} cover no whole group to fuse (the MLP needs "
                 f"{list(MLP_PARTS)}, the attention {list(QKV_PARTS)}); run cupy for these targets"
             )
-        names = inject_lora(
+        return inject_lora(
             model,
             spec.targets,
             spec.r,
@@ -144,16 +144,12 @@ class FusedLoraCoreImplementation(LoraCoreImplementation):
             quantize=spec.quantize,
             fuse=parts,
         )
-        if hasattr(model, "lm_head"):  # the whole model (not one decoder layer of a per-layer injection)
-            self.finish_model(model, spec)
-        return names
 
     def finish_model(self, model, spec):
         """The LM head and the loss through lora_core's fused linear cross-entropy (``lora_core.loss_head``)."""
-        from lora_core.loss_head import fuse_loss, loss_head
+        from lora_core.loss_head import fuse_loss
 
-        if loss_head(model) is None:
-            fuse_loss(model, backend="cupy")
+        fuse_loss(model, backend="cupy")
 
     def served_by(self, model):
         from lora_core.fuse import GROUPS, LoRAMLP
