@@ -192,42 +192,35 @@ def _grid_check(what, config, layout, cases, run_report, check):
 @pytest.mark.parametrize("layout", ["2d", "3d", "noncontig"])
 @pytest.mark.parametrize("config", list(DTYPE_CONFIGS))
 def test_fused_mlp_matches_float64(config, layout, run_report, check):
-    dtype, adapter_dtype, gen, ranks = _grid_cell(config, layout, 2027)
-    cases, before, name = [], kv.reached(), kv.DTYPE_NAME[dtype]
-    for n, (k, inter), r in itertools.product(N_TOKENS, MLP_SHAPES, ranks):
-        x, weights, adapters, dy = _mlp_case(n, k, inter, r, dtype, adapter_dtype, layout, gen)
-        got_o, got_g = _mlp_fused(x, weights, adapters, dy)
-        ref_o, ref_g = _mlp_reference(x, weights, adapters, dy)
-        floors = _mlp_floors(x, weights, adapters, dy)
-        tol = FUSED_STAGES * tolerance(dtype, max(k, inter))
-        cases.append((f"N={n} K={k} I={inter} r={r}", _judge(MLP_NAMES, got_o + got_g, ref_o + ref_g, tol, floors)))
-    _grid_check("MLP", config, layout, cases, run_report, check)
-    taken = sorted({v.variant for v in kv.reached_since(before) if v.kernel == "swiglu_forward" and v.dtype == name})
-    check(
-        f"fused MLP {config} {layout}: SwiGLU variants reached",
-        " + ".join(taken),
-        "==",
-        " + ".join(sorted({_designed_swiglu(name, inter) for _, inter in MLP_SHAPES})),
-        source="kernels/swiglu.cu: 16-byte vectors when I is a multiple of the vector width, else scalar",
-    )
+    _mlp_grid(config, layout, 2027, "silu", run_report, check)
 
 
 @pytest.mark.parametrize("config", list(DTYPE_CONFIGS))
 def test_fused_geglu_mlp_matches_float64(config, run_report, check):
     """Gemma's MLP (the gate through the tanh GELU) on the same grid, 2-D x: the GeGLU kernels' variants."""
-    dtype, adapter_dtype, gen, ranks = _grid_cell(config, "2d", 2029)
+    _mlp_grid(config, "2d", 2029, "gelu_tanh", run_report, check)
+
+
+GATE_GRIDS = {"silu": ("MLP", "swiglu_forward", "SwiGLU"), "gelu_tanh": ("GeGLU MLP", "geglu_forward", "GeGLU")}
+
+
+def _mlp_grid(config, layout, seed, activation, run_report, check):
+    """The fused MLP with ``activation``'s gate over the grid against float64 (cancellation floors: ``_mlp_floors``),
+    and the variants its gate kernel reached against the ones the grid's widths must take."""
+    what, kernel, gate = GATE_GRIDS[activation]
+    dtype, adapter_dtype, gen, ranks = _grid_cell(config, layout, seed)
     cases, before, name = [], kv.reached(), kv.DTYPE_NAME[dtype]
     for n, (k, inter), r in itertools.product(N_TOKENS, MLP_SHAPES, ranks):
-        x, weights, adapters, dy = _mlp_case(n, k, inter, r, dtype, adapter_dtype, "2d", gen)
-        got_o, got_g = _mlp_fused(x, weights, adapters, dy, activation="gelu_tanh")
-        ref_o, ref_g = _mlp_reference(x, weights, adapters, dy, activation="gelu_tanh")
-        floors = _mlp_floors(x, weights, adapters, dy, "gelu_tanh")
+        x, weights, adapters, dy = _mlp_case(n, k, inter, r, dtype, adapter_dtype, layout, gen)
+        got_o, got_g = _mlp_fused(x, weights, adapters, dy, activation=activation)
+        ref_o, ref_g = _mlp_reference(x, weights, adapters, dy, activation=activation)
+        floors = _mlp_floors(x, weights, adapters, dy, activation)
         tol = FUSED_STAGES * tolerance(dtype, max(k, inter))
         cases.append((f"N={n} K={k} I={inter} r={r}", _judge(MLP_NAMES, got_o + got_g, ref_o + ref_g, tol, floors)))
-    _grid_check("GeGLU MLP", config, "2d", cases, run_report, check)
-    taken = sorted({v.variant for v in kv.reached_since(before) if v.kernel == "geglu_forward" and v.dtype == name})
+    _grid_check(what, config, layout, cases, run_report, check)
+    taken = sorted({v.variant for v in kv.reached_since(before) if v.kernel == kernel and v.dtype == name})
     check(
-        f"fused GeGLU MLP {config}: GeGLU variants reached",
+        f"fused {what} {config} {layout}: {gate} variants reached",
         " + ".join(taken),
         "==",
         " + ".join(sorted({_designed_swiglu(name, inter) for _, inter in MLP_SHAPES})),
