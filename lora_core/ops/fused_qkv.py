@@ -124,9 +124,7 @@ class FusedLoRAQKV(torch.autograd.Function):
             outs, start = [], 0
             for i, size in enumerate(sizes):  # each part its own contiguous tensor (module docstring: why)
                 out = torch.empty((n, size), dtype=dtype, device=dev)
-                if bases.bias is not None:  # b_p broadcast into the output the GEMMs accumulate into
-                    out.copy_(bases.bias[start : start + size].to(dtype).expand(n, size))
-                beta = 0.0 if bases.bias is None else 1.0
+                beta = bias_into_(out, bases.bias, start)
                 eng.gemm(out, h[:, i * r : (i + 1) * r], bs[i], trans_b=True, alpha=scale, beta=beta)
                 outs.append(eng.gemm(out, x2, w[start : start + size], trans_b=True, beta=1.0))
                 start += size
@@ -174,3 +172,13 @@ class FusedLoRAQKV(torch.autograd.Function):
 def accumulate_dx(eng, dx, d_part, w_part):
     """dx += d_p W_p for one of q, k, v (a module-level name, so selftest-gpu can plant a defect in it)."""
     eng.gemm(dx, d_part, w_part, beta=1.0)
+
+
+def bias_into_(out: torch.Tensor, bias: torch.Tensor | None, start: int) -> float:
+    """b_p = bias[start : start + O_p] broadcast into ``out`` (N, O_p), the tensor p's GEMMs then accumulate into;
+    returns their β: 1 to keep it, 0 when there is no bias (``out`` left as it is). A module-level name, so
+    selftest-gpu can plant a defect in it."""
+    if bias is None:
+        return 0.0
+    out.copy_(bias[start : start + out.shape[1]].to(out.dtype).expand_as(out))
+    return 1.0

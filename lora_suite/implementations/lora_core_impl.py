@@ -92,14 +92,8 @@ class FusedLoraCoreImplementation(LoraCoreImplementation):
             **ARCHITECTURE_LIMITS,
             "partial_groups": "the fused paths adapt whole groups: q, k and v together, gate, up and down together "
             "(a tier that targets q and v runs q, k and v)",
-            # lora_core.fuse refuses both with a FuseError (loudly, never an unfused fallback)
-            "linear_bias": "lora_core's fused MLP takes no base bias (lora_core.fuse refuses it); the fused QKV takes "
-            "q/k/v biases (Qwen2's, checked on the CPU; the quick tier's grid with biases has not yet run on a GPU, so "
-            "cupy-fused does not claim biased models)",
-            "gated_gelu_mlp": "lora_core's GeGLU kernels (swiglu.cu) pass their own float64 checks on an H100; the "
-            "fused MLP's float64 grid went beyond its bound with them at N=1, r=1 (the cancellation of one 1536-term dot "
-            "product), and now budgets for that cancellation (_mlp_floors, checked on the CPU); cupy-fused claims "
-            "Gemma's MLP once that grid has passed on a GPU",
+            # Qwen2's q/k/v biases and Gemma's GeGLU are taken (quick: the QKV grid with biases, the GeGLU grid); a
+            # bias on an MLP projection is refused by lora_core.fuse with a FuseError, loudly, never run unfused
         }
 
     def merge_reason(self):
@@ -110,7 +104,7 @@ class FusedLoraCoreImplementation(LoraCoreImplementation):
 
     def describe(self) -> str:
         return (
-            "cupy-fused: lora_core.LoRALinear on the cupy backend with the fused MLP (SwiGLU) and QKV paths and the "
+            "cupy-fused: lora_core.LoRALinear on the cupy backend with the fused MLP (SwiGLU or GeGLU) and QKV (with q/k/v biases) paths and the "
             "fused linear cross-entropy (lora_core.loss_head)"
         )
 

@@ -20,26 +20,24 @@ def _parity_module():
 
 
 def _fused_parity_failures(what: str) -> tuple[int, str]:
-    """Tensors beyond tolerance in one bf16 case of the quick tier's fused parity test (test_fused_parity.py)."""
+    """Tensors beyond tolerance in one bf16 case of the quick tier's fused parity test (test_fused_parity.py):
+    ``what`` is "mlp" (SwiGLU), "geglu" (the MLP with Gemma's tanh-GELU gate), "qkv" or "qkv_bias" (Qwen2's q/k/v
+    biases, drawn as the quick grid draws them)."""
     fp = _parity_module()
     gen = torch.Generator(device="cuda").manual_seed(2031)
-    if what == "mlp":
+    if what in ("mlp", "geglu"):
+        act = "silu" if what == "mlp" else "gelu_tanh"
         x, weights, adapters, dy = fp._mlp_case(512, 576, 1536, 16, torch.bfloat16, torch.float32, "3d", gen)
-        got, ref, names, k = (
-            fp._mlp_fused(x, weights, adapters, dy),
-            fp._mlp_reference(x, weights, adapters, dy),
-            fp.MLP_NAMES,
-            1536,
-        )
+        got = fp._mlp_fused(x, weights, adapters, dy, activation=act)
+        ref = fp._mlp_reference(x, weights, adapters, dy, activation=act)
+        names, k, floors = fp.MLP_NAMES, 1536, fp._mlp_floors(x, weights, adapters, dy, act)
     else:
-        x, weights, adapters, dy = fp._qkv_case(512, 576, (576, 192, 192), 16, torch.bfloat16, torch.float32, "3d", gen)
-        got, ref, names, k = (
-            fp._qkv_fused(x, weights, adapters, dy),
-            fp._qkv_reference(x, weights, adapters, dy),
-            fp.QKV_NAMES,
-            576,
-        )
-    floors = fp._mlp_floors(x, weights, adapters, dy) if what == "mlp" else None  # the quick grid's own criterion
+        sizes = (576, 192, 192)
+        x, weights, adapters, dy = fp._qkv_case(512, 576, sizes, 16, torch.bfloat16, torch.float32, "3d", gen)
+        bias = fp._randn((sum(sizes),), torch.bfloat16, gen) if what == "qkv_bias" else None
+        got = fp._qkv_fused(x, weights, adapters, dy, bias=bias)
+        ref = fp._qkv_reference(x, weights, adapters, dy, bias=bias)
+        names, k, floors = fp.QKV_NAMES, 576, None
     errs = fp._judge(names, got[0] + got[1], ref[0] + ref[1], fp.FUSED_STAGES * fp.tolerance(torch.bfloat16, k), floors)
     bad = [e for e in errs if not e.ok]
     return len(bad), "; ".join(e.describe() for e in bad[:3])
@@ -82,6 +80,34 @@ def test_dx_of_k_not_accumulated_is_caught(tier, monkeypatch):
 
     monkeypatch.setattr(fused_qkv, "accumulate_dx", planted)
     _check_caught(tier, "qkv", "planted dx missing dk·W_k: fused QKV tensors beyond tolerance")
+
+
+@pytest.mark.needs_feature("lora_core_ops")
+def test_a_geglu_derivative_without_its_density_term_is_caught(tier, monkeypatch):
+    """The fused MLP's GeGLU backward uses gelu'(g) = Φ(g) (tanh form), dropping the g·Φ'(g) term."""
+    from lora_core.ops import fused_mlp
+
+    real = fused_mlp.swiglu_backward_
+
+    def planted(eng, dact, gu, activation="silu"):
+        inter = dact.shape[1]
+        g, u, d = gu[:, :inter].float(), gu[:, inter:].float(), dact.float()
+        real(eng, dact, gu, activation)
+        phi = 0.5 * (1.0 + torch.tanh(0.7978845608028654 * (g + 0.044715 * g**3)))
+        gu[:, :inter].copy_(d * u * phi)
+
+    monkeypatch.setattr(fused_mlp, "swiglu_backward_", planted)
+    _check_caught(tier, "geglu", "planted GeGLU derivative without g·Φ'(g): fused MLP tensors beyond tolerance")
+
+
+@pytest.mark.needs_feature("lora_core_ops")
+def test_a_qkv_bias_overwritten_by_the_first_gemm_is_caught(tier, monkeypatch):
+    """The fused QKV copies b_p into its output and then runs the first GEMM with β = 0, which overwrites it."""
+    from lora_core.ops import fused_qkv
+
+    real = fused_qkv.bias_into_
+    monkeypatch.setattr(fused_qkv, "bias_into_", lambda out, bias, start: real(out, bias, start) * 0.0)
+    _check_caught(tier, "qkv_bias", "planted q/k/v bias overwritten: fused QKV tensors beyond tolerance")
 
 
 LOSS_PARITY = Path(__file__).resolve().parents[1] / "quick" / "test_fused_loss_parity.py"
