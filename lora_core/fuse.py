@@ -14,8 +14,8 @@ For the 16-bit bases, gate and up (q, k and v) are moved into one buffer, each l
 of its part, so the fused GEMM reads one operand without a copy per step; NF4 bases are dequantised into the
 parts of one scratch buffer each pass. Every adapted layer reports the path that served it in ``last_backend``
 (``"cupy-fused-mlp"``, ``"cupy-fused-qkv"``). What cannot be fused is refused by name, never run unfused:
-a requested part that matches nothing, a bias on the MLP (q/k/v biases are taken: Qwen2's), an MLP gated by
-another activation, projections with different ranks or scales.
+a requested part that matches nothing, an MLP gated by another activation, projections with different ranks or
+scales. Biases are taken (Qwen2's q/k/v; an MLP's), frozen, each broadcast into its output before the GEMMs.
 LoRA dropout does not exist in ``lora_core``.
 """
 
@@ -41,9 +41,9 @@ class FuseError(ValueError):
     """A requested fusion that this model or these adapters cannot take; the message names what and why."""
 
 
-def _require(where: str, group: str, parts: Mapping[str, object], *, bias_ok: bool = False) -> dict[str, LoRALinear]:
+def _require(where: str, group: str, parts: Mapping[str, object]) -> dict[str, LoRALinear]:
     """``parts`` (name -> module, None where there is none) as LoRA layers; a FuseError names what keeps them from
-    being fused as ``group``: a part that is not a LoRA layer, a bias, different ranks, scales or base storage."""
+    being fused as ``group``: a part that is not a LoRA layer, different ranks, scales or base storage."""
     not_lora = [n for n, m in parts.items() if not isinstance(m, LoRALinear)]
     if not_lora:
         raise FuseError(
@@ -51,9 +51,6 @@ def _require(where: str, group: str, parts: Mapping[str, object], *, bias_ok: bo
             f"{list(parts)} to fuse them)"
         )
     layers = {n: m for n, m in parts.items() if isinstance(m, LoRALinear)}  # all of parts, in its order
-    with_bias = [n for n, m in layers.items() if m.bias is not None]
-    if with_bias and not bias_ok:
-        raise FuseError(f"fuse={group!r} at {where}: {with_bias} have a bias, which the fused path does not take")
     ranks = {n: (m.r, m.scale) for n, m in layers.items()}
     if len(set(ranks.values())) != 1:
         raise FuseError(f"fuse={group!r} at {where}: (r, scale) differ between the projections: {ranks}")
@@ -83,6 +80,20 @@ def _shared_base(layers: list[LoRALinear], cache: dict) -> torch.Tensor:
         start += rows
     cache["buf"] = buf
     return buf
+
+
+def _stacked_bias(layers: list[LoRALinear], cache: dict) -> torch.Tensor | None:
+    """[b_1; b_2; ...] of ``layers`` (zeros for a layer without one), None when none has a bias; rebuilt only when a
+    bias changed (another tensor, dtype, device or an in-place update)."""
+    biases = [m.bias for m in layers]
+    if all(b is None for b in biases):
+        return None
+    key = tuple(None if b is None else (b.data_ptr(), b.dtype, b.device, b._version) for b in biases)
+    if cache.get("bias_key") != key:
+        ref = next(b for b in biases if b is not None)
+        parts = [b.detach() if b is not None else ref.new_zeros(m.out_features) for b, m in zip(biases, layers)]
+        cache["bias"], cache["bias_key"] = torch.cat(parts), key
+    return cache["bias"]
 
 
 _GATES = {  # the gate activations the fused MLP computes, as torch computes them (the probe's reference)
@@ -132,9 +143,10 @@ class LoRAMLP(nn.Module):
 
     def bases(self) -> MLPBases:
         g, u, d = self.gate_proj, self.up_proj, self.down_proj
+        b_gu, b_d = _stacked_bias([g, u], self._cache), None if d.bias is None else d.bias.detach()
         if g.quantize == "nf4":
-            return MLPBases(nf4=(g.nf4_base(), u.nf4_base(), d.nf4_base()))
-        return MLPBases(w_gu=_shared_base([g, u], self._cache), w_d=d.dense_weight())
+            return MLPBases(nf4=(g.nf4_base(), u.nf4_base(), d.nf4_base()), bias_gu=b_gu, bias_d=b_d)
+        return MLPBases(w_gu=_shared_base([g, u], self._cache), w_d=d.dense_weight(), bias_gu=b_gu, bias_d=b_d)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         g, u, d = self.gate_proj, self.up_proj, self.down_proj
@@ -159,25 +171,10 @@ class QKVGroup:
     def bases(self) -> QKVBases:
         q, k, v = self.layers
         sizes = (q.out_features, k.out_features, v.out_features)
-        bias = self._bias()
+        bias = _stacked_bias(list(self.layers), self._cache)
         if q.quantize == "nf4":
             return QKVBases(sizes, nf4=(q.nf4_base(), k.nf4_base(), v.nf4_base()), bias=bias)
         return QKVBases(sizes, w_qkv=_shared_base(list(self.layers), self._cache), bias=bias)
-
-    def _bias(self) -> torch.Tensor | None:
-        """[b_q; b_k; b_v] (zeros for a part without one), None when no part has a bias; rebuilt only when a bias
-        tensor changes (``.to()``, an assignment)."""
-        biases = [m.bias for m in self.layers]
-        if all(b is None for b in biases):
-            return None
-        key = tuple(None if b is None else (b.data_ptr(), b.dtype, b.device, b._version) for b in biases)
-        if self._cache.get("bias_key") != key:
-            ref = next(b for b in biases if b is not None)
-            parts = [
-                b.detach() if b is not None else ref.new_zeros(m.out_features) for b, m in zip(biases, self.layers)
-            ]
-            self._cache["bias"], self._cache["bias_key"] = torch.cat(parts), key
-        return self._cache["bias"]
 
     def __call__(self, layer: LoRALinear, x: torch.Tensor) -> torch.Tensor:
         role = next(i for i, m in enumerate(self.layers) if m is layer)
@@ -213,7 +210,7 @@ def fuse_lora(model: nn.Module, parts: tuple[str, ...] | list[str] | str) -> dic
         for name, module in modules:
             if all(hasattr(module, n) for n in QKV_PARTS):
                 layers = {n: getattr(module, n) for n in QKV_PARTS}
-                _require(name, "qkv", layers, bias_ok=True)
+                _require(name, "qkv", layers)
                 group = QKVGroup(tuple(layers.values()))
                 for layer in layers.values():
                     layer.fused_group = group

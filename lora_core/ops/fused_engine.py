@@ -9,6 +9,7 @@ plan, its buffers and its in-place steps, and the CPU tests exercise that plan, 
     swiglu_forward(eng, gu, activation) -> act           act = f(g)·u           (gu = [g | u], (N, 2I))
     swiglu_backward_(eng, dact, gu, activation)          in place: gu <- [dg | du], dact <- act (recomputed)
     stacked_a_backward(eng, dh, x, a, ...) -> dA, dx     dA = s·dhᵀ x, dx = s·dh A (the adapters' part)
+    bias_into_(out, bias, start) -> β                    out <- bias[start:] broadcast; β of the GEMMs that follow
 
 Math of the gated steps (computed in fp32, rounded once to the activation dtype), f the gate activation:
     dg = d · u · f'(g),   du = d · f(g);   SiLU (SwiGLU): f(g) = g σ(g), f'(g) = σ(g) (1 + g (1 - σ(g)));
@@ -197,3 +198,13 @@ def swiglu_backward_(eng, dact: torch.Tensor, gu: torch.Tensor, activation: str 
     gu[:, :inter].copy_(dg)  # g, u and d may be views of the buffers written here
     gu[:, inter:].copy_(du)
     dact.copy_(act)
+
+
+def bias_into_(out: torch.Tensor, bias: torch.Tensor | None, start: int = 0) -> float:
+    """A frozen bias b = bias[start : start + O] broadcast into ``out`` (N, O, a column slice allowed), the tensor
+    the projection's GEMMs then accumulate into; returns their first β: 1 to keep b, 0 when there is no bias (``out``
+    left as it is). The bias adds nothing to a backward (frozen, and ∂out/∂x does not see it)."""
+    if bias is None:
+        return 0.0
+    out.copy_(bias[start : start + out.shape[1]].to(out.dtype).expand_as(out))
+    return 1.0

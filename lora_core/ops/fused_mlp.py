@@ -6,9 +6,10 @@ W_d (H, I) with H = K, A_g, A_u (r, K), B_g, B_u (I, r), A_d (r, I), B_d (H, r);
 
 Forward (gate and up share every read of x: W_gu = [W_g; W_u] (2I, K), A_gu = [A_g; A_u] (2r, K)):
     h_gu = x A_guᵀ                                   (N, 2r)   one GEMM
-    gu   = [s·h_g B_gᵀ | s·h_u B_uᵀ] + x W_guᵀ        (N, 2I)   two rank-r GEMMs into the halves, one base GEMM
+    gu   = b_gu + [s·h_g B_gᵀ | s·h_u B_uᵀ] + x W_guᵀ (N, 2I)   two rank-r GEMMs into the halves, one base GEMM
     act  = silu(g) · u                               (N, I)    swiglu.cu
-    h_d  = act A_dᵀ,  y = s_d·h_d B_dᵀ + act W_dᵀ     (N, H)
+    h_d  = act A_dᵀ,  y = b_d + s_d·h_d B_dᵀ + act W_dᵀ (N, H)
+b_gu = [b_g | b_u] and b_d are the frozen biases (none: 0), broadcast into gu and y before their GEMMs accumulate.
 Saved: x, gu, h_gu, h_d; not act (the backward recomputes it from gu), not a 16-bit copy of an NF4 base (a
 checkpointed recompute's copies are kept for the backward that follows it: ``lora_core.ops.recompute``).
 
@@ -21,8 +22,8 @@ Backward:
     dx = s·dh_gu A_gu + [dg | du] W_gu               one buffer: the gate and up contributions in two GEMMs
 
 The backward overwrites the saved gu, so it runs once per forward (a second backward through the same graph is
-refused by name). Limits, refused by ``lora_core.fuse``: no LoRA dropout, no bias, a gate that is
-neither SiLU nor the tanh GELU.
+refused by name). Limits, refused by ``lora_core.fuse``: no LoRA dropout, a gate that is neither SiLU nor the
+tanh GELU. The biases add nothing to the backward: they are frozen.
 """
 
 from __future__ import annotations
@@ -35,17 +36,21 @@ from lora_core.backend import count_call
 from lora_core.nf4 import NF4Tensor, dequantize_nf4
 from lora_core.ops import fused_engine as fe
 from lora_core.ops import recompute
+from lora_core.ops.fused_engine import bias_into_
 
 _FIRST_NF4 = {"gate_up": 0, "down": 2}  # a part's first weight in MLPBases.nf4 (gate, up, down)
 
 
 @dataclass(frozen=True)
 class MLPBases:
-    """The frozen bases: 16-bit ``w_gu`` [W_g; W_u] (2I, K) and ``w_d`` (H, I), or NF4 ``nf4`` (gate, up, down)."""
+    """The frozen bases: 16-bit ``w_gu`` [W_g; W_u] (2I, K) and ``w_d`` (H, I), or NF4 ``nf4`` (gate, up, down); the
+    frozen biases ``bias_gu`` [b_g; b_u] (2I,) (zeros for a part without one) and ``bias_d`` (H,), None: none."""
 
     w_gu: torch.Tensor | None = None
     w_d: torch.Tensor | None = None
     nf4: tuple[NF4Tensor, NF4Tensor, NF4Tensor] | None = None
+    bias_gu: torch.Tensor | None = None
+    bias_d: torch.Tensor | None = None
 
     def _dense(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(w_gu, w_d) of 16-bit bases (``nf4`` None): lora_core.fuse.LoRAMLP sets either both or ``nf4``."""
@@ -126,6 +131,12 @@ def _check(x, bases: MLPBases, adapters) -> None:
             raise ValueError(f"{what} has shape {tuple(t.shape)}, expected {shape} (one rank r={r} for the MLP)")
     if bases.nf4 is None and any(w.requires_grad for w in bases._dense()):
         raise ValueError("a base weight of the MLP requires grad; the LoRA base is frozen (requires_grad_(False))")
+    for what, b, size in (("[b_gate; b_up]", bases.bias_gu, two_i), ("b_down", bases.bias_d, h)):
+        if b is not None and (tuple(b.shape) != (size,) or b.requires_grad):
+            raise ValueError(
+                f"the MLP bias {what} has shape {tuple(b.shape)} (requires_grad={b.requires_grad}), expected "
+                f"({size},), frozen"
+            )
 
 
 class FusedLoRAMLP(torch.autograd.Function):
@@ -146,8 +157,9 @@ class FusedLoRAMLP(torch.autograd.Function):
             h_gu = torch.empty((n, 2 * r), dtype=dtype, device=x.device)
             eng.gemm(h_gu, x2, a_gu, trans_b=True)
             gu = torch.empty((n, 2 * inter), dtype=dtype, device=x.device)
-            eng.gemm(gu[:, :inter], h_gu[:, :r], b_g_c, trans_b=True, alpha=scale)
-            eng.gemm(gu[:, inter:], h_gu[:, r:], b_u_c, trans_b=True, alpha=scale)
+            beta = bias_into_(gu, bases.bias_gu)
+            eng.gemm(gu[:, :inter], h_gu[:, :r], b_g_c, trans_b=True, alpha=scale, beta=beta)
+            eng.gemm(gu[:, inter:], h_gu[:, r:], b_u_c, trans_b=True, alpha=scale, beta=beta)
             eng.gemm(gu, x2, w_gu, trans_b=True, beta=1.0)
             bases.keep("gate_up", w_gu, ctx.needs_input_grad[0])  # the backward reads it for dx only
             del w_gu  # an NF4 base's scratch is freed here (unless a recompute kept it)
@@ -155,7 +167,7 @@ class FusedLoRAMLP(torch.autograd.Function):
             h_d = torch.empty((n, r), dtype=dtype, device=x.device)
             eng.gemm(h_d, act, a_d_c, trans_b=True)
             y = torch.empty((n, h_out), dtype=dtype, device=x.device)
-            eng.gemm(y, h_d, b_d_c, trans_b=True, alpha=scale_d)
+            eng.gemm(y, h_d, b_d_c, trans_b=True, alpha=scale_d, beta=bias_into_(y, bases.bias_d))
             w_d = bases.down(dtype)
             eng.gemm(y, act, w_d, trans_b=True, beta=1.0)
             bases.keep("down", w_d)  # dact = s_d·dh_d A_d + dY W_d: every backward reads it

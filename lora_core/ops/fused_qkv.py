@@ -32,6 +32,7 @@ from lora_core.backend import count_call
 from lora_core.nf4 import NF4Tensor, dequantize_nf4
 from lora_core.ops import fused_engine as fe
 from lora_core.ops import recompute
+from lora_core.ops.fused_engine import bias_into_  # a module-level name: selftest-gpu plants a defect in it
 
 
 @dataclass(frozen=True)
@@ -172,13 +173,3 @@ class FusedLoRAQKV(torch.autograd.Function):
 def accumulate_dx(eng, dx, d_part, w_part):
     """dx += d_p W_p for one of q, k, v (a module-level name, so selftest-gpu can plant a defect in it)."""
     eng.gemm(dx, d_part, w_part, beta=1.0)
-
-
-def bias_into_(out: torch.Tensor, bias: torch.Tensor | None, start: int) -> float:
-    """b_p = bias[start : start + O_p] broadcast into ``out`` (N, O_p), the tensor p's GEMMs then accumulate into;
-    returns their β: 1 to keep it, 0 when there is no bias (``out`` left as it is). A module-level name, so
-    selftest-gpu can plant a defect in it."""
-    if bias is None:
-        return 0.0
-    out.copy_(bias[start : start + out.shape[1]].to(out.dtype).expand_as(out))
-    return 1.0

@@ -86,13 +86,15 @@ class LlamaArchitecture(Checked):
     rope_theta: float = 10000.0
     max_position_embeddings: int = 4096
     rms_norm_eps: float = 1e-5
-    # The decoder family (settings_rules.ARCHITECTURE_FAMILIES): "llama", or "qwen2" (the same block with a bias on
-    # q, k and v: transformers' Qwen2 classes), which lora_suite.engine.models builds
+    # The decoder family (settings_rules.ARCHITECTURE_FAMILIES), which lora_suite.engine.models builds: "llama",
+    # "qwen2" (the same block with a bias on q, k and v: transformers' Qwen2 classes) or "gemma2" (Gemma 2's block:
+    # GeGLU MLP, (1 + w) norms, soft-capped attention and logits: transformers' Gemma2 classes)
     family: str = "llama"
+    attention_head_dim: int | None = None  # a head's width where it is not hidden / heads (Gemma 2: 256); None: that
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        return self.attention_head_dim or self.hidden_size // self.num_attention_heads
 
 
 @dataclass(frozen=True)

@@ -247,7 +247,7 @@ _ARCHITECTURE_SIZES = """
     hidden_size intermediate_size num_hidden_layers num_attention_heads num_key_value_heads vocab_size
     max_position_embeddings
 """.split()  # counts and sizes: at least 1
-ARCHITECTURE_FAMILIES = ("llama", "qwen2")  # what lora_suite.engine.models builds (LlamaArchitecture.family)
+ARCHITECTURE_FAMILIES = ("llama", "qwen2", "gemma2")  # what lora_suite.engine.models builds (LlamaArchitecture.family)
 # thresholds and budgets: off (null) or a positive number
 _POSITIVE_CRITERIA = """
     loss_drop_min loss_match_factor smooth_slack vram_budget_gib leak_slope_max_mib_per_step stall_fraction_max
@@ -262,6 +262,7 @@ RULES: dict[str, tuple[Rule, ...]] = {
         *(between(name, lo=1) for name in _ARCHITECTURE_SIZES),
         # attention splits the hidden size into heads, and the heads into groups sharing a key/value head
         _multiple_of("hidden_size", "num_attention_heads"),
+        between("attention_head_dim", lo=1, null=True),
         _multiple_of("num_attention_heads", "num_key_value_heads"),
         between("rope_theta", lo=0, lo_open=True, finite=True),
         between("rms_norm_eps", lo=0, lo_open=True, finite=True),

@@ -59,6 +59,11 @@ class BuiltModel:
 
 def _family(arch: LlamaArchitecture):
     """(config class, causal-LM class, rotary-embedding class) of the architecture's family."""
+    if arch.family == "gemma2":
+        from transformers import Gemma2Config, Gemma2ForCausalLM
+        from transformers.models.gemma2.modeling_gemma2 import Gemma2RotaryEmbedding
+
+        return Gemma2Config, Gemma2ForCausalLM, Gemma2RotaryEmbedding
     if arch.family == "qwen2":
         from transformers import Qwen2Config, Qwen2ForCausalLM
         from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding
@@ -83,7 +88,9 @@ def hf_config(arch: LlamaArchitecture):
         max_position_embeddings=arch.max_position_embeddings,
         rms_norm_eps=arch.rms_norm_eps,
         initializer_range=INIT_STD,
-        attn_implementation="sdpa",
+        # Gemma 2 soft-caps its attention scores, which only transformers' eager attention computes
+        attn_implementation="eager" if arch.family == "gemma2" else "sdpa",
+        **({"head_dim": arch.attention_head_dim} if arch.attention_head_dim else {}),
     )
 
 
@@ -206,7 +213,7 @@ def _materialise(module: nn.Module, device: torch.device, gen: torch.Generator) 
             if getattr(sub, "bias", None) is not None:
                 sub.bias.normal_(0.0, BIAS_STD, generator=gen)
         elif hasattr(sub, "weight") and isinstance(sub.weight, torch.Tensor) and sub.weight.dim() == 1:
-            sub.weight.fill_(1.0)  # RMSNorm
+            sub.weight.fill_(0.0 if "Gemma" in type(sub).__name__ else 1.0)  # RMSNorm: Gemma's scales by (1 + w)
 
 
 def _load_pretrained(cfg: ModelConfig, path: Path, dtype, device, on_layer):

@@ -83,11 +83,12 @@ class MemoryEstimate:
 def linear_shapes(arch: LlamaArchitecture) -> dict[str, tuple[int, int]]:
     """(in, out) of each projection of one Llama block."""
     h, i, kv = arch.hidden_size, arch.intermediate_size, arch.num_key_value_heads * arch.head_dim
+    q = arch.num_attention_heads * arch.head_dim  # h, but where a head is wider or narrower than h / heads (Gemma 2)
     return {
-        "q_proj": (h, h),
+        "q_proj": (h, q),
         "k_proj": (h, kv),
         "v_proj": (h, kv),
-        "o_proj": (h, h),
+        "o_proj": (q, h),
         "gate_proj": (h, i),
         "up_proj": (h, i),
         "down_proj": (i, h),

@@ -65,6 +65,9 @@ EAGER_CASES = (
     Case("tinyllama-all-r16-16x1024", "tinyllama-1.1b", ("all-linear",), 16, 16, 1024),
     Case("llama3.1-8b-all-r16-2x1024", "llama-3.1-8b", ("all-linear",), 16, 2, 1024),
     Case("llama2-7b-all-r16-2x1024", "llama-2-7b", ("all-linear",), 16, 2, 1024),
+    # issue 57: a Qwen2-shaped case (q/k/v biases) and a Gemma-shaped one (GeGLU, soft-capping, a 256k vocabulary)
+    Case("qwen2.5-0.5b-all-r16-16x1024", "qwen2.5-0.5b", ("all-linear",), 16, 16, 1024),
+    Case("gemma2-2b-all-r16-4x1024", "gemma-2-2b", ("all-linear",), 16, 4, 1024),
 )
 CAPTURED_CASES = (
     Case("smollm2-all-r16-8x512", "smollm2-135m", ("all-linear",), 16, 8, 512),
@@ -158,8 +161,9 @@ def stack_model(cfg, stack: str):
         torch.cuda.empty_cache()
 
 
-def unavailable(stack: str) -> str | None:
-    """Why ``stack`` cannot run here (its implementation or Liger-Kernel missing), or None."""
+def unavailable(stack: str, case: Case | None = None) -> str | None:
+    """Why ``stack`` cannot run here (its implementation or Liger-Kernel missing) or on ``case``'s model (Liger's
+    ops are applied to Llama models only: ``liger_ops``), or None."""
     import importlib.util
 
     from lora_suite.implementations import ImplementationError, resolve_implementation
@@ -169,9 +173,20 @@ def unavailable(stack: str) -> str | None:
         resolve_implementation(impl)
     except ImplementationError as exc:
         return str(exc)
+    liger = liger or impl == "peft-liger"
     if liger and importlib.util.find_spec("liger_kernel") is None:
         return "liger_kernel not installed (install lora-gpu-suite[liger])"
+    family = "llama" if case is None else model_family(case)
+    if liger and family != "llama":
+        return f"Liger's ops are applied to Llama models (liger_ops: apply_liger_kernel_to_llama); {case.model} is {family}"
     return None
+
+
+def model_family(case: Case) -> str:
+    """The decoder family of ``case``'s model (configs/models/<model>.yaml: llama, qwen2, gemma2)."""
+    from lora_suite.core.loader import load_model_config
+
+    return load_model_config(case.model).architecture.family
 
 
 def captured_run(case: Case, stack: str, cfg):

@@ -123,29 +123,39 @@ def test_a_geglu_mlp_fuses_and_equals_the_unfused_one_in_float64():
     _assert_same_function(plain, fused, ids, 1e-10, 1e-8, 1e-10)
 
 
-def test_a_non_gated_activation_and_a_bias_are_refused_by_name():
+def test_a_non_gated_activation_is_refused_by_name():
     model = build_random(TINY_ARCH, torch.float32, "cpu")
     inject_lora(model, "all-linear", r=4, backend="torch")
     model.model.layers[0].mlp.act_fn = torch.nn.GELU()  # the exact (erf) GELU: neither gate the kernels compute
     with pytest.raises(FuseError, match="the activation is GELU, but the fused MLP takes a SiLU gate"):
         fuse_lora(model, "mlp")
-    model = build_random(TINY_ARCH, torch.float32, "cpu")
-    inject_lora(model, "all-linear", r=4, backend="torch")
-    mlp = model.model.layers[1].mlp
-    mlp.up_proj.bias = torch.nn.Parameter(torch.zeros(mlp.up_proj.out_features), requires_grad=False)
-    with pytest.raises(FuseError, match=r"model.layers.1.mlp: \['up_proj'\] have a bias"):
-        fuse_lora(model, "mlp")
+
+
+def _add_biases(model, names, seed):
+    for i, layer in enumerate(model.model.layers):
+        for block, name in names:
+            proj = getattr(getattr(layer, block), name)
+            b = torch.randn(proj.out_features, generator=torch.Generator().manual_seed(seed + 10 * i + len(name)))
+            proj.bias = torch.nn.Parameter(b.double(), requires_grad=False)
+
+
+def test_mlp_biases_fuse_and_equal_the_unfused_model_in_float64():
+    """Biases on the MLP's projections (here on up and down: gate's part of the stacked [b_g; b_u] is zero), each
+    broadcast into its output before the fused GEMMs accumulate."""
+    plain, fused = _pair(fuse=())
+    for model in (plain, fused):
+        _add_biases(model, (("mlp", "up_proj"), ("mlp", "down_proj")), 20)
+    fuse_lora(fused, ("mlp", "qkv", "o"))
+    ids = torch.randint(0, TINY_ARCH.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
+    _assert_same_function(plain, fused, ids, 1e-10, 1e-9, 1e-12)
+    assert {m.last_backend for n, m in lora_modules(fused).items() if ".mlp." in n} == {"torch-fused-mlp"}
 
 
 def test_q_k_v_biases_fuse_and_equal_the_unfused_model_in_float64():
     """Qwen2's attention: biases on q, k and v (here on q and v only: k's part of the stacked bias is zero)."""
     plain, fused = _pair(fuse=())
     for model in (plain, fused):
-        for i, layer in enumerate(model.model.layers):
-            for name in ("q_proj", "v_proj"):
-                proj = getattr(layer.self_attn, name)
-                b = torch.randn(proj.out_features, generator=torch.Generator().manual_seed(10 * i + len(name)))
-                proj.bias = torch.nn.Parameter(b.double(), requires_grad=False)
+        _add_biases(model, (("self_attn", "q_proj"), ("self_attn", "v_proj")), 0)
     fuse_lora(fused, ("mlp", "qkv", "o"))
     ids = torch.randint(0, TINY_ARCH.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
     _assert_same_function(plain, fused, ids, 1e-10, 1e-9, 1e-12)

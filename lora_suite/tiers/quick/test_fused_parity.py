@@ -1,6 +1,6 @@
 """GPU parity of lora_core's fused LoRA paths (``lora_core.ops.fused_mlp`` / ``fused_qkv``) on the cupy engine:
 every output and gradient against float64 over dtypes and 2-D / 3-D / non-contiguous inputs, NF4 bases, captured
-replays bitwise equal to eager, and a whole model's step-0 gradients against the fp32 reference.
+replays bitwise equal to eager (a whole model's fused step-0 gradients: ``test_model_gradients.py``).
 
 Reference: the unfused layers composed by autograd in float64 (``lora_linear_torch``, F.silu), independent of
 the fused code. Tolerance: ``FUSED_STAGES · tolerance(dtype, k)`` with k the largest inner dimension, where
@@ -15,7 +15,6 @@ not accumulated gives errors of order 1 (selftest-gpu plants both).
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 
@@ -29,7 +28,6 @@ from lora_core.ops import kernel_variants as kv
 from lora_core.ops.fused_mlp import MLPBases, lora_mlp
 from lora_core.ops.fused_qkv import QKVBases, lora_qkv
 from lora_core.ops.lora_linear import lora_linear_torch
-from lora_suite.engine import gradients as G
 from lora_suite.engine.parity import MLP_STAGES as FUSED_STAGES
 from lora_suite.engine.parity import compare, tolerance
 from lora_suite.harness.report import Series
@@ -87,19 +85,28 @@ def _mlp_case(n, k, inter, r, dtype, adapter_dtype, layout, gen):
 GATES = {"silu": F.silu, "gelu_tanh": lambda g: F.gelu(g, approximate="tanh")}  # PyTorch's own, the reference's
 
 
-def _mlp_reference(x, weights, adapters, dy, activation="silu"):
+def _mlp_reference(x, weights, adapters, dy, activation="silu", bias=None):
     d = [t.double() for t in weights]
+    b_g, b_u, b_d = _mlp_bias_parts(bias, weights[0].shape[0])
 
     def fn(x, a):
-        g = lora_linear_torch(x, d[0], a[0], a[1], SCALE)
-        u = lora_linear_torch(x, d[1], a[2], a[3], SCALE)
-        return lora_linear_torch(GATES[activation](g) * u, d[2], a[4], a[5], SCALE)
+        g = lora_linear_torch(x, d[0], a[0], a[1], SCALE) + b_g
+        u = lora_linear_torch(x, d[1], a[2], a[3], SCALE) + b_u
+        return lora_linear_torch(GATES[activation](g) * u, d[2], a[4], a[5], SCALE) + b_d
 
     return _run(fn, x.double(), [a.double() for a in adapters], dy.double())
 
 
-def _mlp_fused(x, weights, adapters, dy, bases=None, activation="silu"):
-    bases = bases or MLPBases(w_gu=torch.cat(weights[:2]), w_d=weights[2])
+def _mlp_bias_parts(bias, inter):
+    """(b_g, b_u, b_d) in float64 from ``bias`` = ([b_g; b_u], b_d); zeros for None."""
+    if bias is None:
+        return 0.0, 0.0, 0.0
+    return (*bias[0].double().split(inter), bias[1].double())
+
+
+def _mlp_fused(x, weights, adapters, dy, bases=None, activation="silu", bias=None):
+    b_gu, b_d = bias or (None, None)
+    bases = bases or MLPBases(w_gu=torch.cat(weights[:2]), w_d=weights[2], bias_gu=b_gu, bias_d=b_d)
 
     def fn(x, a):
         return lora_mlp(x, bases, tuple(a), SCALE, SCALE, backend="cupy", activation=activation)
@@ -114,7 +121,7 @@ def _judge(names, got, want, tol, floors=None):
     return [compare(n, g, w, tol, f) for n, g, w, f in zip(names, got, want, floors)]
 
 
-def _mlp_floors(x, weights, adapters, dy, activation="silu"):
+def _mlp_floors(x, weights, adapters, dy, activation="silu", bias=None):
     """The normaliser's floor of each MLP tensor (MLP_NAMES' order) where its sums cancel, as
     ``parity.cancellation_floor`` reads it: Σ|terms| / √(terms), the tensor's last two sums expanded over the float64
     reference's own intermediates (|dg|, |du|, |act| at their values). Why: at N = 1, r = 1 every element of dA_gate
@@ -128,8 +135,9 @@ def _mlp_floors(x, weights, adapters, dy, activation="silu"):
     w_g, w_u, w_d = (w.double() for w in weights)
     a_g, b_g, a_u, b_u, a_d, b_d = (t.detach().double() for t in adapters)
     dyd = dy.double().reshape(n, -1)
-    g = xd @ w_g.t() + s * (xd @ a_g.t()) @ b_g.t()
-    u = xd @ w_u.t() + s * (xd @ a_u.t()) @ b_u.t()
+    bias_g, bias_u, _ = _mlp_bias_parts(bias, inter)
+    g = xd @ w_g.t() + s * (xd @ a_g.t()) @ b_g.t() + bias_g
+    u = xd @ w_u.t() + s * (xd @ a_u.t()) @ b_u.t() + bias_u
     f, df = fe.activation_parts(g, activation)
     act = f * u
     dact = s * (dyd @ b_d) @ a_d + dyd @ w_d
@@ -270,21 +278,31 @@ def test_fused_qkv_matches_float64(config, layout, run_report, check):
     _grid_check("QKV", config, layout, cases, run_report, check)
 
 
+@pytest.mark.parametrize("what", ["MLP", "QKV"])
 @pytest.mark.parametrize("config", list(DTYPE_CONFIGS))
-def test_fused_qkv_with_biases_matches_float64(config, run_report, check):
-    """Qwen2's attention: a frozen bias on q, k and v, broadcast into each output before its GEMMs accumulate. The
-    cases are the 2-D grid's own draws (the same seed), the biases drawn apart: the gradients are the grid's, and
-    what the bias changes, q, k and v, is judged."""
-    dtype, adapter_dtype, gen, ranks = _grid_cell(config, "2d", 2028)
+def test_fused_paths_with_biases_match_float64(what, config, run_report, check):
+    """Frozen biases on every projection (Qwen2's q, k and v; an MLP's gate, up and down), each broadcast into its
+    output before the GEMMs accumulate. The cases are the 2-D grid's own draws (its seed), the biases drawn apart
+    (unit variance, as large as the outputs): the gradients are the grid's, what the biases change is judged."""
+    mlp = what == "MLP"
+    dtype, adapter_dtype, gen, ranks = _grid_cell(config, "2d", 2027 if mlp else 2028)
     bias_gen, cases = torch.Generator(device=DEV).manual_seed(2030), []
-    for n, (k, sizes), r in itertools.product(N_TOKENS, QKV_SHAPES, ranks):
-        x, weights, adapters, dy = _qkv_case(n, k, sizes, r, dtype, adapter_dtype, "2d", gen)
-        bias = _randn((sum(sizes),), dtype, bias_gen)
-        got_o, got_g = _qkv_fused(x, weights, adapters, dy, bias=bias)
-        ref_o, ref_g = _qkv_reference(x, weights, adapters, dy, bias=bias)
-        errs = _judge(QKV_NAMES, got_o + got_g, ref_o + ref_g, FUSED_STAGES * tolerance(dtype, k))
-        cases.append((f"N={n} K={k} O={sizes} r={r}", errs))
-    _grid_check("QKV with biases", config, "2d", cases, run_report, check)
+    for n, (k, out), r in itertools.product(N_TOKENS, MLP_SHAPES if mlp else QKV_SHAPES, ranks):
+        if mlp:
+            x, weights, adapters, dy = _mlp_case(n, k, out, r, dtype, adapter_dtype, "2d", gen)
+            bias = (_randn((2 * out,), dtype, bias_gen), _randn((k,), dtype, bias_gen))
+            got = _mlp_fused(x, weights, adapters, dy, bias=bias)
+            ref = _mlp_reference(x, weights, adapters, dy, bias=bias)
+            names, floors, widest = MLP_NAMES, _mlp_floors(x, weights, adapters, dy, bias=bias), max(k, out)
+        else:
+            x, weights, adapters, dy = _qkv_case(n, k, out, r, dtype, adapter_dtype, "2d", gen)
+            bias = _randn((sum(out),), dtype, bias_gen)
+            got = _qkv_fused(x, weights, adapters, dy, bias=bias)
+            ref = _qkv_reference(x, weights, adapters, dy, bias=bias)
+            names, floors, widest = QKV_NAMES, None, k
+        errs = _judge(names, got[0] + got[1], ref[0] + ref[1], FUSED_STAGES * tolerance(dtype, widest), floors)
+        cases.append((f"N={n} K={k} {'I' if mlp else 'O'}={out} r={r}", errs))
+    _grid_check(f"{what} with biases", config, "2d", cases, run_report, check)
 
 
 def test_fused_paths_on_nf4_bases_match_float64_of_the_dequantised_weights(run_report, check):
@@ -346,41 +364,3 @@ def test_captured_fused_step_replays_bitwise_equal_to_eager(what, check):
     torch.cuda.synchronize()
     differing = [i for i, (s, e) in enumerate(zip(static, eager)) if not torch.equal(s, e)]
     check(f"fused {what}: captured replay tensors that differ from eager (of {len(eager)})", len(differing), "==", 0)
-
-
-@pytest.mark.model_code
-def test_fused_model_gradients_match_the_fp32_reference(tier):
-    """The quick tier's whole-model gradient check (SmolLM2-135M, step 0) with every linear adapted and the MLP and
-    QKV fused: the same judge, factor and reference as test_model_gradients.py."""
-    cfg = tier.config("quick")
-    cfg = dataclasses.replace(cfg, lora=dataclasses.replace(cfg.lora, targets=("all-linear",)))
-    crit = cfg.criteria
-    prepared = tier.prepare(cfg, implementation="cupy-fused")
-    G.randomize_lora_b(prepared.model, std=0.02, seed=cfg.train.seed, adapters=prepared.adapters)
-    reference = tier.prepare(cfg, implementation="torch")
-    G.copy_adapters(reference.adapters, {n: p.detach() for n, p in prepared.adapters.items()})
-    results = G.whole_model_checks(
-        prepared.model,
-        prepared.batches(0),
-        label="cupy-fused",
-        adapters=prepared.adapters,
-        reference=reference.model,
-        reference_adapters=reference.adapters,
-        k=crit.grad_accum_k,
-        factor=crit.grad_match_factor,
-    )
-    tier.check(
-        "code path that served every LoRA layer (cupy-fused)",
-        prepared.implementation.served_by(prepared.model),
-        "==",
-        "cupy-fused",
-    )
-    for res in results:
-        tier.check(
-            f"{res.label}: adapters beyond tolerance (of {len(res.rows)})",
-            res.n_bad,
-            "==",
-            0,
-            source="err <= grad_match_factor * max(err_16bit_ref, median): configs/quick.yaml",
-            detail=G.describe_failures(res.rows),
-        )

@@ -8,6 +8,8 @@ the same adapter values on lora_core's torch reference backend, whatever the imp
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -61,4 +63,42 @@ def test_whole_model_gradients_match_the_fp32_reference(tier):
             "<=",
             res.loss_tol(crit.grad_match_factor, crit.grad_loss_floor),
             source="grad_match_factor * max(16-bit ref gap, grad_loss_floor): configs/quick.yaml",
+        )
+
+
+@pytest.mark.needs_feature("lora_core_ops")
+def test_fused_model_gradients_match_the_fp32_reference(tier):
+    """The quick tier's whole-model gradient check (SmolLM2-135M, step 0) with every linear adapted and the MLP and
+    QKV fused: the same judge, factor and reference as the test above."""
+    cfg = tier.config("quick")
+    cfg = dataclasses.replace(cfg, lora=dataclasses.replace(cfg.lora, targets=("all-linear",)))
+    crit = cfg.criteria
+    prepared = tier.prepare(cfg, implementation="cupy-fused")
+    G.randomize_lora_b(prepared.model, std=0.02, seed=cfg.train.seed, adapters=prepared.adapters)
+    reference = tier.prepare(cfg, implementation="torch")
+    G.copy_adapters(reference.adapters, {n: p.detach() for n, p in prepared.adapters.items()})
+    results = G.whole_model_checks(
+        prepared.model,
+        prepared.batches(0),
+        label="cupy-fused",
+        adapters=prepared.adapters,
+        reference=reference.model,
+        reference_adapters=reference.adapters,
+        k=crit.grad_accum_k,
+        factor=crit.grad_match_factor,
+    )
+    tier.check(
+        "code path that served every LoRA layer (cupy-fused)",
+        prepared.implementation.served_by(prepared.model),
+        "==",
+        "cupy-fused",
+    )
+    for res in results:
+        tier.check(
+            f"{res.label}: adapters beyond tolerance (of {len(res.rows)})",
+            res.n_bad,
+            "==",
+            0,
+            source="err <= grad_match_factor * max(err_16bit_ref, median): configs/quick.yaml",
+            detail=G.describe_failures(res.rows),
         )

@@ -21,16 +21,21 @@ def _parity_module():
 
 def _fused_parity_failures(what: str) -> tuple[int, str]:
     """Tensors beyond tolerance in one bf16 case of the quick tier's fused parity test (test_fused_parity.py):
-    ``what`` is "mlp" (SwiGLU), "geglu" (the MLP with Gemma's tanh-GELU gate), "qkv" or "qkv_bias" (Qwen2's q/k/v
-    biases, drawn as the quick grid draws them)."""
+    ``what`` is "mlp" (SwiGLU), "geglu" (the MLP with Gemma's tanh-GELU gate), "mlp_bias" (biases on gate, up and
+    down), "qkv" or "qkv_bias" (Qwen2's q/k/v biases); biases drawn as the quick grid draws them."""
     fp = _parity_module()
     gen = torch.Generator(device="cuda").manual_seed(2031)
-    if what in ("mlp", "geglu"):
-        act = "silu" if what == "mlp" else "gelu_tanh"
+    if what in ("mlp", "geglu", "mlp_bias"):
+        act = "gelu_tanh" if what == "geglu" else "silu"
         x, weights, adapters, dy = fp._mlp_case(512, 576, 1536, 16, torch.bfloat16, torch.float32, "3d", gen)
-        got = fp._mlp_fused(x, weights, adapters, dy, activation=act)
-        ref = fp._mlp_reference(x, weights, adapters, dy, activation=act)
-        names, k, floors = fp.MLP_NAMES, 1536, fp._mlp_floors(x, weights, adapters, dy, act)
+        bias = (
+            None
+            if what != "mlp_bias"
+            else (fp._randn((3072,), torch.bfloat16, gen), fp._randn((576,), torch.bfloat16, gen))
+        )
+        got = fp._mlp_fused(x, weights, adapters, dy, activation=act, bias=bias)
+        ref = fp._mlp_reference(x, weights, adapters, dy, activation=act, bias=bias)
+        names, k, floors = fp.MLP_NAMES, 1536, fp._mlp_floors(x, weights, adapters, dy, act, bias)
     else:
         sizes = (576, 192, 192)
         x, weights, adapters, dy = fp._qkv_case(512, 576, sizes, 16, torch.bfloat16, torch.float32, "3d", gen)
@@ -101,13 +106,16 @@ def test_a_geglu_derivative_without_its_density_term_is_caught(tier, monkeypatch
 
 
 @pytest.mark.needs_feature("lora_core_ops")
-def test_a_qkv_bias_overwritten_by_the_first_gemm_is_caught(tier, monkeypatch):
-    """The fused QKV copies b_p into its output and then runs the first GEMM with β = 0, which overwrites it."""
-    from lora_core.ops import fused_qkv
+@pytest.mark.parametrize("what", ["mlp", "qkv"])
+def test_a_bias_overwritten_by_the_first_gemm_is_caught(what, tier, monkeypatch):
+    """The fused path copies each bias into its output and then runs the first GEMM with β = 0, which overwrites
+    it."""
+    from lora_core.ops import fused_mlp, fused_qkv
 
-    real = fused_qkv.bias_into_
-    monkeypatch.setattr(fused_qkv, "bias_into_", lambda out, bias, start: real(out, bias, start) * 0.0)
-    _check_caught(tier, "qkv_bias", "planted q/k/v bias overwritten: fused QKV tensors beyond tolerance")
+    module = fused_mlp if what == "mlp" else fused_qkv
+    real = module.bias_into_
+    monkeypatch.setattr(module, "bias_into_", lambda out, bias, start=0: real(out, bias, start) * 0.0)
+    _check_caught(tier, f"{what}_bias", f"planted bias overwritten: fused {what.upper()} tensors beyond tolerance")
 
 
 LOSS_PARITY = Path(__file__).resolve().parents[1] / "quick" / "test_fused_loss_parity.py"

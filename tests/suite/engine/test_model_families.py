@@ -40,7 +40,7 @@ def test_the_qwen2_model_yaml_is_smollm2_widths_with_the_qwen2_family():
 
 
 def test_a_family_the_suite_cannot_build_is_refused_by_name():
-    with pytest.raises(SettingsError, match=r"LlamaArchitecture\.family: .*'gpt2'.*\['llama', 'qwen2'\]"):
+    with pytest.raises(SettingsError, match=r"LlamaArchitecture\.family: .*'gpt2'.*\['llama', 'qwen2', 'gemma2'\]"):
         LlamaArchitecture(**{**dataclasses.asdict(TINY_LLAMA), "family": "gpt2"})
 
 
@@ -53,3 +53,32 @@ def test_the_tiny_tier_trains_a_qwen2_shaped_model_and_keeps_its_biases(tiny_cfg
     assert loss_drop(result.losses, cfg.criteria.loss_window) >= cfg.criteria.loss_drop_min  # the tiny tier's bar
     after = dict(prepared.model.named_parameters())
     assert all(torch.equal(after[n], b) for n, b in biases.items())
+
+
+@pytest.mark.parametrize("name,family,cls", [("gemma-2-2b", "gemma2", "Gemma2"), ("qwen2.5-0.5b", "qwen2", "Qwen2")])
+def test_the_fused_tables_qwen2_and_gemma_presets_build_their_family_at_their_shapes(name, family, cls):
+    """The fused table's Qwen2- and Gemma-shaped cases (issue 57), one layer and a small vocabulary on the CPU: their
+    family's classes, every projection at the memory estimator's shapes (Gemma 2's heads are 256 wide, not hidden /
+    heads), Gemma's (1 + w) norms at w = 0 and its tanh-GELU gate, a finite loss."""
+    from lora_suite.measure.memory import linear_shapes
+
+    arch = load_model_config(name).architecture
+    assert arch.family == family
+    small = dataclasses.replace(arch, num_hidden_layers=1, vocab_size=512)
+    model = build_random(small, torch.float32, "cpu")
+    assert type(model).__name__ == f"{cls}ForCausalLM"
+    layer = model.model.layers[0]
+    got = {n.rsplit(".", 1)[-1]: (m.in_features, m.out_features) for n, m in layer.named_modules() if "proj" in n}
+    assert got == linear_shapes(small)
+    if family == "gemma2":
+        assert small.head_dim == 256 and got["q_proj"] == (2304, 2048)
+        assert (
+            float(model.model.norm.weight.abs().max()) == 0.0 and model.config.hidden_activation == "gelu_pytorch_tanh"
+        )
+    ids = torch.randint(0, 512, (1, 8), generator=torch.Generator().manual_seed(0))
+    assert torch.isfinite(model(input_ids=ids, labels=ids).loss)
+
+
+def test_a_head_width_below_one_is_refused_by_name():
+    with pytest.raises(SettingsError, match="attention_head_dim"):
+        dataclasses.replace(TINY_LLAMA, attention_head_dim=0)
