@@ -338,8 +338,11 @@ def parse_child_output(returncode: int, stdout: str, stderr: str, stack: str, re
 
     lines = [line for line in stdout.splitlines() if line.startswith(CHILD_MARK)]
     if returncode != 0 or not lines:
-        tail = (stderr or stdout).strip().splitlines()[-12:]
-        raise RuntimeError(f"{stack}: the child process exited {returncode} without figures: " + " | ".join(tail))
+        tail = (stderr or stdout).strip().splitlines()[-12:] or ["(no output)"]
+        raise RuntimeError(  # the last line (the exception) first: a report keeps the message's start
+            f"{stack}: the child process exited {returncode} without figures: {tail[-1]} | its output's end: "
+            + " | ".join(tail[:-1])
+        )
     data = json.loads(lines[-1][len(CHILD_MARK) :])
     return EagerFigures(**data) if read is None else read(data)
 
