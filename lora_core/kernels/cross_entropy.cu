@@ -12,8 +12,9 @@
 // and its gradient is multiplied by 1 - tanh²(z_rj / c) (the chain rule through the cap); c = 0: no cap.
 // One block per row. Pass 1: each thread keeps an online (max, sum) over its strided columns; the block merges them
 // (warp shuffles, then one warp over the warps' pairs). z_rt is read before the merge, whose barriers order it before
-// any write. Pass 2: each thread rewrites its own columns. Assumptions: contiguous z, blockDim.x a multiple of 32,
-// at most 1024 threads.
+// any write. Pass 2: each thread rewrites its own columns. Columns move VEC at a time: 16-byte vectors (VEC = 8 for
+// 16-bit T, 4 for fp32) when V is a multiple of VEC and z 16-byte aligned (the caller's rule), else one at a time.
+// Assumptions: contiguous z, blockDim.x a multiple of 32, at most 1024 threads.
 // Checked by: tiers/quick/test_fused_loss_parity.py (against float64); selftest-gpu plants a dropped [j == t] term.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -47,20 +48,29 @@ __device__ __forceinline__ float capped(float v, float softcap) {
     return softcap > 0.0f ? softcap * tanhf(v / softcap) : v;
 }
 
-template <typename T>
+// VEC columns of T as one aligned load or store (VEC = 1: a plain T)
+template <typename T, int VEC> struct alignas(sizeof(T) * VEC) Pack { T v[VEC]; };
+
+template <typename T, int VEC>
 __global__ void cross_entropy_rows(T* __restrict__ z, const long long* __restrict__ targets,
                                    float* __restrict__ loss_rows,
                                    long long vocab, long long ignore_index, float softcap) {
     __shared__ float warp_m[32], warp_s[32];
     T* zr = z + (long long)blockIdx.x * vocab;
+    Pack<T, VEC>* zp = reinterpret_cast<Pack<T, VEC>*>(zr);
+    const long long packs = vocab / VEC;  // the caller launches VEC > 1 only where V % VEC == 0
     const long long t = targets[blockIdx.x];
     const bool ignored = t == ignore_index, in_range = t >= 0 && t < vocab;
     const float zt = in_range ? capped(to_f(zr[t]), softcap) : 0.0f;  // read before the barriers, so before writes
     float m = NEG_INF, s = 0.0f;
-    for (long long j = threadIdx.x; j < vocab; j += blockDim.x) {
-        const float v = capped(to_f(zr[j]), softcap);
-        if (v > m) { s = s * exp_f<T>(m - v) + 1.0f; m = v; }  // m = -inf first: s * exp(-inf) = 0
-        else { s += exp_f<T>(v - m); }
+    for (long long jp = threadIdx.x; jp < packs; jp += blockDim.x) {
+        const Pack<T, VEC> p = zp[jp];
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            const float v = capped(to_f(p.v[e]), softcap);
+            if (v > m) { s = s * exp_f<T>(m - v) + 1.0f; m = v; }  // m = -inf first: s * exp(-inf) = 0
+            else { s += exp_f<T>(v - m); }
+        }
     }
     for (int off = 16; off > 0; off >>= 1)
         merge<T>(m, s, __shfl_xor_sync(0xffffffffu, m, off), __shfl_xor_sync(0xffffffffu, s, off));
@@ -75,9 +85,14 @@ __global__ void cross_entropy_rows(T* __restrict__ z, const long long* __restric
     if (threadIdx.x == 0)
         loss_rows[blockIdx.x] = ignored ? 0.0f : (in_range ? m + logf(s) - zt : __int_as_float(0x7fc00000));
     const float g = ignored ? 0.0f : 1.0f, inv_s = 1.0f / s;
-    for (long long j = threadIdx.x; j < vocab; j += blockDim.x) {
-        const float v = capped(to_f(zr[j]), softcap), p = exp_f<T>(v - m) * inv_s;
-        const float chain = softcap > 0.0f ? 1.0f - (v / softcap) * (v / softcap) : 1.0f;
-        zr[j] = from_f<T>((p - (j == t ? 1.0f : 0.0f)) * g * chain);
+    for (long long jp = threadIdx.x; jp < packs; jp += blockDim.x) {
+        Pack<T, VEC> p = zp[jp];
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            const float v = capped(to_f(p.v[e]), softcap), q = exp_f<T>(v - m) * inv_s;
+            const float chain = softcap > 0.0f ? 1.0f - (v / softcap) * (v / softcap) : 1.0f;
+            p.v[e] = from_f<T>((q - (jp * VEC + e == t ? 1.0f : 0.0f)) * g * chain);
+        }
+        zp[jp] = p;
     }
 }

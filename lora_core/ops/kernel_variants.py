@@ -127,8 +127,12 @@ def _designed() -> tuple[Variant, ...]:
             for t in ("full last CTA", "partial last CTA")
         ]
     out += [Variant("absmax_quantize", "fp32", t) for t in ("full last CTA", "partial last CTA")]
-    for dtype in ("fp32", "bf16", "fp16"):  # one block per row: V within one block's threads, or a strided loop
-        out += [Variant("cross_entropy_rows", dtype, p) for p in ("one pass", "grid-stride", "grid-stride, softcap")]
+    for dtype, w in SWIGLU_VEC_WIDTH.items():  # one block per row: V / VEC within one block's threads, or a loop;
+        out += [  # 16-byte vectors where V is a multiple of their width (linear_cross_entropy.ce_vector_width)
+            Variant("cross_entropy_rows", dtype, f"VEC={vec}, {p}")
+            for vec in (w, 1)
+            for p in ("one pass", "grid-stride", "grid-stride, softcap")
+        ]
     return tuple(out)
 
 

@@ -38,7 +38,9 @@ from lora_core.ops.lora_linear import ACTIVATION_DTYPES, REFERENCE_ONLY_DTYPES
 IGNORE_INDEX = -100  # transformers' and PyTorch's label for "no loss here"
 MIN_CHUNK_ROWS = 1024
 _BLOCK = 256
-_KERNELS = tuple(f"cross_entropy_rows<{cx.CUDA_TYPE_NAME[d]}>" for d in ACTIVATION_DTYPES)
+_KERNELS = tuple(
+    f"cross_entropy_rows<{cx.CUDA_TYPE_NAME[d]}, {v}>" for d in ACTIVATION_DTYPES for v in (1, 16 // d.itemsize)
+)
 
 
 def default_chunk_rows(n: int, vocab: int, hidden: int) -> int:
@@ -110,15 +112,23 @@ def _scale(targets: torch.Tensor, num_items, ignore_index: int, dtype: torch.dty
     return count.to(dtype).reciprocal().reshape(1)
 
 
+def ce_vector_width(z: torch.Tensor) -> int:
+    """Columns per load in cross_entropy.cu: a 16-byte vector (8 of a 16-bit dtype, 4 of fp32) when every row starts
+    on a 16-byte boundary (V a multiple of that width, z aligned), else 1."""
+    width = 16 // z.element_size()
+    return width if z.shape[-1] % width == 0 and z.data_ptr() % 16 == 0 else 1
+
+
 def ce_rows_(eng, z, targets, loss_rows, ignore: int, softcap: float = 0.0):
     """One chunk's rows (module docstring): ``loss_rows`` written, ``z`` overwritten by n·dz (a module-level name, so
     that selftest-gpu can plant a defect in it); ``softcap`` c > 0 caps the logits at c·tanh(z / c) first."""
     rows, vocab = z.shape
     if isinstance(eng, cx.on_torch_stream):
         if rows:
-            variant = kv.passes(vocab, 1, _BLOCK) + (", softcap" if softcap > 0 else "")
+            vec = ce_vector_width(z)
+            variant = f"VEC={vec}, {kv.passes(vocab // vec, 1, _BLOCK)}" + (", softcap" if softcap > 0 else "")
             kv.note("cross_entropy_rows", z.dtype, variant, (rows,), (_BLOCK,))
-            name = f"cross_entropy_rows<{cx.CUDA_TYPE_NAME[z.dtype]}>"
+            name = f"cross_entropy_rows<{cx.CUDA_TYPE_NAME[z.dtype]}, {vec}>"
             args = (z, targets, loss_rows, vocab, ignore, float(softcap))
             eng.launch("cross_entropy.cu", _KERNELS, name, (rows,), (_BLOCK,), args)
         return

@@ -121,10 +121,23 @@ def test_fused_loss_matches_float64(config, layout, run_report, check):
         f"fused loss {config} {layout}: cross-entropy variants reached",
         " + ".join(sorted(taken)),
         "==",
-        "grid-stride + grid-stride, softcap + one pass",
-        source="kernels/cross_entropy.cu: one block of 256 threads per row; V = 200 fits it, 1001 and 49152 loop; "
-        "the soft cap's branch on the chunked runs",
+        " + ".join(sorted(_designed_ce_variants(config))),
+        source="kernels/cross_entropy.cu: one block of 256 threads per row, 16-byte vectors where V is a multiple of "
+        "their width; V = 200 fits one pass, 1001 (scalar) and 49152 loop; the soft cap's branch on the chunked runs",
     )
+
+
+def _designed_ce_variants(config: str) -> set[str]:
+    """The cross-entropy variants the grid's vocabularies must take (the rule cross_entropy.cu is built for, restated
+    here): VEC = the 16-byte width where V is a multiple of it, else 1; one pass where V / VEC fits 256 threads; the
+    soft cap on the vocabularies the grid caps (V > 256)."""
+    width, out = kv.SWIGLU_VEC_WIDTH[config], set()
+    for _, vocab in SHAPES:
+        vec = width if vocab % width == 0 else 1
+        out.add(f"VEC={vec}, " + ("one pass" if vocab // vec <= 256 else "grid-stride"))
+        if vocab > 256:
+            out.add(f"VEC={vec}, grid-stride, softcap")
+    return out
 
 
 def test_a_captured_loss_replays_bitwise_equal_to_eager(check):

@@ -183,7 +183,9 @@ def _nf4_dequantize(v: kv.Variant, gen) -> list[str]:
 def _cross_entropy(v: kv.Variant, gen) -> list[str]:
     """Loss rows and dz against float64 from the same logits: dz is rounded once to T (2·u_T·|ref|), the rest is
     fp32 arithmetic over V terms and the fast exp (2⁻¹⁵ of the row's scale covers both with room); ignored rows 0."""
-    dtype, vocab = DTYPES[v.dtype], 200 if v.variant == "one pass" else 1001
+    dtype, vec = DTYPES[v.dtype], int(v.variant.split(",")[0].removeprefix("VEC="))
+    one_pass = ", one pass" in v.variant  # V / VEC within one block of 256 threads, or a loop; V odd for VEC = 1
+    vocab = (200 if one_pass else 8192) if vec > 1 else (201 if one_pass else 1001)
     cap = 4.0 if v.variant.endswith("softcap") else 0.0  # a cap below the logits' range: it bends them
     z = _randn((ROWS, vocab), gen, dtype) * 3
     t = torch.randint(0, vocab, (ROWS,), device=DEV, generator=gen)
