@@ -24,6 +24,7 @@ with its summary as ``-k "(fused_table_eager and llama2-7b) or fused_table_summa
 from __future__ import annotations
 
 import contextlib
+import math
 
 import pytest
 import torch
@@ -106,6 +107,15 @@ def test_fused_table_eager(case, rnd, stack, run_report, check):
         fig.served_by,
         "==",
         resolve_implementation(FT.STACKS[stack][0]).expected_path,
+    )
+    finite = math.isfinite(fig.loss) and math.isfinite(fig.grad_norm) and fig.grad_norm > 0
+    check(
+        f"fused table {case.name} {stack} r{rnd}: a step after the timed ones has a finite loss and a finite, "
+        "non-zero adapter gradient",
+        finite,
+        "==",
+        True,
+        detail=f"loss {fig.loss}, adapter gradient norm {fig.grad_norm}",
     )
 
 

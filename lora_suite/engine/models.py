@@ -90,7 +90,7 @@ def hf_config(arch: LlamaArchitecture):
         initializer_range=INIT_STD,
         # Gemma 2 soft-caps its attention scores, which only transformers' eager attention computes
         attn_implementation="eager" if arch.family == "gemma2" else "sdpa",
-        **({"head_dim": arch.attention_head_dim} if arch.attention_head_dim else {}),
+        head_dim=arch.head_dim,  # Gemma2Config's own default (256) is not hidden / heads
     )
 
 
@@ -193,7 +193,27 @@ def build_random(
         model.lm_head.weight = model.model.embed_tokens.weight
     leftovers = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
     assert not leftovers, f"not materialised: {leftovers[:5]}"
+    _fill_buffers(model, config)
     return model.eval()
+
+
+# Buffers that ``to_empty`` leaves uninitialised, by leaf name -> their value from the config (the rotary embedding's
+# are rebuilt whole). Gemma's embedding scales its rows by √hidden: left empty, it scaled them by whatever the memory
+# held (3.8e-311 on a CPU: every logit 0; NaN gradients on an H100).
+_BUFFER_VALUES = {"embed_scale": lambda config: config.hidden_size**0.5}
+
+
+@torch.no_grad()
+def _fill_buffers(model: nn.Module, config) -> None:
+    """Every buffer outside the rotary embedding set from ``_BUFFER_VALUES``; one without a rule is refused by name
+    (a family with a buffer this builder does not know would otherwise compute with uninitialised memory)."""
+    for name, buf in model.named_buffers():
+        leaf = name.rsplit(".", 1)[-1]
+        if name.startswith("model.rotary_emb."):
+            continue
+        if leaf not in _BUFFER_VALUES:
+            raise AssertionError(f"build_random: buffer {name!r} has no value rule (lora_suite/engine/models.py)")
+        buf.fill_(_BUFFER_VALUES[leaf](config))
 
 
 def build_tiny_llama(

@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import math
 import os
 import statistics
 from collections.abc import Mapping, Sequence
@@ -126,6 +127,10 @@ class EagerFigures:
     peak_gib: float
     served_by: str
     fused_ops: str
+    # one more step after the timed ones (untimed): its loss and the adapters' gradient norm, which must be finite for
+    # the figures to be of a step that computes something (NaN: not measured)
+    loss: float = math.nan
+    grad_norm: float = math.nan
 
 
 def stack_config(case: Case, stack: str, mode: str, *, warmup: int, measured: int, quantize: str | None = None):
@@ -228,14 +233,13 @@ def eager_run(prepared, window, cfg, *, warmup: int, measured: int) -> EagerFigu
     torch.cuda.synchronize()
     spans = [(a.elapsed_time(b), b.elapsed_time(c), a.elapsed_time(d)) for a, b, c, d in times[warmup:]]
     fwd, bwd, step = (statistics.median(s[i] for s in spans) for i in range(3))
-    return EagerFigures(
-        fwd,
-        bwd,
-        step,
-        torch.cuda.max_memory_allocated() / 2**30,
-        prepared.implementation.served_by(model),
-        describe_liger(model),
-    )
+    peak = torch.cuda.max_memory_allocated() / 2**30
+    loss = model(input_ids=batch["input_ids"], labels=batch["labels"]).loss  # the untimed step (EagerFigures)
+    loss.backward()
+    norm = torch.linalg.vector_norm(torch.stack([p.grad.float().norm() for p in params if p.grad is not None]))
+    opt.zero_grad(set_to_none=True)
+    served = prepared.implementation.served_by(model)
+    return EagerFigures(fwd, bwd, step, peak, served, describe_liger(model), float(loss), float(norm))
 
 
 def ratio(a: float | None, b: float | None) -> float | None:

@@ -59,7 +59,7 @@ def test_the_tiny_tier_trains_a_qwen2_shaped_model_and_keeps_its_biases(tiny_cfg
 def test_the_fused_tables_qwen2_and_gemma_presets_build_their_family_at_their_shapes(name, family, cls):
     """The fused table's Qwen2- and Gemma-shaped cases (issue 57), one layer and a small vocabulary on the CPU: their
     family's classes, every projection at the memory estimator's shapes (Gemma 2's heads are 256 wide, not hidden /
-    heads), Gemma's (1 + w) norms at w = 0 and its tanh-GELU gate, a finite loss."""
+    heads), Gemma's (1 + w) norms at w = 0 and its tanh-GELU gate, logits that depend on the input."""
     from lora_suite.measure.memory import linear_shapes
 
     arch = load_model_config(name).architecture
@@ -76,7 +76,12 @@ def test_the_fused_tables_qwen2_and_gemma_presets_build_their_family_at_their_sh
             float(model.model.norm.weight.abs().max()) == 0.0 and model.config.hidden_activation == "gelu_pytorch_tanh"
         )
     ids = torch.randint(0, 512, (1, 8), generator=torch.Generator().manual_seed(0))
-    assert torch.isfinite(model(input_ids=ids, labels=ids).loss)
+    out = model(input_ids=ids, labels=ids)
+    assert torch.isfinite(out.loss)
+    # every buffer set (Gemma's √hidden embedding scale, left empty, made every logit 0 and the loss exactly ln V)
+    assert float(out.logits.std()) > 1e-3, "constant logits: the model computes nothing of its input"
+    if family == "gemma2":
+        assert float(model.model.embed_tokens.embed_scale) == pytest.approx(2304**0.5)
 
 
 def test_a_head_width_below_one_is_refused_by_name():

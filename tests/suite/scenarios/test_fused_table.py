@@ -15,7 +15,7 @@ def test_an_isolated_stacks_child_output_is_read_or_its_failure_named():
     import dataclasses
     import json
 
-    fig = FT.EagerFigures(1.0, 2.0, 3.5, 4.25, "unsloth", "none")
+    fig = FT.EagerFigures(1.0, 2.0, 3.5, 4.25, "unsloth", "none", 10.5, 0.25)
     out = "Unsloth: patching\n" + FT.CHILD_MARK + json.dumps(dataclasses.asdict(fig)) + "\n"
     assert FT.parse_child_output(0, out, "", "unsloth") == fig
     with pytest.raises(RuntimeError, match="exited 1 without figures: .*CUDA out of memory"):
@@ -129,7 +129,7 @@ def test_eager_rounds_that_are_not_an_integer_of_at_least_one_are_refused_by_val
 def _figs(steps, peaks=None, fwd=None):
     peaks = peaks or [10.0] * len(steps)
     fwd = fwd or [s / 2 for s in steps]
-    return [FT.EagerFigures(f, s - f, s, p, "x", "none") for s, p, f in zip(steps, peaks, fwd)]
+    return [FT.EagerFigures(f, s - f, s, p, "x", "none", 10.5, 0.25) for s, p, f in zip(steps, peaks, fwd)]
 
 
 def test_a_medians_row_carries_the_step_spread_and_the_rounds():
