@@ -28,7 +28,13 @@ OTHER_KIND = "other (elementwise, copies, reductions)"
 # liger_cross_entropy_forward_kernel, and its _rope_embedding_QK would match Liger's "_rope").
 KERNEL_KINDS = (
     # the template bracket: Liger's Triton kernels are named _swiglu_forward_kernel / _swiglu_backward_kernel
-    ("LoRA SwiGLU (swiglu.cu)", ("swiglu_forward<", "swiglu_backward_inplace<")),
+    (
+        "LoRA SwiGLU/GeGLU (swiglu.cu)",
+        ("swiglu_forward<", "swiglu_backward_inplace<", "geglu_forward<", "geglu_backward_inplace<"),
+    ),
+    # lora_core's fused loss: before Liger's kind, whose "cross_entropy" key took it (a Qwen2 step's 11.8 ms read as
+    # Liger's where no Liger op ran: run 20261127T230024Z-bench)
+    ("LoRA fused loss (cross_entropy.cu)", ("cross_entropy_rows<",)),
     ("adapter casts (cast.cu)", ("cast_stack_from_f32", "cast_pair_from_f32")),
     ("NF4 dequantisation (nf4.cu)", ("nf4_dequantize", "nf4_quantize", "absmax_quantize")),
     (  # unsloth/kernels/*.py: RMSNorm, RoPE, SwiGLU (_fg_kernel, _DWf_DW_dfg_kernel), GEGLU, cross-entropy, NF4

@@ -72,6 +72,16 @@ UNSLOTH = [
         ("void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add<c10::BFloat16>>", "other"),
         # an anchored key matches only at the start: a name holding an Unsloth function's name elsewhere is not its
         ("void at::native::my_fg_kernel_helper<float>()", "other"),
+        # lora_core's own kernels, the fused loss's not taken by Liger's "cross_entropy" key
+        (
+            "void cross_entropy_rows<__nv_bfloat16, 8>(__nv_bfloat16*, long long const*, float*, long long)",
+            "LoRA fused",
+        ),
+        (
+            "void geglu_backward_inplace<__nv_bfloat16, 8>(__nv_bfloat16*, __nv_bfloat16*, long long)",
+            "LoRA SwiGLU/GeGLU",
+        ),
+        ("liger_cross_entropy_kernel", "Liger"),
     ],
 )
 def test_a_kernel_lands_in_the_kind_that_owns_it(name, kind):
@@ -82,6 +92,7 @@ def test_every_kind_is_named_once_and_the_unsloth_kind_comes_before_liger_and_ge
     kinds = [k for k, _ in SP.KERNEL_KINDS]
     assert len(kinds) == len(set(kinds))
     assert kinds.index("Unsloth (Triton)") < kinds.index("Liger (Triton)") < kinds.index("GEMM (cuBLAS)")
+    assert kinds.index("LoRA fused loss (cross_entropy.cu)") < kinds.index("Liger (Triton)")
     assert all(key == key.lower() for _, keys in SP.KERNEL_KINDS for key in keys)  # names are lower-cased first
 
 
