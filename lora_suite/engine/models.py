@@ -182,9 +182,9 @@ def build_random(
     gen = torch.Generator(device=device).manual_seed(seed)
     pieces = [model.model.embed_tokens, model.model.norm] + ([] if arch.tie_word_embeddings else [model.lm_head])
     for piece in pieces:
-        _materialise(piece, device, gen)
+        _materialise(piece, device, gen, config)
     for layer in model.model.layers:
-        _materialise(layer, device, gen)
+        _materialise(layer, device, gen, config)  # its buffers set before on_layer adds its own (an NF4 base's)
         if on_layer is not None:
             on_layer(layer)
     with torch.device(device):  # inv_freq is computed in __init__: build it where it will live, in fp32
@@ -193,7 +193,6 @@ def build_random(
         model.lm_head.weight = model.model.embed_tokens.weight
     leftovers = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
     assert not leftovers, f"not materialised: {leftovers[:5]}"
-    _fill_buffers(model, config)
     return model.eval()
 
 
@@ -204,13 +203,12 @@ _BUFFER_VALUES = {"embed_scale": lambda config: config.hidden_size**0.5}
 
 
 @torch.no_grad()
-def _fill_buffers(model: nn.Module, config) -> None:
-    """Every buffer outside the rotary embedding set from ``_BUFFER_VALUES``; one without a rule is refused by name
-    (a family with a buffer this builder does not know would otherwise compute with uninitialised memory)."""
-    for name, buf in model.named_buffers():
+def _fill_buffers(module: nn.Module, config) -> None:
+    """Every buffer of a piece ``to_empty`` just materialised set from ``_BUFFER_VALUES``; one without a rule is
+    refused by name (a family with a buffer this builder does not know would otherwise compute with uninitialised
+    memory). The rotary embedding is not materialised but built whole, where it lives."""
+    for name, buf in module.named_buffers():
         leaf = name.rsplit(".", 1)[-1]
-        if name.startswith("model.rotary_emb."):
-            continue
         if leaf not in _BUFFER_VALUES:
             raise AssertionError(f"build_random: buffer {name!r} has no value rule (lora_suite/engine/models.py)")
         buf.fill_(_BUFFER_VALUES[leaf](config))
@@ -225,8 +223,9 @@ def build_tiny_llama(
 
 
 @torch.no_grad()
-def _materialise(module: nn.Module, device: torch.device, gen: torch.Generator) -> None:
+def _materialise(module: nn.Module, device: torch.device, gen: torch.Generator, config) -> None:
     module.to_empty(device=device)
+    _fill_buffers(module, config)
     for sub in module.modules():
         if isinstance(sub, (nn.Linear, nn.Embedding)):
             sub.weight.normal_(0.0, INIT_STD, generator=gen)

@@ -87,3 +87,21 @@ def test_the_fused_tables_qwen2_and_gemma_presets_build_their_family_at_their_sh
 def test_a_head_width_below_one_is_refused_by_name():
     with pytest.raises(SettingsError, match="attention_head_dim"):
         dataclasses.replace(TINY_LLAMA, attention_head_dim=0)
+
+
+def test_buffers_an_on_layer_hook_adds_are_kept_and_every_family_builds_with_an_nf4_hook():
+    """The buffer rule covers what ``to_empty`` materialised, not what the per-layer hook adds after it: lora_core's
+    injection with an NF4 base registers ``weight_packed`` buffers there (the full and memory tiers build so; a rule
+    applied to the whole model once refused them on an H100, run 20261127T233902Z-full-cupy_fused)."""
+    from lora_core.inject import inject_lora
+
+    for family in ("llama", "qwen2", "gemma2"):
+        arch = dataclasses.replace(TINY_LLAMA, family=family)
+        model = build_random(
+            arch,
+            torch.float32,
+            "cpu",
+            on_layer=lambda layer: inject_lora(layer, "all-linear", 4, backend="torch", quantize="nf4"),
+        )
+        packed = [n for n, _ in model.named_buffers() if n.endswith("weight_packed")]
+        assert len(packed) == 7 * arch.num_hidden_layers, (family, packed[:3])
