@@ -85,7 +85,7 @@ def _shared_base(layers: list[LoRALinear], cache: dict) -> torch.Tensor:
 def _stacked_bias(layers: list[LoRALinear], cache: dict) -> torch.Tensor | None:
     """[b_1; b_2; ...] of ``layers`` (zeros for a layer without one), None when none has a bias; rebuilt only when a
     bias changed (another tensor, dtype, device or an in-place update)."""
-    biases = [m.bias for m in layers]
+    biases = [_frozen_bias(m) for m in layers]
     if all(b is None for b in biases):
         return None
     key = tuple(None if b is None else (b.data_ptr(), b.dtype, b.device, b._version) for b in biases)
@@ -94,6 +94,17 @@ def _stacked_bias(layers: list[LoRALinear], cache: dict) -> torch.Tensor | None:
         parts = [b.detach() if b is not None else ref.new_zeros(m.out_features) for b, m in zip(biases, layers)]
         cache["bias"], cache["bias_key"] = torch.cat(parts), key
     return cache["bias"]
+
+
+def _frozen_bias(layer: LoRALinear) -> torch.Tensor | None:
+    """The layer's bias, which the fused paths take as a constant: one that requires grad is refused by name (its
+    gradient would be lost, not computed)."""
+    if layer.bias is not None and layer.bias.requires_grad:
+        raise FuseError(
+            f"a fused {type(layer).__name__} ({layer.in_features}->{layer.out_features}) has a bias that requires "
+            "grad; the fused paths take frozen biases only (requires_grad_(False), or run the unfused layer)"
+        )
+    return layer.bias
 
 
 _GATES = {  # the gate activations the fused MLP computes, as torch computes them (the probe's reference)
@@ -143,7 +154,8 @@ class LoRAMLP(nn.Module):
 
     def bases(self) -> MLPBases:
         g, u, d = self.gate_proj, self.up_proj, self.down_proj
-        b_gu, b_d = _stacked_bias([g, u], self._cache), None if d.bias is None else d.bias.detach()
+        b_d = _frozen_bias(d)
+        b_gu, b_d = _stacked_bias([g, u], self._cache), None if b_d is None else b_d.detach()
         if g.quantize == "nf4":
             return MLPBases(nf4=(g.nf4_base(), u.nf4_base(), d.nf4_base()), bias_gu=b_gu, bias_d=b_d)
         return MLPBases(w_gu=_shared_base([g, u], self._cache), w_d=d.dense_weight(), bias_gu=b_gu, bias_d=b_d)

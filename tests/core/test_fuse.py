@@ -162,3 +162,14 @@ def test_q_k_v_biases_fuse_and_equal_the_unfused_model_in_float64():
     assert {m.last_backend for n, m in lora_modules(fused).items() if "self_attn" in n and "o_proj" not in n} == {
         "torch-fused-qkv"
     }
+
+
+@pytest.mark.parametrize("block,name", [("mlp", "down_proj"), ("mlp", "gate_proj"), ("self_attn", "k_proj")])
+def test_a_bias_that_requires_grad_is_refused_not_dropped(block, name):
+    """The fused paths take biases as constants: a trainable one would lose its gradient, so it is refused by name."""
+    plain, fused = _pair(fuse=("mlp", "qkv", "o"))
+    proj = getattr(getattr(fused.model.layers[0], block), name)
+    proj.bias = torch.nn.Parameter(torch.zeros(proj.out_features, dtype=torch.float64), requires_grad=True)
+    ids = torch.randint(0, TINY_ARCH.vocab_size, (1, 5), generator=torch.Generator().manual_seed(1))
+    with pytest.raises(FuseError, match="has a bias that requires grad"):
+        fused(input_ids=ids)
