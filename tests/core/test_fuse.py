@@ -139,29 +139,26 @@ def _add_biases(model, names, seed):
             proj.bias = torch.nn.Parameter(b.double(), requires_grad=False)
 
 
-def test_mlp_biases_fuse_and_equal_the_unfused_model_in_float64():
-    """Biases on the MLP's projections (here on up and down: gate's part of the stacked [b_g; b_u] is zero), each
-    broadcast into its output before the fused GEMMs accumulate."""
+@pytest.mark.parametrize(
+    "biased,group",
+    [
+        # an MLP's up and down: gate's part of the stacked [b_g; b_u] is zero
+        ((("mlp", "up_proj"), ("mlp", "down_proj")), "mlp"),
+        # Qwen2's attention, here q and v: k's part of the stacked bias is zero
+        ((("self_attn", "q_proj"), ("self_attn", "v_proj")), "qkv"),
+    ],
+)
+def test_biases_fuse_and_equal_the_unfused_model_in_float64(biased, group):
+    """Frozen biases on a group's projections, each broadcast into its output before the fused GEMMs accumulate."""
     plain, fused = _pair(fuse=())
     for model in (plain, fused):
-        _add_biases(model, (("mlp", "up_proj"), ("mlp", "down_proj")), 20)
+        _add_biases(model, biased, 20 if group == "mlp" else 0)
     fuse_lora(fused, ("mlp", "qkv", "o"))
     ids = torch.randint(0, TINY_ARCH.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
     _assert_same_function(plain, fused, ids, 1e-10, 1e-9, 1e-12)
-    assert {m.last_backend for n, m in lora_modules(fused).items() if ".mlp." in n} == {"torch-fused-mlp"}
-
-
-def test_q_k_v_biases_fuse_and_equal_the_unfused_model_in_float64():
-    """Qwen2's attention: biases on q, k and v (here on q and v only: k's part of the stacked bias is zero)."""
-    plain, fused = _pair(fuse=())
-    for model in (plain, fused):
-        _add_biases(model, (("self_attn", "q_proj"), ("self_attn", "v_proj")), 0)
-    fuse_lora(fused, ("mlp", "qkv", "o"))
-    ids = torch.randint(0, TINY_ARCH.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
-    _assert_same_function(plain, fused, ids, 1e-10, 1e-9, 1e-12)
-    assert {m.last_backend for n, m in lora_modules(fused).items() if "self_attn" in n and "o_proj" not in n} == {
-        "torch-fused-qkv"
-    }
+    block = biased[0][0]
+    served = {m.last_backend for n, m in lora_modules(fused).items() if f".{block}." in n and "o_proj" not in n}
+    assert served == {f"torch-fused-{group}"}
 
 
 @pytest.mark.parametrize("block,name", [("mlp", "down_proj"), ("mlp", "gate_proj"), ("self_attn", "k_proj")])

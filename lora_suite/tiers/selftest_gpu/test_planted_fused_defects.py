@@ -54,9 +54,8 @@ def _check_caught(tier, what: str, name: str) -> None:
     tier.check(name, n_bad, ">", 0, source="quick tier's fused parity test", detail=detail)
 
 
-@pytest.mark.needs_feature("lora_core_ops")
-def test_a_dropped_swiglu_derivative_term_is_caught(tier, monkeypatch):
-    """The fused MLP's SwiGLU backward uses silu'(g) = σ(g), dropping the g·σ(1 - σ) term."""
+def _plant_gate_derivative(monkeypatch, wrong_derivative) -> None:
+    """The fused MLP's gated backward with ``wrong_derivative(g)`` in place of f'(g): dg = d · u · wrong_derivative(g)."""
     from lora_core.ops import fused_mlp
 
     real = fused_mlp.swiglu_backward_
@@ -65,9 +64,15 @@ def test_a_dropped_swiglu_derivative_term_is_caught(tier, monkeypatch):
         inter = dact.shape[1]
         g, u, d = gu[:, :inter].float(), gu[:, inter:].float(), dact.float()
         real(eng, dact, gu, activation)
-        gu[:, :inter].copy_(d * u * torch.sigmoid(g))
+        gu[:, :inter].copy_(d * u * wrong_derivative(g))
 
     monkeypatch.setattr(fused_mlp, "swiglu_backward_", planted)
+
+
+@pytest.mark.needs_feature("lora_core_ops")
+def test_a_dropped_swiglu_derivative_term_is_caught(tier, monkeypatch):
+    """The fused MLP's SwiGLU backward uses silu'(g) = σ(g), dropping the g·σ(1 - σ) term."""
+    _plant_gate_derivative(monkeypatch, torch.sigmoid)
     _check_caught(tier, "mlp", "planted dropped silu' term: fused MLP tensors beyond tolerance")
 
 
@@ -90,18 +95,7 @@ def test_dx_of_k_not_accumulated_is_caught(tier, monkeypatch):
 @pytest.mark.needs_feature("lora_core_ops")
 def test_a_geglu_derivative_without_its_density_term_is_caught(tier, monkeypatch):
     """The fused MLP's GeGLU backward uses gelu'(g) = Φ(g) (tanh form), dropping the g·Φ'(g) term."""
-    from lora_core.ops import fused_mlp
-
-    real = fused_mlp.swiglu_backward_
-
-    def planted(eng, dact, gu, activation="silu"):
-        inter = dact.shape[1]
-        g, u, d = gu[:, :inter].float(), gu[:, inter:].float(), dact.float()
-        real(eng, dact, gu, activation)
-        phi = 0.5 * (1.0 + torch.tanh(0.7978845608028654 * (g + 0.044715 * g**3)))
-        gu[:, :inter].copy_(d * u * phi)
-
-    monkeypatch.setattr(fused_mlp, "swiglu_backward_", planted)
+    _plant_gate_derivative(monkeypatch, lambda g: 0.5 * (1.0 + torch.tanh(0.7978845608028654 * (g + 0.044715 * g**3))))
     _check_caught(tier, "geglu", "planted GeGLU derivative without g·Φ'(g): fused MLP tensors beyond tolerance")
 
 
