@@ -16,8 +16,8 @@ Each case runs ``FT.eager_rounds()`` rounds taken in turns (``FT.schedule``); th
 with its spread and the 1.2x target row of ``FT.target_cells`` (beyond the spread, peak no higher in any round).
 Run in two commands, each inside 10 minutes on an H100 (issue 57): ``lora-suite bench -- -k "best_settings and
 (smollm2 or tinyllama or summary)"`` and ``-k "best_settings and (llama2-7b or qlora or summary)"`` (one case:
-``-k "best_settings and (smollm2 or summary)"``); the Qwen2- and Gemma-shaped cases, cupy-fused without Liger (whose
-ops are applied to Llama models only), a third: ``-k "best_settings and (qwen2 or gemma2 or summary)"``.
+``-k "best_settings and (smollm2 or summary)"``); the Qwen2- and Gemma-shaped cases (Liger's Qwen2 and Gemma 2 ops)
+a third: ``-k "best_settings and (qwen2 or gemma2 or summary)"``.
 """
 
 from __future__ import annotations
@@ -30,16 +30,11 @@ from lora_suite.scenarios import fused_table as FT
 pytestmark = [pytest.mark.gpu, pytest.mark.benchmark]
 CASES = tuple(c for c in FT.EAGER_CASES if not c.name.startswith("llama3")) + (FT.FULL_TIER_CASE,)
 QUANTIZE = {FT.FULL_TIER_CASE.name: "nf4"}  # the full tier's workload: NF4 base (bitsandbytes' for Unsloth)
-SETTINGS = {"cupy-fused+liger": "captured", "cupy-fused": "captured", "unsloth": "eager"}
-# Liger's ops are applied to Llama models only (liger_ops): the Qwen2- and Gemma-shaped cases run cupy-fused alone
-LLAMA = tuple(c for c in CASES if FT.model_family(c) == "llama")
-OTHER = tuple(c for c in CASES if c not in LLAMA)
-RUNS = FT.schedule(LLAMA, ("cupy-fused+liger", "unsloth"), rounds=FT.eager_rounds()) + FT.schedule(
-    OTHER, ("cupy-fused", "unsloth"), rounds=FT.eager_rounds()
-)
+SETTINGS = {"cupy-fused+liger": "captured", "unsloth": "eager"}
+RUNS = FT.schedule(CASES, tuple(SETTINGS), rounds=FT.eager_rounds())
 WARMUP, MEASURED = 5, 20
-TABLE = "each stack at its best settings: cupy-fused(+liger) captured, Unsloth eager (ms per step, peak GiB)"
-TARGET = f"cupy-fused(+liger) captured against Unsloth eager, issue 47's target ({FT.UNSLOTH_TARGET}x, peak no higher)"
+TABLE = "each stack at its best settings: cupy-fused+liger captured, Unsloth eager (ms per step, peak GiB)"
+TARGET = f"cupy-fused+liger captured against Unsloth eager, issue 47's target ({FT.UNSLOTH_TARGET}x, peak no higher)"
 _figs: dict[tuple[str, str], list] = {}
 
 
@@ -92,8 +87,7 @@ def test_best_settings_summary(run_report):
                 run_report.add_row(
                     "benchmarks", f"{TABLE}: medians of the rounds", cols, (case.name, stack, mode, *cells)
                 )
-        stack = "cupy-fused+liger" if case in LLAMA else "cupy-fused"
-        fused, base = _figs.get((case.name, stack), []), _figs.get((case.name, "unsloth"), [])
+        fused, base = _figs.get((case.name, "cupy-fused+liger"), []), _figs.get((case.name, "unsloth"), [])
         if fused and base:
-            row = (case.name, f"{stack} captured", "unsloth eager", *FT.target_cells(base, fused))
+            row = (case.name, "cupy-fused+liger captured", "unsloth eager", *FT.target_cells(base, fused))
             run_report.add_row("benchmarks", TARGET, ("case", "fused stack", "against", *FT.TARGET_COLUMNS), row)

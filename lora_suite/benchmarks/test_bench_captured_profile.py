@@ -1,5 +1,5 @@
 """Why a captured step is slower or heavier than its own eager step (issue 57): the best-settings cases where
-cupy-fused(+liger)'s captured step did not beat Unsloth's eager one, each profiled twice in this process, eager
+cupy-fused+liger's captured step did not beat Unsloth's eager one, each profiled twice in this process, eager
 (``step_profile.profile_steps``, as the fused table's profiles) and captured through the project's trainer
 (``captured_profile.profile_captured``), both at the best-settings configuration (all-linear r16, random weights;
 the full tier's 7B QLoRA workload with its NF4 base).
@@ -29,14 +29,9 @@ KINDS = "captured profile: kernel time by kind, eager and captured (ms per step)
 KERNELS = "captured profile: the kernels whose time differs most (ms per step)"
 
 
-def stack_for(case) -> str:
-    """cupy-fused+liger on Llama models, cupy-fused elsewhere (Liger's ops are applied to Llama models only)."""
-    return "cupy-fused+liger" if FT.model_family(case) == "llama" else "cupy-fused"
-
-
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_captured_profile(case, run_report, check):
-    stack = stack_for(case)
+    stack = "cupy-fused+liger"
     reason = FT.unavailable(stack, case)
     if reason:
         check.not_applicable(f"captured profile: {case.name} {stack}", reason)

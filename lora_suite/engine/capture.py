@@ -72,3 +72,64 @@ class StaticBatches:
                     )
                 buf[k].copy_(v, non_blocking=True)
         return self.buffers
+
+
+CAPTURED_ATTENTION = "sdpa_causal_in_capture"
+
+
+def causal_mask_or_none(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset=0,
+    kv_offset=0,
+    mask_function=None,
+    attention_mask: torch.Tensor | None = None,
+    local_size: int | None = None,
+    allow_is_causal_skip: bool = True,
+    **kwargs,
+) -> torch.Tensor | None:
+    """transformers' SDPA mask function (``masking_utils.sdpa_mask``), except that a plain causal mask over a batch
+    without padding is left out (None: SDPA's ``is_causal``) whether or not a CUDA stream is capturing.
+
+    transformers up to 5.17 (``_ignore_causal_mask_sdpa``) builds the full (batch, 1, q, kv) mask whenever a stream
+    captures, even with no padding mask to read; SDPA then takes its masked kernels (the captured profile measured
+    cuDNN's flash attention 2.3-2.7x slower with the mask, ``lora-suite bench -- -k captured_profile``). The mask is
+    left out only where it is exactly causal: no padding mask, no local window, the causal pattern itself, queries and
+    keys the same positions (no cache); anything else goes to ``sdpa_mask`` unchanged."""
+    from transformers.masking_utils import causal_mask_function, sdpa_mask
+
+    mask_function = causal_mask_function if mask_function is None else mask_function
+    plain = attention_mask is None and local_size is None and mask_function is causal_mask_function
+    aligned = q_length == kv_length and isinstance(q_offset, int) and q_offset == 0 and kv_offset == 0
+    if allow_is_causal_skip and plain and aligned:
+        return None
+    return sdpa_mask(
+        batch_size,
+        q_length,
+        kv_length,
+        q_offset,
+        kv_offset,
+        mask_function,
+        attention_mask,
+        local_size,
+        allow_is_causal_skip,
+        **kwargs,
+    )
+
+
+def causal_attention_for_capture(model: nn.Module) -> str | None:
+    """Give a model whose attention is SDPA the attention ``CAPTURED_ATTENTION``: SDPA's own forward with
+    ``causal_mask_or_none`` as its mask function (registered with transformers' ``AttentionInterface`` and
+    ``AttentionMaskInterface``), so that its captured step runs the causal kernels its eager step runs. Returns the
+    implementation set, or None where the model's attention is not SDPA (eager, flash: left as they are)."""
+    config = getattr(model, "config", None)
+    if getattr(config, "_attn_implementation", None) not in ("sdpa", CAPTURED_ATTENTION):
+        return None
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    AttentionInterface.register(CAPTURED_ATTENTION, sdpa_attention_forward)
+    AttentionMaskInterface.register(CAPTURED_ATTENTION, causal_mask_or_none)
+    model.set_attn_implementation(CAPTURED_ATTENTION)
+    return CAPTURED_ATTENTION

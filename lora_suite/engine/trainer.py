@@ -27,7 +27,8 @@ replayed for every later step: each step copies its micro-batches into the buffe
 into the optimizer's lr tensor (a capturable AdamW) and replays. The gradients live in the graph's memory and
 are overwritten, never zeroed, by each replay. The loss and gradient norm are read back after the replay; so
 the non-finite guard stops the run one update later than in eager mode (the update of the non-finite step is
-already applied; the error says so). Records say which steps were replayed (``StepRecord.captured``).
+already applied; the error says so). Records say which steps were replayed (``StepRecord.captured``). An SDPA
+model's attention becomes ``capture.CAPTURED_ATTENTION`` (its causal kernels, no mask built under capture).
 
 The optimizer, the learning-rate schedule and clipping live in ``lora_suite.engine.optimizer``.
 """
@@ -47,7 +48,7 @@ from torch import nn
 
 from lora_core.inject import adapter_parameters
 from lora_suite.core.config import TrainSettings
-from lora_suite.engine.capture import StaticBatches, checkpointing_kwargs
+from lora_suite.engine.capture import StaticBatches, causal_attention_for_capture, checkpointing_kwargs
 from lora_suite.engine.non_finite import non_finite_message
 from lora_suite.engine.optimizer import check_capturable, clip_gradients, lr_at, make_optimizer, set_lr
 from lora_suite.measure.device_time import DeviceTimer
@@ -224,9 +225,9 @@ class TrainingRun:
         self.captured: CapturedStep | None = None
         if settings.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpointing_kwargs(model, settings))
+        self.attention = causal_attention_for_capture(model) if settings.cuda_graph else None
         self.nvml: NvmlReader | None = None
-        # one for the run's whole life: a run entered again (aged vs fresh) keeps the source of its first reading
-        self.process_memory: ProcessMemory | None = None
+        self.process_memory: ProcessMemory | None = None  # one for the run's life (a run entered again keeps it)
 
     def __enter__(self) -> TrainingRun:
         self.model.train()

@@ -168,7 +168,7 @@ def stack_model(cfg, stack: str):
 
 def unavailable(stack: str, case: Case | None = None) -> str | None:
     """Why ``stack`` cannot run here (its implementation or Liger-Kernel missing) or on ``case``'s model (Liger's
-    ops are applied to Llama models only: ``liger_ops``), or None."""
+    ops are applied to the families ``liger_ops.LIGER_FAMILIES``), or None."""
     import importlib.util
 
     from lora_suite.implementations import ImplementationError, resolve_implementation
@@ -181,9 +181,11 @@ def unavailable(stack: str, case: Case | None = None) -> str | None:
     liger = liger or impl == "peft-liger"
     if liger and importlib.util.find_spec("liger_kernel") is None:
         return "liger_kernel not installed (install lora-gpu-suite[liger])"
+    from lora_suite.implementations.liger_ops import LIGER_FAMILIES
+
     family = "llama" if case is None else model_family(case)
-    if liger and family != "llama":
-        return f"Liger's ops are applied to Llama models (liger_ops: apply_liger_kernel_to_llama); {case.model} is {family}"
+    if liger and family not in LIGER_FAMILIES:
+        return f"Liger's ops are applied to the families {LIGER_FAMILIES} (liger_ops); {case.model} is {family}"
     return None
 
 
