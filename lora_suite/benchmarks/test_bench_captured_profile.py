@@ -62,8 +62,10 @@ def test_captured_profile(case, run_report, check):
     run_report.add_row("benchmarks", SIDE, cols, row)
     for kind, e, c, d in CP.kind_differences(eager, cap.profile):
         row = (case.name, stack, kind, round(e, 3), round(c, 3), round(d, 3))
-        run_report.add_row("benchmarks", KINDS, ("case", "stack", "kind", "eager", "captured", "difference"), row)
-    cols = ("case", "kernel", "eager launches", "eager ms", "captured launches", "captured ms", "difference")
+        run_report.add_row(
+            "benchmarks", KINDS, ("case", "stack", "kernel kind", "eager ms", "captured ms", "difference ms"), row
+        )
+    cols = ("case", "kernel", "eager launches", "eager ms", "captured launches", "captured ms", "difference ms")
     for k, el, em, cl, cm, d in CP.kernel_differences(eager, cap.profile):
         row = (case.name, k[:120], round(el, 1), round(em, 3), round(cl, 1), round(cm, 3), round(d, 3))
         run_report.add_row("benchmarks", KERNELS, cols, row)
