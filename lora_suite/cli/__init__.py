@@ -31,7 +31,6 @@ TOOLS = {
     "mutate": "mutation testing of a stack's own source: each mutant through quick's fast checks on the GPU, "
     "killed / survived / equivalent, the mutation score against --min-score (default 0.9)",
 }
-IMPL_SPEC = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*(:[A-Za-z_][A-Za-z0-9_]*)?")
 
 
 EPILOG = """run options (tiers, all, bench, selftest-gpu; `lora-suite TARGET --help` lists each target's):
@@ -138,7 +137,6 @@ def _run_options(p: argparse.ArgumentParser, tier: bool = True) -> None:
         help="fail (exit 4) when no CUDA GPU is found instead of skipping the GPU tests (or LORA_SUITE_REQUIRE_GPU=1)",
     )
     g.add_argument("-v", "--verbose", action="store_true", help="verbose pytest output with live progress lines")
-    g.add_argument("--backend", help=argparse.SUPPRESS)
 
 
 def _positive_int(flag: str):
@@ -172,9 +170,12 @@ def _weights(text: str) -> str:
 
 
 def _impl(text: str) -> str:
-    if not IMPL_SPEC.fullmatch(text):
-        raise argparse.ArgumentTypeError(f"--lora-impl must be a name or package.module:factory, got {text!r}")
-    return text
+    from lora_suite.core.implementation_names import SpecError, parse_spec
+
+    try:
+        return parse_spec(text).text
+    except SpecError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> Parser:

@@ -36,7 +36,6 @@ FAST_CHECKS = (
     "test_architectures.py",  # biases, fused projections, tied embeddings
     "test_adapter_round_trip.py",
 )
-MODULE_FACTORY = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 EXIT_NO_EXTRA = 3
 # What the fork server imports once for every mutant's run (``tools.forked_runs``): the heavy packages the checks
 # import. A package that holds a file under mutation is left out (its children must import the mutant).
@@ -162,11 +161,14 @@ def _spec(spec: str | None, sources: list[str] | None) -> str:
     """``spec`` checked: MODULE:FACTORY, or a known name (which needs --source: its module is not ours to guess)."""
     if not spec:
         raise UsageError("mutate needs --lora-impl (package.module:factory, or a known name with --source FILE)")
-    if MODULE_FACTORY.fullmatch(spec):
-        return spec
-    from lora_suite.implementations.lookup import BUILTINS, entry_point_names
+    from lora_suite.core.implementation_names import SpecError, known_names, parse_spec
 
-    known = [*BUILTINS, *entry_point_names()]
+    try:
+        if parse_spec(spec).is_module:
+            return spec
+    except SpecError as exc:
+        raise UsageError(f"--lora-impl: {exc}") from None
+    known = known_names()
     if spec not in known:
         raise UsageError(f"--lora-impl must be package.module:factory or one of {', '.join(known)}; got {spec!r}")
     if not sources:

@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 import sys
 from pathlib import Path
 
 from lora_suite.cli.usage import UsageError
-from lora_suite.core.implementation_names import MODULE_SPEC, known_names
+from lora_suite.core.implementation_names import SpecError, known_names, parse_spec
 
-# A name of an implementation (package.module:factory is MODULE_SPEC, shared with implementations/lookup.py)
-NAME_SPEC = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 GPUS_TARGETS = ("multigpu", "all")  # the targets that start torchrun jobs
 
 
@@ -41,13 +38,12 @@ def check_implementation(spec: str | None) -> None:
     """``--lora-impl``: a module that cannot be found or a name nobody registered, refused before pytest starts."""
     if spec is None:
         return
-    if ":" in spec:
-        if not MODULE_SPEC.fullmatch(spec):
-            raise UsageError(
-                f"--lora-impl {spec!r}: expected package.module:factory (a dotted module path of Python names, "
-                "no dashes, a colon, a Python name)"
-            )
-        module = spec.partition(":")[0]
+    try:
+        parsed = parse_spec(spec)
+    except SpecError as exc:
+        raise UsageError(f"--lora-impl: {exc}") from None
+    if parsed.is_module:
+        module = parsed.module
         sys.path.insert(0, os.getcwd())  # the runs start `python -m pytest` here: this directory is on their path
         try:
             found = importlib.util.find_spec(module)
@@ -63,7 +59,7 @@ def check_implementation(spec: str | None) -> None:
             )
         return
     known = known_names()
-    if not NAME_SPEC.fullmatch(spec) or spec not in known:
+    if spec not in known:
         raise UsageError(
             f"--lora-impl {spec!r} is not known: expected one of {', '.join(known)}, or package.module:factory"
         )
@@ -84,8 +80,6 @@ def check_run_options(args, target: str, tiers: dict) -> None:
     """The run options against the target and the machine."""
     if getattr(args, "strict_vram", False) and not args.check_vram:
         raise UsageError("--strict-vram only makes sense with --check-vram")
-    if args.backend:
-        raise UsageError("--backend was replaced by --lora-impl (cupy, torch, peft or package.module:factory)")
     if args.baseline and args.baseline != "auto" and not Path(args.baseline).is_dir():
         raise UsageError(f"--baseline {args.baseline}: not a directory (a run folder, or auto)")
     if target == "selftest" and args.report_dir:  # issue 28: it was accepted, and the folder stayed empty

@@ -37,7 +37,6 @@ def find_config_dir() -> Path:
 
 
 CONFIG_DIR = find_config_dir()
-IMPLEMENTATION_SPEC = re.compile(r"[A-Za-z_][\w.-]*(:[A-Za-z_]\w*)?")  # a name, or package.module:factory
 RENAMED = {  # old key -> new key, named in the error
     "backend": "implementation",
     "tier_seconds_max": "tier_seconds_target",  # a reported target since issue 34: wall time judges the machine

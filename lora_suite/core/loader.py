@@ -13,7 +13,6 @@ from lora_core.targets import TARGET_NAMES  # the system under test owns the tar
 from lora_suite.core.config import (
     _FLOAT_TEXT,
     CONFIG_DIR,
-    IMPLEMENTATION_SPEC,
     RENAMED,
     RETIRED,
     ConfigError,
@@ -25,6 +24,7 @@ from lora_suite.core.config import (
     TrainSettings,
     target_shapes,
 )
+from lora_suite.core.implementation_names import SpecError, parse_spec
 from lora_suite.core.yaml_io import read_yaml
 
 
@@ -124,11 +124,10 @@ def validate(cfg: TierConfig) -> None:
     where = cfg.source or cfg.tier
     # The YAML's implementation is a spec (a name or package.module:factory); a TierConfig built in Python may carry
     # any implementation's own name (the harness sets it), so the spec's pattern is the loader's, not TierConfig's.
-    if not isinstance(cfg.implementation, str) or not IMPLEMENTATION_SPEC.fullmatch(cfg.implementation):
-        raise ConfigError(
-            f"{where}.implementation: {cfg.implementation!r} is not a LoRA implementation name "
-            "(cupy, torch, peft, an entry point name) or 'package.module:factory'"
-        )
+    try:
+        parse_spec(cfg.implementation)
+    except SpecError as exc:
+        raise ConfigError(f"{where}.implementation: {exc}") from None
     bad = [t for t in cfg.lora.targets if t not in TARGET_NAMES + ("all-linear",)]
     if bad:
         raise ConfigError(f"{where}.lora.targets: {bad} not among {TARGET_NAMES} or 'all-linear'")

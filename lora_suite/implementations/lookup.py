@@ -7,7 +7,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 
-from lora_suite.core.implementation_names import BUILTINS, BUNDLED, MODULE_SPEC, entry_point_names
+from lora_suite.core.implementation_names import BUILTINS, BUNDLED, SpecError, entry_point_names, parse_spec
 from lora_suite.implementations.contract import (
     DEFAULT,
     ENTRY_POINT_GROUP,
@@ -20,22 +20,25 @@ from lora_suite.implementations.lora_core_impl import FusedLoraCoreImplementatio
 from lora_suite.implementations.peft_impl import PeftImplementation
 
 
-def _builtin(name: str) -> LoRAImplementation | None:
-    if name in ("cupy", "torch"):
-        return LoraCoreImplementation(name)
-    if name == "cupy-fused":
-        return FusedLoraCoreImplementation()
-    if name == "peft":
-        require_module("peft", "peft")
-        return PeftImplementation()
-    return None
+def _peft() -> LoRAImplementation:
+    require_module("peft", "peft")
+    return PeftImplementation()
+
+
+# The built-ins' factories, one per name of BUILTINS (a test holds the two to the same names)
+BUILTIN_FACTORIES = {
+    "cupy": lambda: LoraCoreImplementation("cupy"),
+    "cupy-fused": FusedLoraCoreImplementation,
+    "torch": lambda: LoraCoreImplementation("torch"),
+    "peft": _peft,
+}
 
 
 def installed_names() -> list[str]:
     """Every implementation that can be built here: the built-ins, then the entry points and bundled peers whose
     library imports (the scorecard's default selection)."""
-    names = ["cupy", "cupy-fused", "torch"] + (["peft"] if importlib.util.find_spec("peft") else [])
-    for name in entry_point_names():
+    names = []
+    for name in (*BUILTINS, *entry_point_names()):
         try:
             resolve_implementation(name)
         except ImplementationError:
@@ -47,19 +50,13 @@ def installed_names() -> list[str]:
 def resolve_implementation(spec: str | None) -> LoRAImplementation:
     """The implementation ``spec`` names: a built-in, an entry point of ``ENTRY_POINT_GROUP``, or ``module:factory``."""
     spec = DEFAULT if spec is None else spec
-    if not isinstance(spec, str) or not spec.strip():
-        raise ImplementationError(
-            f"LoRA implementation {spec!r}: expected a name ({', '.join(BUILTINS)}, an entry "
-            f"point of {ENTRY_POINT_GROUP!r}) or 'package.module:factory'"
-        )
-    impl = _builtin(spec)
-    if impl is None and ":" in spec:
-        module_name, _, attr = spec.partition(":")
-        if not MODULE_SPEC.fullmatch(spec):
-            raise ImplementationError(
-                f"LoRA implementation {spec!r}: expected 'package.module:factory' (a dotted "
-                "module path, a colon, a Python name)"
-            )
+    try:
+        parsed = parse_spec(spec)
+    except SpecError as exc:
+        raise ImplementationError(str(exc)) from None
+    impl = BUILTIN_FACTORIES[spec]() if spec in BUILTIN_FACTORIES else None
+    if impl is None and parsed.is_module:
+        module_name, attr = str(parsed.module), str(parsed.factory)
         try:
             factory = getattr(importlib.import_module(module_name), attr)
         except Exception as exc:  # the user's module: whatever it raises at import is named in one line, with where

@@ -19,7 +19,7 @@ CLI_CASES = [
     (["quick", "--report-dir=--x"], "--report-dir needs a directory, got '--x'"),
     (["quick", "--report-dir", "--check-vram"], "--report-dir needs a directory, got '--check-vram'"),
     (["quick", "--lora-impl"], "--lora-impl needs a value"),
-    (["quick", "--lora-impl", "no such"], "--lora-impl must be a name or package.module:factory, got 'no such'"),
+    (["quick", "--lora-impl", "no such"], "argument --lora-impl: LoRA implementation 'no such': expected a name"),
     (["quick", "--backend", "cupy"], "--backend was replaced by --lora-impl"),
     (["quick", "--weights", "maybe"], "--weights must be auto, pretrained or random, got 'maybe'"),
     (["quick", "--weights"], "--weights needs a value"),

@@ -42,7 +42,7 @@ def test_help_is_the_command_lines_own_with_the_run_flags():
         (("quick", "--bogus"), "unknown option '--bogus'"),
         (("fast",), "unknown target 'fast'"),
         (("quick", "memory"), "only one target allowed"),
-        (("quick", "--lora-impl", "not a name"), "--lora-impl must be a name or package.module:factory"),
+        (("quick", "--lora-impl", "not a name"), "LoRA implementation 'not a name': expected a name"),
         (("quick", "--backend", "cupy"), "--backend was replaced by --lora-impl"),
         (("quick", "--strict-vram"), "--strict-vram only makes sense with --check-vram"),
         (("quick", "--report-dir"), "--report-dir needs a directory"),
