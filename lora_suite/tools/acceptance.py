@@ -17,6 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from lora_suite.harness.report import atomic_write_text
+from lora_suite.harness.verdict import verdict_of_json
 
 
 def collect(root: Path) -> list[dict]:
@@ -31,9 +32,9 @@ def collect(root: Path) -> list[dict]:
                 "target": report.get("selection"),
                 "status": report.get("status"),
                 "summary": report.get("summary", {}),
-                "passed": report.get("status") == "complete"
-                and not report.get("summary", {}).get("failed")
-                and all(c["passed"] for c in checks),
+                # the one verdict rule (harness.verdict): a run that judged nothing is NOT JUDGED, not passed
+                "verdict": (verdict := verdict_of_json(report)[0]),
+                "passed": verdict == "PASS",
                 "environment": report.get("environment", {}),
                 "checks": [
                     {k: c.get(k) for k in ("test", "name", "value", "op", "threshold", "passed")} for c in checks
@@ -121,7 +122,7 @@ def render(runs: list[dict]) -> str:
 
 
 def _verdict(run: dict) -> str:
-    return "PASS" if run["passed"] else "FAIL"
+    return run["verdict"]
 
 
 def _condition_table_head(first: str, conditions: list[str]) -> list[str]:

@@ -113,3 +113,19 @@ def test_load_acceptance_script_refuses_bad_conditions_and_counts(tmp_path):
     bad = subprocess.run(["bash", str(script), str(tmp_path), "quiet", "two"], capture_output=True, text=True)
     assert bad.returncode == 2 and "run counts must be whole numbers >= 0, got 'two'" in bad.stderr
     assert not (tmp_path / "quiet").exists()  # nothing written before the arguments are checked
+
+
+def test_a_run_that_judged_nothing_is_not_judged_not_passed(tmp_path, capsys):
+    """The acceptance reads each run's verdict by the one rule (harness.verdict): a complete run whose tests all
+    skipped judged nothing, and fails the acceptance as NOT JUDGED (it once counted as passed)."""
+    _run(tmp_path, "quiet", "r1", 0.001)
+    d = tmp_path / "quiet" / "r2"
+    d.mkdir(parents=True)
+    skipped = {"test": "t::x", "outcome": "skipped", "reason": "Skipped: no CUDA GPU"}
+    report = {"run_id": "r2", "selection": "extended", "status": "complete", "checks": [], "outcomes": [skipped]}
+    (d / "report.json").write_text(json.dumps(report))
+    runs = {r["run"]: r for r in collect(tmp_path)}
+    assert runs["r2"]["verdict"] == "NOT JUDGED" and not runs["r2"]["passed"]
+    assert runs["r1"]["verdict"] == "PASS" and runs["r1"]["passed"]
+    assert main([str(tmp_path)]) == 1
+    assert "| quiet | r2 | extended | NOT JUDGED |" in (tmp_path / "acceptance.md").read_text()
