@@ -13,7 +13,7 @@ model starts exactly at its base. Scale s = alpha / r, or alpha / √r with ``us
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -22,8 +22,12 @@ from lora_core.backend import resolve_backend, validate_backend_name
 from lora_core.nf4 import NF4Tensor, quantize_nf4
 from lora_core.ops.lora_linear import lora_linear, nf4_linear
 
-if TYPE_CHECKING:
-    from lora_core.fuse import QKVGroup
+
+class FusedGroup(Protocol):
+    """What a layer hands its forward to when it is computed with its siblings (``lora_core.fuse.QKVGroup``): the
+    group's output for this layer's input. A protocol, so that the layer does not import the module that fuses it."""
+
+    def __call__(self, layer: LoRALinear, x: torch.Tensor) -> torch.Tensor: ...
 
 QUANTIZE_MODES = (None, "nf4")
 
@@ -130,7 +134,7 @@ class LoRALinear(_NF4Storage, nn.Module):
         self.backend = validate_backend_name(backend)  # requested: "cupy", "torch" or None (auto)
         self.last_backend: str | None = None  # the path that served the latest forward ("cupy", "cupy-fused-qkv")
         # a lora_core.fuse.QKVGroup that computes this layer with its siblings, or None
-        self.fused_group: QKVGroup | None = None
+        self.fused_group: FusedGroup | None = None
         self.quantize = quantize
         self.weight: nn.Parameter | None
         if isinstance(weight, NF4Tensor):  # quantize is "nf4" (checked above)

@@ -14,70 +14,12 @@ import os
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from lora_suite.core.environment import Environment
+from lora_suite.harness.report_records import Check, Figure, NotApplicable, Outcome, Series  # noqa: F401
 from lora_suite.harness.report_render import compact_rows, plottable, render_markdown, render_plots  # noqa: F401
 from lora_suite.harness.verdict import run_verdict
 from lora_suite.measure.criteria import OPS as _OPS
-
-
-@dataclass(frozen=True)
-class Check:
-    test: str  # pytest node id
-    name: str
-    value: Any
-    op: str  # one of _OPS
-    threshold: Any
-    passed: bool
-    unit: str = ""
-    source: str = ""  # where the threshold came from (config key, derivation)
-    detail: str = ""  # diagnosis when it fails (what is beyond, where)
-
-
-@dataclass(frozen=True)
-class Figure:
-    """A tier's headline figure (its YAML's ``suite.figures``): a value with its unit, the clock that measured it and,
-    where it is a median of samples, their 20th and 80th percentiles (``compare`` reads the spread from them)."""
-
-    test: str
-    name: str
-    value: float
-    unit: str
-    clock: str  # device | host
-    better: str  # lower | higher
-    p20: float | None = None
-    p80: float | None = None
-    samples: int = 1
-
-
-@dataclass(frozen=True)
-class NotApplicable:
-    """A check the implementation under test cannot take by design, with its reason: shown, never dropped."""
-
-    test: str
-    name: str  # the check that was not run
-    reason: str  # the implementation's own words (LoRAImplementation.not_applicable) or the config's
-
-
-@dataclass(frozen=True)
-class Series:
-    test: str
-    name: str
-    columns: tuple[str, ...]
-    rows: tuple[tuple, ...]
-    plot_x: str | None = None  # column to plot the others against; None: table only
-    plot_y: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Outcome:
-    test: str
-    outcome: str  # passed | failed | skipped | error
-    duration_s: float
-    reason: str = ""  # the whole skip reason or failure message (an assertion's full text)
-    location: str = ""  # file:line of a failure
-
 
 # 1: reports before the field existed (reports/schema/report-v1.schema.json); 2: status, before issue 9;
 # 3: the implementation under test and the not-applicable checks; 4: the verdict; 5: the verdict PASS (RETRIED)

@@ -9,10 +9,8 @@ import math
 import os
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from lora_suite.harness.report import Check, RunReport, Series
+from lora_suite.harness.report_records import Check, ReportView, Series
 
 COMPACT_ROWS = 40  # a longer series shows its first and last rows and every k-th between them in report.md
 
@@ -49,7 +47,7 @@ def compact_rows(rows: tuple, limit: int = COMPACT_ROWS) -> tuple[list, str]:
     )
 
 
-def render_plots(report: RunReport, directory: Path) -> dict[int, str]:
+def render_plots(report: ReportView, directory: Path) -> dict[int, str]:
     """One PNG per plottable series; returns {series index: file name}."""
     wanted = [(i, plottable(s)) for i, s in enumerate(report.series) if plottable(s) is not None]
     if not wanted:
@@ -79,7 +77,7 @@ def render_plots(report: RunReport, directory: Path) -> dict[int, str]:
     return files
 
 
-def render_markdown(report: RunReport, plots: dict[int, str] | None = None) -> str:
+def render_markdown(report: ReportView, plots: dict[int, str] | None = None) -> str:
     """report.md: the verdict and run line, the environment, notes, tests and failures, checks by test, figures,
     what was not applicable, and each series as a table (with its plot where ``plots`` has one, by series index)."""
     lines = _md_head(report)
@@ -96,7 +94,7 @@ def render_markdown(report: RunReport, plots: dict[int, str] | None = None) -> s
     return "\n".join(lines) + "\n"
 
 
-def _md_head(report: RunReport) -> list[str]:
+def _md_head(report: ReportView) -> list[str]:
     """The title, the verdict, the run's id, status and summary counts, a warning when it did not finish, and the
     implementation under test."""
     s = report.summary()
@@ -116,7 +114,7 @@ def _md_head(report: RunReport) -> list[str]:
     return lines
 
 
-def _md_tests(report: RunReport) -> list[str]:
+def _md_tests(report: ReportView) -> list[str]:
     """Every test's outcome, seconds and reason, then each failed or erroring test's full reason."""
     lines = ["", "## Tests", "", "| test | outcome | seconds | reason |", "|---|---|---|---|"]
     lines += [
@@ -130,7 +128,7 @@ def _md_tests(report: RunReport) -> list[str]:
     return lines
 
 
-def _md_checks(report: RunReport) -> list[str]:
+def _md_checks(report: ReportView) -> list[str]:
     """The checks, a table per test in the order the tests recorded them: value, criterion, verdict (a failure's
     detail with it) and the threshold's source."""
     by_test: dict[str, list[Check]] = {}
@@ -153,7 +151,7 @@ def _md_checks(report: RunReport) -> list[str]:
     return lines
 
 
-def _md_figures(report: RunReport) -> list[str]:
+def _md_figures(report: ReportView) -> list[str]:
     """The headline figures: value, p20-p80 spread over the samples (where measured), clock, which way is better."""
     if not report.figures:
         return []
@@ -167,7 +165,7 @@ def _md_figures(report: RunReport) -> list[str]:
     return lines
 
 
-def _md_not_applicable(report: RunReport) -> list[str]:
+def _md_not_applicable(report: ReportView) -> list[str]:
     """The checks not applicable to the implementation under test, with its reasons."""
     if not report.not_applicable:
         return []

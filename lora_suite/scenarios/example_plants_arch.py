@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
-from lora_suite.scenarios.example_plants import _example, _forward_plant, _lora, _planted
+from lora_suite.scenarios.example_plant_base import _example, _forward_plant, _lora, _planted
 
 
 def _bias_dropped(self, x):

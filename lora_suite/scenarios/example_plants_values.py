@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from lora_suite.scenarios.example_plants import _example, _forward_plant, _layer_init_then, _lora, _planted
+from lora_suite.scenarios.example_plant_base import _example, _forward_plant, _layer_init_then, _lora, _planted
 
 
 def scale_rounded_bf16():

@@ -23,42 +23,15 @@ import datetime as dt
 import math
 import re
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from lora_suite.harness.report import atomic_write_text
 from lora_suite.tools import ledger
+from lora_suite.tools.history_data import Group, Point  # noqa: F401  (history.Group, history.Point)
 from lora_suite.tools.ledger import RUN_TAIL
 
 _ORDERED = {"<=", "<", ">=", ">"}
 _STAMP = re.compile(r"(\d{4})(\d{2})(\d{2})T(\d{2})(\d{2})(\d{2})Z")
-
-
-@dataclass
-class Point:
-    when: dt.datetime
-    run: str  # the run directory's name
-    commit: str
-    value: float
-    threshold: float | None = None
-    op: str = ""
-    passed: bool = True
-
-
-@dataclass
-class Group:
-    gpu: str
-    implementation: str
-    tier: str
-    figures: dict[str, list[Point]] = field(default_factory=dict)
-    runs: list[tuple[dt.datetime, str]] = field(default_factory=list)  # time-ordered run ids
-    commits: dict[str, str] = field(default_factory=dict)  # run id -> short commit
-    verdicts: dict[str, dict[str, bool]] = field(default_factory=dict)  # run id -> check name -> passed
-    regressions: dict[str, list[str]] = field(default_factory=dict)  # run name -> what the gate found
-
-    @property
-    def title(self) -> str:
-        return f"{self.gpu} · {self.implementation} · {self.tier}"
 
 
 def run_time(report: dict, run_dir: Path) -> dt.datetime:

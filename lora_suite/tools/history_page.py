@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from lora_suite.tools.history import Group
+from lora_suite.tools.history_data import Group
 
 TITLE = "LoRA GPU suite history"
 

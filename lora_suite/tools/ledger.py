@@ -38,44 +38,23 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from lora_suite.harness.report import atomic_write_text
-from lora_suite.tools.ledger_rows import (
+from lora_suite.tools.ledger_rows import (  # noqa: F401  (the row format, read from here too)
+    FIELDS,
+    KEY_FIELDS,
+    KINDS,
+    LedgerError,
     check_rows,
     figure_rows,
     ledger_row,
     not_applicable_rows,
+    run_key,
     seconds_rows,
     series_rows,
 )
 
 LOCK_TIMEOUT_S = 300.0  # a writer holds the lock for one read and one rename; five minutes means a stuck holder
 
-FIELDS = (
-    "run_id",
-    "time",
-    "group",
-    "commit",
-    "gpu",
-    "driver",
-    "cuda",
-    "torch",
-    "implementation",
-    "tier",
-    "kind",
-    "check",
-    "value",
-    "op",
-    "threshold",
-    "unit",
-    "verdict",
-    "source",
-    "detail",
-)
-KINDS = ("run", "check", "n/a", "bench", "stopped", "figure")
 NF4_NOTE = "stored as NF4"  # Prepared.describe's words in a run's notes when the base was quantised
-
-
-class LedgerError(ValueError):
-    """A ledger line or a report that cannot become rows; the message names the file and line."""
 
 
 def newer_schema(report: dict) -> str | None:
@@ -169,7 +148,7 @@ def rows_of_runs(paths: list[Path], group: str | None = None) -> list[dict]:
 
 
 RUN_FIELDS = ("time", "commit", "gpu", "driver", "cuda", "torch", "tier")  # the same on every row of one run
-KEY_FIELDS = ("run_id", "group", "implementation")
+
 DEFAULTS = {"op": "", "threshold": None, "unit": "", "source": "", "detail": "", "value": None}
 _ALL, _KEYS, _NEEDED = frozenset(FIELDS), frozenset(KEY_FIELDS), frozenset(("kind", "check", "verdict"))
 _SHORT = _ALL - frozenset(RUN_FIELDS)  # the keys a short row may have
@@ -224,11 +203,6 @@ def encode(rows: list[dict], heads: dict | None = None) -> str:
             out = {k: r[k] for k in FIELDS if k not in RUN_FIELDS and not (k in DEFAULTS and r[k] == DEFAULTS[k])}
         lines.append(json.dumps(out, ensure_ascii=False, separators=(",", ":")) + "\n")
     return "".join(lines)
-
-
-def run_key(r: dict) -> tuple[str, str, str]:
-    """What identifies one run's rows: run id, group, implementation."""
-    return r["run_id"], r["group"], r["implementation"]
 
 
 def append(path: Path, rows: list[dict]) -> int:

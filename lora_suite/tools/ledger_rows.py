@@ -10,6 +10,41 @@ import math
 from collections.abc import Callable
 
 TEST_TIME = "test time: "  # the check of a test function's seconds (seconds_rows)
+# A ledger row's fields, in order (lora_suite.tools.ledger's docstring says what each holds)
+FIELDS = (
+    "run_id",
+    "time",
+    "group",
+    "commit",
+    "gpu",
+    "driver",
+    "cuda",
+    "torch",
+    "implementation",
+    "tier",
+    "kind",
+    "check",
+    "value",
+    "op",
+    "threshold",
+    "unit",
+    "verdict",
+    "source",
+    "detail",
+)
+KINDS = ("run", "check", "n/a", "bench", "stopped", "figure")
+KEY_FIELDS = ("run_id", "group", "implementation")
+
+
+class LedgerError(ValueError):
+    """A ledger line or a report that cannot become rows; the message names the file and line."""
+
+
+def run_key(r: dict) -> tuple[str, str, str]:
+    """What identifies one run's rows: run id, group, implementation."""
+    return r["run_id"], r["group"], r["implementation"]
+
+
 BENCH_COLUMNS = (
     "÷ PEFT eager",
     "step ms",

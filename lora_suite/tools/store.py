@@ -23,7 +23,7 @@ import os
 import re
 from pathlib import Path
 
-from lora_suite.tools.ledger import FIELDS, LedgerError, run_key
+from lora_suite.tools.ledger_rows import FIELDS, LedgerError, run_key
 
 SCHEMA_VERSION = 1
 STORE_ENV = "LORA_SUITE_STORE"
