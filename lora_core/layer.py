@@ -29,6 +29,7 @@ class FusedGroup(Protocol):
 
     def __call__(self, layer: LoRALinear, x: torch.Tensor) -> torch.Tensor: ...
 
+
 QUANTIZE_MODES = (None, "nf4")
 
 
