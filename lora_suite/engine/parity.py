@@ -57,6 +57,18 @@ class TensorError:
         )
 
 
+GRID_COLUMNS = ("case", "worst tensor", "max err / max ref", "tol", "verdict")
+
+
+def grid_row(label: str, errs: list[TensorError]) -> tuple[tuple, list[str]]:
+    """One case of a parity grid: its table row (``GRID_COLUMNS``: the tensor worst against its tolerance, the
+    case's verdict) and the failures, each "label: what" (``TensorError.describe``)."""
+    worst = max(errs, key=lambda e: e.scaled_err / e.tol if e.tol else math.inf)
+    ok = all(e.ok for e in errs)
+    row = (label, worst.name, worst.scaled_err, worst.tol, "ok" if ok else "FAIL")
+    return row, [f"{label}: {e.describe()}" for e in errs if not e.ok]
+
+
 def compare(name: str, out: torch.Tensor | None, ref: torch.Tensor, tol: float, floor: float = 0.0) -> TensorError:
     """``out`` against ``ref``: the largest error over max(max|ref|, ``floor``). ``floor`` is the scale of the terms
     the reference summed where they cancel (``cancellation_floor``); 0 keeps the plain max|ref| normalisation."""

@@ -21,8 +21,8 @@ import torch.nn.functional as F
 
 from lora_core.ops import kernel_variants as kv
 from lora_core.ops.linear_cross_entropy import linear_cross_entropy
+from lora_suite.engine.parity import GRID_COLUMNS, compare, grid_row, tolerance
 from lora_suite.engine.parity import MLP_STAGES as STAGES
-from lora_suite.engine.parity import compare, tolerance
 from lora_suite.harness.report import Series
 
 pytestmark = [pytest.mark.gpu, pytest.mark.quick, pytest.mark.needs_feature("lora_core_ops")]
@@ -95,15 +95,14 @@ def test_fused_loss_matches_float64(config, layout, run_report, check):
         got, want = fused(h, w, t, train_head, chunk, softcap=cap), reference(h, w, t, train_head, softcap=cap)
         errs = judge(got, want, dtype, n, d, vocab)
         label = f"N={n} d={d} V={vocab} chunk={chunk or 'default'}" + (f" softcap={cap}" if cap else "")
-        worst = max(errs, key=lambda e: e.scaled_err / e.tol if e.tol else math.inf)
-        ok = all(e.ok for e in errs)
-        rows.append((label, worst.name, worst.scaled_err, worst.tol, "ok" if ok else "FAIL"))
-        failures += [f"{label}: {e.describe()}" for e in errs if not e.ok]
+        row, failed = grid_row(label, errs)
+        rows.append(row)
+        failures += failed
     run_report.add_series(
         Series(
             test=f"fused loss parity {config} {layout}",
             name=f"cupy fused linear cross-entropy vs float64, {config}, hidden {layout}",
-            columns=("case", "worst tensor", "max err / max ref", "tol", "verdict"),
+            columns=GRID_COLUMNS,
             rows=tuple(rows),
         )
     )

@@ -28,8 +28,8 @@ from lora_core.ops import kernel_variants as kv
 from lora_core.ops.fused_mlp import MLPBases, lora_mlp
 from lora_core.ops.fused_qkv import QKVBases, lora_qkv
 from lora_core.ops.lora_linear import lora_linear_torch
+from lora_suite.engine.parity import GRID_COLUMNS, compare, grid_row, tolerance
 from lora_suite.engine.parity import MLP_STAGES as FUSED_STAGES
-from lora_suite.engine.parity import compare, tolerance
 from lora_suite.harness.report import Series
 
 pytestmark = [pytest.mark.gpu, pytest.mark.quick, pytest.mark.needs_feature("lora_core_ops")]
@@ -174,15 +174,14 @@ def _grid_cell(config, layout, seed):
 def _grid_check(what, config, layout, cases, run_report, check):
     rows, failures = [], []
     for label, errs in cases:
-        ok = all(e.ok for e in errs)
-        worst = max(errs, key=lambda e: e.scaled_err / e.tol if e.tol else math.inf)
-        rows.append((label, worst.name, worst.scaled_err, worst.tol, "ok" if ok else "FAIL"))
-        failures += [f"{label}: {e.describe()}" for e in errs if not e.ok]
+        row, failed = grid_row(label, errs)
+        rows.append(row)
+        failures += failed
     run_report.add_series(
         Series(
             test=f"fused {what} parity {config} {layout}",
             name=f"cupy fused {what} vs float64, {config}, x {layout}",
-            columns=("case", "worst tensor", "max err / max ref", "tol", "verdict"),
+            columns=GRID_COLUMNS,
             rows=tuple(rows),
         )
     )

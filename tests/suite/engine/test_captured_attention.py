@@ -6,24 +6,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.masking_utils import causal_mask_function, sdpa_mask, sliding_window_causal_mask_function
 
 from lora_suite.engine import capture as C
+from lora_suite.engine.models import TINY_LLAMA, build_random
 
 
-def _llama(attn: str = "sdpa") -> LlamaForCausalLM:
-    cfg = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        attn_implementation=attn,
-    )
-    torch.manual_seed(0)
-    return LlamaForCausalLM(cfg).eval()
+def _llama(attn: str = "sdpa"):
+    """The suite's tiny Llama (SDPA attention, as ``build_random`` makes it), or with ``attn`` set instead."""
+    model = build_random(TINY_LLAMA, torch.float32, "cpu", seed=0).eval()
+    if attn != "sdpa":
+        model.set_attn_implementation(attn)
+    return model
 
 
 def _same(a, b) -> bool:
@@ -61,7 +55,7 @@ def test_the_model_computes_what_the_sdpa_model_computes():
     ref, model = _llama(), _llama()
     assert C.causal_attention_for_capture(model) == C.CAPTURED_ATTENTION
     assert model.config._attn_implementation == C.CAPTURED_ATTENTION
-    x = torch.randint(0, 64, (2, 9))
+    x = torch.randint(0, TINY_LLAMA.vocab_size, (2, 9))
     pad = torch.ones(2, 9, dtype=torch.long)
     pad[0, :3] = 0
     with torch.no_grad():

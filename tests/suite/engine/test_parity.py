@@ -63,3 +63,14 @@ def test_a_wrong_torch_backend_is_caught_by_the_formula_reference(monkeypatch):
         (2, 5), 96, 40, 4, torch.float32, torch.float32, "cpu", generator=torch.Generator().manual_seed(0)
     )
     assert not all(e.ok for e in parity(x, w, a, b, 2.0, dy, backend="torch"))
+
+
+def test_a_grid_row_names_the_tensor_worst_against_its_tolerance_and_every_failure():
+    from lora_suite.engine.parity import GRID_COLUMNS, TensorError, grid_row
+
+    good = TensorError("y", 1e-4, 1.0, 1e-4, 1e-3, 0, (0,))
+    bad = TensorError("dA", 5e-3, 1.0, 5e-3, 2e-3, 7, (1, 2))
+    row, failures = grid_row("N=4", [good, bad])
+    assert len(row) == len(GRID_COLUMNS) and row == ("N=4", "dA", 5e-3, 2e-3, "FAIL")
+    assert failures == [f"N=4: {bad.describe()}"]
+    assert grid_row("N=4", [good]) == (("N=4", "y", 1e-4, 1e-3, "ok"), [])
