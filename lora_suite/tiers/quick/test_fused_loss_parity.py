@@ -21,9 +21,9 @@ import torch.nn.functional as F
 
 from lora_core.ops import kernel_variants as kv
 from lora_core.ops.linear_cross_entropy import linear_cross_entropy
-from lora_suite.engine.parity import GRID_COLUMNS, compare, grid_row, tolerance
 from lora_suite.engine.parity import MLP_STAGES as STAGES
-from lora_suite.harness.report import Series
+from lora_suite.engine.parity import compare, tolerance
+from lora_suite.harness.parity_grid import report_grid
 
 pytestmark = [pytest.mark.gpu, pytest.mark.quick, pytest.mark.needs_feature("lora_core_ops")]
 
@@ -87,34 +87,16 @@ def judge(got, want, dtype, n, d, vocab):
 def test_fused_loss_matches_float64(config, layout, run_report, check):
     dtype = DTYPES[config]
     gen = torch.Generator(device=DEV).manual_seed(2032)
-    rows, failures, before = [], [], kv.reached()
+    cases, before = [], kv.reached()
     for n, (d, vocab), chunk in itertools.product(N_TOKENS, SHAPES, CHUNKS):
         train_head = chunk is not None  # the head's gradient on the chunked runs (dW accumulates over chunks)
         cap = SOFTCAP if chunk is not None and vocab > 256 else None  # Gemma 2's cap, on the strided rows
         h, w, t = loss_case(n, d, vocab, dtype, layout, gen)
         got, want = fused(h, w, t, train_head, chunk, softcap=cap), reference(h, w, t, train_head, softcap=cap)
-        errs = judge(got, want, dtype, n, d, vocab)
         label = f"N={n} d={d} V={vocab} chunk={chunk or 'default'}" + (f" softcap={cap}" if cap else "")
-        row, failed = grid_row(label, errs)
-        rows.append(row)
-        failures += failed
-    run_report.add_series(
-        Series(
-            test=f"fused loss parity {config} {layout}",
-            name=f"cupy fused linear cross-entropy vs float64, {config}, hidden {layout}",
-            columns=GRID_COLUMNS,
-            rows=tuple(rows),
-        )
-    )
-    n_tensors = sum(3 if chunk else 2 for chunk in CHUNKS) * len(N_TOKENS) * len(SHAPES)
-    check(
-        f"fused loss {config} {layout}: tensors beyond tolerance (of {n_tensors})",
-        len(failures),
-        "==",
-        0,
-        source=f"tol = {STAGES}·8·(u_dtype + u_fp32·√k); lora_suite/tiers/quick/test_fused_loss_parity.py",
-        detail="; ".join(failures[:4]),
-    )
+        cases.append((label, judge(got, want, dtype, n, d, vocab)))
+    rule = f"tol = {STAGES}·8·(u_dtype + u_fp32·√k); lora_suite/tiers/quick/test_fused_loss_parity.py"
+    report_grid(run_report, check, cases, ("loss", config, layout), rule, "linear cross-entropy", "hidden")
     taken = {v.variant for v in kv.reached_since(before) if v.kernel == "cross_entropy_rows" and v.dtype == config}
     check(
         f"fused loss {config} {layout}: cross-entropy variants reached",

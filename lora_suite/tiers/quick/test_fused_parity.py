@@ -28,9 +28,9 @@ from lora_core.ops import kernel_variants as kv
 from lora_core.ops.fused_mlp import MLPBases, lora_mlp
 from lora_core.ops.fused_qkv import QKVBases, lora_qkv
 from lora_core.ops.lora_linear import lora_linear_torch
-from lora_suite.engine.parity import GRID_COLUMNS, compare, grid_row, tolerance
 from lora_suite.engine.parity import MLP_STAGES as FUSED_STAGES
-from lora_suite.harness.report import Series
+from lora_suite.engine.parity import compare, tolerance
+from lora_suite.harness.parity_grid import report_grid
 
 pytestmark = [pytest.mark.gpu, pytest.mark.quick, pytest.mark.needs_feature("lora_core_ops")]
 
@@ -172,28 +172,8 @@ def _grid_cell(config, layout, seed):
 
 
 def _grid_check(what, config, layout, cases, run_report, check):
-    rows, failures = [], []
-    for label, errs in cases:
-        row, failed = grid_row(label, errs)
-        rows.append(row)
-        failures += failed
-    run_report.add_series(
-        Series(
-            test=f"fused {what} parity {config} {layout}",
-            name=f"cupy fused {what} vs float64, {config}, x {layout}",
-            columns=GRID_COLUMNS,
-            rows=tuple(rows),
-        )
-    )
-    n_tensors = sum(len(errs) for _, errs in cases)
-    check(
-        f"fused {what} {config} {layout}: tensors beyond tolerance (of {n_tensors})",
-        len(failures),
-        "==",
-        0,
-        source=f"tol = {FUSED_STAGES}·8·(u_dtype + u_fp32·√k); lora_suite/tiers/quick/test_fused_parity.py",
-        detail="; ".join(failures[:4]),
-    )
+    rule = f"tol = {FUSED_STAGES}·8·(u_dtype + u_fp32·√k); lora_suite/tiers/quick/test_fused_parity.py"
+    report_grid(run_report, check, cases, (what, config, layout), rule)
 
 
 @pytest.mark.parametrize("layout", ["2d", "3d", "noncontig"])
