@@ -23,6 +23,7 @@ With the eager step's own peak beside them, ``memory_reading`` says which phase 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
@@ -81,7 +82,6 @@ def profile_captured(prepared, cfg, window, steps: int = 3) -> CapturedProfile:
     memory by phase (``window``: the run's ``PeakWindow``) and the replays' kernel profile (module docstring)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from lora_suite.engine.benchmarking import host_calls, kernel_profile, op_profile
     from lora_suite.engine.trainer import TrainingRun
 
     if not cfg.train.cuda_graph:
@@ -96,37 +96,24 @@ def profile_captured(prepared, cfg, window, steps: int = 3) -> CapturedProfile:
         run.step(run.capture_at, record=False)
         capture_peak = torch.cuda.max_memory_allocated() - window.carried
         pool = graph_pool_bytes(torch.cuda.memory_snapshot())
-        span = _median([run.step(s, record=False).gpu_time_s for s in timed])
+        span = _median_ms([run.step(s, record=False).gpu_time_s for s in timed])
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             recs = [run.step(s, record=False) for s in profiled]
-    total, kernels = kernel_profile(prof, steps)
-    if total <= 0:
+    step_profile = SP.profile_of(prof, steps, span, _median_ms([r.gpu_time_s for r in recs]))
+    if step_profile.total_ms <= 0:
         raise RuntimeError(
             f"the profiler recorded no kernel in {steps} replays of the captured step: not a profile of the step"
         )
-    kinds: dict[str, float] = {}
-    for k in kernels:
-        kinds[SP.kernel_kind(k.name)] = kinds.get(SP.kernel_kind(k.name), 0.0) + k.ms
-    step_profile = SP.StepProfile(
-        total,
-        kinds,
-        kernels,
-        op_profile(prof, steps),
-        span,
-        _median([r.gpu_time_s for r in recs]),
-        tuple(host_calls(prof, steps)),
-    )
     memory = MemoryPhases(warmup_peak, before, capture_peak, *pool)
     return CapturedProfile(step_profile, memory, tuple(r.loss for r in recs))
 
 
-def _median(seconds: list[float | None]) -> float:
+def _median_ms(seconds: list[float | None]) -> float:
     """Median of CUDA-event spans in seconds, as ms."""
-    values = sorted(s * 1e3 for s in seconds if s is not None)
+    values = [s * 1e3 for s in seconds if s is not None]
     if not values:
         raise RuntimeError("no CUDA-event span was recorded for the replays (not on a GPU?)")
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+    return statistics.median(values)
 
 
 def kind_differences(eager: SP.StepProfile, captured: SP.StepProfile) -> list[tuple[str, float, float, float]]:

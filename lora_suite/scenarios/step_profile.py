@@ -119,7 +119,6 @@ def profile_steps(prepared, cfg, steps: int = 3) -> StepProfile:
     unprofiled steps are timed (``span_ms``) and then ``steps`` are profiled (and timed, ``profiled_span_ms``)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from lora_suite.engine.benchmarking import host_calls, kernel_profile, op_profile
     from lora_suite.measure.timing import cuda_time
 
     step = eager_step(prepared, cfg)
@@ -129,14 +128,21 @@ def profile_steps(prepared, cfg, steps: int = 3) -> StepProfile:
     span = cuda_time(step, warmup=0, reps=steps).median_ms
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         profiled_span = cuda_time(step, warmup=0, reps=steps).median_ms
+    return profile_of(prof, steps, span, profiled_span)
+
+
+def profile_of(prof, steps: int, span_ms: float, profiled_span_ms: float) -> StepProfile:
+    """The ``StepProfile`` of a finished ``torch.profiler`` session that ran ``steps`` steps (CPU and CUDA
+    activity), beside the steps' spans: kernels and their kinds, launching ops and CUDA calls, per step."""
+    from lora_suite.engine.benchmarking import host_calls, kernel_profile, op_profile
+
     total, kernels = kernel_profile(prof, steps)
     kinds: dict[str, float] = {}
     for k in kernels:
         kind = kernel_kind(k.name)
         kinds[kind] = kinds.get(kind, 0.0) + k.ms
-    return StepProfile(
-        total, kinds, kernels, op_profile(prof, steps), span, profiled_span, tuple(host_calls(prof, steps))
-    )
+    ops, host = op_profile(prof, steps), tuple(host_calls(prof, steps))
+    return StepProfile(total, kinds, kernels, ops, span_ms, profiled_span_ms, host)
 
 
 # A step in which no kernel ran for more than this share of its span waited on its host (a tenth of the step): its

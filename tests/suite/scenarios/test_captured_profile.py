@@ -93,6 +93,6 @@ def test_profile_captured_refuses_an_eager_config():
 
 def test_a_replay_without_spans_is_refused():
     with pytest.raises(RuntimeError, match="no CUDA-event span"):
-        CP._median([None, None])
-    assert CP._median([0.001, 0.003, 0.002]) == pytest.approx(2.0)
-    assert CP._median([0.001, 0.002]) == pytest.approx(1.5)
+        CP._median_ms([None, None])
+    assert CP._median_ms([0.001, 0.003, 0.002]) == pytest.approx(2.0)
+    assert CP._median_ms([0.001, 0.002]) == pytest.approx(1.5)
