@@ -35,33 +35,30 @@ LCE_LEFT_OUT = (
 class Family(NamedTuple):
     entry: str  # Liger's entry point in liger_kernel.transformers
     module: str  # transformers' modeling module whose names it patches
-    names: tuple[str, ...]  # the module-level names it patches (put back by restored_names)
-    mlp: str  # transformers' own MLP class: Liger's fused MLP replaces it only where it is still in place
+    prefix: str  # the family's class-name prefix in that module ("Llama": LlamaRMSNorm, LlamaMLP)
     mlp_switch: str  # the entry point's argument for its fused MLP (SwiGLU, or GeGLU for Gemma 2)
+
+    @property
+    def mlp(self) -> str:
+        """transformers' own MLP class: Liger's fused MLP replaces it only where it is still in place."""
+        return f"{self.prefix}MLP"
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The module-level names the entry point patches (put back by ``restored_names``)."""
+        return ("apply_rotary_pos_emb", f"{self.prefix}RMSNorm", self.mlp)
 
 
 # The decoder families Liger's ops are applied to, by the model's class (Liger-Kernel's monkey_patch.py)
 FAMILIES = {
     "LlamaForCausalLM": Family(
-        "apply_liger_kernel_to_llama",
-        "transformers.models.llama.modeling_llama",
-        ("apply_rotary_pos_emb", "LlamaRMSNorm", "LlamaMLP"),
-        "LlamaMLP",
-        "swiglu",
+        "apply_liger_kernel_to_llama", "transformers.models.llama.modeling_llama", "Llama", "swiglu"
     ),
     "Qwen2ForCausalLM": Family(
-        "apply_liger_kernel_to_qwen2",
-        "transformers.models.qwen2.modeling_qwen2",
-        ("apply_rotary_pos_emb", "Qwen2RMSNorm", "Qwen2MLP"),
-        "Qwen2MLP",
-        "swiglu",
+        "apply_liger_kernel_to_qwen2", "transformers.models.qwen2.modeling_qwen2", "Qwen2", "swiglu"
     ),
     "Gemma2ForCausalLM": Family(
-        "apply_liger_kernel_to_gemma2",
-        "transformers.models.gemma2.modeling_gemma2",
-        ("apply_rotary_pos_emb", "Gemma2RMSNorm", "Gemma2MLP"),
-        "Gemma2MLP",
-        "geglu",
+        "apply_liger_kernel_to_gemma2", "transformers.models.gemma2.modeling_gemma2", "Gemma2", "geglu"
     ),
 }
 
@@ -80,7 +77,7 @@ def _liger():
 
 
 @contextlib.contextmanager
-def restored_llama_names():
+def restored_names():
     """Put back, on exit, transformers' module-level names that Liger patches, of every family in ``FAMILIES`` (for
     a process that builds other stacks' models afterwards)."""
     saved = []
@@ -137,7 +134,7 @@ def apply_liger_ops(model: nn.Module, *, swiglu: bool | None = None, captured: b
 @contextlib.contextmanager
 def liger_ops(model: nn.Module, *, swiglu: bool | None = None, captured: bool = False):
     """``apply_liger_ops`` for the duration of the block, transformers' module-level names put back on exit."""
-    with restored_llama_names():
+    with restored_names():
         yield apply_liger_ops(model, swiglu=swiglu, captured=captured)
 
 

@@ -146,7 +146,7 @@ def stack_model(cfg, stack: str):
     """The prepared model of ``stack`` (Liger's ops applied when the stack says so); transformers' module-level
     names that Liger patches are put back afterwards, and the model's memory is released."""
     from lora_suite.engine.prepare import prepare
-    from lora_suite.implementations.liger_ops import apply_liger_ops, restored_llama_names
+    from lora_suite.implementations.liger_ops import apply_liger_ops, restored_names
     from lora_suite.measure.memory import PeakWindow
 
     impl, with_liger = STACKS[stack]
@@ -155,7 +155,7 @@ def stack_model(cfg, stack: str):
     # QKV groups make reference cycles, which only the cycle collector frees), what is still allocated is excluded.
     window = PeakWindow.open()
     try:
-        with restored_llama_names():  # peft-liger and the +liger stacks patch them
+        with restored_names():  # peft-liger and the +liger stacks patch them
             prepared = prepare(cfg, "cuda", implementation=impl)
             if with_liger:  # captured runs: without the fused linear cross-entropy (liger_ops.LCE_LEFT_OUT)
                 apply_liger_ops(prepared.model, captured=cfg.train.cuda_graph)
