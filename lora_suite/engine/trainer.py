@@ -217,6 +217,7 @@ class TrainingRun:
                     "train.cuda_graph: true needs a capturable optimizer with a tensor lr "
                     "(make_optimizer builds one from the same settings)"
                 )
+            causal_attention_for_capture(model)  # its causal kernels, as eager (capture.py)
         self.capture_at = start_step + settings.graph_warmup_steps if settings.cuda_graph else None
         # the warm-up steps run here, as capture requires
         self.side = torch.cuda.Stream() if settings.cuda_graph else None
@@ -225,7 +226,6 @@ class TrainingRun:
         self.captured: CapturedStep | None = None
         if settings.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpointing_kwargs(model, settings))
-        self.attention = causal_attention_for_capture(model) if settings.cuda_graph else None
         self.nvml: NvmlReader | None = None
         self.process_memory: ProcessMemory | None = None  # one for the run's life (a run entered again keeps it)
 
