@@ -8,7 +8,7 @@
 #   loaded  as paired (as quiet on a one-GPU machine), under scripts/with-load.sh: a CPU burner on every core
 #           and a GPU neighbour at 40% duty on every GPU
 # The benchmark bars are the bench's timed verdicts (cupy vs PEFT per layer shape, dequantisation vs copy).
-# Afterwards: python -m lora_suite.tools.acceptance OUT_DIR writes acceptance.md / acceptance.json (every run's judged
+# Afterwards: python -m lora_suite.results.acceptance OUT_DIR writes acceptance.md / acceptance.json (every run's judged
 # figures against their allowances).
 set -uo pipefail
 OUT_DIR="${1:?usage: scripts/load-acceptance.sh OUT_DIR quiet|paired|loaded [EXTENDED_RUNS] [PLANT_ROUNDS] [BENCH_RUNS] [PLANTS_K]}"

@@ -11,7 +11,7 @@
 #          pool, and host memory, the last PLANT_ROUNDS times, default 3) while a neighbour
 #          (python -m lora_suite.scenarios.memory_churn) holds 6 GiB of the same GPU and takes and frees up to 4 GiB
 #          more ten times a second: every plant must still be caught (lane churn; its log: churn/neighbour.log)
-# Afterwards: python -m lora_suite.tools.acceptance OUT_DIR writes acceptance.md / acceptance.json (every run's
+# Afterwards: python -m lora_suite.results.acceptance OUT_DIR writes acceptance.md / acceptance.json (every run's
 # judged figures against their allowances; exit 1 if a run failed), and lora-suite ledger record OUT_DIR/<lane>
 # --group G keeps the figures in the results ledger.
 set -uo pipefail

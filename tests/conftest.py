@@ -9,8 +9,8 @@ import textwrap
 import pytest
 import yaml
 
-from lora_suite.core.loader import load_tier_config
 from lora_suite.engine.models import TINY_LLAMA
+from lora_suite.settings.loader import load_tier_config
 
 TINY_ARCH = TINY_LLAMA
 

@@ -21,14 +21,14 @@ from collections.abc import Iterator
 
 import torch
 
-from lora_suite.core.config import TierConfig
-from lora_suite.core.environment import collect_environment
-from lora_suite.core.loader import load_tier_config
 from lora_suite.engine.prepare import prepare
 from lora_suite.engine.trainer import train
 from lora_suite.harness.report import RunReport, Series
 from lora_suite.implementations import implementation_record, resolve_implementation
 from lora_suite.measure.criteria import loss_drop
+from lora_suite.settings.config import TierConfig
+from lora_suite.settings.environment import collect_environment
+from lora_suite.settings.loader import load_tier_config
 
 
 def _parse_args() -> argparse.Namespace:

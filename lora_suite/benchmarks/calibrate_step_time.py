@@ -19,14 +19,14 @@ import statistics
 
 import torch
 
-from lora_suite.core.config import TierConfig
-from lora_suite.core.environment import collect_environment
-from lora_suite.core.loader import load_tier_config
 from lora_suite.engine.prepare import prepare
 from lora_suite.engine.trainer import train
 from lora_suite.harness.report import RunReport, Series
 from lora_suite.implementations import implementation_record, resolve_implementation
 from lora_suite.measure.criteria import median_drift, robust_spread
+from lora_suite.settings.config import TierConfig
+from lora_suite.settings.environment import collect_environment
+from lora_suite.settings.loader import load_tier_config
 
 COLUMNS = (  # the table of the report, one row per batch size
     "batch",

@@ -27,14 +27,14 @@ import torch
 import lora_core
 from lora_core.bnb_format import from_bnb
 from lora_core.nf4 import dequantize_nf4, quantize_nf4
-from lora_suite.core.config import CONFIG_DIR
-from lora_suite.core.loader import load_tier_config
 from lora_suite.engine.prepare import fit_to_implementation, prepare
 from lora_suite.harness.cuda_errors import is_cuda_error
 from lora_suite.implementations import resolve_implementation
 from lora_suite.measure.memory import PeakWindow
 from lora_suite.measure.timing import PairedEstimate, interleaved_rounds
 from lora_suite.scenarios import training_bench as TB
+from lora_suite.settings.config import CONFIG_DIR
+from lora_suite.settings.loader import load_tier_config
 
 pytestmark = [pytest.mark.gpu, pytest.mark.benchmark]
 bnb = pytest.importorskip("bitsandbytes", reason="bitsandbytes is not installed: pip install lora-gpu-suite[peft-bnb]")

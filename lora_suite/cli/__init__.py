@@ -59,7 +59,7 @@ def registry_names() -> list[str]:
 
 
 def _broken_and_tiers() -> tuple[dict, dict]:
-    from lora_suite.core.registry import scan
+    from lora_suite.settings.registry import scan
 
     tiers, broken = scan()
     return broken, tiers
@@ -170,7 +170,7 @@ def _weights(text: str) -> str:
 
 
 def _impl(text: str) -> str:
-    from lora_suite.core.implementation_names import SpecError, parse_spec
+    from lora_suite.settings.implementation_names import SpecError, parse_spec
 
     try:
         return parse_spec(text).text
@@ -179,7 +179,7 @@ def _impl(text: str) -> str:
 
 
 def build_parser() -> Parser:
-    from lora_suite.core.registry import scan
+    from lora_suite.settings.registry import scan
 
     tiers, broken = scan()
     p = Parser(
@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _compare(args) -> int:
-    from lora_suite.tools import compare
+    from lora_suite.results import compare
 
     if len(args.runs) != 2:
         raise UsageError(f"compare needs two run directories: compare BASELINE RUN, got {len(args.runs)}")

@@ -13,9 +13,9 @@ from pathlib import Path
 from lora_suite.cli import preflight
 from lora_suite.cli.targets import default_ledger, default_reports, ledger_sources, python
 from lora_suite.cli.usage import UsageError
-from lora_suite.tools import history as history_tool
-from lora_suite.tools import ledger, store
-from lora_suite.tools import scorecard as scorecard_tool
+from lora_suite.results import history as history_tool
+from lora_suite.results import ledger, store
+from lora_suite.results import scorecard as scorecard_tool
 
 SCORECARD_TIERS = ("quick", "convergence", "memory")
 

@@ -5,8 +5,8 @@
 
 The options are checked before anything runs (a bad one is a usage error naming it, exit 2); the ``mutate`` extra
 must import and a CUDA GPU must be visible (the checks are GPU tests: without one nothing would be judged, and the
-command says so and exits 1 instead of reporting a pass). The run itself is ``lora_suite.tools.mutate``, its report
-``lora_suite.tools.mutation_report``; it prints both scores (the equivalents left out, and counted as survivors).
+command says so and exits 1 instead of reporting a pass). The run itself is ``lora_suite.mutation.mutate``, its report
+``lora_suite.mutation.mutation_report``; it prints both scores (the equivalents left out, and counted as survivors).
 Exit codes: 0 the score meets ``--min-score``, 1 it does not (or the source fails its checks, or no GPU, or no mutant
 was killed or survived: every one judged nothing or is equivalent), 2 bad usage, 3 the mutate extra is missing,
 130 interrupted.
@@ -37,7 +37,7 @@ FAST_CHECKS = (
     "test_adapter_round_trip.py",
 )
 EXIT_NO_EXTRA = 3
-# What the fork server imports once for every mutant's run (``tools.forked_runs``): the heavy packages the checks
+# What the fork server imports once for every mutant's run (``mutation.forked_runs``): the heavy packages the checks
 # import. A package that holds a file under mutation is left out (its children must import the mutant).
 PRELOAD = ("torch", "numpy", "safetensors", "transformers", "peft", "pytest")
 
@@ -58,7 +58,7 @@ def add_parser(sub, help_text: str) -> None:
     m.add_argument(
         "--operators",
         help="only these mutation operators, comma-separated (default: all, the value operators of "
-        "tools/lora_value_operators.py included)",
+        "mutation/lora_value_operators.py included)",
     )
     m.add_argument(
         "--no-fork-server",
@@ -75,7 +75,7 @@ def add_parser(sub, help_text: str) -> None:
 
 
 def tests_dir() -> Path:
-    from lora_suite.core.registry import find_tiers_dir
+    from lora_suite.settings.registry import find_tiers_dir
 
     root = targets.checkout_root()
     return (root / "tiers" if root else find_tiers_dir()) / "quick"
@@ -118,9 +118,9 @@ def preloads(plan_targets) -> list[str]:
 
 
 def _runner(plan_targets, env: dict[str, str], workdir: Path, wanted: bool):
-    """A fork server's ``run`` (``tools.forked_runs``) and how to close it; the ordinary subprocess where it is not
+    """A fork server's ``run`` (``mutation.forked_runs``) and how to close it; the ordinary subprocess where it is not
     wanted or refuses to serve (the console says why)."""
-    from lora_suite.tools.forked_runs import ForkServer, ForkServerError, run_subprocess
+    from lora_suite.mutation.forked_runs import ForkServer, ForkServerError, run_subprocess
 
     if not wanted or not hasattr(os, "fork"):
         print(f"runs: each a fresh process ({'--no-fork-server' if not wanted else 'no os.fork here'})")
@@ -144,7 +144,7 @@ def _workers(text: str | None) -> int:
 
 
 def _min_score(text: str | None) -> float:
-    from lora_suite.tools.mutation_report import MIN_SCORE
+    from lora_suite.mutation.mutation_report import MIN_SCORE
 
     if text is None:
         return MIN_SCORE
@@ -161,7 +161,7 @@ def _spec(spec: str | None, sources: list[str] | None) -> str:
     """``spec`` checked: MODULE:FACTORY, or a known name (which needs --source: its module is not ours to guess)."""
     if not spec:
         raise UsageError("mutate needs --lora-impl (package.module:factory, or a known name with --source FILE)")
-    from lora_suite.core.implementation_names import SpecError, known_names, parse_spec
+    from lora_suite.settings.implementation_names import SpecError, known_names, parse_spec
 
     try:
         if parse_spec(spec).is_module:
@@ -188,8 +188,8 @@ def _default_source(spec: str) -> Path:
 
 
 def _targets(spec: str, sources: list[str] | None):
-    from lora_suite.tools.mutants import label_of, read_source
-    from lora_suite.tools.mutate import Target, module_of
+    from lora_suite.mutation.mutants import label_of, read_source
+    from lora_suite.mutation.mutate import Target, module_of
 
     paths = [Path(s) for s in sources] if sources else [_default_source(spec)]
     out = []
@@ -206,7 +206,7 @@ def _targets(spec: str, sources: list[str] | None):
 def _operators(text: str | None) -> tuple[str, ...] | None:
     if text is None:
         return None
-    from lora_suite.tools.mutants import operators
+    from lora_suite.mutation.mutants import operators
 
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     unknown = [n for n in names if n not in operators()]
@@ -216,7 +216,7 @@ def _operators(text: str | None) -> tuple[str, ...] | None:
 
 
 def mutate(args) -> int:
-    from lora_suite.tools import mutants
+    from lora_suite.mutation import mutants
 
     spec = _spec(args.lora_impl, args.source)
     workers, min_score = _workers(args.workers), _min_score(args.min_score)
@@ -244,10 +244,10 @@ def mutate(args) -> int:
 
 
 def _run(spec, plan_targets, names, tests, workers, min_score, report_root: Path, args) -> int:
-    from lora_suite.engine.fingerprint import fingerprint_command
-    from lora_suite.tools import mutate as M
-    from lora_suite.tools import mutation_report as R
-    from lora_suite.tools.ledger import folder_token
+    from lora_suite.mutation import mutate as M
+    from lora_suite.mutation import mutation_report as R
+    from lora_suite.mutation.mutant_source import fingerprint_command
+    from lora_suite.results.ledger import folder_token
 
     os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")  # no network at run time: local weights only
     env = targets._child_env("quick")
@@ -303,7 +303,7 @@ def nothing_judged(run) -> str:
 
 def summary(run, check, min_score: float) -> str:
     """The console's line: both scores, the counts, the verdict and the wall time."""
-    from lora_suite.tools.mutate import score_counting_equivalents
+    from lora_suite.mutation.mutate import score_counting_equivalents
 
     killed, survived, equivalent = run.counts()
     honest = score_counting_equivalents(killed, survived, equivalent)

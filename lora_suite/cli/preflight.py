@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from lora_suite.cli.usage import UsageError
-from lora_suite.core.implementation_names import SpecError, known_names, parse_spec
+from lora_suite.settings.implementation_names import SpecError, known_names, parse_spec
 
 GPUS_TARGETS = ("multigpu", "all")  # the targets that start torchrun jobs
 

@@ -153,7 +153,7 @@ def worker_args(target: str, workers: str | None) -> list[str]:
 
 def pytest_args(target: str, args, run_dir: Path | None, tiers: dict) -> list[str]:
     """The pytest command line of one target."""
-    from lora_suite.core.registry import find_tiers_dir
+    from lora_suite.settings.registry import find_tiers_dir
 
     root = checkout_root()
     base = [python(), "-m", "pytest", "-p", "no:cacheprovider"]
@@ -199,7 +199,7 @@ def pytest_args(target: str, args, run_dir: Path | None, tiers: dict) -> list[st
 
 
 def run_targets(args, extra: list[str]) -> int:
-    from lora_suite.core.registry import registry
+    from lora_suite.settings.registry import registry
 
     tiers = registry()
     target = args.target
@@ -242,7 +242,7 @@ def _announce_gpu(target: str) -> bool:
 
 def _baseline(args) -> Path | None:
     """The baseline folder ``--baseline`` names (auto: ``reports/baselines/<this GPU>``), or None."""
-    from lora_suite.tools.ledger import folder_token
+    from lora_suite.results.ledger import folder_token
 
     if args.baseline == "auto":
         gpu = (gpu_line() or "none").split(",")[0]
@@ -267,7 +267,7 @@ def _pytest(cmd: list[str], env: dict) -> tuple[int, str | None]:
 
 def _against_baseline(t: str, baseline: Path, run_dir: Path, rc: int) -> int:
     """The target's code after ``compare`` with its baseline: 6 on a regression, 2 when compare refused the pair."""
-    from lora_suite.tools import compare
+    from lora_suite.results import compare
 
     found = (baseline / t, baseline)
     base = next((d for d in found if (d / "report.json").is_file() or (d / "benchmark.json").is_file()), None)
@@ -301,7 +301,7 @@ def _run_one(t: str, args, extra, tiers, run_dir: Path | None, have_gpu: bool, s
 
 
 def _run(names, args, extra, tiers, report_root: Path, have_gpu: bool) -> int:
-    from lora_suite.tools.ledger import folder_token
+    from lora_suite.results.ledger import folder_token
 
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     impl = folder_token(args.lora_impl) if args.lora_impl else ""
@@ -350,11 +350,11 @@ def _record(path: Path, run_dir: Path) -> str:
     """Append a finished run's rows to the ledger; a run that saw no GPU judged nothing there and is not recorded."""
     import json
 
-    from lora_suite.tools import ledger
+    from lora_suite.results import ledger
 
     if why := ledger.refusal(json.loads((run_dir / "report.json").read_text())):
         return f"ledger: {run_dir.name} not recorded: {why}"
-    from lora_suite.tools.store import redacted
+    from lora_suite.results.store import redacted
 
     try:
         added = ledger.record(path, [run_dir], group=run_dir.parent.name)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lora_suite.core.config import TrainSettings
+from lora_suite.settings.config import TrainSettings
 
 
 def checkpointing_kwargs(model: nn.Module, s: TrainSettings) -> dict[str, bool]:

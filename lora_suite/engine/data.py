@@ -25,7 +25,7 @@ from typing import Protocol
 
 import torch
 
-from lora_suite.core.config import DataSettings
+from lora_suite.settings.config import DataSettings
 
 IGNORE_INDEX = -100
 

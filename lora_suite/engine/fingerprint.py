@@ -18,8 +18,8 @@ where the implementation has it, and fp32 over base layers with a bias where it 
 An exception is part of the fingerprint (its type and message), so a mutant that raises where the source does not
 differs. Each part is a SHA-256 over dtypes, shapes and bytes.
 
-Run as a process of its own on the device the checks used (``fingerprint_command``): it prints one JSON object,
-part -> digest. The mutant replaces its module there through ``lora_suite.core.mutant_source`` before this module
+Run as a process of its own on the device the checks used (``lora_suite.mutation.mutant_source.fingerprint_command``):
+it prints one JSON object, part -> digest. The mutant replaces its module there through ``lora_suite.mutation.mutant_source`` before this module
 imports any implementation.
 """
 
@@ -153,16 +153,6 @@ def _outputs(P, probe, inputs) -> str:
 def differing(a: dict[str, str], b: dict[str, str]) -> list[str]:
     """The parts whose digests differ (a part one side lacks counts)."""
     return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-
-
-def fingerprint_command(python: str, spec: str, device: str) -> list[str]:
-    """The command that prints the fingerprint of implementation ``spec`` (a mutant in the environment replaces its
-    module first)."""
-    code = (
-        "from lora_suite.core.mutant_source import install_from_env; install_from_env(); "
-        "from lora_suite.engine.fingerprint import main; main()"
-    )
-    return [python, "-c", code, spec, device]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from lora_suite.core.config import LlamaArchitecture, ModelConfig
+from lora_suite.settings.config import LlamaArchitecture, ModelConfig
 
 INIT_STD = 0.02  # Llama's initializer_range
 # A bias (Qwen2's q, k, v) drawn N(0, 0.5²): the order of x Wᵀ's own scale at SmolLM2's widths (0.02·√576 ≈ 0.5), so a

@@ -18,7 +18,7 @@ from torch import nn
 
 from lora_core.adapters import full_tensor
 from lora_core.inject import adapter_parameters
-from lora_suite.core.config import TrainSettings
+from lora_suite.settings.config import TrainSettings
 
 
 def lr_at(step: int, s: TrainSettings) -> float:

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from lora_suite.core.config import TierConfig
 from lora_suite.engine.data import Batches, tokenizer_for
 from lora_suite.engine.models import BuiltModel, build_model
 from lora_suite.implementations import (
@@ -25,6 +24,7 @@ from lora_suite.implementations import (
     adapted_modules,
     resolve_implementation,
 )
+from lora_suite.settings.config import TierConfig
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 

@@ -47,13 +47,13 @@ import torch
 from torch import nn
 
 from lora_core.inject import adapter_parameters
-from lora_suite.core.config import TrainSettings
 from lora_suite.engine.capture import StaticBatches, causal_attention_for_capture, checkpointing_kwargs
 from lora_suite.engine.non_finite import non_finite_message
 from lora_suite.engine.optimizer import check_capturable, clip_gradients, lr_at, make_optimizer, set_lr
 from lora_suite.measure.device_time import DeviceTimer
 from lora_suite.measure.memory import MIB, host_heap_bytes, host_rss_bytes
 from lora_suite.measure.nvml import NvmlReader, ProcessMemory
+from lora_suite.settings.config import TrainSettings
 
 log = logging.getLogger("lora_suite.engine.trainer")
 

@@ -5,8 +5,8 @@ never be gated."""
 
 from __future__ import annotations
 
-from lora_suite.core.config import CONFIG_DIR
-from lora_suite.core.loader import load_tier_config
+from lora_suite.settings.config import CONFIG_DIR
+from lora_suite.settings.loader import load_tier_config
 
 
 def record_figure(

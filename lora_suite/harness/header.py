@@ -7,7 +7,7 @@ installed versions; the report holds the first worker's own reading.
 
 from __future__ import annotations
 
-from lora_suite.core.environment import Environment
+from lora_suite.settings.environment import Environment
 
 
 def header_lines(env: Environment, implementation: str, *, drives_workers: bool) -> list[str]:

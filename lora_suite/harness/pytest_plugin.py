@@ -26,10 +26,6 @@ recorded as not applicable (and skipped) when the implementation declares the fe
 
 from __future__ import annotations
 
-from lora_suite.core.mutant_source import install_from_env
-
-install_from_env()  # lora-suite mutate: a mutant's file replaces its module before any implementation is imported
-
 # Registered in this order once this module is; pytest calls the later one's hook first, so run_report's
 # pytest_configure (the clock's "configured", the report, the implementation) runs before selection's (the markers).
 pytest_plugins = [

@@ -15,11 +15,11 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from lora_suite.core.environment import Environment
 from lora_suite.harness.report_records import Check, Figure, NotApplicable, Outcome, Series  # noqa: F401
 from lora_suite.harness.report_render import compact_rows, plottable, render_markdown, render_plots  # noqa: F401
 from lora_suite.harness.verdict import run_verdict
 from lora_suite.measure.criteria import OPS as _OPS
+from lora_suite.settings.environment import Environment
 
 # 1: reports before the field existed (reports/schema/report-v1.schema.json); 2: status, before issue 9;
 # 3: the implementation under test and the not-applicable checks; 4: the verdict; 5: the verdict PASS (RETRIED)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from lora_suite.core.environment import Environment
+from lora_suite.settings.environment import Environment
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,12 @@ import os
 import sys
 import time
 
-from lora_suite.core.config import CONFIG_DIR
-from lora_suite.core.loader import load_tier_config
 from lora_suite.harness import worker_records
 from lora_suite.harness.figures import record_figure
 from lora_suite.harness.report import RunReport, Series
 from lora_suite.measure import wall_time
+from lora_suite.settings.config import CONFIG_DIR
+from lora_suite.settings.loader import load_tier_config
 
 
 def tier_wall_time(run: RunReport, tier: str, elapsed: float) -> str | None:

@@ -13,8 +13,6 @@ import gc
 import pytest
 import torch
 
-from lora_suite.core.config import CONFIG_DIR, TierConfig
-from lora_suite.core.loader import load_tier_config
 from lora_suite.engine.models import CheckpointNotFound
 from lora_suite.engine.prepare import Prepared, fit_to_implementation, prepare
 from lora_suite.engine.trainer import StepRecord, TrainingRun, TrainResult, train
@@ -30,6 +28,8 @@ from lora_suite.measure.nvml import nvml_memory
 from lora_suite.measure.vram_limit import limited_free
 from lora_suite.scenarios.aged_vs_fresh import Pair, run_pairs
 from lora_suite.scenarios.long_run import LongRunVerdicts, aged_vs_fresh_resolved, time_budget_rows
+from lora_suite.settings.config import CONFIG_DIR, TierConfig
+from lora_suite.settings.loader import load_tier_config
 
 
 class Tier:

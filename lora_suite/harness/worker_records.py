@@ -21,8 +21,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, is_dataclass
 
-from lora_suite.core.environment import Environment
 from lora_suite.harness.report import Check, NotApplicable, RunReport, Series
+from lora_suite.settings.environment import Environment
 
 KEY = "lora_suite_records"  # the user_properties entry and the workeroutput key
 FIELDS = ("checks", "not_applicable", "series", "notes")

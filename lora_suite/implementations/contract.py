@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lora_suite.core.config import Checked
+from lora_suite.settings.config import Checked
 
 if TYPE_CHECKING:  # torch is imported where a model is adapted, not where an implementation is named: the
     import torch  # controlling process of a run spread over workers resolves --lora-impl and imports no torch
     from torch import nn
 
-from lora_suite.core.implementation_names import DEFAULT, ENTRY_POINT_GROUP  # noqa: F401 (re-exported)
+from lora_suite.settings.implementation_names import DEFAULT, ENTRY_POINT_GROUP  # noqa: F401 (re-exported)
 
 # What an implementation may declare it cannot do (key -> what it means).
 FEATURES = {
@@ -97,7 +97,7 @@ def library_version(dist: str) -> str:
 @dataclass(frozen=True)
 class AdapterSpec(Checked):
     """What an implementation adapts, checked on construction with LoRASettings' rules for the fields they share
-    (lora_suite.core.settings_rules.RULES["AdapterSpec"]): r >= 1, alpha finite > 0, quantize None or "nf4", targets a
+    (lora_suite.settings.settings_rules.RULES["AdapterSpec"]): r >= 1, alpha finite > 0, quantize None or "nf4", targets a
     non-empty tuple of names (which names exist is the implementation's to judge), adapter_dtype a torch
     floating-point dtype or None."""
 

@@ -7,7 +7,6 @@ import importlib
 import importlib.metadata
 import importlib.util
 
-from lora_suite.core.implementation_names import BUILTINS, BUNDLED, SpecError, entry_point_names, parse_spec
 from lora_suite.implementations.contract import (
     DEFAULT,
     ENTRY_POINT_GROUP,
@@ -18,6 +17,7 @@ from lora_suite.implementations.contract import (
 )
 from lora_suite.implementations.lora_core_impl import FusedLoraCoreImplementation, LoraCoreImplementation
 from lora_suite.implementations.peft_impl import PeftImplementation
+from lora_suite.settings.implementation_names import BUILTINS, BUNDLED, SpecError, entry_point_names, parse_spec
 
 
 def _peft() -> LoRAImplementation:

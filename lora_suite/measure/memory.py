@@ -43,8 +43,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from lora_suite.core.config import LlamaArchitecture, LoRASettings
 from lora_suite.measure.card import CONTEXT_BYTES, GIB  # noqa: F401 (GIB re-exported: the suite's unit)
+from lora_suite.settings.config import LlamaArchitecture, LoRASettings
 
 MIB = 2**20
 NF4_BITS_PER_PARAM = 4.127  # 4-bit codes + 8-bit absmax per 64 + fp32 per 256 absmaxes (QLoRA double quant)

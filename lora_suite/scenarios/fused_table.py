@@ -191,7 +191,7 @@ def unavailable(stack: str, case: Case | None = None) -> str | None:
 
 def model_family(case: Case) -> str:
     """The decoder family of ``case``'s model (configs/models/<model>.yaml: llama, qwen2, gemma2)."""
-    from lora_suite.core.loader import load_model_config
+    from lora_suite.settings.loader import load_model_config
 
     return load_model_config(case.model).architecture.family
 

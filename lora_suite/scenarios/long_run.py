@@ -29,7 +29,6 @@ import dataclasses
 import statistics
 from dataclasses import dataclass, field
 
-from lora_suite.core.config import TierConfig
 from lora_suite.engine.trainer import StepRecord
 from lora_suite.measure.criteria import (
     Verdict,
@@ -44,6 +43,7 @@ from lora_suite.measure.criteria import (
 from lora_suite.measure.device_time import DeviceWindow
 from lora_suite.measure.memory import fit_slope, fit_trend
 from lora_suite.scenarios.aged_vs_fresh import Pair
+from lora_suite.settings.config import TierConfig
 
 NOISE_MODELS = (  # (criterion, measured on, noise it absorbs, what moves it): the report's table of the timed verdicts
     (

@@ -226,10 +226,10 @@ def _worker(args: argparse.Namespace) -> None:
     the process ends here (``os._exit``), with status 1 on any exception."""
     import torch
 
-    from lora_suite.core.loader import load_tier_config
     from lora_suite.engine.gradients import perturb_lora_a
     from lora_suite.engine.prepare import prepare
     from lora_suite.engine.trainer import train
+    from lora_suite.settings.loader import load_tier_config
 
     me = _join_process_group(args)
     try:

@@ -24,9 +24,9 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from lora_suite.core.config import CONFIG_DIR, DataSettings, LoRASettings, TierConfig, TrainSettings
-from lora_suite.core.loader import load_model_config, validate
 from lora_suite.measure.timing import PairedEstimate
+from lora_suite.settings.config import CONFIG_DIR, DataSettings, LoRASettings, TierConfig, TrainSettings
+from lora_suite.settings.loader import load_model_config, validate
 
 MODES = ("eager", "captured", "compiled")
 COMPILED_IMPLEMENTATIONS = ("cupy",)  # issue 10: the op registered for torch.compile

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, NoReturn
 
 import pytest
 
-from lora_suite.core.environment import collect_environment, package_environment
 from lora_suite.harness import session_tables, worker_records
 from lora_suite.harness.header import header_lines
 from lora_suite.harness.plugin.options import check_report_dir
@@ -29,6 +28,7 @@ from lora_suite.harness.progress import ProgressLines
 from lora_suite.harness.report import RunReport
 from lora_suite.implementations import DEFAULT, ImplementationError, implementation_record, resolve_implementation
 from lora_suite.measure import wall_time
+from lora_suite.settings.environment import collect_environment, package_environment
 
 if TYPE_CHECKING:
     from xdist.workermanage import WorkerController

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from lora_suite.core.registry import RegisteredTier, registry
 from lora_suite.harness.report import Check, RunReport
 from lora_suite.implementations import LoRAImplementation
+from lora_suite.settings.registry import RegisteredTier, registry
 
 REPORT_KEY = pytest.StashKey[RunReport]()
 SUMMARY_KEY = pytest.StashKey[list[str]]()  # lines for the terminal summary (report path, wall-time failure)
@@ -36,7 +36,7 @@ def worker_id(config: pytest.Config) -> str:
 
 
 def tiers() -> dict[str, RegisteredTier]:
-    """The tier registry, read once per process (a broken tier YAML is left out: ``lora_suite.core.registry``)."""
+    """The tier registry, read once per process (a broken tier YAML is left out: ``lora_suite.settings.registry``)."""
     if "tiers" not in RUN:
         RUN["tiers"] = registry()
     return RUN["tiers"]

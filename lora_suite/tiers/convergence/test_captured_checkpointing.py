@@ -26,8 +26,8 @@ def test_captured_training_with_checkpointing_equals_eager_bitwise(tiny_cupy_lla
     replay that read capture time's lr, batch or adapters instead would differ from step 3 on.
     """
     from lora_core.inject import adapter_parameters
-    from lora_suite.core.config import TrainSettings
     from lora_suite.engine.trainer import train
+    from lora_suite.settings.config import TrainSettings
 
     gen = torch.Generator(device="cpu").manual_seed(1)
     data = [torch.randint(0, 512, (2, 64), generator=gen) for _ in range(8 * grad_accum)]

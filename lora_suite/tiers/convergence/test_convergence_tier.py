@@ -35,13 +35,13 @@ import gc
 import pytest
 import torch
 
-from lora_suite.core.loader import load_model_config
 from lora_suite.engine.gradients import copy_adapters, perturb_lora_a
 from lora_suite.engine.trainer import train
 from lora_suite.harness.figures import record_figure
 from lora_suite.harness.report import Series
 from lora_suite.implementations import ImplementationError, resolve_implementation
 from lora_suite.measure.criteria import loss_drop, loss_match, widest_control
+from lora_suite.settings.loader import load_model_config
 
 pytestmark = [pytest.mark.gpu, pytest.mark.convergence]
 QWEN2_SHAPE = "qwen2-smollm2-shape"  # the non-Llama model of issue 55 (lora_suite/configs/models/)

@@ -37,8 +37,8 @@ def _dequant_launches() -> int:
 def test_checkpointed_nf4_training_reuses_the_recomputed_bases_bitwise_alike(tiny_cupy_llama, case):
     from lora_core.inject import adapter_parameters
     from lora_core.ops import recompute
-    from lora_suite.core.config import TrainSettings
     from lora_suite.engine.trainer import train
+    from lora_suite.settings.config import TrainSettings
 
     targets, fuse = CASES[case]
     gen = torch.Generator(device="cpu").manual_seed(3)

@@ -15,13 +15,13 @@ import statistics
 import numpy as np
 import pytest
 
-from lora_suite.core.config import TierConfig
 from lora_suite.engine.trainer import StepRecord
 from lora_suite.harness.figures import record_figure
 from lora_suite.harness.report import Series
 from lora_suite.measure.criteria import host_normalised_drift
 from lora_suite.measure.device_time import DeviceTimer
 from lora_suite.scenarios.long_run import NOISE_MODELS, extended_verdicts
+from lora_suite.settings.config import TierConfig
 
 pytestmark = [pytest.mark.gpu, pytest.mark.extended]
 

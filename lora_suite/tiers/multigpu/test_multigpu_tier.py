@@ -19,10 +19,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lora_suite.core.config import CONFIG_DIR
 from lora_suite.harness.report import Series
 from lora_suite.measure.criteria import loss_drop, loss_match
 from lora_suite.scenarios.multigpu import adapter_gaps, failure_summary, launch, scaling_efficiency
+from lora_suite.settings.config import CONFIG_DIR
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multigpu]
 CONFIG = CONFIG_DIR / "multigpu.yaml"

@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from lora_core.ops import lora_linear as op
-from lora_suite.core.config import target_shapes
 from lora_suite.engine import gradients as G
 from lora_suite.engine import trainer
 from lora_suite.engine.benchmarking import NOISE_Z
@@ -25,6 +24,7 @@ from lora_suite.engine.trainer import NonFiniteError
 from lora_suite.harness.modules import load_test_module
 from lora_suite.measure.device_time import DeviceTimer
 from lora_suite.scenarios.long_run import extended_verdicts
+from lora_suite.settings.config import target_shapes
 
 pytestmark = [pytest.mark.gpu, pytest.mark.selftest_gpu]
 ROOT = Path(__file__).resolve().parents[2]

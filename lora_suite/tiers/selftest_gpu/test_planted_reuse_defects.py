@@ -40,9 +40,9 @@ class _Recorder:
 
 def test_a_kept_base_never_taken_fails_the_tiers_reuse_check(tier, tiny_cupy_llama, monkeypatch):
     from lora_core.ops import recompute
-    from lora_suite.core.config import TrainSettings
     from lora_suite.engine.trainer import train
     from lora_suite.harness import recompute_reuse
+    from lora_suite.settings.config import TrainSettings
 
     monkeypatch.setattr(recompute, "take", lambda nf4, role, dtype: None)
     model = tiny_cupy_llama(targets=QKVO, quantize="nf4")

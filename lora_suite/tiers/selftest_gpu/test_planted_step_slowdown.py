@@ -40,7 +40,7 @@ def _full(out: Path, *extra: str) -> Path:
 
 def _compare(base: Path, run: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "lora_suite.tools.compare", str(base), str(run)],
+        [sys.executable, "-m", "lora_suite.results.compare", str(base), str(run)],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -90,7 +90,7 @@ def test_the_tree_is_linted():
 def test_fused_ops_reaches_pytest_and_only_its_one_value_is_taken():
     from lora_suite.cli import build_parser
     from lora_suite.cli.targets import pytest_args
-    from lora_suite.core.registry import registry
+    from lora_suite.settings.registry import registry
 
     args = build_parser().parse_args(["quick", "--fused-ops", "liger", "--lora-impl", "cupy-fused"])
     cmd = pytest_args("quick", args, None, registry())

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from lora_suite.cli.campaigns import SCORECARD_TIERS
-from lora_suite.core.registry import registry
+from lora_suite.settings.registry import registry
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "scripts" / "gpu-test.sh"

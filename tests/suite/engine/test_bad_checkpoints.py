@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from lora_suite.core.config import CONFIG_DIR
-from lora_suite.core.loader import load_model_config
 from lora_suite.engine.checkpoint import MANIFEST_FILE, load_adapter_checkpoint, save_adapter_checkpoint
 from lora_suite.engine.models import build_model
 from lora_suite.engine.optimizer import make_optimizer
+from lora_suite.settings.config import CONFIG_DIR
+from lora_suite.settings.loader import load_model_config
 
 WEIGHTS = "adapter_model.safetensors"
 

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from lora_suite.core.config import DataSettings
 from lora_suite.engine.data import IGNORE_INDEX, Batches, ByteTokenizer, load_alpaca_jsonl
+from lora_suite.settings.config import DataSettings
 
 
 def test_byte_tokenizer_round_trip_and_ids():

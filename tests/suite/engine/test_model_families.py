@@ -10,12 +10,12 @@ import dataclasses
 import pytest
 import torch
 
-from lora_suite.core.config import LlamaArchitecture, SettingsError
-from lora_suite.core.loader import load_model_config
 from lora_suite.engine.models import TINY_LLAMA, build_random
 from lora_suite.engine.prepare import prepare
 from lora_suite.engine.trainer import train
 from lora_suite.measure.criteria import loss_drop
+from lora_suite.settings.config import LlamaArchitecture, SettingsError
+from lora_suite.settings.loader import load_model_config
 
 QWEN2 = dataclasses.replace(TINY_LLAMA, family="qwen2")
 

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 import torch
 
-from lora_suite.core.config import ModelConfig
 from lora_suite.engine.models import CheckpointNotFound, build_model, build_random, build_tiny_llama, hf_config
+from lora_suite.settings.config import ModelConfig
 from tests.conftest import TINY_ARCH
 
 CFG = ModelConfig(name="tiny-llama", checkpoint="nobody/tiny-llama-not-cached", architecture=TINY_ARCH)

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from lora_core.inject import adapter_parameters
-from lora_suite.core.config import TrainSettings
 from lora_suite.engine.checkpoint import load_adapter_checkpoint, save_adapter_checkpoint
 from lora_suite.engine.optimizer import lr_at, make_optimizer
 from lora_suite.engine.prepare import prepare
 from lora_suite.engine.trainer import NonFiniteError, train
 from lora_suite.measure.criteria import loss_drop
+from lora_suite.settings.config import TrainSettings
 
 
 def test_lr_schedule():
@@ -145,8 +145,8 @@ def test_a_captured_run_needs_cuda_adapters_and_says_so(tiny_cfg):
 
 
 def test_capture_with_checkpointing_loads_and_checkpoints_without_the_rng_stash(config_dir):
-    from lora_suite.core.loader import load_tier_config
     from lora_suite.engine.capture import checkpointing_kwargs
+    from lora_suite.settings.loader import load_tier_config
 
     path = config_dir / "tiny.yaml"
     path.write_text(
@@ -216,8 +216,8 @@ def test_eager_records_say_they_were_not_replayed(tiny_cfg):
 
 
 def test_the_graph_warm_up_must_leave_steps_to_capture_only_when_capturing(config_dir):
-    from lora_suite.core.config import ConfigError
-    from lora_suite.core.loader import load_tier_config
+    from lora_suite.settings.config import ConfigError
+    from lora_suite.settings.loader import load_tier_config
 
     path = config_dir / "tiny.yaml"
     text = path.read_text()

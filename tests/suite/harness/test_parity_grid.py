@@ -21,7 +21,7 @@ def _err(name, scaled, tol):
 
 
 def test_the_grid_is_a_series_and_one_check_over_every_tensor(tmp_path):
-    from lora_suite.core.environment import collect_environment
+    from lora_suite.settings.environment import collect_environment
 
     report = RunReport("r", "quick", collect_environment())
     checks = _Checks()

@@ -44,9 +44,9 @@ def test_a_vector_choice_for_i_a_multiple_of_four_takes_the_wrong_variant(monkey
 
 
 def test_the_report_lists_every_variant_reached_and_the_designed_ones_not_reached(monkeypatch):
-    from lora_suite.core.environment import collect_environment
     from lora_suite.harness.report import RunReport
     from lora_suite.harness.session_tables import kernel_variants
+    from lora_suite.settings.environment import collect_environment
 
     run = RunReport("r", "quick", collect_environment())
     kernel_variants(run, [])

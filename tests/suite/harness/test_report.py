@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from lora_suite.core.environment import collect_environment
 from lora_suite.harness.report import RunReport, Series, atomic_write_text, render_markdown
+from lora_suite.settings.environment import collect_environment
 
 
 def _report():

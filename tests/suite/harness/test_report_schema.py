@@ -12,8 +12,8 @@ jsonschema = pytest.importorskip(
     reason="jsonschema is not installed: pip install -e .[test] (the test extra) to validate the committed reports",
 )
 
-from lora_suite.core.environment import collect_environment  # noqa: E402  (after the importorskip above)
 from lora_suite.harness.report import SCHEMA_VERSION, RunReport  # noqa: E402
+from lora_suite.settings.environment import collect_environment  # noqa: E402  (after the importorskip above)
 
 REPORTS = Path(__file__).resolve().parents[3] / "reports"
 RUNS = Path(__file__).resolve().parents[2] / "fixtures" / "runs"  # recorded run excerpts (README there)

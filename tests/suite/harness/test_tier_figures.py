@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from lora_suite.core.config import CONFIG_DIR, ConfigError, FigureSpec
-from lora_suite.core.loader import load_tier_config
-from lora_suite.core.registry import registry
-from lora_suite.tools import compare, ledger
+from lora_suite.results import compare, ledger
+from lora_suite.settings.config import CONFIG_DIR, ConfigError, FigureSpec
+from lora_suite.settings.loader import load_tier_config
+from lora_suite.settings.registry import registry
 
 
 def _figure(name="captured step device time", value=50.0, p20=None, p80=None, clock="device", better="lower"):
@@ -74,9 +74,9 @@ def test_a_bad_figure_declaration_is_refused_at_load_time(tmp_path, line, messag
 
 
 def test_a_figure_the_tier_does_not_declare_is_refused():
-    from lora_suite.core.environment import collect_environment
     from lora_suite.harness.figures import record_figure
     from lora_suite.harness.report import Figure, RunReport
+    from lora_suite.settings.environment import collect_environment
 
     report = RunReport("r", "full", collect_environment())
     with pytest.raises(ValueError, match="declares no 'step time'"):
@@ -93,9 +93,9 @@ def test_a_figure_the_tier_does_not_declare_is_refused():
 def test_the_extended_tier_figure_is_the_median_device_time_past_the_warm_up():
     from types import SimpleNamespace
 
-    from lora_suite.core.environment import collect_environment
     from lora_suite.harness.report import RunReport
     from lora_suite.measure.device_time import DeviceWindow
+    from lora_suite.settings.environment import collect_environment
     from lora_suite.tiers.extended.test_extended_tier import step_device_time_figure
 
     tier = SimpleNamespace(report=RunReport("r", "extended", collect_environment()), nodeid="t")

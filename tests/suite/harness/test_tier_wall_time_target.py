@@ -9,11 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from lora_suite.core.config import RENAMED
-from lora_suite.core.environment import collect_environment
 from lora_suite.harness.plugin import run_report as P
 from lora_suite.harness.plugin.state import RUN, SUMMARY_KEY
 from lora_suite.harness.report import RunReport
+from lora_suite.settings.config import RENAMED
+from lora_suite.settings.environment import collect_environment
 
 
 def _session(tier: str):

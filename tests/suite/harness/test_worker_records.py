@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from lora_suite.core.environment import collect_environment
 from lora_suite.harness.report import RunReport, Series
 from lora_suite.harness.worker_records import FIELDS, Inbox, Outbox, merge_variants
+from lora_suite.settings.environment import collect_environment
 
 pytest_plugins = ["pytester"]
 ROOT = Path(__file__).resolve().parents[3]

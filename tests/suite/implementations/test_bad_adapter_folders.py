@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from lora_suite.core.implementation_names import known_names
 from lora_suite.implementations import ImplementationError, load_peft_tensors
+from lora_suite.settings.implementation_names import known_names
 
 PFX = "base_model.model.model.layers.0.self_attn.q_proj"
 A, B = f"{PFX}.lora_A.weight", f"{PFX}.lora_B.weight"

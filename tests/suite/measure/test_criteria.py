@@ -163,9 +163,9 @@ def test_the_extended_tier_records_host_speed_per_window(tiny_cfg):
     from pathlib import Path
     from types import SimpleNamespace
 
-    from lora_suite.core.environment import collect_environment
     from lora_suite.engine.trainer import StepRecord
     from lora_suite.harness.report import RunReport
+    from lora_suite.settings.environment import collect_environment
 
     path = Path(__file__).resolve().parents[3] / "tiers" / "extended" / "test_extended_tier.py"
     ext = load_test_module(path, "extended_tier_for_test")

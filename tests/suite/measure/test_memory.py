@@ -7,7 +7,6 @@ import dataclasses
 import pytest
 import torch
 
-from lora_suite.core.config import LoRASettings
 from lora_suite.engine.prepare import prepare
 from lora_suite.engine.trainer import train
 from lora_suite.measure.memory import (
@@ -21,6 +20,7 @@ from lora_suite.measure.memory import (
     measured_split,
     vram_verdict,
 )
+from lora_suite.settings.config import LoRASettings
 from tests.conftest import TINY_ARCH
 
 

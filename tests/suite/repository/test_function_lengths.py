@@ -15,7 +15,7 @@ LIMIT = 60
 
 # Functions another change is splitting right now, as "path::qualified name" (lora_core/inject.py::inject_lora):
 # allowed over the limit until that change lands. Empty: the five that were being split when this test came
-# (inject_lora, lora_suite/core/loader.py::_spanning_rules, lora_suite/cli/targets.py::_run,
+# (inject_lora, lora_suite/settings/loader.py::_spanning_rules, lora_suite/cli/targets.py::_run,
 # lora_suite/cli/__init__.py::build_parser, lora_suite/cli/campaigns.py::scorecard) are under the limit (04fdaea,
 # 553ea26). An entry no longer over the limit fails the test below: take it out.
 BEING_SPLIT: frozenset[str] = frozenset()

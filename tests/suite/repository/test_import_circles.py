@@ -81,12 +81,12 @@ def test_the_packages_have_no_import_circle():
 
 
 def test_a_circle_is_found_whether_the_import_is_lazy_or_for_types(tmp_path):
-    tools = tmp_path / "lora_suite" / "tools"
-    tools.mkdir(parents=True)
+    results = tmp_path / "lora_suite" / "results"
+    results.mkdir(parents=True)
     (tmp_path / "lora_core").mkdir()
     (tmp_path / "lora_suite" / "__init__.py").write_text("")
-    (tools / "__init__.py").write_text("")
-    (tools / "a.py").write_text("def f():\n    from lora_suite.tools import b\n")
-    (tools / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import f\n")
-    (tools / "c.py").write_text("from lora_suite.tools.a import f\n")  # one way only: no circle
-    assert circles(tmp_path) == [["lora_suite.tools.a", "lora_suite.tools.b"]]
+    (results / "__init__.py").write_text("")
+    (results / "a.py").write_text("def f():\n    from lora_suite.results import b\n")
+    (results / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import f\n")
+    (results / "c.py").write_text("from lora_suite.results.a import f\n")  # one way only: no circle
+    assert circles(tmp_path) == [["lora_suite.results.a", "lora_suite.results.b"]]

@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 # Bottom up (docs/reports.md, "Layout"): a module may import its own layer and those below it.
-LAYERS = ("core", "measure", "implementations", "engine", "scenarios", "harness", "tools", "cli")
+LAYERS = ("settings", "measure", "implementations", "engine", "scenarios", "harness", "results", "mutation", "cli")
 
 
 def imported_modules(path: Path) -> list[tuple[int, str]]:

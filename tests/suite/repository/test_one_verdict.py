@@ -32,10 +32,10 @@ def test_the_verdict_is_decided_in_one_place():
 
 
 def test_a_second_rule_is_found(tmp_path):
-    tools = tmp_path / "lora_suite" / "tools"
+    tools = tmp_path / "lora_suite" / "results"
     tools.mkdir(parents=True)
     (tools / "mine.py").write_text(
         'def ok(r):\n    return r.get("status") == "complete" and all(c["passed"] for c in r["checks"])\n'
     )
     (tmp_path / "lora_core").mkdir()
-    assert second_rules(tmp_path) == ["lora_suite/tools/mine.py:2"]
+    assert second_rules(tmp_path) == ["lora_suite/results/mine.py:2"]

@@ -46,7 +46,7 @@ PAGES = [
 
 
 def _rows() -> list[dict]:
-    from lora_suite.tools import ledger
+    from lora_suite.results import ledger
 
     return ledger.read(ROOT / "reports" / "ledger.jsonl.gz")
 

@@ -1,5 +1,5 @@
 """The type check (issue 46): mypy, configured in pyproject.toml ([tool.mypy]), finds no error in the system under
-test (``lora_core``) or the suite's core (``lora_suite/core``). Without mypy the check skips, saying so, unless
+test (``lora_core``) or the suite's core (``lora_suite/settings``). Without mypy the check skips, saying so, unless
 ``LORA_SUITE_REQUIRE_TYPES=1``, which makes a missing mypy a failure.
 
 The first run on a machine takes ~40 s (mypy reads torch's inline types); later runs reuse ``.mypy_cache``."""
@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-CHECKED = ("lora_core", "lora_suite/core")
+CHECKED = ("lora_core", "lora_suite/settings")
 
 
 def _require_mypy() -> None:
     if importlib.util.find_spec("mypy") is None:
         if os.environ.get("LORA_SUITE_REQUIRE_TYPES") == "1":
             pytest.fail("LORA_SUITE_REQUIRE_TYPES=1 and mypy is not installed (pip install -e '.[test]')")
-        pytest.skip("mypy is not installed (the test extra): lora_core and lora_suite/core are not type-checked")
+        pytest.skip("mypy is not installed (the test extra): lora_core and lora_suite/settings are not type-checked")
 
 
 def test_lora_core_and_the_suite_core_type_check():

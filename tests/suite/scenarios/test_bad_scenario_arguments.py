@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lora_suite.core.config import CONFIG_DIR
+from lora_suite.settings.config import CONFIG_DIR
 
 ROOT = Path(__file__).resolve().parents[3]
 

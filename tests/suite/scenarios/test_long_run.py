@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from lora_suite.core.config import CONFIG_DIR
-from lora_suite.core.loader import load_tier_config
 from lora_suite.measure.criteria import host_time_drift
 from lora_suite.scenarios.long_run import extended_verdicts, replay_report
+from lora_suite.settings.config import CONFIG_DIR
+from lora_suite.settings.loader import load_tier_config
 
 FIXTURES = sorted((Path(__file__).resolve().parents[2] / "fixtures" / "extended_replay").glob("*.json.gz"))
 BEFORE_ISSUE_18 = [f for f in FIXTURES if f.name.startswith("h200-2026-11-23-")]

@@ -122,8 +122,8 @@ def test_fsdp2_on_two_gloo_ranks_trains_like_one_process_and_saves_a_peft_folder
     from safetensors.torch import load_file
 
     from lora_core.adapters import load_peft_adapter
-    from lora_suite.core.loader import load_tier_config
     from lora_suite.engine.prepare import prepare
+    from lora_suite.settings.loader import load_tier_config
 
     two = M.launch(short_cfg, tmp_path / "two", 2, timeout_s=240, device="cpu", mode="fsdp")
     one = M.launch(short_cfg, tmp_path / "one", 1, timeout_s=240, device="cpu", mode="fsdp")
