@@ -7,12 +7,7 @@
 // Assumptions: `a`, `b` and `out` are contiguous and do not overlap; `out` holds n_a + n_b elements; any
 //   alignment; any sizes (grid-stride loop, no vector loads, so odd sizes need no tail handling).
 // Checked by: tiers/quick/test_layer_parity.py (fp32 adapters under bf16/fp16 activations).
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
-template <typename Dst> __device__ __forceinline__ Dst from_float(float v);
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+#include "float_convert.cuh"
 
 template <typename Dst>
 __global__ void cast_pair_from_f32(const float* __restrict__ a, const float* __restrict__ b,
@@ -20,7 +15,7 @@ __global__ void cast_pair_from_f32(const float* __restrict__ a, const float* __r
     long long stride = (long long)gridDim.x * blockDim.x;
     long long n = n_a + n_b;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        out[i] = from_float<Dst>(i < n_a ? a[i] : b[i - n_a]);
+        out[i] = from_f<Dst>(i < n_a ? a[i] : b[i - n_a]);
     }
 }
 
@@ -46,6 +41,6 @@ __global__ void cast_stack_from_f32(const float* __restrict__ s0, const float* _
         else if (i < e3) v = s3[i - e2];
         else if (i < e4) v = s4[i - e3];
         else v = s5[i - e4];
-        out[i] = from_float<Dst>(v);
+        out[i] = from_f<Dst>(v);
     }
 }

@@ -16,17 +16,7 @@
 // 16-bit T, 4 for fp32) when V is a multiple of VEC and z 16-byte aligned (the caller's rule), else one at a time.
 // Assumptions: contiguous z, blockDim.x a multiple of 32, at most 1024 threads.
 // Checked by: tiers/quick/test_fused_loss_parity.py (against float64); selftest-gpu plants a dropped [j == t] term.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
-template <typename T> __device__ __forceinline__ float to_f(T v);
-template <> __device__ __forceinline__ float to_f<float>(float v) { return v; }
-template <> __device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <> __device__ __forceinline__ float to_f<__half>(__half v) { return __half2float(v); }
-template <typename T> __device__ __forceinline__ T from_f(float v);
-template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+#include "float_convert.cuh"
 
 // exp in fp32: exact expf for fp32 logits (the parity bar is fp32's), the fast intrinsic for 16-bit ones, whose
 // rounding (2^-8, 2^-11) is far above the intrinsic's error (about 2^-21 relative).

@@ -19,8 +19,7 @@
 //   32-bit load, so packed must be 4-byte aligned: torch allocations are) and writing 8 outputs with one
 //   16-byte store (bf16/fp16) or two (fp32): out must be 16-byte aligned (torch allocations are).
 // Checked by: tests/test_nf4.py (reference, CPU) and tiers/quick/test_nf4_kernels.py (these kernels vs it).
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+#include "float_convert.cuh"
 
 #define NF4_BLOCK 64
 
@@ -29,11 +28,6 @@ __constant__ float NF4_CODE[16] = {
     -0.28444138169288635f, -0.18477343022823334f, -0.09105003625154495f, 0.0f,
     0.07958029955625534f, 0.16093020141124725f, 0.24611230194568634f, 0.33791524171829224f,
     0.44070982933044434f, 0.5626170039176941f, 0.7229568362236023f, 1.0f};
-
-template <typename T> __device__ __forceinline__ float to_float(T v);
-template <> __device__ __forceinline__ float to_float<float>(float v) { return v; }
-template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <> __device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
 
 __device__ __forceinline__ unsigned char nf4_code(float x) {
     unsigned char c = 0;
@@ -53,7 +47,7 @@ __global__ void nf4_quantize(const T* __restrict__ w, unsigned char* __restrict_
     int lane = threadIdx.x % 32;
     if (block >= n_blocks) return;  // whole warps exit together: the shuffles below stay full-warp
     const T* src = w + block * NF4_BLOCK + 2 * lane;
-    float a = to_float<T>(src[0]), b = to_float<T>(src[1]);
+    float a = to_f<T>(src[0]), b = to_f<T>(src[1]);
     float m = fmaxf(fabsf(a), fabsf(b));
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
@@ -79,10 +73,6 @@ __global__ void absmax_quantize(const float* __restrict__ absmax, float mean, si
     if (i < n) q[i] = sc > 0.0f ? (signed char)rintf(c / sc * 127.0f) : (signed char)0;
 }
 
-template <typename T> __device__ __forceinline__ T from_float(float v);
-template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
 
 __device__ __forceinline__ float block_absmax(long long blk, const float* absmax, const signed char* q,
                                               const float* scale, float mean, const float* dcode) {
@@ -125,8 +115,8 @@ __global__ void nf4_dequantize(const unsigned int* __restrict__ packed4, const f
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             unsigned int byte = (words[k] >> (8 * j)) & 0xffu;  // little-endian: byte j of word i is packed[4i + j]
-            vals[2 * j] = from_float<T>(code[byte >> 4] * am[k]);
-            vals[2 * j + 1] = from_float<T>(code[byte & 0xfu] * am[k]);
+            vals[2 * j] = from_f<T>(code[byte >> 4] * am[k]);
+            vals[2 * j + 1] = from_f<T>(code[byte & 0xfu] * am[k]);
         }
         uint4* dst = reinterpret_cast<uint4*>(out + 8 * i);
         const uint4* src = reinterpret_cast<const uint4*>(vals);

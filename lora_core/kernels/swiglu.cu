@@ -15,17 +15,7 @@
 // multiple of VEC; any N (grid-stride); each element is read before it is written, by the same thread only.
 // Checked by: tiers/quick/test_fused_parity.py (against float64, both activations); selftest-gpu plants a dropped
 // silu' term.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
-template <typename T> __device__ __forceinline__ float to_f(T v);
-template <> __device__ __forceinline__ float to_f<float>(float v) { return v; }
-template <> __device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <> __device__ __forceinline__ float to_f<__half>(__half v) { return __half2float(v); }
-template <typename T> __device__ __forceinline__ T from_f(float v);
-template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+#include "float_convert.cuh"
 
 // sigmoid in fp32: exact expf and division for fp32 activations (the parity bar is fp32's), the fast intrinsics
 // for 16-bit ones, whose rounding (2^-8, 2^-11) is far above the intrinsics' error (about 2^-21 relative).

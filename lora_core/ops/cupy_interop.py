@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import re
 import sys
 import time
 from pathlib import Path
@@ -282,8 +283,26 @@ def _host_scalar(value: float) -> int:
 def kernel_module(source_name: str, name_expressions: tuple[str, ...], device_index: int = 0):
     """Compile ``kernels/<source_name>`` once per process and device (CuPy also caches the binary on disk)."""
     cupy, _ = require_cupy()
-    code = (KERNEL_DIR / source_name).read_text()
+    code = kernel_source(source_name)
     return cupy.RawModule(code=code, options=("-std=c++17",), name_expressions=list(name_expressions))
+
+
+_LOCAL_INCLUDE = re.compile(r'^#include "([A-Za-z0-9_]+\.cuh)"$', re.M)
+
+
+def kernel_source(source_name: str) -> str:
+    """``kernels/<source_name>`` with each ``#include "x.cuh"`` line replaced by ``kernels/x.cuh`` (once per header):
+    the code CuPy compiles, and keys its disk cache on, holds every header, so an edited header recompiles."""
+    seen: set[str] = set()
+
+    def paste(match: re.Match[str]) -> str:
+        header = match.group(1)
+        if header in seen:
+            return ""
+        seen.add(header)
+        return _LOCAL_INCLUDE.sub(paste, (KERNEL_DIR / header).read_text())
+
+    return _LOCAL_INCLUDE.sub(paste, (KERNEL_DIR / source_name).read_text())
 
 
 KERNEL_LOAD_SECONDS: dict[str, float] = {}  # "<source>:<kernel>" -> seconds its first load took (NVRTC or disk cache)
