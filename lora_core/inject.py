@@ -117,11 +117,15 @@ def _quantize_other_linears(model: nn.Module, quantize: str | None, backend: str
         raise ValueError(f"quantize={quantize!r} is not None or 'nf4'")
 
 
-def target_linears(model: nn.Module, targets: tuple[str, ...]) -> list[tuple[str, nn.Module]]:
+def target_linears(model: nn.Module, targets: tuple[str, ...]) -> list[tuple[str, nn.Linear]]:
     """(module path, nn.Linear) of every linear ``targets`` select, in module order; none is not an error here
     (``inject_lora`` names missing targets). Shared with the harness's peer implementations: one meaning of a
     target everywhere."""
-    return [(name, module) for name, module in model.named_modules() if _matches(name, module, targets) is not None]
+    return [
+        (name, module)
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) and _matches(name, module, targets) is not None
+    ]
 
 
 def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import types
+from typing import cast
 
 from torch import nn
 from torch.nn import functional as F
@@ -72,8 +73,8 @@ def _fused_forward(model: nn.Module, *args, labels=None, **kwargs):
     own forward (its class's)."""
     state = loss_head(model)
     assert state is not None, "the fused forward is installed together with its LossHead (fuse_loss)"
-    decoder: nn.Module = model.model  # type: ignore[assignment]  # fuse_loss checked both
-    head: nn.Linear = model.lm_head  # type: ignore[assignment]
+    # fuse_loss checked both before it installed this forward: a decoder module ``model``, an nn.Linear ``lm_head``
+    decoder, head = cast(nn.Module, model.model), cast(nn.Linear, model.lm_head)
     if args or labels is None or not model.training:
         state.passed += 1
         return type(model).forward(model, *args, labels=labels, **kwargs)

@@ -80,6 +80,7 @@ def _calibrate_batch(base: TierConfig, batch: int, args: argparse.Namespace) -> 
         base,
         data=dataclasses.replace(base.data, batch_size=batch),
         train=dataclasses.replace(base.train, steps=args.steps),
+        criteria=dataclasses.replace(base.criteria, smooth_slack=None),  # no smoothed-loss windows in a short run
     )
     torch.cuda.reset_peak_memory_stats()
     p = prepare(cfg, "cuda")

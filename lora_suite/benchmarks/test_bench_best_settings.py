@@ -13,7 +13,7 @@ The eager against eager comparison stays in the fused table (``test_bench_fused_
 user choosing between the two stacks gets from each. Both figures are the step's span on the GPU (CUDA events
 around the captured replay, or around forward, backward and optimizer step), the median over the measured steps.
 Each case runs ``FT.eager_rounds()`` rounds taken in turns (``FT.schedule``); the summary writes each stack's median
-with its spread and the 1.2x target row of ``FT.target_cells`` (beyond the spread, peak no higher in any round).
+with its spread and the 1.2x target row of ``FC.target_cells`` (beyond the spread, peak no higher in any round).
 Run in two commands, each inside 10 minutes on an H100 (issue 57): ``lora-suite bench -- -k "best_settings and
 (smollm2 or tinyllama or summary)"`` and ``-k "best_settings and (llama2-7b or qlora or summary)"`` (one case:
 ``-k "best_settings and (smollm2 or summary)"``); the Qwen2- and Gemma-shaped cases (Liger's Qwen2 and Gemma 2 ops)
@@ -25,6 +25,8 @@ from __future__ import annotations
 import pytest
 
 from lora_suite.implementations import resolve_implementation
+from lora_suite.scenarios import fused_cells as FC
+from lora_suite.scenarios import fused_child as CH
 from lora_suite.scenarios import fused_table as FT
 
 pytestmark = [pytest.mark.gpu, pytest.mark.benchmark]
@@ -34,7 +36,7 @@ SETTINGS = {"cupy-fused+liger": "captured", "unsloth": "eager"}
 RUNS = FT.schedule(CASES, tuple(SETTINGS), rounds=FT.eager_rounds())
 WARMUP, MEASURED = 5, 20
 TABLE = "each stack at its best settings: cupy-fused+liger captured, Unsloth eager (ms per step, peak GiB)"
-TARGET = f"cupy-fused+liger captured against Unsloth eager, issue 47's target ({FT.UNSLOTH_TARGET}x, peak no higher)"
+TARGET = f"cupy-fused+liger captured against Unsloth eager, issue 47's target ({FC.UNSLOTH_TARGET}x, peak no higher)"
 _figs: dict[tuple[str, str], list] = {}
 
 
@@ -46,7 +48,7 @@ def test_best_settings(case, rnd, stack, run_report, check):
         pytest.skip(f"not applicable: {reason}")
     if SETTINGS[stack] == "eager":
         try:
-            fig = FT.eager_in_child(case, stack, warmup=WARMUP, measured=MEASURED, quantize=QUANTIZE.get(case.name))
+            fig = CH.eager_in_child(case, stack, warmup=WARMUP, measured=MEASURED, quantize=QUANTIZE.get(case.name))
         except RuntimeError as exc:  # the child's own error (Unsloth on Gemma 2: its compile), recorded per case
             check.not_applicable(f"best settings: {case.name} {stack}", str(exc)[:600])
             pytest.skip(str(exc)[:200])
@@ -79,15 +81,15 @@ def test_best_settings(case, rnd, stack, run_report, check):
 
 def test_best_settings_summary(run_report):
     """Each stack's median of the rounds with its spread, and the target row per case (figures, not asserts)."""
-    cols = ("case", "stack", "mode", "step ms", "peak GiB", *FT.MEDIAN_SPREAD_COLUMNS)
+    cols = ("case", "stack", "mode", "step ms", "peak GiB", *FC.MEDIAN_SPREAD_COLUMNS)
     for case in CASES:
         for stack, mode in SETTINGS.items():
             if _figs.get((case.name, stack)):
-                cells = FT.median_cells(_figs[(case.name, stack)], ("step_ms", "peak_gib"))
+                cells = FC.median_cells(_figs[(case.name, stack)], ("step_ms", "peak_gib"))
                 run_report.add_row(
                     "benchmarks", f"{TABLE}: medians of the rounds", cols, (case.name, stack, mode, *cells)
                 )
         fused, base = _figs.get((case.name, "cupy-fused+liger"), []), _figs.get((case.name, "unsloth"), [])
         if fused and base:
-            row = (case.name, "cupy-fused+liger captured", "unsloth eager", *FT.target_cells(base, fused))
-            run_report.add_row("benchmarks", TARGET, ("case", "fused stack", "against", *FT.TARGET_COLUMNS), row)
+            row = (case.name, "cupy-fused+liger captured", "unsloth eager", *FC.target_cells(base, fused))
+            run_report.add_row("benchmarks", TARGET, ("case", "fused stack", "against", *FC.TARGET_COLUMNS), row)

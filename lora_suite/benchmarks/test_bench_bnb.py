@@ -97,6 +97,12 @@ def test_dequant_vs_bitsandbytes(shape, run_report, check):
         )
 
 
+class _FourBitModel(torch.nn.Module):
+    """A model of one layer marked as transformers marks a 4-bit model: PEFT wraps it with its bitsandbytes layer."""
+
+    is_loaded_in_4bit = True
+
+
 def _qlora_steps(out_f: int, in_f: int, tokens: int = 8192, r: int = 16):
     """({name: closure of one forward+backward}, PEFT's layer): lora_core cupy on NF4, PEFT on a bitsandbytes
     Linear4bit."""
@@ -116,14 +122,13 @@ def _qlora_steps(out_f: int, in_f: int, tokens: int = 8192, r: int = 16):
     q4.weight = bnb.nn.Params4bit(w, requires_grad=False, compress_statistics=True, quant_type="nf4", blocksize=64).to(
         "cuda"
     )
-    holder = torch.nn.Module()
+    holder = _FourBitModel()
     holder.q_proj = q4
-    holder.is_loaded_in_4bit = True  # as transformers marks a 4-bit model: PEFT wraps with its bitsandbytes layer
     peft.inject_adapter_in_model(
         peft.LoraConfig(r=r, lora_alpha=2 * r, target_modules=["q_proj"], lora_dropout=0.0), holder
     )
-    layer = holder.q_proj
-    a, b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
+    layer = holder.get_submodule("q_proj")  # PEFT's layer now, in place of q4
+    a, b = layer.get_parameter("lora_A.default.weight"), layer.get_parameter("lora_B.default.weight")
     with torch.no_grad():
         a.data, b.data = a.data.to(DT), torch.randn_like(b.data, dtype=DT) * 0.02
     steps = {
@@ -231,17 +236,19 @@ def test_qlora_7b_training_step_vs_peft_bnb(benchmark, run_report, check):
     def turn(name, rnd):
         return runs[name].turn(turns[runs[name].mode])
 
-    result = {}
+    turned: list[tuple[dict[str, list[float]], dict[str, str]]] = []  # take_turns' answer: (times, stopped)
 
     def run_rounds():
-        result["times"], result["stopped"] = TB.take_turns(
-            list(runs), STEP_ROUNDS, turn, lambda name, exc: name.startswith("peft-bnb") and not is_cuda_error(exc)
+        turned.append(
+            TB.take_turns(
+                list(runs), STEP_ROUNDS, turn, lambda name, exc: name.startswith("peft-bnb") and not is_cuda_error(exc)
+            )
         )
 
     benchmark.group = "qlora-7b-training-step"
     benchmark.pedantic(run_rounds, rounds=1, iterations=1)
-    times = result["times"]
-    stopped.update(result["stopped"])
+    times, turn_stopped = turned[0]
+    stopped.update(turn_stopped)
     vs = TB.interleaved_speed(times, "cupy-eager")
     table = (
         f"7B QLoRA training step (configs/full.yaml, random weights): runs taking turns ({STEP_ROUNDS} rounds "

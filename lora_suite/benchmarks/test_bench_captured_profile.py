@@ -49,12 +49,12 @@ def test_captured_profile(case, run_report, check):
     check(f"{name}: captured kernels recorded (ms per step)", round(cap.profile.total_ms, 3), ">", 0)
     check(f"{name}: the profiled replays' losses are finite", CP.finite_losses(cap.losses), "==", True)
     mem = cap.memory.gib()
-    cols = (
+    cols: tuple[str, ...] = (
         "case", "stack", "eager step ms", "eager kernel ms", "captured step ms", "captured kernel ms", "eager peak GiB",
         "captured warm-up peak GiB", "captured capture peak GiB", "allocated at capture GiB", "graph pool GiB",
         "graph pool allocated GiB", "memory reading",
     )  # fmt: skip
-    row = (
+    row: tuple[object, ...] = (
         case.name, stack, round(eager.span_ms, 2), round(eager.total_ms, 2), round(cap.profile.span_ms, 2),
         round(cap.profile.total_ms, 2), round(eager_peak / CP.GIB, 3), mem["warmup_peak"], mem["capture_peak"],
         mem["before_capture"], mem["pool_reserved"], mem["pool_allocated"], CP.memory_reading(eager_peak, cap.memory),

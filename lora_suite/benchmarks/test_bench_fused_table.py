@@ -12,7 +12,7 @@ assertions.
 
 The kernel profiles (``lora_suite.scenarios.step_profile``) say where each stack's eager step spends its device
 time, by kernel kind, kernel and launching host op, beside the step's span (what is left is host-bound time):
-Unsloth's, like its timed runs, in a child process (``FT.profile_in_child``), set beside cupy-fused+liger's at
+Unsloth's, like its timed runs, in a child process (``CH.profile_in_child``), set beside cupy-fused+liger's at
 SmolLM2 32x1024, TinyLlama 16x1024 and Llama-2-7B 2x1024.
 
 Run: ``lora-suite bench -- -k fused_table``. The 7B/8B eager cases take ~40 s a stack over 3 rounds; select a case
@@ -30,6 +30,8 @@ import pytest
 import torch
 
 from lora_suite.implementations import ImplementationError, resolve_implementation
+from lora_suite.scenarios import fused_cells as FC
+from lora_suite.scenarios import fused_child as CH
 from lora_suite.scenarios import fused_table as FT
 from lora_suite.scenarios import step_profile as SP
 
@@ -63,7 +65,7 @@ def test_fused_table_eager(case, rnd, stack, run_report, check):
     cfg = FT.stack_config(case, stack, "eager", warmup=WARMUP, measured=MEASURED)
     try:
         if stack in FT.ISOLATED:
-            fig = FT.eager_in_child(case, stack, warmup=WARMUP, measured=MEASURED)
+            fig = CH.eager_in_child(case, stack, warmup=WARMUP, measured=MEASURED)
         else:
             with FT.stack_model(cfg, stack) as (prepared, window):
                 fig = FT.eager_run(prepared, window, cfg, warmup=WARMUP, measured=MEASURED)
@@ -190,10 +192,10 @@ def test_full_tier_step_base_reuse(case, rnd, variant, run_report, check):
 
 def _medians(group: str, runs: dict, keys, parts: tuple[str, ...], run_report) -> None:
     """A "medians of the rounds" row per key with rounds: the median of each part, the step's spread, the rounds."""
-    cols = ("case", "stack", *(p.replace("_", " ").replace("gib", "GiB") for p in parts), *FT.MEDIAN_SPREAD_COLUMNS)
+    cols = ("case", "stack", *(p.replace("_", " ").replace("gib", "GiB") for p in parts), *FC.MEDIAN_SPREAD_COLUMNS)
     for case_name, stack, key in keys:
         if runs.get(key):
-            run_report.add_row("benchmarks", group, cols, (case_name, stack, *FT.median_cells(runs[key], parts)))
+            run_report.add_row("benchmarks", group, cols, (case_name, stack, *FC.median_cells(runs[key], parts)))
 
 
 EAGER_COMPARED = (  # (base, part): cupy-fused and cupy-fused+liger against each
@@ -212,27 +214,27 @@ REUSE_COMPARED = (  # (stack, base)
     ("cupy-fused+liger", "cupy no-reuse"),
 )
 SPEEDUPS = "fused table: speed-up (base ms / fused ms), peak ratio (fused / base)"
-TARGET = f"fused table: cupy-fused(+liger) against Unsloth, issue 47's target ({FT.UNSLOTH_TARGET}x, peak no higher)"
+TARGET = f"fused table: cupy-fused(+liger) against Unsloth, issue 47's target ({FC.UNSLOTH_TARGET}x, peak no higher)"
 
 
 def _comparisons() -> list[tuple]:
-    """(case, fused stack, against, part, *FT.COMPARISON_COLUMNS) of every comparison the issues read."""
+    """(case, fused stack, against, part, *FC.COMPARISON_COLUMNS) of every comparison the issues read."""
     rows = []
     for case in FT.EAGER_CASES:
         for base, part in EAGER_COMPARED:
             for fused in ("cupy-fused", "cupy-fused+liger"):
-                cells = FT.comparison_cells(
+                cells = FC.comparison_cells(
                     _eager.get((case.name, base), []), _eager.get((case.name, fused), []), f"{part}_ms"
                 )
                 rows.append((case.name, fused, base, part, *cells))
     for case in FT.CAPTURED_CASES + (FT.FULL_TIER_CASE,):
-        cells = FT.comparison_cells(
+        cells = FC.comparison_cells(
             _captured.get((case.name, "cupy"), []), _captured.get((case.name, "cupy-fused"), [])
         )
         rows.append((case.name, "cupy-fused", "cupy", "captured step", *cells))
     for stack, base in REUSE_COMPARED:
         if stack in _reuse and base in _reuse:
-            cells = FT.comparison_cells(_reuse[base], _reuse[stack])
+            cells = FC.comparison_cells(_reuse[base], _reuse[stack])
             rows.append((FT.FULL_TIER_CASE.name, stack, base, "captured step", *cells))
     return rows
 
@@ -240,7 +242,7 @@ def _comparisons() -> list[tuple]:
 def test_fused_table_summary(run_report):
     """Each stack's median of the rounds with its spread, the ratios the issues' targets are written against with
     whether each is beyond the spread, and issue 47's target of cupy-fused+liger against Unsloth (figures, not
-    asserts; FT.comparison_cells and FT.target_cells say how each is computed)."""
+    asserts; FC.comparison_cells and FC.target_cells say how each is computed)."""
     eager_keys = [(c.name, s, (c.name, s)) for c in FT.EAGER_CASES for s in FT.STACKS]
     _medians(
         "fused table: medians of the rounds",
@@ -254,15 +256,15 @@ def test_fused_table_summary(run_report):
     _medians(group, _captured, captured_keys, ("step_ms", "peak_gib"), run_report)
     reuse_keys = [(FT.FULL_TIER_CASE.name, v, v) for v in REUSE_VARIANTS]
     _medians(f"{REUSE}: medians of the rounds", _reuse, reuse_keys, ("step_ms", "peak_gib"), run_report)
-    cols = ("case", "fused stack", "against", "part", *FT.COMPARISON_COLUMNS)
+    cols = ("case", "fused stack", "against", "part", *FC.COMPARISON_COLUMNS)
     for row in _comparisons():
         run_report.add_row("benchmarks", SPEEDUPS, cols, row)
-    cols = ("case", "fused stack", "against", *FT.TARGET_COLUMNS)
+    cols = ("case", "fused stack", "against", *FC.TARGET_COLUMNS)
     for case in FT.EAGER_CASES:  # cupy-fused+liger, or cupy-fused where Liger does not apply (not a Llama)
         stack = next((s for s in ("cupy-fused+liger", "cupy-fused") if _eager.get((case.name, s))), None)
         base = _eager.get((case.name, "unsloth"), [])
         if stack and base:
-            cells = FT.target_cells(base, _eager[(case.name, stack)])
+            cells = FC.target_cells(base, _eager[(case.name, stack)])
             run_report.add_row("benchmarks", TARGET, cols, (case.name, stack, "unsloth", *cells))
 
 
@@ -270,7 +272,7 @@ def test_fused_table_summary(run_report):
 # fusing was slower than its unfused twin (issue 34), and the full tier's 7B QLoRA step (NF4 base) whose 55 ms target
 # needs its profile first; with Liger's ops too, to measure how much of its elementwise time fused norms and RoPE take;
 # and Unsloth at the three eager cases where cupy-fused+liger is profiled, to read where each one's step goes
-# (Unsloth in a child process: FT.profile_in_child)
+# (Unsloth in a child process: CH.profile_in_child)
 PROFILED = (
     [(FT.EAGER_CASES[1], s, None) for s in ("cupy+liger", "cupy-fused+liger", "cupy", "cupy-fused")]
     + [(c, s, None) for c in (FT.EAGER_CASES[0], FT.EAGER_CASES[3]) for s in ("cupy+liger", "cupy-fused+liger")]
@@ -290,7 +292,7 @@ def _profile(case, stack, quantize, check):
         with FT.stack_model(cfg, stack) as (prepared, _):
             return SP.profile_steps(prepared, cfg)
     try:
-        return FT.profile_in_child(case, stack, warmup=WARMUP, measured=MEASURED, quantize=quantize)
+        return CH.profile_in_child(case, stack, warmup=WARMUP, measured=MEASURED, quantize=quantize)
     except RuntimeError as exc:
         check.not_applicable(f"fused table profile: {case.name} {stack}", str(exc)[:600])
         pytest.skip(str(exc)[:200])
@@ -323,7 +325,7 @@ def test_fused_table_kernel_profile(case, stack, quantize, run_report, check):
             round(prof.profiled_span_ms, 2),
         ),
     )
-    cols = ("case", "stack", "kernel kind", "ms per step", "share")
+    cols: tuple[str, ...] = ("case", "stack", "kernel kind", "ms per step", "share")
     for kind, ms in sorted(prof.kinds.items(), key=lambda kv: -kv[1]):
         run_report.add_row(
             "benchmarks",
@@ -366,5 +368,5 @@ def test_fused_table_kernel_profile_summary(run_report):
         if stack is None or base is None:
             continue
         own = _profiles[(name, stack, None)]
-        row = (name, stack, "unsloth", *SP.kernel_time_against(own, base, FT.UNSLOTH_TARGET))
+        row = (name, stack, "unsloth", *SP.kernel_time_against(own, base, FC.UNSLOTH_TARGET))
         run_report.add_row("benchmarks", KERNEL_AGAINST, cols, row)

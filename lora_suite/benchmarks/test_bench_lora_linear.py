@@ -176,7 +176,7 @@ def test_host_time_per_call(shape, run_report):
     import time
 
     batch, seq, k, o, r = SHAPES[shape]
-    row = {}
+    row: dict[str, float | None] = {}  # implementation -> µs per call; None: not installed
     for impl in HOST_IMPLS:
         if impl == "peft" and not _has_peft():
             row[impl] = None
@@ -193,14 +193,16 @@ def test_host_time_per_call(shape, run_report):
             rounds.append((time.perf_counter() - t0) / 30 * 1e6)
         torch.cuda.synchronize()
         row[impl] = statistics.median(rounds)
-    ratio = row["cupy"] / row["torch"]
+    cupy_us, torch_us = row["cupy"], row["torch"]
+    assert cupy_us is not None and torch_us is not None  # only peft may be missing
+    ratio = cupy_us / torch_us
     if shape == HOST_SHAPES[0]:
         _host_profile("cupy", SHAPES[shape], run_report)
     run_report.add_row(
         "benchmarks",
         "host time of one forward+backward, bf16 adapters (µs, issued without sync, median of 7 rounds of 30)",
         ("shape", *HOST_IMPLS, "cupy / torch"),
-        (shape, *(None if row[i] is None else round(row[i], 1) for i in HOST_IMPLS), round(ratio, 3)),
+        (shape, *(None if (us := row[i]) is None else round(us, 1) for i in HOST_IMPLS), round(ratio, 3)),
     )
 
 
@@ -219,7 +221,8 @@ def _host_profile(impl: str, dims, run_report, calls: int = 300) -> None:
         step()
     prof.disable()
     torch.cuda.synchronize()
-    stats = pstats.Stats(prof).stats  # {(file, line, name): (cc, nc, tottime, cumtime, callers)}
+    # pstats' table, {(file, line, name): (cc, nc, tottime, cumtime, callers)}
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]  # undocumented attribute: typeshed omits it
     total = sum(v[2] for v in stats.values())
     top = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:12]
     for (file, line, name), (_, ncalls, tottime, _, _) in top:
@@ -308,8 +311,8 @@ def test_layer_ratio_geomean(run_report):
     rows = 0
     for label, table in (("interleaved ratio", _interleaved), ("kernel-sum ratio", kernel_ratio)):
         for impl in IMPLS[1:]:
-            values = [table.get(s, {}).get(impl) for s in LLAMA7B_SHAPES]
-            if None in values:
+            values = [v for s in LLAMA7B_SHAPES if (v := table.get(s, {}).get(impl)) is not None]
+            if len(values) < len(LLAMA7B_SHAPES):  # one shape or more not measured
                 continue
             rows += 1
             run_report.add_row(

@@ -143,7 +143,7 @@ def test_dequant_overlap_against_serial(run_report, check):
     qs = [quantize_nf4((torch.randn(n, k, device="cuda", generator=gen) * 0.02).bfloat16()) for n, k in LAYER * LAYERS]
     xs = {k: torch.randn(TOKENS, k, device="cuda", dtype=torch.bfloat16, generator=gen) for k in {4096, 11008}}
     ys = [torch.zeros(TOKENS, q.shape[0], dtype=torch.bfloat16, device="cuda") for q in qs]
-    _low, high = torch.cuda.Stream.priority_range()
+    _low, high = torch.cuda.current_stream().priority_range()  # a static method; torch's stub types it per stream
     fns = _sequences(qs, xs, ys, _small_work(xs, ys))
     first = {"prefetch, joined at the next base, GEMMs first": torch.cuda.Stream(priority=high)}
     with torch.no_grad():
@@ -159,7 +159,9 @@ def test_dequant_overlap_against_serial(run_report, check):
         graphs = {name: _graph(fn, first.get(name)) for name, fn in fns.items()}
         ms = interleaved_rounds(graphs, rounds=ROUNDS, reps=5, warmup=2)
     base = Spread.of(ms["serial"])
+    assert base is not None  # interleaved_rounds times each callable ROUNDS (> 0) times
     for name, times in ms.items():
         s = Spread.of(times)
+        assert s is not None  # likewise
         cells = (round(s.median, 4), round(s.low, 4), round(s.high, 4), s.rounds, round(s.median / base.median, 3))
         run_report.add_row("benchmarks", TABLE, COLUMNS, (name, len(qs), *cells))

@@ -23,6 +23,9 @@ Run: ``lora-suite bench -- -k nf4_matmul``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import pytest
 import torch
 
@@ -68,18 +71,18 @@ def candidates(x, q):
 
     scratch = dequantize_nf4(q, torch.bfloat16)
     y = torch.empty(x.shape[0], q.shape[0], dtype=torch.bfloat16, device=x.device)
-    fns = {
+    fns: dict[str, Callable[[], object]] = {
         BASE: lambda: CupyNF4Linear.apply(x, q),
         "dequantise alone": lambda: dequantize_nf4(q, torch.bfloat16, out=scratch),
         "cuBLAS alone": lambda: torch.mm(x, scratch.T, out=y),
     }
     for config in CONFIGS:
-        fns[f"nf4_matmul {config}"] = lambda c=config: NM.nf4_matmul(x, q, out=y, config=c)
+        fns[f"nf4_matmul {config}"] = partial(NM.nf4_matmul, x, q, out=y, config=config)
     fns["timing bound, no lookup"] = lambda: NM.bound_matmul(x, q, out=y)
-    for config in WEIGHT_FIRST:
+    for wf_config in WEIGHT_FIRST:
         for split in (False, True):
-            name = f"weight first {config}{' split' if split else ''}"
-            fns[name] = lambda c=config, s=split: NM.weight_first_matmul(x, q, out=y, config=c, split=s)
+            name = f"weight first {wf_config}{' split' if split else ''}"
+            fns[name] = partial(NM.weight_first_matmul, x, q, out=y, config=wf_config, split=split)
     return fns
 
 
@@ -114,7 +117,9 @@ def test_nf4_matmul_against_dequantise_then_cublas(shape, run_report, check):
         ms = interleaved_rounds(graphs, rounds=ROUNDS, reps=3, warmup=2)
     per_call = {name: [t / CALLS for t in times] for name, times in ms.items()}
     base = Spread.of(per_call[BASE])
+    assert base is not None  # interleaved_rounds times each callable ROUNDS (> 0) times
     for name, times in per_call.items():
         s = Spread.of(times)
+        assert s is not None  # likewise
         cells = (round(s.median, 4), round(s.low, 4), round(s.high, 4), s.rounds, round(s.median / base.median, 3))
         run_report.add_row("benchmarks", TABLE, COLUMNS, (shape, name, *cells))

@@ -77,7 +77,9 @@ def test_training_step(benchmark, case, impl, mode, run_report, check):
     model = prepared.model
     if mode == "compiled":
         torch._dynamo.reset()
-        model = torch.compile(model, fullgraph=True, mode="reduce-overhead")  # a graph break is an error
+        compiled = torch.compile(model, fullgraph=True, mode="reduce-overhead")  # a graph break is an error
+        assert isinstance(compiled, torch.nn.Module)  # an OptimizedModule; torch's stub types only the callable
+        model = compiled
     result = {}
 
     def run():
@@ -211,14 +213,13 @@ def test_speed_interleaved(benchmark, case, run_report, check, request):
         return name.rsplit("-", 1)[0] not in IMPLS and not is_cuda_error(exc)
 
     def run_rounds():
-        times, stopped = TB.take_turns(list(runs), ROUNDS, turn, may_fail)
-        result.update(times=times, stopped=stopped)
+        turns.append(TB.take_turns(list(runs), ROUNDS, turn, may_fail))
 
-    result = {}
+    turns: list[tuple[dict[str, list[float]], dict[str, str]]] = []  # take_turns' answer: (times, stopped)
     benchmark.group = f"training-interleaved-{case.name}"
     benchmark.pedantic(run_rounds, rounds=1, iterations=1)
-    times = result["times"]
-    failed.update(result["stopped"])
+    times, stopped = turns[0]
+    failed.update(stopped)
     cfg = configs["peft-eager"]
     tokens = cfg.data.batch_size * cfg.data.seq_len * cfg.train.grad_accum
     info = {"case": case.name, "turn_steps": TURN_STEPS, "rounds": ROUNDS}
@@ -226,7 +227,7 @@ def test_speed_interleaved(benchmark, case, run_report, check, request):
     for name in times:
         step_ms = statistics.median(times[name]) * 1e3
         info[f"{name}_tokens_per_s"] = tokens / statistics.median(times[name])
-        cells = []
+        cells: list[float | str | None] = []  # per reference: its ratio, SE and range, or three blanks
         for ref, est in vs.items():
             e = est.get(name)
             if e is not None:

@@ -210,6 +210,14 @@ def build_parser() -> Parser:
     return p
 
 
+def _target_names(parser: argparse.ArgumentParser) -> list[str]:
+    """The names of ``parser``'s subcommands (the targets), in the order they were added."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return list(action.choices)
+    raise ValueError(f"parser {parser.prog!r} has no subcommands; expected the one build_parser makes")
+
+
 def _campaign_parsers(sub) -> None:
     """scorecard, render-scorecard, history and compare: the targets that read or run many runs."""
     s = sub.add_parser("scorecard", help=TOOLS["scorecard"])
@@ -268,11 +276,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parser = build_parser()
         if not argv:
-            raise UsageError("no target given (" + ", ".join(parser._subparsers._group_actions[0].choices) + ")")
+            raise UsageError("no target given (" + ", ".join(_target_names(parser)) + ")")
         if argv[0] in ("-h", "--help"):
             parser.print_help()
             return 0
-        choices = parser._subparsers._group_actions[0].choices
+        choices = _target_names(parser)
         if not argv[0].startswith("-") and argv[0] not in choices:
             raise UsageError(f"unknown target {argv[0]!r} (expected one of: {', '.join(choices)})")
         check_values(argv)

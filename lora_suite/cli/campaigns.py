@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 from lora_suite.cli import preflight
 from lora_suite.cli.targets import default_ledger, default_reports, ledger_sources, python
@@ -48,7 +49,7 @@ def scorecard(args) -> int:
     def show(cmd):
         return "would run: lora-suite " + " ".join(cmd[3:])
 
-    running: list[tuple[subprocess.Popen, object]] = []
+    running: list[tuple[subprocess.Popen, IO[str]]] = []  # a lane's process and its log file
     for impl in impls.split(","):
         if args.jobs == 1:
             for cmd in lane(impl):
@@ -62,9 +63,9 @@ def scorecard(args) -> int:
             ("echo " + repr(show(c))) if dry else " ".join(map(_quote, c)) + " ; true" for c in lane(impl)
         )
         running.append((subprocess.Popen(["bash", "-c", script], stdout=log, stderr=subprocess.STDOUT), log))
-    for p, log in running:
+    for p, lane_log in running:
         p.wait()
-        log.close()
+        lane_log.close()
     if not args.no_bench:
         cmd = _suite(
             "bench", "--report-dir", str(out), *record, "--", "-k", "speed_interleaved", "--bench-impls", impls

@@ -22,7 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-from lora_suite.cli import targets
+from lora_suite.cli import gpus, targets
+from lora_suite.cli.plugins import autoload_plugins
 from lora_suite.cli.usage import UsageError
 
 # The quick tier's fast checks that judge a mutant, cheapest first: pytest runs them in this order (after the tests
@@ -90,7 +91,7 @@ def checks_command(spec: str, tests: list[Path], report_dir: Path, order: tuple[
     with ``order`` (test ids as the run report names them, relative to the root dir), those tests in that order."""
     root = targets.checkout_root()
     cmd = [targets.python(), "-m", "pytest", "-p", "no:cacheprovider", "-x", "-q", "-m", "quick", "--lora-impl", spec]
-    cmd += [] if targets.autoload_plugins("quick") else ["-p", "pytest_benchmark.plugin"]  # as the CLI runs quick
+    cmd += [] if autoload_plugins("quick") else ["-p", "pytest_benchmark.plugin"]  # as the CLI runs quick
     if root:
         cmd += ["--rootdir", str(root)]
     else:
@@ -111,7 +112,9 @@ def preloads(plan_targets) -> list[str]:
             continue
         if spec is None:
             continue
-        roots = [Path(p).resolve() for p in (spec.submodule_search_locations or [])] or [Path(spec.origin).resolve()]
+        locations = spec.submodule_search_locations or []
+        assert locations or spec.origin is not None  # a found module is a package (its folders) or has its file
+        roots = [Path(p).resolve() for p in locations] or [Path(str(spec.origin)).resolve()]
         if not any(t.path == r or r in t.path.parents for t in plan_targets for r in roots):
             out.append(name)
     return out
@@ -189,7 +192,8 @@ def _default_source(spec: str) -> Path:
 
 def _targets(spec: str, sources: list[str] | None):
     from lora_suite.mutation.mutants import label_of, read_source
-    from lora_suite.mutation.mutate import Target, module_of
+    from lora_suite.mutation.mutate import module_of
+    from lora_suite.mutation.mutation_run import Target
 
     paths = [Path(s) for s in sources] if sources else [_default_source(spec)]
     out = []
@@ -229,7 +233,7 @@ def mutate(args) -> int:
         print(f"lora-suite mutate: {exc}", file=sys.stderr)
         return EXIT_NO_EXTRA
     plan_targets, names = _targets(spec, args.source), _operators(args.operators)
-    if targets.gpu_count() == 0:
+    if gpus.gpu_count() == 0:
         print(
             "lora-suite mutate: needs a CUDA GPU (the checks that judge each mutant are GPU tests): none found; "
             "nothing was judged",
@@ -246,7 +250,9 @@ def mutate(args) -> int:
 def _run(spec, plan_targets, names, tests, workers, min_score, report_root: Path, args) -> int:
     from lora_suite.mutation import mutate as M
     from lora_suite.mutation import mutation_report as R
+    from lora_suite.mutation.equivalence import subprocess_fingerprint
     from lora_suite.mutation.mutant_source import fingerprint_command
+    from lora_suite.mutation.mutation_run import Plan, score
     from lora_suite.results.ledger import folder_token
 
     os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")  # no network at run time: local weights only
@@ -256,16 +262,16 @@ def _run(spec, plan_targets, names, tests, workers, min_score, report_root: Path
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
     workdir = M.scratch_dir()
     runner, close = _runner(plan_targets, env, workdir, getattr(args, "fork_server", True))
-    plan = M.Plan(
+    plan = Plan(
         targets=plan_targets,
         command=lambda report_dir, order: checks_command(spec, tests, report_dir, order),
         env=env,
-        fingerprint=M.subprocess_fingerprint(fingerprint_command(targets.python(), spec, "cuda"), runner=runner),
+        fingerprint=subprocess_fingerprint(fingerprint_command(targets.python(), spec, "cuda"), runner=runner),
         workers=workers,
         operators=names,
         runner=runner,
     )
-    print(f"GPU: {targets.gpu_line()}  (name, total, used, free, driver)")
+    print(f"GPU: {gpus.gpu_line()}  (name, total, used, free, driver)")
     print(f"checks: {', '.join(t.name for t in tests)} (-x); {workers} worker(s)", flush=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     try:
@@ -286,7 +292,7 @@ def _run(spec, plan_targets, names, tests, workers, min_score, report_root: Path
     print("\n" + summary(run, report.checks[0], min_score) + f"; report {md}")
     if args.record:
         print(targets._record(args.ledger or targets.default_ledger(), run_dir))
-    if M.score(*run.counts()[:2]) is None:
+    if score(*run.counts()[:2]) is None:
         print(f"lora-suite mutate: {nothing_judged(run)}; no score (report {md})", file=sys.stderr)
     return 0 if report.checks[0].passed else 1
 
@@ -303,7 +309,7 @@ def nothing_judged(run) -> str:
 
 def summary(run, check, min_score: float) -> str:
     """The console's line: both scores, the counts, the verdict and the wall time."""
-    from lora_suite.mutation.mutate import score_counting_equivalents
+    from lora_suite.mutation.mutation_run import score_counting_equivalents
 
     killed, survived, equivalent = run.counts()
     honest = score_counting_equivalents(killed, survived, equivalent)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from lora_suite.cli.usage import UsageError
@@ -42,7 +43,7 @@ def check_implementation(spec: str | None) -> None:
         parsed = parse_spec(spec)
     except SpecError as exc:
         raise UsageError(f"--lora-impl: {exc}") from None
-    if parsed.is_module:
+    if parsed.module is not None:  # package.module:factory (is_module)
         module = parsed.module
         sys.path.insert(0, os.getcwd())  # the runs start `python -m pytest` here: this directory is on their path
         try:
@@ -137,7 +138,7 @@ def check_report_dir(path: str) -> None:
         )
 
 
-def check_existing(what: str, paths: list[str], *, kind: str = "run folder") -> None:
+def check_existing(what: str, paths: Sequence[str | Path], *, kind: str = "run folder") -> None:
     """Paths a command reads: each must exist, and the error names every one that does not."""
     missing = [str(p) for p in paths if "://" not in str(p) and not Path(p).exists()]  # a store URL: opened later
     if missing:

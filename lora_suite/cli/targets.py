@@ -5,17 +5,19 @@ baseline comparison and the ledger record when asked, and a summary table; the o
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import lora_suite
 from lora_suite.cli import bytecode, preflight, verdicts
+from lora_suite.cli.gpus import gpu_count, gpu_line
+from lora_suite.cli.interrupts import Terminated, raise_terminated, run_pytest
+from lora_suite.cli.plugins import autoload_plugins
 from lora_suite.cli.usage import UsageError
 from lora_suite.cli.verdicts import EXIT_NOT_JUDGED, EXIT_USAGE, judged_verdict, require_gpu
+from lora_suite.cli.workers import worker_args
 
 PACKAGE = Path(lora_suite.__file__).resolve().parent
 
@@ -46,25 +48,6 @@ def python() -> str:
     return os.environ.get("PYTHON") or sys.executable
 
 
-def gpu_count() -> int:
-    if os.environ.get("GPU_TEST_GPU_COUNT"):  # tests of `all` without GPUs
-        return int(os.environ["GPU_TEST_GPU_COUNT"])
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return 0
-    out = subprocess.run([smi, "-L"], capture_output=True, text=True)
-    return sum(line.startswith("GPU") for line in out.stdout.splitlines()) if out.returncode == 0 else 0
-
-
-def gpu_line() -> str | None:
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return None
-    q = "--query-gpu=name,memory.total,memory.used,memory.free,driver_version"
-    out = subprocess.run([smi, q, "--format=csv,noheader"], capture_output=True, text=True)
-    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
-
-
 def new_run_dir(root: Path, stamp: str, name: str) -> Path:
     """``root/<stamp>-<name>``, or ``-2``, ``-3``...: mkdir is atomic, so runs started in one second never share."""
     root.mkdir(parents=True, exist_ok=True)
@@ -87,68 +70,6 @@ def writable_dir(path: Path) -> bool:
         return True
     except OSError:
         return False
-
-
-# GPU targets run pytest without the third-party plugins the environment happens to have (hypothesis, anyio,
-# jaxtyping, xdist, cov, mock...: 2-3 s of imports on a fresh GPU machine, none used by the tiers); pytest-benchmark
-# is loaded by name. LORA_SUITE_PYTEST_AUTOLOAD=1 loads every installed plugin again (the CPU self-tests always do).
-AUTOLOAD_ENV = "LORA_SUITE_PYTEST_AUTOLOAD"
-
-
-def autoload_plugins(target: str) -> bool:
-    return target == "selftest" or os.environ.get(AUTOLOAD_ENV) == "1"
-
-
-# Tiers whose tests are many and short run over workers by default (issue 34; docs/running.md and ledger groups
-# `issue34-quick-workers-8`, `issue34-item4-controller-42d1e12` hold the measurements). Each worker peaks near 4 GiB of
-# GPU memory and imports torch, so a GPU gets at most total GiB // 4 - 1 and a host one per two CPU cores.
-DEFAULT_WORKERS = {"quick": 8}
-WORKER_GIB = 4
-
-
-def gpu_memory_gib() -> float | None:
-    """The first GPU's total memory (nvidia-smi), or None where it cannot be read."""
-    line = gpu_line()
-    try:
-        return float(line.split(",")[1].strip().split()[0]) / 1024 if line else None  # "81559 MiB"
-    except (IndexError, ValueError):
-        return None
-
-
-def default_workers(target: str) -> str | None:
-    if target not in DEFAULT_WORKERS or gpu_count() == 0:  # no GPU: every test skips, one process is enough
-        return None
-    gib = gpu_memory_gib()
-    cap = DEFAULT_WORKERS[target] if gib is None else max(1, int(gib // WORKER_GIB) - 1)
-    cores = max(1, (os.cpu_count() or 2) // 2)
-    return str(min(DEFAULT_WORKERS[target], cap, cores))
-
-
-def xdist_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("xdist") is not None
-
-
-def worker_args(target: str, workers: str | None) -> list[str]:
-    """pytest-xdist's options for ``--workers`` (or the tier's default); none for one worker.
-
-    Asked for explicitly without pytest-xdist installed is a usage error; a tier's default (only where a GPU is
-    visible: without one every test skips) falls back to one process and the run says so on stderr; the verdicts
-    are the same either way.
-    """
-    chosen = workers or default_workers(target)
-    if chosen is None or chosen == "1":
-        return []
-    if not xdist_available():
-        if workers:
-            raise UsageError(f"--workers {workers} needs pytest-xdist: pip install pytest-xdist (or --workers 1)")
-        print(f"lora-suite: pytest-xdist is not installed: {target} runs in one process", file=sys.stderr)
-        return []
-    plugin = [] if autoload_plugins(target) else ["-p", "xdist.plugin"]
-    # loadgroup: tests that import the model code share a few workers (harness/worker_groups.py); the other tests are
-    # sent one at a time to whichever worker is nearly out of work, the groups first
-    return plugin + ["-n", chosen, "--dist", "loadgroup"]
 
 
 def pytest_args(target: str, args, run_dir: Path | None, tiers: dict) -> list[str]:
@@ -185,8 +106,10 @@ def pytest_args(target: str, args, run_dir: Path | None, tiers: dict) -> list[st
     report = [f"--report-dir={run_dir}", f"--junitxml={run_dir / 'junit.xml'}"] if run_dir else []
     tiers_dir = root / "tiers" if root else find_tiers_dir()
     if target == "selftest":
+        assert root is not None, "run_targets refuses selftest outside a checkout"
         return base + [str(root / "tests")]
     if target == "bench":
+        assert run_dir is not None, "bench writes its benchmark.json into its run folder"
         bench = root / "benchmarks" if root else PACKAGE / "benchmarks"
         return base + [str(bench), "-m", "benchmark", f"--benchmark-json={run_dir / 'benchmark.json'}"] + report
     if target == "selftest-gpu":
@@ -250,21 +173,6 @@ def _baseline(args) -> Path | None:
     return Path(args.baseline) if args.baseline else None
 
 
-def _pytest(cmd: list[str], env: dict) -> tuple[int, str | None]:
-    """Run one target's pytest; (its exit code, None or "INTERRUPTED" / "TERMINATED" when a signal stopped it)."""
-    proc = subprocess.Popen(cmd, env=env)
-    term = signal.signal(signal.SIGTERM, _raise_terminated)
-    try:
-        return proc.wait(), None
-    except KeyboardInterrupt:  # Ctrl-C reached pytest too: let it write its report, then stop the whole run
-        return _wait_after_interrupt(proc), "INTERRUPTED"
-    except Terminated:  # a job's timeout signalled this process alone: pytest gets it too and writes its report
-        proc.send_signal(signal.SIGTERM)
-        return _wait_after_interrupt(proc), "TERMINATED"
-    finally:
-        signal.signal(signal.SIGTERM, term)
-
-
 def _against_baseline(t: str, baseline: Path, run_dir: Path, rc: int) -> int:
     """The target's code after ``compare`` with its baseline: 6 on a regression, 2 when compare refused the pair."""
     from lora_suite.results import compare
@@ -288,7 +196,7 @@ def _run_one(t: str, args, extra, tiers, run_dir: Path | None, have_gpu: bool, s
         env[bytecode.SETUP_ENV] = f"{setup:.2f}"
     if run_dir is not None:  # the report's run id is its folder's name: `ledger show --run <folder>` finds it
         env["LORA_SUITE_RUN_ID"] = run_dir.name
-    rc, stopped = _pytest(cmd, env)
+    rc, stopped = run_pytest(cmd, env)
     if baseline and run_dir and not stopped:
         rc = _against_baseline(t, baseline, run_dir, rc)
     if args.record and run_dir and not stopped and (run_dir / "report.json").is_file():
@@ -306,7 +214,7 @@ def _run(names, args, extra, tiers, report_root: Path, have_gpu: bool) -> int:
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     impl = folder_token(args.lora_impl) if args.lora_impl else ""
     rows, codes, stopped, baseline = [], [], None, _baseline(args)
-    term = signal.signal(signal.SIGTERM, _raise_terminated)  # also between targets: the summary of what ran
+    term = signal.signal(signal.SIGTERM, raise_terminated)  # also between targets: the summary of what ran
     try:
         setup = (
             bytecode.compile_packages(python(), _child_env(names[0])) if have_gpu and names != ["selftest"] else None
@@ -346,7 +254,7 @@ def _run(names, args, extra, tiers, report_root: Path, have_gpu: bool) -> int:
     )
 
 
-def _record(path: Path, run_dir: Path) -> str:
+def _record(path: str | Path, run_dir: Path) -> str:
     """Append a finished run's rows to the ledger; a run that saw no GPU judged nothing there and is not recorded."""
     import json
 
@@ -371,27 +279,3 @@ def _child_env(target: str = "selftest") -> dict[str, str]:
     if root:  # a checkout's package wins over an installed copy in the runs too
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
     return env
-
-
-class Terminated(Exception):
-    """SIGTERM to the command (a CI job's timeout signals its top process only): without a handler this process
-    would die at once and leave its pytest run going, its report never finished."""
-
-
-def _raise_terminated(signum, frame):
-    raise Terminated(f"signal {signum}")
-
-
-def _wait_after_interrupt(proc: subprocess.Popen) -> int:
-    """Wait for pytest to write its report after the first signal; a second Ctrl-C or SIGTERM (a job's timeout that
-    signals the whole process group, or signals again) must neither leave the report half written nor raise here
-    while the first is handled (issue 56: two chained tracebacks before the summary)."""
-    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        return proc.wait(timeout=120)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait()
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)

@@ -59,6 +59,8 @@ def judged_verdict(run_dir: Path | None, rc: int, have_gpu: bool) -> tuple[str, 
 def ran_out_of_memory(run_dir: Path | None) -> bool:
     """Whether the run failed only by running out of memory: its report's failed checks are all out-of-memory checks
     (``lora_suite/harness/oom_verdict.py``, which released the GPU after each), and there is one at least."""
+    if run_dir is None:
+        return False
     try:
         checks = json.loads((run_dir / "report.json").read_text()).get("checks") or []
     except (OSError, ValueError, TypeError):

@@ -46,16 +46,17 @@ def layer_step(impl: str, batch: int, seq: int, k: int, o: int, r: int, device="
             peft.LoraConfig(r=r, lora_alpha=2 * r, target_modules=["0"], lora_dropout=0.0),
             autocast_adapter_dtype=False,
         )
-        layer = model.base_model.model[0]
-        params = (x, layer.lora_A["default"].weight, layer.lora_B["default"].weight)
+        layer: torch.nn.Module = model.get_submodule("base_model.model.0")
+        weights = dict(layer.named_parameters())
+        params = (x, weights["lora_A.default.weight"], weights["lora_B.default.weight"])
         torch.nn.init.normal_(params[2], std=0.02)
     else:
         quantize = "nf4" if impl == "cupy-nf4" else None
-        layer = lora_core.LoRALinear.from_linear(
+        lora = lora_core.LoRALinear.from_linear(
             linear, r=r, alpha=2 * r, backend=impl.split("-")[0], adapter_dtype=DT, quantize=quantize
         )
-        torch.nn.init.normal_(layer.lora_B, std=0.02)
-        params = (x, layer.lora_A, layer.lora_B)
+        torch.nn.init.normal_(lora.lora_B, std=0.02)
+        params, layer = (x, lora.lora_A, lora.lora_B), lora
     if not all(p.dtype == DT for p in params[1:]):
         raise AssertionError("every row runs bf16 adapters")
     return lambda: torch.autograd.grad(layer(x), params, dy)
@@ -74,7 +75,8 @@ def implementation_step(impl, batch: int, seq: int, k: int, o: int, r: int, devi
     x = torch.randn(batch, seq, k, device=device, dtype=DT, requires_grad=True)
     dy = torch.randn(batch, seq, o, device=device, dtype=DT)
     params = (x, adapters["q_proj.lora_A"], adapters["q_proj.lora_B"])
-    return lambda: torch.autograd.grad(holder.q_proj(x), params, dy)
+    adapted = holder.get_submodule("q_proj")  # the layer inject put in place of the linear
+    return lambda: torch.autograd.grad(adapted(x), params, dy)
 
 
 def ratio_rounds(steps: dict[str, Callable[[], object]], *, rounds: int = 7, reps: int = 15) -> dict[str, list[float]]:

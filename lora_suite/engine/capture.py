@@ -5,10 +5,15 @@ random numbers in training mode, naming what draws them."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import torch
 from torch import nn
 
 from lora_suite.settings.config import TrainSettings
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def checkpointing_kwargs(model: nn.Module, s: TrainSettings) -> dict[str, bool]:
@@ -131,5 +136,6 @@ def causal_attention_for_capture(model: nn.Module) -> str | None:
 
     AttentionInterface.register(CAPTURED_ATTENTION, sdpa_attention_forward)
     AttentionMaskInterface.register(CAPTURED_ATTENTION, causal_mask_or_none)
-    model.set_attn_implementation(CAPTURED_ATTENTION)
+    # a config with an attention implementation: a transformers model
+    cast("PreTrainedModel", model).set_attn_implementation(CAPTURED_ATTENTION)
     return CAPTURED_ATTENTION

@@ -21,11 +21,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from lora_suite.settings.config import DataSettings
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 IGNORE_INDEX = -100
 
@@ -73,9 +76,14 @@ on a calm day is worth as much as a single word written in a storm.
 
 
 class Tokenizer(Protocol):
-    eos_id: int
-    pad_id: int
-    vocab_size: int
+    @property
+    def eos_id(self) -> int: ...
+
+    @property
+    def pad_id(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int: ...
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -100,7 +108,7 @@ class ByteTokenizer:
 class HFTokenizer:
     """A transformers tokenizer behind the same small interface."""
 
-    tok: object
+    tok: PreTrainedTokenizerBase
 
     @property
     def eos_id(self) -> int:
@@ -118,7 +126,7 @@ class HFTokenizer:
         return self.tok(text, add_special_tokens=False)["input_ids"]
 
 
-def tokenizer_for(hf_tokenizer: object | None) -> Tokenizer:
+def tokenizer_for(hf_tokenizer: PreTrainedTokenizerBase | None) -> Tokenizer:
     return ByteTokenizer() if hf_tokenizer is None else HFTokenizer(hf_tokenizer)
 
 
@@ -134,9 +142,10 @@ class Batches:
         if settings.source == "embedded":
             ids = tokenizer.encode(EMBEDDED_CORPUS) + [tokenizer.eos_id]
             need = settings.seq_len * 4  # a stream several windows long, so that offsets vary
-            self.stream = torch.tensor(ids * max(1, -(-need // len(ids))), dtype=torch.long)
-            self.examples = None
+            self.stream: torch.Tensor | None = torch.tensor(ids * max(1, -(-need // len(ids))), dtype=torch.long)
+            self.examples: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         else:
+            assert settings.path is not None, "settings_rules: data.source 'jsonl' needs data.path"
             self.stream = None
             self.examples = load_alpaca_jsonl(settings.path, tokenizer, settings.seq_len)
 
@@ -154,6 +163,7 @@ class Batches:
             ids = torch.stack([self.stream[i : i + s.seq_len] for i in starts])
             labels = ids.clone()
         else:
+            assert self.examples is not None, "a source without a stream has examples (__init__)"
             pick = torch.randint(0, len(self.examples), (s.batch_size,), generator=gen).tolist()
             ids = torch.stack([self.examples[i][0] for i in pick])
             labels = torch.stack([self.examples[i][1] for i in pick])

@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import statistics
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -34,6 +35,9 @@ from torch import nn
 from lora_core.inject import adapter_parameters, lora_modules
 from lora_core.loss_head import unfuse_loss
 from lora_suite.engine import trainer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,8 @@ def adapter_gradients(
     missing = [n for n, p in adapters.items() if p.grad is None]
     if missing:
         raise AssertionError(f"adapters without a gradient: {missing[:5]} ({len(missing)} of {len(adapters)})")
-    grads = {n: p.grad.detach().float().clone() for n, p in adapters.items()}
+    # every adapter has a gradient (checked above): the filter only tells mypy so
+    grads = {n: p.grad.detach().float().clone() for n, p in adapters.items() if p.grad is not None}
     for p in adapters.values():
         p.grad = None
     return GradientRun(float(loss), grads)
@@ -201,14 +206,15 @@ def whole_model_checks(
         runs.append((f"{label}, accumulation over {k} micro-batches", split_batch(batch, k), False))
     runs.append((f"{label}, activation checkpointing", [batch], True))
     results = []
+    hf = cast("PreTrainedModel", model)  # the whole-model checks run on transformers models (their checkpointing)
     for run_label, micro, checkpointing in runs:
         if checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         try:
             cand = adapter_gradients(model, micro, adapters)
         finally:
             if checkpointing:
-                model.gradient_checkpointing_disable()
+                hf.gradient_checkpointing_disable()
         rows = agreement(relative_errors(cand, ref), base_err, factor)
         results.append(WholeModelResult(run_label, rows, cand.loss, ref.loss, base.loss))
     return results

@@ -15,12 +15,14 @@ Neither keeps an example database (a runner's leftover file must not change what
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
+Case = TypeVar("Case")  # what a strategy draws and a property's body takes
 ENV = "LORA_SUITE_HYPOTHESIS_PROFILE"
 # name -> (derandomize, max_examples, stateful_step_count)
 PROFILES = {"ci": (True, 12, 8), "nightly": (False, 200, 25)}
@@ -66,7 +68,11 @@ class DrawnRun:
 
 
 def run_drawn(
-    body: Callable[[object], None], strategy: st.SearchStrategy, *, scale: float = 1.0, explicit=()
+    body: Callable[[Case], None],
+    strategy: st.SearchStrategy[Case],
+    *,
+    scale: float = 1.0,
+    explicit: Iterable[Case] = (),
 ) -> DrawnRun:
     """Run ``body(case)`` on cases drawn from ``strategy`` (``explicit`` cases first, as ``@example``), under the
     profile's settings. ``body`` raises ``Falsified`` when a case breaks the property; Hypothesis then shrinks the case

@@ -27,6 +27,7 @@ import dataclasses
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from lora_suite.engine import probe_judge as PJ
 from lora_suite.engine import probes as P
 from lora_suite.engine.layer_checks import PARITY_SOURCE, none_of
 from lora_suite.engine.parity import compare
@@ -37,7 +38,7 @@ INIT_SOURCE = "LoRA (arXiv 2106.09685) §4.1: B = 0 at the start, so ΔW = BA = 
 
 def base_function(probe: P.Probe, inputs: P.ProbeInputs) -> P.ProbeRun:
     """The probe's function without its adapters, in float64 (the base model's)."""
-    return P.reference(dataclasses.replace(probe, adapters={}), inputs, inputs_require_grad=False, backward=False)
+    return PJ.reference(dataclasses.replace(probe, adapters={}), inputs, inputs_require_grad=False, backward=False)
 
 
 def outputs_beyond(probe: P.Probe, inputs: P.ProbeInputs, want: P.ProbeRun) -> tuple[list[str], int]:
@@ -45,7 +46,7 @@ def outputs_beyond(probe: P.Probe, inputs: P.ProbeInputs, want: P.ProbeRun) -> t
     it, described, and how many were compared."""
     with torch.no_grad():
         got = P.run_probe(probe, inputs, inputs_require_grad=False, backward=False)
-    tols = P.tolerances(probe, inputs)
+    tols = PJ.tolerances(probe, inputs)
     errs = [compare(n, g, r, tols[n]) for n, g, r in zip(P.OUTPUTS, got.outputs, want.outputs)]
     return [e.describe() for e in errs if not e.ok], len(errs)
 
@@ -160,7 +161,7 @@ def several_forwards(probe: P.Probe, inputs: P.ProbeInputs, other: P.ProbeInputs
         p.grad = None
     outs = [probe.block(*x) for x in xs]  # both forwards before any backward
     torch.autograd.backward([*outs[0], *outs[1]], [*inputs.dys, *other.dys])
-    tols = P.tolerances(probe, inputs)
+    tols = PJ.tolerances(probe, inputs)
     errs = [
         compare(f"d[{n}]", p.grad, one.adapter_grads[n].double() + two.adapter_grads[n].double(), tols[f"d[{n}]"])
         for n, p in probe.adapters.items()
@@ -190,7 +191,7 @@ def checkpointed(probe: P.Probe, inputs: P.ProbeInputs, use_reentrant: bool) -> 
         tuple(x.grad for x in xs),
         {n: None if p.grad is None else p.grad.detach().clone() for n, p in probe.adapters.items()},
     )
-    tols = P.tolerances(probe, inputs)
+    tols = PJ.tolerances(probe, inputs)
     have = got.tensors()
     errs = [compare(n, have[n], want.double(), tols[n]) for n, want in plain.tensors().items() if want is not None]
     bad = [e.describe() for e in errs if not e.ok]
@@ -205,7 +206,7 @@ def checkpointed(probe: P.Probe, inputs: P.ProbeInputs, use_reentrant: bool) -> 
 def merge_folds(probe: P.Probe, inputs: P.ProbeInputs) -> Verdict:
     """After ``merge_adapters`` (``layer_checks.merged`` ran it on ``probe``): every adapter tensor the model still
     holds is zeroed, and the outputs must still be the unmerged function's (the merge put s·B·A into W)."""
-    ref = P.reference(probe, inputs, inputs_require_grad=False, backward=False)  # before zeroing: it reads them
+    ref = PJ.reference(probe, inputs, inputs_require_grad=False, backward=False)  # before zeroing: it reads them
     left = probe.impl.adapter_parameters(probe.block)
     with torch.no_grad():
         for p in left.values():

@@ -19,7 +19,9 @@ import math
 
 import torch
 
+from lora_suite.engine import probe_judge as PJ
 from lora_suite.engine import probes as P
+from lora_suite.engine.parity import compare
 from lora_suite.measure.criteria import Verdict
 
 KINDS = {  # tensor kind -> which of ProbeRun.tensors() names it holds
@@ -39,8 +41,8 @@ def none_of(name: str, bad: list[str], source: str, sep: str = "; ", shown: int 
 
 def parity_errors(probe: P.Probe, inputs: P.ProbeInputs, *, inputs_require_grad: bool = True):
     got = P.run_probe(probe, inputs, inputs_require_grad=inputs_require_grad)
-    ref = P.reference(probe, inputs, inputs_require_grad=inputs_require_grad)
-    return got, P.judge(probe, inputs, got, ref)
+    ref = PJ.reference(probe, inputs, inputs_require_grad=inputs_require_grad)
+    return got, PJ.judge(probe, inputs, got, ref)
 
 
 def parity_verdicts(label: str, cases: list[tuple[str, list, list[str]]]) -> list[Verdict]:
@@ -61,7 +63,7 @@ def _differing(a: P.ProbeRun, b: P.ProbeRun) -> list[str]:
     diff = []
     for name, u in ta.items():
         v = tb.get(name)
-        if (u is None) != (v is None) or (u is not None and not torch.equal(u, v)):
+        if not (u is v if u is None or v is None else torch.equal(u, v)):  # both None, or bitwise equal
             worst = "" if u is None or v is None else f" (max diff {(u.double() - v.double()).abs().max():.3e})"
             diff.append(name + worst)
     return diff
@@ -79,9 +81,9 @@ def determinism(probe: P.Probe, inputs: P.ProbeInputs) -> Verdict:
 
 
 def _outputs_beyond(probe, inputs, got: P.ProbeRun) -> list[str]:
-    ref = P.reference(probe, inputs)
-    tols = P.tolerances(probe, inputs)
-    errs = [P.compare(n, g, r, tols[n]) for n, g, r in zip(P.OUTPUTS, got.outputs, ref.outputs)]
+    ref = PJ.reference(probe, inputs)
+    tols = PJ.tolerances(probe, inputs)
+    errs = [compare(n, g, r, tols[n]) for n, g, r in zip(P.OUTPUTS, got.outputs, ref.outputs)]
     return [e.describe() for e in errs if not e.ok]
 
 
@@ -189,13 +191,19 @@ def side_stream(probe: P.Probe, inputs: P.ProbeInputs) -> Verdict:
 
 def autocast_dtype(probe: P.Probe, inputs: P.ProbeInputs, dtype=torch.bfloat16) -> Verdict:
     """fp32 inputs under ``torch.autocast(dtype)``: every output in ``dtype`` (as F.linear's)."""
-    fp32 = P.ProbeInputs(*(t.float() for t in (inputs.x, inputs.x_o, inputs.x_m)), tuple(d.float() for d in inputs.dys))
+    fp32 = P.ProbeInputs(inputs.x.float(), inputs.x_o.float(), inputs.x_m.float(), tuple(d.float() for d in inputs.dys))
     with torch.autocast(inputs.x.device.type, dtype=dtype), torch.no_grad():
         outs = P.run_probe(probe, fp32, inputs_require_grad=False, backward=False).outputs
     bad = [f"{n}: {o.dtype}" for n, o in zip(P.OUTPUTS, outs) if o.dtype != dtype]
     return none_of(
         f"under autocast({dtype}): outputs of another dtype", bad, "F.linear under autocast", sep=", ", shown=None
     )
+
+
+def _grad(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s gradient, which ``captured`` set (zeros) before the capture and the captured backward writes."""
+    assert t.grad is not None, f"a tensor of shape {tuple(t.shape)} without the gradient set before capture"
+    return t.grad
 
 
 def captured(probe: P.Probe, inputs: P.ProbeInputs, fresh: P.ProbeInputs) -> Verdict:
@@ -234,14 +242,13 @@ def captured(probe: P.Probe, inputs: P.ProbeInputs, fresh: P.ProbeInputs) -> Ver
             d.copy_(new)
         for p in probe.adapters.values():
             p.add_(0.01 * torch.randn_like(p))
-    grads = [t.grad for t in xs] + [p.grad for p in probe.adapters.values()]
-    for g in grads:
+    for g in [_grad(t) for t in xs] + [_grad(p) for p in probe.adapters.values()]:
         g.zero_()
     graph.replay()
     replayed = P.ProbeRun(
         tuple(o.detach().clone() for o in outs),
-        tuple(t.grad.clone() for t in xs),
-        {n: p.grad.clone() for n, p in probe.adapters.items()},
+        tuple(_grad(t).clone() for t in xs),
+        {n: _grad(p).clone() for n, p in probe.adapters.items()},
     )
     eager = P.run_probe(probe, fresh)
     diff = _differing(replayed, eager)

@@ -9,7 +9,7 @@ rsLoRA, is in general not representable in bf16 or fp16: a stack that rounds its
 3-D, non-contiguous), a token count and a seed for every tensor. Three properties, each its own drawn run:
 
 1. ``function``: outputs, input gradients, dA and dB within the error model's bound of the float64 function
-   (``probes.tolerances``; the derivation is ``docs/lora-spec.md``'s "Error model": an fp32 path is judged at fp32's
+   (``probe_judge.tolerances``; the derivation is ``docs/lora-spec.md``'s "Error model": an fp32 path is judged at fp32's
    roundoff, a 16-bit path at its own), in the dtypes F.linear and autograd give; and the base (weights and biases)
    bitwise untouched, not trainable, given no gradient;
 2. ``merge``: where the implementation merges, every merged weight element is W + s·B·A rounded once
@@ -34,6 +34,7 @@ from hypothesis.control import currently_in_test_context
 from lora_suite.engine import layer_checks as L
 from lora_suite.engine import merge_rounding as MR
 from lora_suite.engine import non_finite_checks as NF
+from lora_suite.engine import probe_judge as PJ
 from lora_suite.engine import probes as P
 from lora_suite.engine.hypothesis_profiles import DrawnRun, Falsified, run_drawn
 from lora_suite.implementations import AdapterSpec, LoRAImplementation
@@ -173,12 +174,12 @@ def build(impl: LoRAImplementation, case: LayerCase, device) -> tuple[P.Probe, P
 
 
 def in_range(probe: P.Probe, inputs: P.ProbeInputs) -> bool:
-    """Whether every tensor's terms (``probes.absolute_reference``) stay ``RANGE_MARGIN`` below the dtype's max. Only
+    """Whether every tensor's terms (``probe_judge.absolute_reference``) stay ``RANGE_MARGIN`` below the dtype's max. Only
     fp16 can be left: the drawn terms stay many orders below fp32's and bf16's max (3e38), so those are not computed."""
     if inputs.x.dtype != torch.float16:
         return True
     top = torch.finfo(inputs.x.dtype).max / RANGE_MARGIN
-    terms = P.absolute_reference(probe, inputs).tensors().values()
+    terms = PJ.absolute_reference(probe, inputs).tensors().values()
     return all(float(t.abs().max()) < top for t in terms if t is not None)
 
 
@@ -193,7 +194,7 @@ def function(impl: LoRAImplementation, case: LayerCase, device) -> None:
     probe, inputs = build(impl, case, device)
     before = _frozen_snapshot(probe)
     got, errs = L.parity_errors(probe, inputs)
-    bad = [e.describe() for e in errs if not e.ok] + P.dtype_errors(probe, inputs, got)
+    bad = [e.describe() for e in errs if not e.ok] + PJ.dtype_errors(probe, inputs, got)
     mine = {id(p) for p in probe.adapters.values()}
     for n, p in probe.block.named_parameters():
         if id(p) not in mine and (p.requires_grad or p.grad is not None):

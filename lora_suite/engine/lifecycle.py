@@ -262,7 +262,9 @@ def replay(build: Build, program: str) -> None:
             call = ast.parse(line, mode="eval").body
             if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Attribute) or call.args:
                 raise ValueError(f"{line!r}: expected state.<rule>(name=literal, ...)")
-            kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+            if any(k.arg is None for k in call.keywords):  # a **mapping: no name=literal
+                raise ValueError(f"{line!r}: expected state.<rule>(name=literal, ...)")
+            kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg is not None}
             getattr(state, call.func.attr)(**kwargs)
     finally:
         state.teardown()

@@ -5,10 +5,10 @@ The state is the probe (``lora_suite.engine.probes``), the base weights W₀ the
 current dtype), the mode (train or eval), the adapters folded by a merge (None while unmerged), the adapters of the
 last save, and a snapshot of every non-adapter parameter. After every rule (``check``):
 
-    y(x) = x W₀ᵀ + b + s·(x Âᵀ) B̂ᵀ   for each projection, in float64 (``probes.reference``; b where there are biases)
+    y(x) = x W₀ᵀ + b + s·(x Âᵀ) B̂ᵀ   for each projection, in float64 (``probe_judge.reference``; b where there are biases)
 
 with Â, B̂ the adapters as ``adapter_parameters`` reads them *now* (after a merge: the ones it folded; after a
-load: the saved ones), rounded to the activation dtype; every output within ``probes.tolerances`` of it in a
+load: the saved ones), rounded to the activation dtype; every output within ``probe_judge.tolerances`` of it in a
 train-mode forward with grad enabled and in an eval-mode forward under ``torch.no_grad``; every non-adapter parameter
 bitwise its snapshot (taken at build, after a merge, cast by a dtype change), frozen and without a gradient. Rules
 with a backward also judge the adapter and input gradients against float64's.
@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from lora_suite.engine import probe_judge as PJ
 from lora_suite.engine import probes as P
 from lora_suite.implementations import AdapterSpec, LoRAImplementation
 
@@ -94,7 +95,8 @@ class Lifecycle:
         self.biases = dict(probe.biases)  # the base biases likewise (empty when the shape has none)
         self.merged: dict[str, torch.Tensor] | None = None
         self.names = sorted(probe.adapters)
-        self.optimizer, self._opt_key = None, None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self._opt_key: tuple[str, tuple[tuple[int, torch.dtype], ...]] | None = None
         probe.block.train()
         self.frozen = self._snapshot()
 
@@ -116,7 +118,10 @@ class Lifecycle:
         return {n: p.detach().clone() for n, p in self._base_now().items()}
 
     def reference_probe(self) -> P.Probe:
-        adapters = self.merged if self.merged is not None else self.live()
+        if self.merged is None:
+            adapters = self.live()
+        else:  # a Probe holds parameters: the folded copies as frozen ones (their storage, not a copy)
+            adapters = {n: torch.nn.Parameter(t, requires_grad=False) for n, t in self.merged.items()}
         return dataclasses.replace(
             self.probe, weights=self.weights, biases=self.biases, adapters=adapters, dtype=self.dtype
         )
@@ -128,7 +133,7 @@ class Lifecycle:
     def judge(self, what: str, inputs: P.ProbeInputs, got: P.ProbeRun, ref: P.ProbeRun) -> None:
         """Every tensor ``ref`` holds within its tolerance, every output in the activation dtype."""
         probe = self.reference_probe()
-        bad = [e.describe() for e in P.judge(probe, inputs, got, ref) if not e.ok]
+        bad = [e.describe() for e in PJ.judge(probe, inputs, got, ref) if not e.ok]
         bad += [
             f"{n}: {o.dtype} (expected {self.dtype})" for n, o in zip(P.OUTPUTS, got.outputs) if o.dtype != self.dtype
         ]
@@ -143,7 +148,7 @@ class Lifecycle:
         with torch.set_grad_enabled(grad):
             got = P.run_probe(self.run_probe(), inputs, inputs_require_grad=False, backward=False)
         if ref is None:
-            ref = P.reference(self.reference_probe(), inputs, inputs_require_grad=False, backward=False)
+            ref = PJ.reference(self.reference_probe(), inputs, inputs_require_grad=False, backward=False)
         self.judge(what, inputs, got, ref)
         return ref
 
@@ -176,12 +181,13 @@ class Lifecycle:
         self.training = training
         self.probe.block.train(training)
 
-    def _opt(self, kind: str):
+    def _opt(self, kind: str) -> torch.optim.Optimizer:
         live = self.live()
         key = (kind, tuple((id(p), p.dtype) for p in live.values()))
         if key != self._opt_key:
             make = torch.optim.SGD if kind == "sgd" else torch.optim.AdamW
             self.optimizer, self._opt_key = make(list(live.values()), lr=LR[kind]), key
+        assert self.optimizer is not None, "an optimizer is built with the key it matches"
         return self.optimizer
 
     def train_step(self, optimizer: str, seed: int) -> None:
@@ -190,7 +196,7 @@ class Lifecycle:
         n = inputs.x.numel() // inputs.x.shape[-1]
         inputs = dataclasses.replace(inputs, dys=tuple(d / n for d in inputs.dys))
         got = P.run_probe(self.run_probe(), inputs)
-        self.judge("training step's backward", inputs, got, P.reference(self.reference_probe(), inputs))
+        self.judge("training step's backward", inputs, got, PJ.reference(self.reference_probe(), inputs))
         opt = self._opt(optimizer)
         if optimizer == "sgd":
             for p in self.live().values():
@@ -210,8 +216,12 @@ class Lifecycle:
         grads = {n: None if p.grad is None else p.grad.detach().clone() for n, p in live.items()}
         for p in live.values():
             p.grad = None
-        refs = [P.reference(self.reference_probe(), i, inputs_require_grad=False) for i in (first, second)]
-        summed = {n: refs[0].adapter_grads[n] + refs[1].adapter_grads[n] for n in refs[0].adapter_grads}
+        refs = [PJ.reference(self.reference_probe(), i, inputs_require_grad=False) for i in (first, second)]
+        summed: dict[str, torch.Tensor | None] = {}
+        for n, first_grad in refs[0].adapter_grads.items():
+            second_grad = refs[1].adapter_grads[n]
+            assert first_grad is not None and second_grad is not None, f"{n}: float64 gives every adapter a gradient"
+            summed[n] = first_grad + second_grad
         got = P.ProbeRun(tuple(o.detach() for o in outs[0]), (None,) * 3, grads)
         self.judge("two forwards, one backward", first, got, P.ProbeRun(refs[0].outputs, (None,) * 3, summed))
 
@@ -228,7 +238,7 @@ class Lifecycle:
         for p in live.values():
             p.grad = None
         got = P.ProbeRun(tuple(o.detach() for o in outs), tuple(x.grad for x in xs), grads)
-        ref = P.reference(self.reference_probe(), inputs)
+        ref = PJ.reference(self.reference_probe(), inputs)
         if self.merged is not None:  # the folded adapters are no parameters: no gradient is due to them
             ref = P.ProbeRun(ref.outputs, ref.input_grads, {})
         self.judge("non-reentrant checkpointed forward and backward", inputs, got, ref)
@@ -254,6 +264,7 @@ class Lifecycle:
 
     def _loaded(self, what: str) -> None:
         self.build.impl.load_adapter(self.probe.block, self.folder / f"save{self.saves}")
+        assert self.saved is not None, f"{what}: a load follows a save"
         live = self.live()
         bad = [n for n, t in self.saved.items() if n not in live or not torch.equal(live[n].detach(), t.to(live[n]))]
         if bad:

@@ -6,7 +6,7 @@ How it is judged (``build_case``, then the verdict functions, each returning ``V
 - the reference is a float64 copy of the un-adapted model, taken before ``inject`` (same weights, biases, norms, the
   tied embedding one tensor); the adapters are read through the contract (``adapter_parameters``) and set to random
   values first (A std 1/√in, B std 1/√r: B non-zero, so that dA matters), each rounded to the activation dtype as
-  ``lora_suite.engine.probes.reference`` does;
+  ``lora_suite.engine.probe_judge.reference`` does;
 - forward: the same input ids through both, logits compared (``torch.func.functional_call`` puts W' in place of each
   adapted weight of the copy, nothing else changes); backward: the same upstream gradient G of the logits
   (L = Σ logits ⊙ G), and from autograd's dL/dW' through the float64 copy
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -44,6 +45,9 @@ from lora_suite.engine.parity import MLP_STAGES, compare, tolerance
 from lora_suite.engine.probes import spec_scale
 from lora_suite.implementations import AdapterSpec, LoRAImplementation, adapted_modules
 from lora_suite.measure.criteria import Verdict
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 R, ALPHA = 8, 12.0  # s = 1.5: not a whole number, so a scale of 1 or 2, or alpha // r, shows
 BATCH, SEQ = 2, 12  # 12 tokens: beyond Mistral's sliding window of 8 in architectures.py
@@ -91,7 +95,10 @@ class ArchCase:
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.get_input_embeddings().weight.dtype
+        # Architecture.build gives a transformers model; the implementations adapt it in place or load one
+        weight = cast("PreTrainedModel", self.model).get_input_embeddings().weight
+        assert isinstance(weight, torch.Tensor), "an embedding's weight is a parameter"
+        return weight.dtype
 
 
 def build_case(impl, arch: Architecture, dtype: torch.dtype, device, *, seed: int = 0, adapter_dtype=None) -> ArchCase:
@@ -144,15 +151,17 @@ def reference_run(case: ArchCase, *, backward: bool = True) -> FunctionRun:
         a = case.adapters[f"{path}.lora_A"].detach().to(act).double()
         b = case.adapters[f"{path}.lora_B"].detach().to(act).double()
         w = case.reference.get_submodule(path).weight
+        assert isinstance(w, torch.Tensor), f"{path}: an adapted module's weight is a parameter"
         merged[f"{path}.weight"] = (w + s * b @ a).requires_grad_(backward)
         factors[path] = (a, b)
     with torch.set_grad_enabled(backward):
         logits = functional_call(case.reference, merged, (case.ids,)).logits
-    grads = {}
+    grads: dict[str, torch.Tensor | None] = {}
     if backward:
         (logits * case.dlogits.double()).sum().backward()
         for path, (a, b) in factors.items():
             dw = merged[f"{path}.weight"].grad
+            assert dw is not None, f"{path}: the merged weight requires a gradient"
             grads[f"{path}.lora_A"], grads[f"{path}.lora_B"] = s * b.T @ dw, s * dw @ a.T
     return FunctionRun(logits.detach(), grads)
 
@@ -191,7 +200,8 @@ def function_verdicts(case: ArchCase) -> list[Verdict]:
     got, want = run_model(case), reference_run(case)
     graded = [f"{n} got a gradient" for n, p in base.items() if p.grad is not None]
     logits = compare("logits", got.logits, want.logits, tol)
-    errs = [compare(n, got.grads.get(n), r, 2 * tol) for n, r in want.grads.items()]
+    assert all(r is not None for r in want.grads.values()), "reference_run gives every adapter a gradient"
+    errs = [compare(n, got.grads.get(n), r, 2 * tol) for n, r in want.grads.items() if r is not None]
     return [
         none_of(
             f"{name}: logits beyond tolerance of the float64 adapted model",

@@ -21,11 +21,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from lora_suite.settings.config import LlamaArchitecture, ModelConfig
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 INIT_STD = 0.02  # Llama's initializer_range
 # A bias (Qwen2's q, k, v) drawn N(0, 0.5²): the order of x Wᵀ's own scale at SmolLM2's widths (0.02·√576 ≈ 0.5), so a
@@ -51,7 +55,7 @@ class CheckpointNotFound(FileNotFoundError):
 @dataclass
 class BuiltModel:
     model: nn.Module
-    tokenizer: object | None  # a transformers tokenizer when the checkpoint has one, else None
+    tokenizer: PreTrainedTokenizerBase | None  # a transformers tokenizer when the checkpoint has one, else None
     weights: str  # "pretrained" or "random" (what was actually built)
     source: str  # where the weights came from, in words
     build_seconds: float
@@ -219,7 +223,9 @@ def build_tiny_llama(
 ) -> nn.Module:
     """``build_random`` of ``TINY_LLAMA`` with ``sizes`` (``LlamaArchitecture`` fields: ``hidden_size=256``...) in
     place of its own: the one builder of the small models that tests and op-in-a-model checks need."""
-    return build_random(dataclasses.replace(TINY_LLAMA, **sizes), dtype, device, seed=seed)
+    # sizes are LlamaArchitecture's int fields; mypy checks a **dict[str, int] against every field (bool, str too)
+    arch = dataclasses.replace(TINY_LLAMA, **sizes)  # type: ignore[arg-type]  # sizes name int fields; mypy checks every field
+    return build_random(arch, dtype, device, seed=seed)
 
 
 @torch.no_grad()
@@ -229,8 +235,9 @@ def _materialise(module: nn.Module, device: torch.device, gen: torch.Generator, 
     for sub in module.modules():
         if isinstance(sub, (nn.Linear, nn.Embedding)):
             sub.weight.normal_(0.0, INIT_STD, generator=gen)
-            if getattr(sub, "bias", None) is not None:
-                sub.bias.normal_(0.0, BIAS_STD, generator=gen)
+            bias = getattr(sub, "bias", None)  # an Embedding has none, a Linear None or a tensor
+            if bias is not None:
+                bias.normal_(0.0, BIAS_STD, generator=gen)
         elif hasattr(sub, "weight") and isinstance(sub.weight, torch.Tensor) and sub.weight.dim() == 1:
             sub.weight.fill_(0.0 if "Gemma" in type(sub).__name__ else 1.0)  # RMSNorm: Gemma's scales by (1 + w)
 

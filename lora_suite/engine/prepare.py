@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
@@ -45,7 +46,7 @@ class Prepared:
         return (
             f"{cfg.model.name}: {self.built.source}; weights={self.built.weights}; {cfg.dtype} base"
             f"{' stored as NF4' if self.quantize else ''}; LoRA r={lora.r} alpha={lora.alpha} on {list(lora.targets)} "
-            f"({len(self.replaced)} layers, {lora.adapter_dtype} adapters, implementation "
+            f"({len(self.replaced)} layers, {lora.dtype_name or cfg.dtype} adapters, implementation "
             f"{self.implementation.name}); data {cfg.data.source} "
             f"{cfg.data.batch_size}x{cfg.data.seq_len}"
         )
@@ -63,45 +64,39 @@ def fit_to_implementation(
     - targets covering part of a fusable group (q and v) and ``partial_groups`` n/a: the whole group (q, k, v).
     A tier records each pair as not applicable, so nothing runs differently without the report saying so."""
     why = impl.reason_not_applicable
-    lora, train, notes = cfg.lora, cfg.train, []
-    if lora.quantize and why("nf4_base"):
-        notes.append(
-            (f"{lora.quantize} base ({source} lora.quantize); the tier runs on the {cfg.dtype} base", why("nf4_base"))
-        )
+    lora, train = cfg.lora, cfg.train
+    notes: list[tuple[str, str]] = []
+    if lora.quantize and (reason := why("nf4_base")):
+        notes.append((f"{lora.quantize} base ({source} lora.quantize); the tier runs on the {cfg.dtype} base", reason))
         lora = dataclasses.replace(lora, quantize=None)
-    elif not lora.quantize and why("bf16_base"):
-        notes.append(
-            (f"{cfg.dtype} base ({source} lora.quantize: null); the tier runs on an NF4 base", why("bf16_base"))
-        )
+    elif not lora.quantize and (reason := why("bf16_base")):
+        notes.append((f"{cfg.dtype} base ({source} lora.quantize: null); the tier runs on an NF4 base", reason))
         lora = dataclasses.replace(lora, quantize="nf4")
-    if lora.adapter_dtype == "float32" and cfg.dtype in ("bfloat16", "float16") and why("fp32_adapters_on_16bit_base"):
+    if (
+        lora.dtype_name == "float32"
+        and cfg.dtype in ("bfloat16", "float16")
+        and (reason := why("fp32_adapters_on_16bit_base"))
+    ):
         notes.append(
             (
                 f"float32 adapters on the {cfg.dtype} base ({source} lora.adapter_dtype); the tier runs "
                 f"{cfg.dtype} adapters",
-                why("fp32_adapters_on_16bit_base"),
+                reason,
             )
         )
         lora = dataclasses.replace(lora, adapter_dtype=cfg.dtype)
-    if lora.use_rslora and why("rslora"):
-        notes.append((f"rsLoRA ({source} lora.use_rslora); the tier scales by alpha / r", why("rslora")))
+    if lora.use_rslora and (reason := why("rslora")):
+        notes.append((f"rsLoRA ({source} lora.use_rslora); the tier scales by alpha / r", reason))
         lora = dataclasses.replace(lora, use_rslora=False)
-    widened = _whole_groups(lora.targets) if why("partial_groups") else tuple(lora.targets)
-    if widened != tuple(lora.targets):
+    partial = why("partial_groups")
+    widened = _whole_groups(lora.targets) if partial else tuple(lora.targets)
+    if partial and widened != tuple(lora.targets):
         notes.append(
-            (
-                f"LoRA on {list(lora.targets)} only ({source} lora.targets); the tier adapts {list(widened)}",
-                why("partial_groups"),
-            )
+            (f"LoRA on {list(lora.targets)} only ({source} lora.targets); the tier adapts {list(widened)}", partial)
         )
         lora = dataclasses.replace(lora, targets=widened)
-    if train.cuda_graph and why("cuda_graph_capture"):
-        notes.append(
-            (
-                f"captured training steps ({source} train.cuda_graph); the tier runs its steps eagerly",
-                why("cuda_graph_capture"),
-            )
-        )
+    if train.cuda_graph and (reason := why("cuda_graph_capture")):
+        notes.append((f"captured training steps ({source} train.cuda_graph); the tier runs its steps eagerly", reason))
         train = dataclasses.replace(train, cuda_graph=False)
     return dataclasses.replace(cfg, lora=lora, train=train), notes
 
@@ -133,15 +128,8 @@ def targets_left_out(model: nn.Module, targets, adapted: list[str]) -> list[str]
 
 
 def adapter_spec(cfg: TierConfig, quantize: str | None) -> AdapterSpec:
-    lora = cfg.lora
-    return AdapterSpec(
-        tuple(lora.targets),
-        lora.r,
-        lora.alpha,
-        use_rslora=lora.use_rslora,
-        adapter_dtype=DTYPES[lora.adapter_dtype],
-        quantize=quantize,
-    )
+    """The tier's LoRA settings (``cfg.lora``: the spec an implementation is given) on the base ``quantize``."""
+    return dataclasses.replace(cfg.lora, quantize=quantize)
 
 
 def prepare(
@@ -150,7 +138,7 @@ def prepare(
     *,
     implementation: LoRAImplementation | str | None = None,
     seed: int | None = None,
-    quantize: str | None | bool = True,
+    quantize: str | None | Literal[True] = True,
     base_from: LoRAImplementation | None = None,
 ) -> Prepared:
     """Build, inject and batch per ``cfg``. ``quantize=True`` means the config's own setting.

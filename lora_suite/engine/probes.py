@@ -1,5 +1,6 @@
-"""Layer probes: one decoder block's projections, adapted through *any* implementation's ``inject``, judged tensor by
-tensor against float64 computed from the same base and adapter tensors.
+"""Layer probes: one decoder block's projections, adapted through *any* implementation's ``inject``, run forward and
+backward on random inputs; ``lora_suite.engine.probe_judge`` judges the run tensor by tensor against float64 computed
+from the same base and adapter tensors.
 
 The probe is the smallest model every implementation can take as it takes a Llama: a ``ProbeBlock`` with an
 attention part (``self_attn`` holding q_proj, k_proj, v_proj, o_proj) and a SwiGLU MLP (``mlp`` holding gate_proj,
@@ -14,24 +15,18 @@ What runs (``run_probe``), with upstream gradients for every output:
     o       = o_proj(x_o)
     m       = down(silu(gate(x_m)) ⊙ up(x_m))
 
-and the reference (``reference``) is the same formula in float64 by autograd, on the same tensors: the base
-weights as they were before injection (or, for a 4-bit base, as the implementation itself multiplies with them:
-``effective_weight``), each adapter rounded to the activation dtype first (the cast every implementation makes
-or is allowed to make; see ``lora_suite.engine.parity.reference_f64``). Tolerances are ``parity.tolerance`` for
-one LoRA linear and ``MLP_STAGES`` of it for the MLP (its derivation: ``parity.MLP_STAGES``).
+For a 4-bit base the weights the reference uses are those the implementation itself multiplies with
+(``effective_weight``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from lora_suite.engine.parity import MLP_STAGES, TensorError, cancellation_floor, compare, tolerance
 from lora_suite.implementations import AdapterSpec, LoRAImplementation
 
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -179,13 +174,14 @@ def effective_weight(probe: Probe, path: str) -> torch.Tensor:
     A 4-bit base is the implementation's storage, not a weight this suite chose: the probe then judges the LoRA
     layer over that base (the quantiser itself is judged against bitsandbytes elsewhere)."""
     b = probe.adapters.get(f"{path}.lora_B")
-    saved = None if b is None else b.detach().clone()
     eye = torch.eye(probe.weights[path].shape[1], device=probe.weights[path].device, dtype=probe.dtype)
     with torch.no_grad():
-        if b is not None:
+        if b is None:
+            out = _call_alone(probe.block, path, eye)
+        else:
+            saved = b.detach().clone()
             b.zero_()
-        out = _call_alone(probe.block, path, eye)
-        if b is not None:
+            out = _call_alone(probe.block, path, eye)
             b.copy_(saved)
     return out.T.contiguous()
 
@@ -195,7 +191,7 @@ def _call_alone(block: nn.Module, path: str, x: torch.Tensor) -> torch.Tensor:
     three from one input)."""
     leaf = path.rsplit(".", 1)[-1]
     if leaf in ("q_proj", "k_proj", "v_proj"):
-        return block.self_attn(x)[("q_proj", "k_proj", "v_proj").index(leaf)]
+        return block.get_submodule("self_attn")(x)[("q_proj", "k_proj", "v_proj").index(leaf)]
     if leaf in MLP and hasattr(block.mlp, leaf):
         return getattr(block.mlp, leaf)(x)
     return block.get_submodule(path)(x)
@@ -242,7 +238,7 @@ class ProbeRun:
     adapter_grads: dict[str, torch.Tensor | None]
 
     def tensors(self) -> dict[str, torch.Tensor | None]:
-        out = dict(zip(OUTPUTS, self.outputs))
+        out: dict[str, torch.Tensor | None] = dict(zip(OUTPUTS, self.outputs))
         out.update({f"d{n}": g for n, g in zip(INPUTS, self.input_grads)})
         out.update({f"d[{n}]": g for n, g in self.adapter_grads.items()})
         return out
@@ -262,112 +258,3 @@ def run_probe(probe: Probe, inputs: ProbeInputs, *, inputs_require_grad: bool = 
         tuple(x.grad if inputs_require_grad and backward else None for x in xs),
         grads,
     )
-
-
-def reference(
-    probe: Probe, inputs: ProbeInputs, *, inputs_require_grad: bool = True, backward: bool = True
-) -> ProbeRun:
-    """The probe's function in float64 by autograd on the same tensors (none of the code under test):
-    each projection ``x Wᵀ + b + s·(x Âᵀ) B̂ᵀ`` with Â, B̂ the adapters rounded to the activation dtype (b where the
-    shape has biases)."""
-    s, act = probe.scale, inputs.x.dtype
-    w = {path: t.double() for path, t in probe.weights.items()}
-    bias = {path: t.double() for path, t in probe.biases.items()}
-    leaves = {path.rsplit(".", 1)[-1]: path for path in w}
-    ad = {}
-    for path in w:
-        a, b = probe.adapters.get(f"{path}.lora_A"), probe.adapters.get(f"{path}.lora_B")
-        if a is not None:
-            ad[path] = tuple(t.detach().to(act).double().requires_grad_() for t in (a, b))
-    xs = [t.detach().double().requires_grad_(inputs_require_grad) for t in (inputs.x, inputs.x_o, inputs.x_m)]
-
-    def lin(leaf, x):
-        path = leaves[leaf]
-        y = x @ w[path].T
-        if path in bias:
-            y = y + bias[path]
-        if path in ad:
-            a, b = ad[path]
-            y = y + s * ((x @ a.T) @ b.T)
-        return y
-
-    x, x_o, x_m = xs
-    outs = (
-        lin("q_proj", x),
-        lin("k_proj", x),
-        lin("v_proj", x),
-        lin("o_proj", x_o),
-        lin("down_proj", F.silu(lin("gate_proj", x_m)) * lin("up_proj", x_m)),
-    )
-    if backward:
-        torch.autograd.backward(outs, [d.double() for d in inputs.dys])
-    grads = {}
-    for path, (a, b) in ad.items():
-        grads[f"{path}.lora_A"], grads[f"{path}.lora_B"] = a.grad, b.grad
-    return ProbeRun(tuple(o.detach() for o in outs), tuple(t.grad if inputs_require_grad else None for t in xs), grads)
-
-
-def _inner(probe: Probe, inputs: ProbeInputs) -> int:
-    s = probe.shape
-    return max(s.hidden, s.q_out, s.intermediate, inputs.x.numel() // s.hidden)
-
-
-def tolerances(probe: Probe, inputs: ProbeInputs) -> dict[str, float]:
-    """Each tensor's bound: one LoRA linear's for the projections and their inputs, ``MLP_STAGES`` of it for
-    everything the MLP's chain computes (its output, dx_m, its adapters' gradients)."""
-    one = tolerance(inputs.x.dtype, _inner(probe, inputs))
-    out = {}
-    for name in probe.run_names():
-        mlp = name in ("mlp", "dx_m") or any(f".{leaf}." in name for leaf in MLP)
-        out[name] = MLP_STAGES * one if mlp else one
-    return out
-
-
-def absolute_reference(probe: Probe, inputs: ProbeInputs) -> ProbeRun:
-    """``reference`` with every input, weight, bias, adapter and upstream gradient replaced by its absolute value: each
-    tensor's terms summed without cancellation (the scale ``parity.cancellation_floor`` reads)."""
-    a = dataclasses.replace(
-        probe,
-        weights={p: t.abs() for p, t in probe.weights.items()},
-        biases={p: t.abs() for p, t in probe.biases.items()},
-        adapters={n: t.detach().abs() for n, t in probe.adapters.items()},
-    )
-    i = ProbeInputs(inputs.x.abs(), inputs.x_o.abs(), inputs.x_m.abs(), tuple(d.abs() for d in inputs.dys))
-    return reference(a, i, inputs_require_grad=inputs.x.requires_grad or True)
-
-
-def floors(probe: Probe, inputs: ProbeInputs) -> dict[str, float]:
-    """Each tensor's normaliser floor (``parity.cancellation_floor``) for the probe's longest inner dimension."""
-    k = _inner(probe, inputs)
-    return {
-        n: cancellation_floor(t, k) for n, t in absolute_reference(probe, inputs).tensors().items() if t is not None
-    }
-
-
-def judge(probe: Probe, inputs: ProbeInputs, got: ProbeRun, ref: ProbeRun) -> list[TensorError]:
-    """One ``TensorError`` per tensor the reference has (a tensor the implementation did not give is NaN:
-    beyond any tolerance), normalised by max(max|ref|, the cancellation floor). The floor only lifts the normaliser,
-    so a tensor within tolerance without it is within it with it: the absolute reference (a second float64 run) is
-    computed only when some tensor is beyond tolerance of max|ref| alone."""
-    tols = tolerances(probe, inputs)
-    want, have = ref.tensors(), got.tensors()
-    errs = {name: compare(name, have.get(name), r, tols[name]) for name, r in want.items() if r is not None}
-    if all(e.ok for e in errs.values()):
-        return list(errs.values())
-    low = floors(probe, inputs)
-    return [e if e.ok else compare(n, have.get(n), want[n], tols[n], low.get(n, 0.0)) for n, e in errs.items()]
-
-
-def dtype_errors(probe: Probe, inputs: ProbeInputs, got: ProbeRun) -> list[str]:
-    """Outputs and gradients whose dtype is not the one F.linear and autograd give: each output in the
-    activation dtype, each input gradient in its input's dtype, each adapter gradient in its adapter's dtype."""
-    bad = [
-        f"{n}: {o.dtype} (expected {inputs.x.dtype})" for n, o in zip(OUTPUTS, got.outputs) if o.dtype != inputs.x.dtype
-    ]
-    for n, g in zip(INPUTS, got.input_grads):
-        if g is not None and g.dtype != inputs.x.dtype:
-            bad.append(f"d{n}: {g.dtype} (expected {inputs.x.dtype})")
-    for n, g in got.adapter_grads.items():
-        if g is not None and g.dtype != probe.adapters[n].dtype:
-            bad.append(f"d[{n}]: {g.dtype} (expected {probe.adapters[n].dtype})")
-    return bad

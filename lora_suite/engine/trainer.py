@@ -1,19 +1,9 @@
 """The training loop of every tier: AdamW over the adapters only, warm-up then decay, accumulation, records.
 
-One visible loop (``train``). Each optimizer step records loss, gradient norm, learning rate, tokens/s,
-host step time, GPU step time (CUDA events around the step on the current stream) and memory (torch
-allocated / reserved / peak; this process's own GPU memory, ``process_gpu_mib``, from NVML's per-process accounting
-or this process's allocators, the source fixed for the run and kept in ``TrainResult.process_memory_source``;
-NVML's device-wide used memory, every process's, as context). A non-finite loss or gradient stops the run with
-``NonFiniteError`` naming the offending parameters, instead of training on NaN. Records go into the
-caller's ``records`` list as they are made, so a run that stops (NaN, an error, Ctrl-C) keeps them.
-
-Host CPU time: each record also carries the process CPU time of the step (``time.process_time``, all
-threads, the autograd engine's included). A loaded host preempts the process and stretches the step's wall
-time and event span (2x within one run, seen on an H100 under load); CPU time does not count the time the
-process waits for a core. It does count the host's own work and the time it spins in CUDA
-synchronisations (CUDA's default schedule spins while there are fewer GPU contexts than cores), so more
-GPU work per step shows in it too.
+One visible loop (``train``). Each optimizer step records what ``lora_suite.engine.step_record`` lists (loss,
+gradient norm, learning rate, tokens/s, host and GPU step time, process CPU time, memory). A non-finite loss or
+gradient stops the run with ``NonFiniteError`` naming the offending parameters, instead of training on NaN. Records
+go into the caller's ``records`` list as they are made, so a run that stops (NaN, an error, Ctrl-C) keeps them.
 
 Gradient accumulation over k micro-batches is token-weighted, so that it equals one k-times batch:
     L = Σ_i Σ_{t∈T_i} ℓ_t / Σ_i |T_i|,   each micro-batch contributes  mean_i · |T_i| / Σ_j |T_j|
@@ -50,8 +40,8 @@ from lora_core.inject import adapter_parameters
 from lora_suite.engine.capture import StaticBatches, causal_attention_for_capture, checkpointing_kwargs
 from lora_suite.engine.non_finite import non_finite_message
 from lora_suite.engine.optimizer import check_capturable, clip_gradients, lr_at, make_optimizer, set_lr
+from lora_suite.engine.step_record import StepRecord, step_readings
 from lora_suite.measure.device_time import DeviceTimer
-from lora_suite.measure.memory import MIB, host_heap_bytes, host_rss_bytes
 from lora_suite.measure.nvml import NvmlReader, ProcessMemory
 from lora_suite.settings.config import TrainSettings
 
@@ -60,35 +50,6 @@ log = logging.getLogger("lora_suite.engine.trainer")
 
 class NonFiniteError(FloatingPointError):
     """Loss or gradients became NaN/Inf; the message names the step and the parameters."""
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    step: int
-    loss: float
-    grad_norm: float
-    lr: float
-    tokens_per_s: float
-    step_time_s: float  # host wall time of the whole step (synchronised at its end)
-    allocated_mib: float
-    reserved_mib: float
-    peak_allocated_mib: float
-    nvml_used_mib: float | None
-    gpu_time_s: float | None = None  # CUDA-event time from the step's first launch to its last (None on CPU)
-    cpu_time_s: float | None = None  # process CPU time of the step, all threads (module docstring)
-    host_probe_s: float | None = None  # process CPU time of the fixed host probe run after the step (host_probe)
-    captured: bool = False  # replayed from the captured CUDA graph (train.cuda_graph)
-    host_rss_mib: float | None = None  # the process's resident set size after the step (memory.host_rss_bytes)
-    host_heap_mib: float | None = None  # C heap in use after the step (memory.host_heap_bytes): the host leak series
-    # Summed duration of the step's GPU launches, for the steps a DeviceTimer profiled (lora_suite.measure.device_time)
-    device_time_s: float | None = None
-    # This process's own GPU memory (lora_suite.measure.nvml.ProcessMemory): the leak series; nvml_used_mib is the
-    # whole device's, a neighbour's allocations included, and only context
-    process_gpu_mib: float | None = None
-
-    @property
-    def profiled(self) -> bool:
-        return self.device_time_s is not None
 
 
 @dataclass
@@ -106,17 +67,6 @@ class TrainResult:
     @property
     def losses(self) -> list[float]:
         return [r.loss for r in self.records]
-
-
-def host_probe(ops: int) -> float:
-    """Process CPU time of ``ops`` in-place adds on a 16-element CPU tensor: a fixed amount of the same kind of
-    host work a step's Python and dispatch do, so that the host's own speed (clock, a neighbour's load on
-    shared cores and caches) can be told apart from more work per step (criteria.host_normalised_drift)."""
-    t = torch.zeros(16)
-    c0 = time.process_time()
-    for _ in range(ops):
-        t.add_(1.0)
-    return time.process_time() - c0
 
 
 class CapturedStep:
@@ -158,12 +108,14 @@ def accumulate_gradients(model: nn.Module, micro_batches: list[dict[str, torch.T
     """
     counts = [label_tokens(b) for b in micro_batches]
     total = torch.stack(counts).sum().clamp_min(1)
-    loss_sum = None
+    loss_sum: torch.Tensor | None = None
     for batch, count in zip(micro_batches, counts):
         out = model(input_ids=batch["input_ids"], labels=batch["labels"])
         weighted = out.loss * (count / total)
         weighted.backward()
         loss_sum = weighted.detach() if loss_sum is None else loss_sum + weighted.detach()
+    if loss_sum is None:
+        raise ValueError(f"no micro-batches to accumulate over: got {len(micro_batches)}, expected at least 1")
     return loss_sum
 
 
@@ -225,7 +177,9 @@ class TrainingRun:
             self.side.wait_stream(torch.cuda.current_stream())
         self.captured: CapturedStep | None = None
         if settings.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpointing_kwargs(model, settings))
+            kwargs = checkpointing_kwargs(model, settings)
+            enable = model.gradient_checkpointing_enable
+            enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[operator]  # a transformers model's method
         self.nvml: NvmlReader | None = None
         self.process_memory: ProcessMemory | None = None  # one for the run's life (a run entered again keeps it)
 
@@ -247,7 +201,7 @@ class TrainingRun:
     def step(self, step: int, *, record: bool = True) -> StepRecord:
         """Optimizer step ``step`` (micro-batches ``step * grad_accum ...``), timed and recorded (module docstring)."""
         settings, cuda = self.settings, self.cuda
-        if self.captured is None and self.capture_at is not None and step == self.capture_at:
+        if self.captured is None and self.side is not None and step == self.capture_at:
             torch.cuda.current_stream().wait_stream(self.side)  # the warm-up is over: back on the main stream
             self.side = None
         stream_ctx = torch.cuda.stream(self.side) if self.side is not None else contextlib.nullcontext()
@@ -273,8 +227,16 @@ class TrainingRun:
                 ev_end.record()  # on the stream the step ran on (the side stream during a graph's warm-up)
                 torch.cuda.synchronize()
             dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+        readings = step_readings(
+            settings,
+            step,
+            (ev_start, ev_end) if cuda else None,
+            nvml=self.nvml,
+            process_memory=self.process_memory,
+            device_timer=self.device_timer,
+        )
         rec = StepRecord(
-            **self._readings(step, (ev_start, ev_end) if cuda else None),
+            **readings,
             step=step,
             loss=loss,
             grad_norm=grad_norm,
@@ -317,29 +279,6 @@ class TrainingRun:
         loss and the gradient norm are both finite."""
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             raise NonFiniteError(non_finite_message(step, loss, grad_norm, self.named, self.model, micro) + note)
-
-    def _readings(self, step: int, events: tuple | None) -> dict:
-        """The record's readings once the step has synchronised, taken in this order: the host probe, NVML's and
-        this process's GPU memory, the host's RSS and heap, the profiled launches, torch's memory, and the GPU span
-        between the step's CUDA ``events`` (None on the CPU)."""
-        settings, cuda = self.settings, self.cuda
-        probe = host_probe(settings.host_probe_ops) if settings.host_probe_ops else None
-        nvml_used = self.nvml.used() if self.nvml is not None else None
-        own = self.process_memory.read() if self.nvml is not None else None
-        rss, heap = host_rss_bytes(), host_heap_bytes()
-        launches = self.device_timer.launches.get(step) if self.device_timer else None
-        return {
-            "allocated_mib": torch.cuda.memory_allocated() / MIB if cuda else 0.0,
-            "reserved_mib": torch.cuda.memory_reserved() / MIB if cuda else 0.0,
-            "peak_allocated_mib": torch.cuda.max_memory_allocated() / MIB if cuda else 0.0,
-            "nvml_used_mib": None if nvml_used is None else nvml_used / MIB,
-            "gpu_time_s": events[0].elapsed_time(events[1]) / 1e3 if cuda else None,
-            "host_probe_s": probe,
-            "host_rss_mib": None if rss is None else rss / MIB,
-            "host_heap_mib": None if heap is None else heap / MIB,
-            "device_time_s": None if launches is None else sum(d for _, d in launches) / 1e6,
-            "process_gpu_mib": None if own is None else own / MIB,
-        }
 
 
 def train(

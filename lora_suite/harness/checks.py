@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import FrameType
 
 from lora_suite.harness.report import Check, RunReport
 
@@ -40,7 +41,7 @@ class Checker:
 
 
 def _caller_line() -> str:
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None and (frame.f_locals.get("__tracebackhide__") or frame.f_code.co_filename == __file__):
         frame = frame.f_back
     if frame is None:

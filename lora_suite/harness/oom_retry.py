@@ -8,12 +8,15 @@ a check (``RETRIED_CHECK``: the micro-batch used, below the configured one) whos
 PASS (RETRIED), never PASS (``lora_suite.harness.verdict``). A failed attempt leaves nothing else: its checks,
 notes, series and figures are taken back out of the run report before the test starts again (``RunReport.mark``),
 its frames cleared and torch's cache emptied, so the second attempt starts on a released GPU. An odd micro-batch
-halves to ⌊B/2⌋, and the note says the effective batch changed."""
+halves to ⌊B/2⌋, and the note says the effective batch changed. The gradient-accumulation check's k micro-batches
+(``criteria.grad_accum_k``) must divide the micro-batch (the settings' rule): where the halved one no longer has k as
+a divisor, k becomes gcd(k, B/2), or no check where that is 1, and the note says so."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 from lora_suite.measure.card import RETRIED_CHECK
 
@@ -23,10 +26,14 @@ def retried_config(cfg, halvings: int):
     if not halvings:
         return cfg
     batch = max(1, cfg.data.batch_size >> halvings)
+    k = cfg.criteria.grad_accum_k
+    if k is not None and batch % k:
+        k = math.gcd(k, batch) if math.gcd(k, batch) >= 2 else None
     return dataclasses.replace(
         cfg,
         data=dataclasses.replace(cfg.data, batch_size=batch),
         train=dataclasses.replace(cfg.train, grad_accum=cfg.train.grad_accum << halvings),
+        criteria=dataclasses.replace(cfg.criteria, grad_accum_k=k),
     )
 
 
@@ -37,6 +44,12 @@ def record_retry(tier, cfg, configured) -> None:
         f"micro-batch {configured.data.batch_size} -> {cfg.data.batch_size}, accumulation "
         f"{configured.train.grad_accum} -> {cfg.train.grad_accum}: effective batch {was} -> {now}"
         + ("" if now == was else " (an odd micro-batch: the effective batch changed)")
+        + (
+            ""
+            if cfg.criteria.grad_accum_k == configured.criteria.grad_accum_k
+            else f"; the accumulation check's micro-batches {configured.criteria.grad_accum_k} -> "
+            f"{cfg.criteria.grad_accum_k or 'none (not checked)'}"
+        )
         + f"; ran out of memory at: {'; '.join(tier.oom_retries)}"
     )
     tier.report.notes.append(f"{tier.nodeid}: --oom-retry: {detail}")

@@ -26,9 +26,13 @@ recorded as not applicable (and skipped) when the implementation declares the fe
 
 from __future__ import annotations
 
-# Registered in this order once this module is; pytest calls the later one's hook first, so run_report's
-# pytest_configure (the clock's "configured", the report, the implementation) runs before selection's (the markers).
-pytest_plugins = [
+# The order of this tuple decides nothing: where one module's hook must run before another's, the hook says so.
+# run_report's pytest_configure is ``tryfirst`` (the clock's "configured", the report and the implementation come
+# before the others: selection's markers, outcomes' phase recorder), log_frames' is ``trylast`` (after pytest's
+# logging plugin); outcomes' pytest_runtest_call is a wrapper around oom_retry's ``tryfirst`` one. Reversed, the
+# tuple swaps only hooks that need nothing of each other (tests/suite/harness/test_plugin_hook_order.py). The
+# session's state is its config's (``plugin/state.py``), never a module's.
+pytest_plugins = (
     "lora_suite.harness.plugin.options",
     "lora_suite.harness.plugin.selection",
     "lora_suite.harness.plugin.run_report",
@@ -36,4 +40,4 @@ pytest_plugins = [
     "lora_suite.harness.plugin.fixtures",
     "lora_suite.harness.plugin.log_frames",
     "lora_suite.harness.plugin.oom_retry",
-]
+)

@@ -49,7 +49,7 @@ def compact_rows(rows: tuple, limit: int = COMPACT_ROWS) -> tuple[list, str]:
 
 def render_plots(report: ReportView, directory: Path) -> dict[int, str]:
     """One PNG per plottable series; returns {series index: file name}."""
-    wanted = [(i, plottable(s)) for i, s in enumerate(report.series) if plottable(s) is not None]
+    wanted = [(i, p) for i, s in enumerate(report.series) if (p := plottable(s)) is not None]
     if not wanted:
         return {}
     import matplotlib
@@ -59,6 +59,7 @@ def render_plots(report: ReportView, directory: Path) -> dict[int, str]:
 
     files = {}
     for i, s in wanted:
+        assert s.plot_x is not None  # plottable gives a series its x axis, or None
         xi = s.columns.index(s.plot_x)
         fig, ax = plt.subplots(figsize=(7, 3.5))
         for col in s.plot_y:

@@ -1,8 +1,8 @@
 """The tables a run report gains when its session ends: the tier's wall time against its target, where the wall
 time went, the RawKernel variants reached, and what an xdist worker hands over at its end.
 
-``state`` is the plugin's record of the session (``plugin.state.RUN``): its start times, clock, CUDA context
-time, worker count and the workers' final outputs.
+``state`` is the plugin's record of the session (``plugin.state.SessionState``): its start times, clock, CUDA
+context time, worker count and the workers' final outputs.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import TYPE_CHECKING, Any
 
 from lora_suite.harness import worker_records
 from lora_suite.harness.figures import record_figure
@@ -17,6 +18,9 @@ from lora_suite.harness.report import RunReport, Series
 from lora_suite.measure import wall_time
 from lora_suite.settings.config import CONFIG_DIR
 from lora_suite.settings.loader import load_tier_config
+
+if TYPE_CHECKING:
+    from lora_suite.harness.plugin.state import SessionState
 
 
 def tier_wall_time(run: RunReport, tier: str, elapsed: float) -> str | None:
@@ -47,27 +51,29 @@ def tier_wall_time(run: RunReport, tier: str, elapsed: float) -> str | None:
     )
 
 
-def wall_time_breakdown(run: RunReport, state: dict) -> None:
+def wall_time_breakdown(run: RunReport, state: SessionState) -> None:
     """GPU runs: where the wall time went (lora_suite.measure.wall_time), as a series of the report."""
-    workers = state.get("workers", 0)
-    if (state.get("cuda_context_s") is None and not workers) or "session_start" not in state:
+    workers = state.workers
+    if state.cuda_context_s is None and not workers:
         return
+    if state.session_start is None or state.configured is None or state.start is None:
+        return  # the session never started
     interop = sys.modules.get("lora_core.ops.cupy_interop")
     loads = dict(getattr(interop, "KERNEL_LOAD_SECONDS", {}))
-    for out in state.get("worker_outputs", []):
+    for out in state.worker_outputs:
         for k, v in out.get("kernel_loads", {}).items():
             loads[f"{out['worker']} {k}"] = v
     t0 = os.environ.get("GPU_TEST_T0")
-    session_s = time.perf_counter() - state["start"]
+    session_s = time.perf_counter() - state.start
     rows = wall_time.breakdown(
         script_start=float(t0) if t0 else None,
         process_start=wall_time.process_start_epoch(),
-        configured=state["configured"],
-        session_start=state["session_start"],
-        cuda_context_s=state["cuda_context_s"],
+        configured=state.configured,
+        session_start=state.session_start,
+        cuda_context_s=state.cuda_context_s,
         test_seconds=[(o.test, o.duration_s) for o in run.outcomes],
         kernel_loads=loads,
-        clock=state["clock"],
+        clock=state.clock,
         session_s=None if workers else session_s,
         workers=workers,
         setup_s=float(os.environ[wall_time.SETUP_ENV]) if wall_time.SETUP_ENV in os.environ else None,
@@ -81,8 +87,8 @@ def wall_time_breakdown(run: RunReport, state: dict) -> None:
                 "each worker also imported torch and created its own CUDA context",
             )
         )
-        timelines = [o["timeline"] for o in state.get("worker_outputs", []) if o.get("timeline")]
-        rows += wall_time.worker_rows(timelines, state["session_start"])
+        timelines = [o["timeline"] for o in state.worker_outputs if o.get("timeline")]
+        rows += wall_time.worker_rows(timelines, state.session_start)
     run.add_series(
         Series(
             "session",
@@ -93,18 +99,19 @@ def wall_time_breakdown(run: RunReport, state: dict) -> None:
     )
 
 
-def kernel_variants(run: RunReport, worker_outputs: list[dict]) -> None:
+def kernel_variants(run: RunReport, worker_outputs: list[dict[str, Any]]) -> None:
     """Runs that launched lora_core's RawKernels (here, or in the xdist workers whose ``worker_outputs`` arrived):
     every variant reached (``lora_core.ops.kernel_variants``) with its launches and first grid, and the designed
     variants this run did not reach; one table per kernel."""
     kv = sys.modules.get("lora_core.ops.kernel_variants")
     reached = kv.reached() if kv is not None else {}
     if worker_outputs:  # launches added up over the workers
-        from lora_core.ops import kernel_variants as kv
+        from lora_core.ops import kernel_variants as imported
 
+        kv = imported
         merged = worker_records.merge_variants([out.get("variants", []) for out in worker_outputs])
         reached = {kv.Variant(*key): kv.Launches(*value) for key, value in merged.items()}
-    if not reached:
+    if kv is None or not reached:
         return
     designed = set(kv.DESIGNED)
     rows = [(v, n.count, f"{n.grid} x {n.block}", "yes" if v in designed else "no") for v, n in sorted(reached.items())]
@@ -120,7 +127,7 @@ def kernel_variants(run: RunReport, worker_outputs: list[dict]) -> None:
         )
 
 
-def worker_output(run: RunReport, state: dict, worker: str) -> dict:
+def worker_output(run: RunReport, state: SessionState, worker: str) -> dict[str, Any]:
     """An xdist worker at its session's end: its last records, RawKernel variants, kernel load times and its
     timeline (``wall_time.worker_rows``)."""
     kv = sys.modules.get("lora_core.ops.kernel_variants")
@@ -129,17 +136,19 @@ def worker_output(run: RunReport, state: dict, worker: str) -> dict:
         (v.kernel, v.dtype, v.variant, n.count, list(n.grid), list(n.block))
         for v, n in (kv.reached() if kv is not None else {}).items()
     ]
+    if state.outbox is None:
+        raise ValueError(f"worker {worker}: no outbox in the session's state (expected one in an xdist worker)")
     return {
         "worker": worker,
-        "changes": state["outbox"].changes(run),
+        "changes": state.outbox.changes(run),
         "variants": variants,
         "kernel_loads": dict(getattr(interop, "KERNEL_LOAD_SECONDS", {})),
-        "timeline": state["clock"].timeline(
+        "timeline": state.clock.timeline(
             worker,
             process_start=wall_time.process_start_epoch(),
-            configured=state.get("configured"),
-            preload_s=state.get("preload_s"),
-            cuda_context_s=state.get("cuda_context_s"),
+            configured=state.configured,
+            preload_s=state.preload_s,
+            cuda_context_s=state.cuda_context_s,
             end=time.time(),
         ),
     }

@@ -72,7 +72,8 @@ def make_scheduler(config, log):
     class ModelCodeScheduling(LoadGroupScheduling):
         def __init__(self, config, log=None) -> None:
             super().__init__(config, log)
-            self._root, self._groups = Path(config.rootpath), {}
+            self._root = Path(config.rootpath)
+            self._groups: dict[str, str] = {}  # test id -> its group's name
 
         def _split_scope(self, nodeid: str) -> str:  # asked again for each test as it completes: the same answer
             if nodeid.rfind("@") > nodeid.rfind("]") or not is_marked(nodeid, self._root):

@@ -31,7 +31,8 @@ ENVIRONMENT = "environment"  # sent once, with a worker's first changes
 
 def _plain(record) -> object:
     """A record as JSON-able builtins (what xdist's channel carries): dataclasses as dicts, odd scalars as text."""
-    return json.loads(json.dumps(asdict(record) if is_dataclass(record) else record, default=str))
+    plain = asdict(record) if is_dataclass(record) and not isinstance(record, type) else record  # an instance
+    return json.loads(json.dumps(plain, default=str))
 
 
 def _record(field: str, value):

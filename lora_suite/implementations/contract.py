@@ -7,15 +7,14 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lora_suite.settings.config import Checked
+# What an implementation adapts: the LoRA settings' one shape, defined with the other settings (re-exported)
+from lora_suite.settings.config import AdapterSpec  # noqa: F401
 
 if TYPE_CHECKING:  # torch is imported where a model is adapted, not where an implementation is named: the
-    import torch  # controlling process of a run spread over workers resolves --lora-impl and imports no torch
-    from torch import nn
+    from torch import nn  # controlling process of a run spread over workers resolves --lora-impl and imports no torch
 
 from lora_suite.settings.implementation_names import DEFAULT, ENTRY_POINT_GROUP  # noqa: F401 (re-exported)
 
@@ -38,12 +37,6 @@ FEATURES = {
     "float64_reference_model": "a float64 copy of the whole model run in the same process (the architecture checks' "
     "reference): a stack that patches transformers' functions process-wide with kernels that take no float64 has none",
 }
-
-
-def _fp32() -> torch.dtype:
-    import torch
-
-    return torch.float32
 
 
 class ImplementationError(ValueError):
@@ -92,21 +85,6 @@ def library_version(dist: str) -> str:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return "(version unknown)"
-
-
-@dataclass(frozen=True)
-class AdapterSpec(Checked):
-    """What an implementation adapts, checked on construction with LoRASettings' rules for the fields they share
-    (lora_suite.settings.settings_rules.RULES["AdapterSpec"]): r >= 1, alpha finite > 0, quantize None or "nf4", targets a
-    non-empty tuple of names (which names exist is the implementation's to judge), adapter_dtype a torch
-    floating-point dtype or None."""
-
-    targets: tuple[str, ...]  # projection names or ("all-linear",)
-    r: int
-    alpha: float
-    use_rslora: bool = False
-    adapter_dtype: torch.dtype | None = field(default_factory=_fp32)  # None: the base weight's dtype
-    quantize: str | None = None  # None (16-bit base) or "nf4"
 
 
 class LoRAImplementation:

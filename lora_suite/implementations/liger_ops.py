@@ -117,8 +117,10 @@ def apply_liger_ops(model: nn.Module, *, swiglu: bool | None = None, captured: b
     liger = _liger()
     fam = family_of(model)
     if swiglu is None:
+        layers = model.get_submodule("model.layers")
+        assert isinstance(layers, nn.ModuleList), "the FAMILIES' decoders hold their layers in a ModuleList"
         swiglu = all(  # not an MLP already fused, nor one whose forward a stack replaced (axolotl's)
-            type(layer.mlp).__name__ == fam.mlp and "forward" not in vars(layer.mlp) for layer in model.model.layers
+            type(layer.mlp).__name__ == fam.mlp and "forward" not in vars(layer.mlp) for layer in layers
         )
     getattr(liger, fam.entry)(
         rope=True,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from lora_suite.implementations import AdapterSpec, ImplementationError, PeftImplementation, require_module
 
@@ -50,12 +50,27 @@ def bnb_nf4_linear(linear: nn.Linear) -> bitsandbytes.nn.Linear4bit:
         quant_type="nf4",
         device="meta",
     )
-    layer.weight = bnb.nn.Params4bit(
-        base.data, requires_grad=False, compress_statistics=True, quant_type="nf4", blocksize=64
-    ).to(base.device)  # quantises here
+    codes = bnb.nn.Params4bit(base.data, requires_grad=False, compress_statistics=True, quant_type="nf4", blocksize=64)
+    # .to quantises. bitsandbytes bounds the self TypeVar of Params4bit.to to nn.Module; where bitsandbytes is not
+    # installed (an optional extra) mypy reads it as Any and the ignore goes unused
+    layer.weight = codes.to(base.device)  # type: ignore[misc, unused-ignore]  # bnb binds to()'s self to nn.Module
     if linear.bias is not None:
         layer.bias = nn.Parameter(linear.bias.data, requires_grad=False)
     return layer
+
+
+def quantize_to_bnb(model: nn.Module) -> bool:
+    """Every ``nn.Linear`` but the LM head becomes a bitsandbytes ``Linear4bit`` quantised by bitsandbytes (a
+    linear that already is one is kept with its codes); True. lora_core reads these layers without re-quantising
+    (``lora_core.bnb_format.from_bnb``), so a reference built over them has the same dequantised weights."""
+    import bitsandbytes as bnb
+
+    from lora_core.inject import replace_module, target_linears  # lora_core's meaning of a target
+
+    for path, linear in target_linears(model, ("all-linear",)):
+        if not isinstance(linear, bnb.nn.Linear4bit):
+            replace_module(model, path, bnb_nf4_linear(linear))
+    return True
 
 
 class PeftBnbImplementation(PeftImplementation):
@@ -86,17 +101,7 @@ class PeftBnbImplementation(PeftImplementation):
         return super().inject(model, dataclasses.replace(spec, quantize=None))
 
     def quantize_base(self, model) -> bool:
-        """Every ``nn.Linear`` but the LM head becomes a bitsandbytes ``Linear4bit`` quantised by bitsandbytes (a
-        linear that already is one is kept with its codes). lora_core reads these layers without re-quantising
-        (``lora_core.bnb_format.from_bnb``), so a reference built over them has the same dequantised weights."""
-        import bitsandbytes as bnb
-
-        from lora_core.inject import replace_module, target_linears  # lora_core's meaning of a target
-
-        for path, linear in target_linears(model, ("all-linear",)):
-            if not isinstance(linear, bnb.nn.Linear4bit):
-                replace_module(model, path, bnb_nf4_linear(linear))
-        return True
+        return quantize_to_bnb(model)
 
     def wrong_layer(self, m):
         """Not PEFT's bitsandbytes layer, or over a base that is not a quantised ``Linear4bit``."""
@@ -105,9 +110,22 @@ class PeftBnbImplementation(PeftImplementation):
 
         if not isinstance(m, PeftLinear4bit):
             return f"{type(m).__module__}.{type(m).__name__} (not PEFT's bitsandbytes layer)"
-        if not isinstance(m.base_layer, bnb.nn.Linear4bit) or not m.base_layer.weight.bnb_quantized:
+        base = m.base_layer
+        # Linear4bit keeps nn.Linear's weight: Tensor annotation for its Params4bit (unused ignore: no bitsandbytes)
+        if not isinstance(base, bnb.nn.Linear4bit) or not base.weight.bnb_quantized:  # type: ignore[attr-defined, unused-ignore]  # bnb: weight typed Tensor
             return "peft-bnb over a base that is not a quantised Linear4bit"
         return None
+
+
+class _BnbHost(Protocol):
+    """What ``BnbBase``'s methods need of the ``LoRAImplementation`` it is mixed into (their self type)."""
+
+    name: str
+    not_applicable: dict[str, str]
+
+    def reason_not_applicable(self, feature: str) -> str | None: ...
+
+    def quantize_base(self, model: nn.Module) -> bool: ...
 
 
 class BnbBase:
@@ -116,16 +134,16 @@ class BnbBase:
     imports; where it does not, ``nf4_base`` is declared not applicable with that reason, so a tier never runs
     16-bit without saying so."""
 
-    def _declare_base(self) -> None:
+    def _declare_base(self: _BnbHost) -> None:
         if importlib.util.find_spec("bitsandbytes") is None:
             self.not_applicable = dict(self.not_applicable, nf4_base=NO_BNB)
         else:
             self.not_applicable = {k: v for k, v in self.not_applicable.items() if k != "nf4_base"}
 
     def quantize_base(self, model) -> bool:
-        return PeftBnbImplementation.quantize_base(self, model)
+        return quantize_to_bnb(model)
 
-    def _bnb_spec(self, model, spec):
+    def _bnb_spec(self: _BnbHost, model, spec):
         """``spec`` for PEFT's inject: an NF4 request puts bitsandbytes' base in first and marks the model 4-bit, as
         transformers does, so that PEFT wraps its bitsandbytes layer."""
         if spec.quantize is None:

@@ -98,9 +98,9 @@ class PeftImplementation(LoRAImplementation):
 
     def load_adapter(self, model, path):
         config = getattr(model, "_lora_suite_peft_config", None)
-        expect = None if config is None else {"r": config.r, "lora_alpha": config.lora_alpha}
-        if expect is not None:
-            expect["use_rslora"] = bool(config.use_rslora)
+        expect = None
+        if config is not None:
+            expect = {"r": config.r, "lora_alpha": config.lora_alpha, "use_rslora": bool(config.use_rslora)}
         load_peft_tensors(self.name, self.adapter_parameters(model), path, expect)
 
     def merge_adapters(self, model):

@@ -51,7 +51,7 @@ class TorchtuneImplementation(WrappedLinearPeer):
         layer.lora_a.to(linear.weight.dtype)  # nn.Module.to casts in place
         layer.lora_b.to(linear.weight.dtype)
         with torch.no_grad():
-            layer.initialize_parameters()
+            layer.initialize_parameters()  # type: ignore[operator]  # layer_type is torchtune's LoRALinear (untyped)
         return layer
 
     def adapters_of(self, layer):

@@ -29,6 +29,7 @@ import gc
 import tempfile
 import types
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -37,6 +38,9 @@ from lora_suite.implementations.contract import ImplementationError, library_ver
 from lora_suite.implementations.fused_lora import GROUPS, fused_served_by, install_fused_lora
 from lora_suite.implementations.peft_bnb_impl import BnbBase
 from lora_suite.implementations.peft_impl import PeftImplementation, adapted_modules, count_call, trainable_in
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 HINT = "install lora-gpu-suite[unsloth] (unsloth and unsloth_zoo, on a CUDA GPU)"
@@ -99,12 +103,15 @@ class UnslothImplementation(BnbBase, PeftImplementation):
         if not (hasattr(model, "save_pretrained") and hasattr(model, "config")):
             return model  # a bare module: nothing to load
         fast = require_module(self.name, "unsloth", hint=HINT, when="use").FastLanguageModel
-        embeddings = model.get_input_embeddings().weight  # on the GPU: the build staged only the decoder layers
+        # on the GPU: the build staged only the decoder layers. With save_pretrained and config, model is a
+        # transformers model (cast inline: no other name may keep it alive past its del below)
+        embeddings = cast("PreTrainedModel", model).get_input_embeddings().weight
+        assert isinstance(embeddings, torch.Tensor), "an embedding's weight is a parameter"
         device, dtype = embeddings.device, embeddings.dtype
         nf4 = spec.quantize == "nf4"
         with tempfile.TemporaryDirectory(prefix="lora_suite_unsloth_") as folder:
             model.to("cpu")  # the rest of the build (embeddings, norm, LM head): the loader's model is the one trained
-            model.save_pretrained(folder, safe_serialization=True)
+            cast("PreTrainedModel", model).save_pretrained(folder, safe_serialization=True)
             write_tokenizer(model, folder)
             max_len = int(getattr(model.config, "max_position_embeddings", 2048))
             del model

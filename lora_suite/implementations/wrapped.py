@@ -30,7 +30,7 @@ class WrappedLinearPeer(LoRAImplementation):
     library: str = ""  # the module that holds the layer class
     layer_name: str = ""  # the layer class's name in it
     description: str = ""  # describe()'s text; {version}: the installed version of the peer's namesake distribution
-    layer_type: type = nn.Module  # the layer class, once its library imports
+    layer_type: type[nn.Module] = nn.Module  # the layer class, once its library imports
 
     def __init__(self):
         self.layer_type = getattr(require_module(self.name, self.library), self.layer_name)
@@ -75,7 +75,7 @@ class WrappedLinearPeer(LoRAImplementation):
                     f"{path}: {self.not_applicable['fp32_adapters_on_16bit_base']}"
                 )
             layer = self.wrap(linear, spec)
-            layer._lora_suite_calls = 0
+            layer._lora_suite_calls = 0  # type: ignore[assignment]  # torch stub: Module.__setattr__ takes Tensor/Module
             layer.register_forward_hook(count_call)
             replace_module(model, path, layer)
         return [path for path, _ in chosen]

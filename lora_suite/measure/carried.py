@@ -131,7 +131,8 @@ def _holder(obj, skip: set[int], hops: int) -> str:
     own: a frame on this call stack, a list of referrers made here), or "" once ``hops`` are spent."""
     if hops <= 0:
         return ""
-    stack, frame = set(), sys._getframe()
+    stack: set[int] = set()
+    frame: types.FrameType | None = sys._getframe()
     while frame is not None:  # this call's own frames refer to obj as a local
         stack.add(id(frame))
         frame = frame.f_back
@@ -152,7 +153,7 @@ def describe_carried(min_bytes: int = 256 * 2**20, device_type: str = "cuda") ->
     found = live_models(min_bytes, device_type)[:MAX_MODULES]
     own = {id(sys._getframe()), id(found)} | {id(pair) for pair in found}  # this call's own references
     for module, nbytes in found:  # plain loops: a comprehension over ``module`` would be a closure holding it
-        said = []
+        said: list[str] = []
         for r in gc.get_referrers(module):
             if id(r) not in own and len(said) < MAX_REFERRERS:
                 said.append(describe_referrer(r, module, own))

@@ -87,7 +87,7 @@ def widest_control(controls, reference) -> list[float]:
         g = abs(c - r) / abs(r)
         return math.inf if math.isnan(g) else g
 
-    return [max(cs, key=lambda c, r=r: gap(c, r)) for *cs, r in zip(*controls, reference)]
+    return [max(cs, key=lambda c: gap(c, r)) for *cs, r in zip(*controls, reference)]
 
 
 OPS = {  # the comparison of a value with its threshold, for verdicts here and checks in report.py
@@ -145,7 +145,7 @@ def window_drift(head: list[float], tail: list[float]) -> Drift:
 def host_normalised_drift(cpu_times_s, probe_times_s, tokens_per_step: float, window: int) -> Drift:
     """Drift of tokens per unit of *host work*, the step's CPU time measured in host-probe times.
 
-    v_i = tokens · p_i / c_i, with c_i the step's process CPU time and p_i the fixed probe's (trainer.host_probe)
+    v_i = tokens · p_i / c_i, with c_i the step's process CPU time and p_i the fixed probe's (step_record.host_probe)
     right after it. A host that becomes slower (clock, a neighbour on shared cores) scales c_i and p_i alike and
     leaves v_i; a step that does more work (a slower path, longer GPU waits spun on the CPU) scales c_i only.
     Recorded by the extended tier as a diagnostic beside the asserted CPU-time drift (issue 9 follow-up: a quiet

@@ -1,5 +1,5 @@
-"""GPU memory: a LoRA-aware training-memory estimate, the measured split, and the leak-slope fit.
-NVML readings live in ``lora_suite.measure.nvml``.
+"""GPU memory: a LoRA-aware training-memory estimate, the measured split, one run's own peak, and the host's memory
+readings. NVML readings live in ``lora_suite.measure.nvml``; the leak-slope fit in ``lora_suite.measure.leak_fit``.
 
 Estimate of the peak torch-allocated memory of one LoRA training step (bytes):
 
@@ -44,11 +44,11 @@ from dataclasses import asdict, dataclass
 import torch
 
 from lora_suite.measure.card import CONTEXT_BYTES, GIB  # noqa: F401 (GIB re-exported: the suite's unit)
-from lora_suite.settings.config import LlamaArchitecture, LoRASettings
+from lora_suite.settings.config import AdapterSpec, LlamaArchitecture
 
 MIB = 2**20
 NF4_BITS_PER_PARAM = 4.127  # 4-bit codes + 8-bit absmax per 64 + fp32 per 256 absmaxes (QLoRA double quant)
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+_DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 
 
 # ---------------------------------------------------------------------------------------------- estimate
@@ -108,7 +108,7 @@ def estimate_tier(cfg, **changes) -> MemoryEstimate:
 
 def estimate_training_memory(
     arch: LlamaArchitecture,
-    lora: LoRASettings,
+    lora: AdapterSpec,
     *,
     batch_size: int,
     seq_len: int,
@@ -116,7 +116,7 @@ def estimate_training_memory(
     dtype: str = "bfloat16",
 ) -> MemoryEstimate:
     wbytes = _DTYPE_BYTES[dtype]
-    abytes = _DTYPE_BYTES[lora.adapter_dtype]
+    abytes = _DTYPE_BYTES[lora.dtype_name or dtype]  # None: the base weight's dtype
     shapes = linear_shapes(arch)
     layers, h, v = arch.num_hidden_layers, arch.hidden_size, arch.vocab_size
     linear_params = layers * sum(i * o for i, o in shapes.values())
@@ -185,7 +185,7 @@ class PeakWindow:
 
     carried: int  # bytes still allocated when the window opened (not this run's)
     released: int  # bytes of cached cuBLAS workspaces that opening the window released
-    device: torch.device | None = None
+    device: torch.device | str | None = None  # as torch.cuda takes it: None is the current device
 
     @classmethod
     def open(cls, device: torch.device | str | None = None) -> PeakWindow:
@@ -294,77 +294,3 @@ def host_heap_bytes() -> int | None:
         return None
     info = _MALLINFO2()
     return info.uordblks + info.hblkhd
-
-
-# ---------------------------------------------------------------------------------------------- leak fit
-@dataclass(frozen=True)
-class SlopeFit:
-    """Least-squares line y = slope·x + intercept, with r² and the number of points."""
-
-    slope: float
-    intercept: float
-    r2: float
-    n: int
-
-
-def fit_slope(xs, ys) -> SlopeFit:
-    xs, ys = [float(x) for x in xs], [float(y) for y in ys]
-    n = len(xs)
-    if n != len(ys) or n < 2:
-        raise ValueError(f"fit_slope needs two or more (x, y) pairs, got {n} x and {len(ys)} y")
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    if sxx == 0:
-        raise ValueError("fit_slope: all x are equal")
-    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
-    slope = sxy / sxx
-    intercept = my - slope * mx
-    ss_tot = sum((y - my) ** 2 for y in ys)
-    ss_res = sum((y - (slope * x + intercept)) ** 2 for x, y in zip(xs, ys))
-    return SlopeFit(slope, intercept, 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0, n)
-
-
-@dataclass(frozen=True)
-class TrendFit:
-    """A leak fit that also asks whether the series is a trend (a two-window test).
-
-    The fitted points are split into halves, each fitted on its own; the judged figure is
-
-        sustained = min(slope(all), 2 · min(slope(first half), slope(second half)))
-
-    A per-step leak grows memory in both halves. Its rate need not be the same in both: glibc's allocator moved a
-    planted 1 MiB/step host leak between its mmap and heap accounting, so one round's halves grew 0.25 and 1.08
-    MiB/step (whole 0.71; selftest-gpu at 243680f, H100); the factor 2 lets the slower half grow at half the
-    whole run's rate and still count as the same leak. A one-off rise of J MiB (a cache that fills once, a buffer
-    allocated mid-run, a neighbour's plateau in a device-wide reading) lands in one half (or between them): the
-    other half's slope is ≈ 0, while the whole fit's slope is up to 1.5·J/n. Memory that rises and is freed again
-    (a sawtooth) has a small whole-run slope. A leak that starts in the second half only is judged by its first
-    half, so it shows only in ``whole`` (reported beside the verdict). Allocator granularity (torch reserves 2 MiB
-    and 20 MiB segments) makes a half's slope coarse for leaks near the bar; a leaked activation of the suite's
-    models is 2 MiB or more per step, many times any bar here.
-    """
-
-    whole: SlopeFit
-    first: SlopeFit
-    second: SlopeFit
-
-    SLOWER_HALF_FACTOR = 2.0
-
-    @property
-    def sustained(self) -> float:
-        return min(self.whole.slope, self.SLOWER_HALF_FACTOR * min(self.first.slope, self.second.slope))
-
-    def describe(self) -> str:
-        return (
-            f"whole {self.whole.slope:.4f} (r2 {self.whole.r2:.3f}), first half {self.first.slope:.4f}, "
-            f"second half {self.second.slope:.4f} MiB/step; judged: the least of the whole and 2 x the slower half "
-            "(a leak grows in both halves)"
-        )
-
-
-def fit_trend(xs, ys) -> TrendFit:
-    xs, ys = list(xs), list(ys)
-    if len(xs) < 4:
-        raise ValueError(f"fit_trend needs four or more (x, y) pairs (two per half), got {len(xs)}")
-    h = len(xs) // 2
-    return TrendFit(fit_slope(xs, ys), fit_slope(xs[:h], ys[:h]), fit_slope(xs[h:], ys[h:]))

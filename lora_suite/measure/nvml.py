@@ -28,7 +28,11 @@ def _nvml_handle(pynvml, device_index: int):
     if uuid is not None:
         text = str(uuid)
         return pynvml.nvmlDeviceGetHandleByUUID(text if text.startswith("GPU-") else f"GPU-{text}")
-    bus = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+    # torch's stub of _CudaDeviceProperties lacks the pci_* fields its C++ binding (torch/csrc/cuda/Module.cpp) sets
+    domain = props.pci_domain_id  # type: ignore[attr-defined]  # torch stub lacks it (see above)
+    bus_no = props.pci_bus_id  # type: ignore[attr-defined]  # torch stub lacks it (see above)
+    device = props.pci_device_id  # type: ignore[attr-defined]  # torch stub lacks it (see above)
+    bus = f"{domain:08x}:{bus_no:02x}:{device:02x}.0"
     return pynvml.nvmlDeviceGetHandleByPciBusId(bus)
 
 
@@ -51,7 +55,7 @@ class NvmlReader:
         self._handle = _nvml_handle(pynvml, torch.cuda.current_device() if device_index is None else device_index)
 
     def memory(self) -> GpuMemory | None:
-        if self._handle is None:
+        if self._nvml is None or self._handle is None:  # both are set together, or neither
             return None
         info = self._nvml.nvmlDeviceGetMemoryInfo(self._handle)
         return GpuMemory(total=int(info.total), free=int(info.free), used=int(info.used))
@@ -63,7 +67,7 @@ class NvmlReader:
     def process_used(self, pid: int | None = None) -> int | None:
         """GPU memory NVML accounts to process ``pid`` (default: this one) on this device; None where NVML shows no
         entry for it (a container's own PID namespace, or per-process accounting not available)."""
-        if self._handle is None:
+        if self._nvml is None or self._handle is None:  # both are set together, or neither
             return None
         pid = os.getpid() if pid is None else pid
         try:

@@ -24,11 +24,16 @@ import gc
 import linecache
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from lora_suite.measure.card import GIB, OOM_CHECK
+
+if TYPE_CHECKING:
+    from lora_suite.measure.memory import MemoryEstimate
+    from lora_suite.settings.config import TierConfig
 
 TRAINER = Path(__file__).resolve().parents[1] / "engine" / "trainer.py"
 # (class or "", function of the trainer, text of its line, phase): the innermost trainer frame that matches names it
@@ -88,7 +93,8 @@ def largest_live_tensors(n: int = 5, device_type: str = "cuda") -> list[tuple[in
     """(bytes, dtype and shape, owner) of the ``n`` largest storages alive on ``device_type``; a storage seen through
     several tensors (views) is named by the one with an owner."""
     objects = gc.get_objects()
-    owners, storages = tensor_owners(objects), {}
+    owners = tensor_owners(objects)
+    storages: dict[tuple[int, int], tuple[int, str, str]] = {}
     for t in (o for o in objects if torch.is_tensor(o)):
         try:
             if t.device.type != device_type or t.is_meta:
@@ -127,8 +133,8 @@ def what_would_fit(cfg, capacity_bytes: int) -> list[str]:
 class OomContext:
     """What the tier knew before it ran: its settings and estimate, and the card's capacity in bytes."""
 
-    cfg: object | None = None
-    estimate: object | None = None
+    cfg: TierConfig | None = None
+    estimate: MemoryEstimate | None = None
     capacity_bytes: int | None = None
     peak_bytes: int | None = None
 

@@ -79,7 +79,9 @@ class ForkServer:
             self._proc = subprocess.Popen(
                 argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True
             )
-        first = self._proc.stdout.readline().strip()
+        assert self._proc.stdin is not None and self._proc.stdout is not None  # both were asked for as PIPEs
+        self._stdin, self._stdout = self._proc.stdin, self._proc.stdout
+        first = self._stdout.readline().strip()
         if first != READY:
             self._proc.wait(timeout=30)
             raise ForkServerError(_last(self._log.read_text()) or f"the fork server exited {self._proc.returncode}")
@@ -92,7 +94,7 @@ class ForkServer:
         self._reader.start()
 
     def _read(self) -> None:
-        for line in self._proc.stdout:
+        for line in self._stdout:
             msg = json.loads(line)
             with self._cv:
                 self._waiting.setdefault(msg["id"], {}).update(msg)
@@ -110,8 +112,8 @@ class ForkServer:
             self._next += 1
             ident = self._next
             output = self.workdir / f"run-{ident}.out"
-            self._proc.stdin.write(json.dumps({"id": ident, "argv": argv, "env": env, "output": str(output)}) + "\n")
-            self._proc.stdin.flush()
+            self._stdin.write(json.dumps({"id": ident, "argv": argv, "env": env, "output": str(output)}) + "\n")
+            self._stdin.flush()
         deadline = start + timeout
         with self._cv:
             while "rc" not in self._waiting.get(ident, {}) and not self._closed:
@@ -131,7 +133,7 @@ class ForkServer:
 
     def close(self) -> None:
         if self._proc.poll() is None:
-            self._proc.stdin.close()
+            self._stdin.close()
             try:
                 self._proc.wait(timeout=30)
             except subprocess.TimeoutExpired:

@@ -51,7 +51,7 @@ _ROUNDING = "the fingerprint ran no fp32 configuration, where a bf16 rounding sh
 
 def _parts(node) -> set[str]:
     """The lower-case ``_``-separated parts of every name in ``node``."""
-    leaves, out = [node], set()
+    leaves, out = [node], set[str]()
     while leaves:
         n = leaves.pop()
         if n.type == "name":

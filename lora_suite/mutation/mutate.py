@@ -2,7 +2,7 @@
 
     killed      a check failed (named), a test crashed (the test and its exception), or the run passed its timeout
     survived    every check passed; its diff is reported, and what it changes (the fingerprint parts that differ)
-    equivalent  it survived and its fingerprint (``lora_suite.engine.fingerprint``) is bitwise the source's: outputs,
+    equivalent  it survived and its fingerprint (``lora_suite.mutation.equivalence``) is bitwise the source's: outputs,
                 gradients, saved files and the rest on a probe grid; no check could tell it apart. Only where the
                 source's fingerprint runs the mutated line: where it does not, the sameness proves nothing and the
                 mutant stays a survivor (a refusal no check triggers, code the stack never calls); nor for an
@@ -17,7 +17,7 @@ Two scores, both printed and recorded: ``score`` = killed / (killed + survived),
 exists where no mutant was killed or survived (every one an error or equivalent): then ``mutate`` fails.
 
 The unmutated source runs first and must pass (a score on a stack that fails its checks means nothing); its time
-sets each mutant's timeout (``TIMEOUT_FACTOR`` x it + ``TIMEOUT_SLACK_S`` by default). That run also records which
+sets each mutant's timeout (``mutation_run.TIMEOUT_FACTOR`` x it + ``TIMEOUT_SLACK_S`` by default). That run also records which
 lines of the source the checks execute (``lora_suite.mutation.line_trace``): a mutant on a line they never run cannot
 change their outcome, so it is not run, and goes straight to the fingerprint (equivalent, or a survivor "not run by
 the checks"). The trace also names the tests that ran each line: a mutant's run starts with those, then the rest in
@@ -38,95 +38,22 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from lora_suite.engine.fingerprint import differing
-from lora_suite.mutation.check_run import Attempt, last_line, run_checks
-from lora_suite.mutation.forked_runs import Finished, run_subprocess
+from lora_suite.mutation.check_run import Attempt, run_checks
+from lora_suite.mutation.equivalence import judge_survivors
 from lora_suite.mutation.line_trace import executed, statement_starts, tests_of, trace_env
 from lora_suite.mutation.mutant_source import mutant_env
-from lora_suite.mutation.mutants import Mutant, fingerprint_blind, mutants_of, read_source
+from lora_suite.mutation.mutants import Mutant, mutants_of, read_source
+from lora_suite.mutation.mutation_run import MutantResult, MutationRun, Plan, Target
 
-TIMEOUT_FACTOR, TIMEOUT_SLACK_S = 3.0, 30.0  # a mutant that runs 3x the source's time and half a minute is stuck
-ALONE_FACTOR = 3.0  # a timed-out mutant's second run, alone on the host: 3x the timeout it passed
 BASELINE_TIMEOUT_S = 1800.0  # the unmutated source's own run: half an hour means something is wrong
-STATUSES = ("killed", "survived", "equivalent", "error")
 
 
 class BaselineFailed(RuntimeError):
     """The unmutated source does not pass the checks: there is nothing to measure mutants against."""
-
-
-@dataclass(frozen=True)
-class Target:
-    """A source file to mutate and the module name it is imported under."""
-
-    path: Path
-    module: str
-    label: str  # how the file is named in ids and reports
-
-
-@dataclass(frozen=True)
-class MutantResult:
-    id: str
-    file: str
-    operator: str
-    line: int
-    diff: str
-    status: str  # one of STATUSES
-    killed_by: str = ""  # killed: the check, the crash or "timeout"
-    reason: str = ""  # survived: what it changes that no check saw; equivalent: the rule that made it so
-    seconds: float = 0.0
-
-
-@dataclass(frozen=True)
-class Plan:
-    targets: tuple[Target, ...]
-    # (report folder, test ids in the order to run them; () for the default selection) -> the argv of one run
-    command: Callable[[Path, tuple[str, ...]], list[str]]
-    env: dict[str, str]  # the environment of every run (a mutant's two variables are added to it)
-    fingerprint: Callable[[dict[str, str]], dict[str, str]]  # environment -> fingerprint (engine/fingerprint.py)
-    workers: int = 1
-    operators: tuple[str, ...] | None = None  # None: every operator of mutants.operators()
-    timeout_factor: float = TIMEOUT_FACTOR
-    timeout_slack_s: float = TIMEOUT_SLACK_S
-    alone_factor: float = ALONE_FACTOR
-    log: Callable[[str], None] = field(default=lambda line: print(line, flush=True))
-    runner: Callable[[list[str], dict[str, str], float], Finished] = run_subprocess  # argv, env, timeout -> run
-
-
-@dataclass(frozen=True)
-class MutationRun:
-    results: tuple[MutantResult, ...]
-    baseline: Attempt
-    baseline_report: dict  # the unmutated run's report.json (its environment and implementation)
-    timeout_s: float
-    wall_s: float
-
-    def count(self, status: str) -> int:
-        return sum(r.status == status for r in self.results)
-
-    def counts(self) -> tuple[int, int, int]:
-        """(killed, survived, equivalent); ``count("error")`` for the mutants whose runs judged nothing."""
-        return tuple(self.count(s) for s in STATUSES[:3])
-
-
-def score(killed: int, survived: int) -> float | None:
-    """killed / (killed + survived); None where no mutant counts (every one equivalent or an error, or none)."""
-    if killed < 0 or survived < 0:
-        raise ValueError(f"counts must not be negative, got killed={killed}, survived={survived}")
-    return killed / (killed + survived) if killed + survived else None
-
-
-def score_counting_equivalents(killed: int, survived: int, equivalent: int) -> float | None:
-    """killed / (killed + survived + equivalent): every equivalent mutant counted as a survivor; None where no
-    mutant was killed or survived (a score of equivalents alone would judge nothing the checks did)."""
-    if equivalent < 0:
-        raise ValueError(f"counts must not be negative, got equivalent={equivalent}")
-    return None if score(killed, survived) is None else killed / (killed + survived + equivalent)
 
 
 def execute(plan: Plan, workdir: Path) -> MutationRun:
@@ -153,7 +80,7 @@ def execute(plan: Plan, workdir: Path) -> MutationRun:
             plan.log(f"mutate: {len(timed_out)} mutant(s) timed out or judged nothing beside the others: again, alone")
         for n in timed_out:
             results[n] = runner.alone(n, results[n])
-        results = _judge_survivors(plan, workdir, mutants, results, pool, starts)
+        results = judge_survivors(plan, workdir, mutants, results, pool, starts)
     return MutationRun(tuple(results), baseline, baseline_report, timeout, time.perf_counter() - start)
 
 
@@ -284,85 +211,6 @@ def _orders(plan: Plan, mutants, trace: dict | None, baseline_report: dict, star
         if first:
             out[n] = tuple([t for t in every if t in first] + [t for t in every if t not in first])
     return out
-
-
-def _judge_survivors(
-    plan: Plan, workdir: Path, mutants, results: list[MutantResult], pool, starts
-) -> list[MutantResult]:
-    """Each survivor's fingerprint against the source's: equal, on a line the fingerprint runs, is equivalent; else
-    it survives, with the parts it changes or the reason its sameness proves nothing."""
-    survivors = [i for i, r in enumerate(results) if r.status == "survived"]
-    if not survivors:
-        return results
-    plan.log(f"mutate: fingerprints of the source and of {len(survivors)} survivor(s)")
-    trace_out = workdir / "source" / "fingerprint-lines.json"
-    try:  # the source's fingerprint, traced: a mutant on a line it never runs is not shown equivalent by it
-        original = plan.fingerprint({**plan.env, **trace_env([t.path for t in plan.targets], trace_out)})
-    except Exception as exc:  # the survivors stay survivors, with the reason their equivalence is unknown
-        return [
-            _with_reason(r, f"not judged for equivalence: the source's fingerprint failed ({exc})") for r in results
-        ]
-    ran = _fingerprint_lines(plan, trace_out, starts)
-
-    def judge(i: int) -> MutantResult:
-        target, m = mutants[i]
-        note = f"{results[i].reason}; " if results[i].reason else ""
-        key = str(target.path.resolve())
-        if ran is None:
-            return _with_reason(results[i], f"{note}not judged for equivalence: the fingerprint left no line trace")
-        if not executed(m.line, ran[key][0], ran[key][1]):
-            return _with_reason(
-                results[i], f"{note}the fingerprint never runs line {m.line} either: its sameness proves nothing"
-            )
-        path = workdir / f"mutant-{i:04d}" / target.path.name
-        try:
-            fp = plan.fingerprint({**plan.env, **mutant_env(target.module, path)})
-        except Exception as exc:  # as above: reported, never a pass
-            return _with_reason(results[i], f"{note}not judged for equivalence: its fingerprint failed ({exc})")
-        parts, blind = differing(fp, original), fingerprint_blind(m.operator, original)
-        if not parts and blind:  # its class lies outside what the fingerprint runs: the sameness proves nothing
-            return _with_reason(results[i], f"{note}bitwise the source's fingerprint, which cannot show it: {blind}")
-        if not parts:
-            return dataclasses.replace(
-                results[i], status="equivalent", reason=f"{note}bitwise the source's fingerprint"
-            )
-        return _with_reason(results[i], f"{note}changes {', '.join(parts)}; no check saw it")
-
-    judged = dict(zip(survivors, pool.map(judge, survivors)))
-    return [judged.get(i, r) for i, r in enumerate(results)]
-
-
-def _fingerprint_lines(plan: Plan, trace_out: Path, starts) -> dict[str, tuple[set[int], dict[int, int]]] | None:
-    """Each target -> (the lines the source's fingerprint ran, its statement starts); None where it left no trace."""
-    try:
-        lines = json.loads(trace_out.read_text())["lines"]
-    except (OSError, ValueError, KeyError):
-        plan.log("mutate: the fingerprint left no line trace: no survivor can be shown equivalent")
-        return None
-    return {key: (set(lines.get(key, ())), by_line) for key, by_line in starts.items()}
-
-
-def _with_reason(r: MutantResult, reason: str) -> MutantResult:
-    return r if r.status != "survived" else dataclasses.replace(r, reason=reason)
-
-
-def subprocess_fingerprint(
-    command: list[str], timeout: float = 600.0, runner=run_subprocess
-) -> Callable[[dict[str, str]], dict[str, str]]:
-    """A ``Plan.fingerprint`` that runs ``command`` (``mutant_source.fingerprint_command``) through ``runner``
-    and reads the JSON line it prints last."""
-
-    def take(env: dict[str, str]) -> dict[str, str]:
-        done = runner(command, env, timeout)
-        if done.returncode != 0:
-            what = "timeout" if done.returncode is None else f"exit {done.returncode}"
-            raise RuntimeError(f"{what}: {last_line(done.output) or 'no output'}")
-        lines = [ln for ln in done.output.strip().splitlines() if ln.startswith("{")]
-        if not lines:
-            raise RuntimeError(f"no fingerprint printed: {last_line(done.output) or 'no output'}")
-        return json.loads(lines[-1])
-
-    return take
 
 
 def module_of(path: Path, spec_module: str | None = None, search: list[str] | None = None) -> str:

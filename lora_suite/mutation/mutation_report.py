@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 from lora_suite.harness.report import RunReport, Series, atomic_write_text
-from lora_suite.mutation.mutate import MutationRun, Target, score, score_counting_equivalents
+from lora_suite.mutation.mutation_run import MutationRun, Target, score, score_counting_equivalents
 from lora_suite.settings.environment import Environment, package_environment
 
 SCORE_CHECK = "mutation score (killed / (killed + survived))"

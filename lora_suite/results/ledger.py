@@ -154,7 +154,7 @@ _ALL, _KEYS, _NEEDED = frozenset(FIELDS), frozenset(KEY_FIELDS), frozenset(("kin
 _SHORT = _ALL - frozenset(RUN_FIELDS)  # the keys a short row may have
 
 
-def read(path: Path) -> list[dict]:
+def read(path: str | Path) -> list[dict]:
     """Every row of the ledger, whole; a line that is not a row is an error naming the file and the line.
 
     A line is a whole row (every key of ``FIELDS``), or, after its run's ``run`` row, a short one: the run's key
@@ -166,7 +166,8 @@ def read(path: Path) -> list[dict]:
     if (found := _store(path)) is not None:
         return found.read()
     path = Path(path)
-    rows, heads, decode = [], {}, json.JSONDecoder().decode
+    rows, decode = [], json.JSONDecoder().decode
+    heads: dict[tuple[object, ...], dict] = {}  # run_key -> that run's run row
     for n, line in enumerate(read_text(path).splitlines(), 1):
         if not line.strip():
             continue
@@ -205,7 +206,7 @@ def encode(rows: list[dict], heads: dict | None = None) -> str:
     return "".join(lines)
 
 
-def append(path: Path, rows: list[dict]) -> int:
+def append(path: str | Path, rows: list[dict]) -> int:
     """Append the rows of runs not yet in the ledger (by run id, group and implementation: the lanes of a scorecard
     start together and their runs can share a run id); returns how many rows were added."""
     if (found := _store(path)) is not None:
@@ -261,7 +262,7 @@ def refusal(report: dict) -> str | None:
     return None
 
 
-def record(path: Path, runs: list[Path], group: str | None = None) -> int:
+def record(path: str | Path, runs: list[Path], group: str | None = None) -> int:
     """Append the rows of the run folders ``runs`` (each, or every run under it); nothing is appended when one of
     them is refused (``refusal``), and the error names each."""
     reports = _reports(runs)

@@ -11,20 +11,28 @@ those tests. The newest quick run of each implementation gives its row (the ledg
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
+from typing import TypeVar
 
 from lora_suite.engine.architectures import NAMES
 
+CellT = TypeVar("CellT")  # the scorecard's Cell (passed in: this module is imported by the scorecard's)
 
-def matrix(rows: list[dict], cell_type, run_key) -> dict[str, dict[str, object]]:
+
+def matrix(
+    rows: list[dict],
+    cell_type: Callable[[str, str, list[str], list[str], int], CellT],
+    run_key: Callable[[dict], tuple[str, str, str]],
+) -> dict[str, dict[str, CellT]]:
     """implementation -> architecture -> ``cell_type(verdict, run, failed, not_applicable, judged)`` from ledger
     rows (``run_key``: what identifies one run's rows)."""
     runs: dict[tuple, list[dict]] = {}
     for r in sorted(rows, key=lambda r: r["run_id"]):
         if r["tier"] == "quick":
             runs.setdefault(run_key(r), []).append(r)
-    out: dict[str, dict[str, object]] = {}
+    out: dict[str, dict[str, CellT]] = {}
     for (run, _, impl), rs in runs.items():  # newest last: it replaces the row
-        cells = {}
+        cells: dict[str, CellT] = {}
         for arch in NAMES:
             mine = [r for r in rs if str(r["check"]).startswith(f"{arch}: ")]
             checks = [r for r in mine if r["kind"] == "check"]

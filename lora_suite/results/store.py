@@ -65,6 +65,8 @@ def _engine(location: str | Path):
     if url.drivername == "postgresql":  # SQLAlchemy's default driver is psycopg2; the extra installs psycopg 3
         url = url.set(drivername="postgresql+psycopg")
     if url.drivername.startswith("sqlite"):
+        if url.database is None:  # sqlite:// alone is a store in memory, gone when the command ends
+            raise ValueError(f"{redacted(location)!r} names no database file (expected sqlite:///PATH)")
         Path(url.database).parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(url, connect_args={"timeout": 300})
 
@@ -206,10 +208,12 @@ class Store:
 
 def _insert_ignoring_conflicts(dialect: str, table):
     if dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert
-    return insert(table).on_conflict_do_nothing()
+        from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+
+        return postgresql_insert(table).on_conflict_do_nothing()
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+    return sqlite_insert(table).on_conflict_do_nothing()
 
 
 def _to_db(r: dict, seq: int) -> dict:

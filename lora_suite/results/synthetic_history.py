@@ -26,7 +26,7 @@ def rows(n_runs: int = 10_000, seed: int = 0) -> list[dict]:
         day = i // 20
         stamp = f"2026{1 + (day // 28) % 12:02d}{1 + day % 28:02d}T{i % 20:02d}{(day // 336) % 60:02d}00Z"
         gpu, impl, tier = rnd.choice(GPUS), rnd.choice(IMPLS), rnd.choice(TIERS)
-        base = {
+        base: dict[str, object] = {
             "run_id": f"{stamp}-{tier}-{i}",
             "time": "",
             "group": "synthetic",

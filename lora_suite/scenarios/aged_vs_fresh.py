@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from lora_suite.engine.step_record import StepRecord
 from lora_suite.engine.trainer import TrainingRun, frozen_heap
 
 
@@ -47,6 +48,13 @@ class Pair:
     @property
     def ratio(self) -> float:
         return self.aged_cpu_s / self.fresh_cpu_s
+
+
+def least_cpu_s(records: list[StepRecord]) -> float:
+    """The least process CPU time of the steps (TrainingRun.step measures it on every step it runs)."""
+    times = [r.cpu_time_s for r in records if r.cpu_time_s is not None]
+    assert len(times) == len(records), f"a step without its CPU time: {[r.step for r in records]}"
+    return min(times)
 
 
 def run_pairs(
@@ -95,8 +103,8 @@ def run_pairs(
             a_first,
             f_first,
             (i * repeats) % 2 == 0,
-            min(a.cpu_time_s for a in aged_recs),
-            min(f.cpu_time_s for f in fresh_recs),
+            least_cpu_s(aged_recs),
+            least_cpu_s(fresh_recs),
             least([a.gpu_time_s for a in aged_recs]),
             least([f.gpu_time_s for f in fresh_recs]),
         )

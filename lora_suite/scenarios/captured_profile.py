@@ -87,6 +87,7 @@ def profile_captured(prepared, cfg, window, steps: int = 3) -> CapturedProfile:
     if not cfg.train.cuda_graph:
         raise ValueError("profile_captured needs train.cuda_graph: true (got false): there is no graph to profile")
     run = TrainingRun(prepared.model, prepared.batches, cfg.train, adapters=prepared.adapters)
+    assert run.capture_at is not None  # set by TrainingRun for cfg.train.cuda_graph, checked above
     timed, profiled = replay_steps(run.capture_at, steps, cfg.train.steps)
     with run:
         for step in range(run.capture_at):

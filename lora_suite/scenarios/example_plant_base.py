@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch.nn.functional as F
 
@@ -55,9 +56,9 @@ def _forward_plant(name: str, forward):
 def _layer_init_then(name: str, init):
     """The example whose layer's ``__init__`` is ``init(layer, example_init, base, r, alpha, use_rslora,
     adapter_dtype)``, ``example_init`` the example's own (bound)."""
-    ex = _example()
+    example_layer: Any = _example().PlainLoRALinear  # a class of a module loaded from a file: its type is run-time's
 
-    class Layer(ex.PlainLoRALinear):
+    class Layer(example_layer):
         def __init__(self, base, r, alpha, use_rslora, adapter_dtype):
             init(self, super().__init__, base, r, alpha, use_rslora, adapter_dtype)
 

@@ -12,7 +12,7 @@ Stacks (row -> implementation, whether Liger-Kernel's non-LoRA ops are applied o
     cupy-fused+liger  cupy-fused with Liger's RMSNorm, RoPE and fused linear cross-entropy (its SwiGLU is its own)
     unsloth           Unsloth as its users run it: its loader, get_peft_model, fused LoRA kernels, patched Llama
                       forward and fused cross-entropy (implementation ``unsloth``); each of its runs, timed or
-                      profiled, in a child process of its own (``eager_in_child``, ``profile_in_child``)
+                      profiled, in a child process of its own (``lora_suite.scenarios.fused_child``)
 
 Eager runs (GPU-bound batches) time each step with four CUDA events: forward (through the loss), backward,
 optimizer step; the figures are medians over the measured steps. Captured runs (the tiers' batches, where an
@@ -24,10 +24,11 @@ stacks by an evenly spaced offset (no stack always goes first, and each stack's 
 that a drift of the host or the GPU across a case does not favour the stacks that ran first. Eager cases run
 ``eager_rounds()`` rounds (``EAGER_ROUNDS`` = 3, or ``$LORA_SUITE_FUSED_ROUNDS``); captured runs ``ROUNDS`` = 2.
 Each stack's figure is the median of its rounds, read beside its spread (the least and the greatest round); a
-comparison says whether its ratio is beyond that spread (``lora_suite.measure.round_spread`` gives the rule).
+comparison says whether its ratio is beyond that spread (the summary's cells: ``lora_suite.scenarios.fused_cells``;
+``lora_suite.measure.round_spread`` gives the rule).
 Kernel profiles (``lora_suite.scenarios.step_profile``): eager steps under ``torch.profiler``, kernel time per step
 by kind, the top kernels and launching host ops, beside the eager step's span (the host-bound gap is the span less
-the kernel time); lora_core's stacks in this process, Unsloth in a child (``profile_in_child``).
+the kernel time); lora_core's stacks in this process, Unsloth in a child (``fused_child.profile_in_child``).
 """
 
 from __future__ import annotations
@@ -38,12 +39,10 @@ import gc
 import math
 import os
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import torch
 
-from lora_suite.measure import round_spread as RS
-from lora_suite.scenarios import step_profile as SP
 from lora_suite.scenarios.training_bench import Case, run_config
 
 STACKS: dict[str, tuple[str, bool]] = {
@@ -57,10 +56,9 @@ STACKS: dict[str, tuple[str, bool]] = {
     "unsloth": ("unsloth", False),
 }
 # Stacks that patch transformers' Llama classes for their whole process (Unsloth, at its import): each of their runs
-# is measured or profiled in a child process of its own (``eager_in_child``, ``profile_in_child``), so that no other
-# row runs their model code.
+# is measured or profiled in a child process of its own (``lora_suite.scenarios.fused_child``), so that no other row
+# runs their model code.
 ISOLATED = frozenset({"unsloth"})
-CHILD_MARK = "lora_suite fused table figures: "
 EAGER_CASES = (
     Case("smollm2-all-r16-32x1024", "smollm2-135m", ("all-linear",), 16, 32, 1024),
     Case("tinyllama-all-r16-16x1024", "tinyllama-1.1b", ("all-linear",), 16, 16, 1024),
@@ -87,7 +85,6 @@ FULL_TIER_CASE = Case(
 ROUNDS = 2  # the captured runs and the full tier's reuse variants (unchanged by issue 47)
 EAGER_ROUNDS = 3  # eager runs: a step of these sizes swings by a third between runs (issue 47)
 ROUNDS_ENV = "LORA_SUITE_FUSED_ROUNDS"
-UNSLOTH_TARGET = 1.2  # issue 47: cupy-fused+liger at least 1.2x Unsloth's speed, beyond the spread, peak no higher
 
 
 def eager_rounds(environ: Mapping[str, str] = os.environ) -> int:
@@ -184,7 +181,7 @@ def unavailable(stack: str, case: Case | None = None) -> str | None:
     from lora_suite.implementations.liger_ops import LIGER_FAMILIES
 
     family = "llama" if case is None else model_family(case)
-    if liger and family not in LIGER_FAMILIES:
+    if liger and case is not None and family not in LIGER_FAMILIES:  # no case: Llama's, one of them
         return f"Liger's ops are applied to the families {LIGER_FAMILIES} (liger_ops); {case.model} is {family}"
     return None
 
@@ -242,140 +239,3 @@ def eager_run(prepared, window, cfg, *, warmup: int, measured: int) -> EagerFigu
     opt.zero_grad(set_to_none=True)
     served = prepared.implementation.served_by(model)
     return EagerFigures(fwd, bwd, step, peak, served, describe_liger(model), float(loss), float(norm))
-
-
-def ratio(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None or b == 0 else a / b
-
-
-def _r3(x: float | None) -> float | None:
-    return None if x is None else round(x, 3)
-
-
-def _median(figs: Sequence, attr: str) -> float | None:
-    return statistics.median(getattr(f, attr) for f in figs) if figs else None
-
-
-MEDIAN_SPREAD_COLUMNS = ("step ms min", "step ms max", "rounds")
-
-
-def median_cells(figs: Sequence, parts: Sequence[str]) -> tuple:
-    """A "medians of the rounds" row's figures from one stack's rounds (``figs``, non-empty): the median of each of
-    ``parts``, then the step's spread (``MEDIAN_SPREAD_COLUMNS``: its least and greatest round, the rounds)."""
-    step = RS.Spread.of([f.step_ms for f in figs])
-    if step is None:
-        raise ValueError("median_cells needs at least one round")
-    medians = (round(statistics.median(getattr(f, a) for f in figs), 3) for a in parts)
-    return (*medians, round(step.low, 2), round(step.high, 2), step.rounds)
-
-
-COMPARISON_COLUMNS = ("speed-up", "peak ratio", "speed-up min", "speed-up max", "beyond the spread")
-
-
-def comparison_cells(base_figs: Sequence, figs: Sequence, attr: str = "step_ms") -> tuple:
-    """A comparison row's figures (``COMPARISON_COLUMNS``) of a stack's rounds ``figs`` against a base stack's:
-    speed-up = median base ``attr`` / median own, peak ratio = median own peak / median base peak, the speed-up's
-    range over the rounds and whether it is beyond the spread (``round_spread.speedup``); None where either
-    stack has no rounds."""
-    speed = RS.speedup([getattr(f, attr) for f in base_figs], [getattr(f, attr) for f in figs])
-    peak = ratio(_median(figs, "peak_gib"), _median(base_figs, "peak_gib"))
-    return (_r3(speed.ratio), _r3(peak), _r3(speed.low), _r3(speed.high), speed.verdict)
-
-
-TARGET_COLUMNS = (*COMPARISON_COLUMNS, f"{UNSLOTH_TARGET}x target, peak no higher")
-
-
-def target_cells(base_figs: Sequence, figs: Sequence, target: float = UNSLOTH_TARGET) -> tuple:
-    """``comparison_cells`` of the step, then whether ``figs``' stack is ``target`` times the base's speed beyond
-    the spread with its peak no higher in any round (``round_spread.target_verdict``)."""
-    speed = RS.speedup([f.step_ms for f in base_figs], [f.step_ms for f in figs])
-    verdict = RS.target_verdict(speed, target, [f.peak_gib for f in base_figs], [f.peak_gib for f in figs])
-    return (*comparison_cells(base_figs, figs), verdict)
-
-
-def eager_in_child(
-    case: Case, stack: str, *, warmup: int, measured: int, quantize: str | None = None, timeout_s: float = 900
-) -> EagerFigures:
-    """``eager_run`` of ``stack`` on ``case`` (its base quantised as ``quantize`` says) in a fresh Python process
-    (``ISOLATED`` stacks): the child imports the implementation first (``preload``), builds, measures and prints its
-    figures on one marked line. A child that fails raises a RuntimeError carrying the end of its output."""
-    args = {"mode": "eager", "warmup": warmup, "measured": measured, "quantize": quantize}
-    return _in_child(case, stack, args, timeout_s, lambda data: EagerFigures(**data))
-
-
-def profile_in_child(
-    case: Case,
-    stack: str,
-    *,
-    warmup: int,
-    measured: int,
-    quantize: str | None = None,
-    steps: int = 3,
-    timeout_s: float = 900,
-) -> SP.StepProfile:
-    """``step_profile.profile_steps`` of ``stack`` on ``case`` in a fresh Python process (``ISOLATED`` stacks), the
-    child built as ``eager_in_child``'s: its kernel time by kind, its top kernels and host ops
-    (``step_profile.profile_to_json``) and its eager step's span. A failing child raises a RuntimeError carrying
-    the end of its output."""
-    args = {"mode": "profile", "warmup": warmup, "measured": measured, "quantize": quantize, "steps": steps}
-    return _in_child(case, stack, args, timeout_s, SP.profile_from_json)
-
-
-def _in_child(case: Case, stack: str, args: dict, timeout_s: float, read):
-    """``child_main`` run with ``args`` (its mode and figures) in a fresh Python process; its marked line read by
-    ``read`` (``parse_child_output``)."""
-    import json
-    import subprocess
-    import sys
-
-    args = json.dumps({"case": dataclasses.asdict(case), "stack": stack, **args})
-    code = "import sys; from lora_suite.scenarios.fused_table import child_main; child_main(sys.argv[1])"
-    proc = subprocess.run(
-        [sys.executable, "-c", code, args], capture_output=True, text=True, timeout=timeout_s, check=False
-    )
-    return parse_child_output(proc.returncode, proc.stdout, proc.stderr, stack, read)
-
-
-def parse_child_output(returncode: int, stdout: str, stderr: str, stack: str, read=None):
-    """What a child printed on its last marked line (``CHILD_MARK``), read by ``read`` (the JSON's data to the
-    figures; ``EagerFigures`` by default). A child that exited non-zero or printed no marked line raises a
-    RuntimeError carrying the end of its output."""
-    import json
-
-    lines = [line for line in stdout.splitlines() if line.startswith(CHILD_MARK)]
-    if returncode != 0 or not lines:
-        tail = (stderr or stdout).strip().splitlines()[-12:] or ["(no output)"]
-        raise RuntimeError(  # the last line (the exception) first: a report keeps the message's start
-            f"{stack}: the child process exited {returncode} without figures: {tail[-1]} | its output's end: "
-            + " | ".join(tail[:-1])
-        )
-    data = json.loads(lines[-1][len(CHILD_MARK) :])
-    return EagerFigures(**data) if read is None else read(data)
-
-
-CHILD_MODES = ("eager", "profile")
-
-
-def child_main(args_json: str) -> None:
-    """The child's side of ``eager_in_child`` (mode "eager": ``eager_run``'s figures) and ``profile_in_child`` (mode
-    "profile": ``step_profile.profile_steps``' profile): the implementation imported first, then the model built
-    and measured, the figures printed as JSON on one line marked ``CHILD_MARK``."""
-    import json
-
-    from lora_suite.implementations import resolve_implementation
-
-    args = json.loads(args_json)
-    mode, stack = args.get("mode", "eager"), args["stack"]
-    if mode not in CHILD_MODES:
-        raise ValueError(f"a fused-table child's mode is one of {CHILD_MODES}, got {mode!r}")
-    case = Case(**{k: tuple(v) if isinstance(v, list) else v for k, v in args["case"].items()})
-    resolve_implementation(STACKS[stack][0]).preload()
-    cfg = stack_config(
-        case, stack, "eager", warmup=args["warmup"], measured=args["measured"], quantize=args.get("quantize")
-    )
-    with stack_model(cfg, stack) as (prepared, window):
-        if mode == "eager":
-            out = dataclasses.asdict(eager_run(prepared, window, cfg, warmup=args["warmup"], measured=args["measured"]))
-        else:
-            out = SP.profile_to_json(SP.profile_steps(prepared, cfg, steps=args["steps"]))
-    print(CHILD_MARK + json.dumps(out), flush=True)

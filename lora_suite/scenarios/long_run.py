@@ -7,7 +7,7 @@ What is judged, and the noise each criterion absorbs (after ``fit_after_step`` w
 - leaks: least-squares slope of torch's allocated and reserved memory, this process's own GPU memory
   (``process_gpu_mib``: NVML's per-process accounting, or this process's allocators, lora_suite.measure.nvml) and
   the process's C heap in use (host memory, memory.host_heap_bytes), MiB per step, each against its bar, judged
-  as a trend (memory.TrendFit: the least of the whole fit's slope and twice the slower half's, so a one-off rise does not
+  as a trend (leak_fit.TrendFit: the least of the whole fit's slope and twice the slower half's, so a one-off rise does not
   count as a per-step leak). NVML's device-wide used memory and the resident set size are fitted as diagnostics
   only: the device-wide figure counts every process on the GPU (issue 28: a second job on the same H200 failed
   4 of 6 runs on it while torch's memory stayed flat), and the RSS keeps pages freed memory served.
@@ -29,7 +29,7 @@ import dataclasses
 import statistics
 from dataclasses import dataclass, field
 
-from lora_suite.engine.trainer import StepRecord
+from lora_suite.engine.step_record import StepRecord
 from lora_suite.measure.criteria import (
     Verdict,
     aged_vs_fresh_allowance,
@@ -41,7 +41,7 @@ from lora_suite.measure.criteria import (
     windowed_means,
 )
 from lora_suite.measure.device_time import DeviceWindow
-from lora_suite.measure.memory import fit_slope, fit_trend
+from lora_suite.measure.leak_fit import fit_slope, fit_trend
 from lora_suite.scenarios.aged_vs_fresh import Pair
 from lora_suite.settings.config import TierConfig
 
@@ -141,7 +141,7 @@ def _leak_bar(crit, name: str) -> tuple[float | None, str]:
 
 
 def _judge_leaks(out: LongRunVerdicts, crit, source: str, after: list[StepRecord], steps: list[int]) -> None:
-    """One verdict per leak series that has a bar: the sustained slope (memory.TrendFit: the least of the whole
+    """One verdict per leak series that has a bar: the sustained slope (leak_fit.TrendFit: the least of the whole
     fit's slope and twice the slower half's, MiB per step) at most the bar; a series without readings is missing."""
     for name in LEAK_SERIES:
         bar, key = _leak_bar(crit, name)
@@ -258,10 +258,10 @@ def aged_vs_fresh_resolved(pairs: list[Pair], crit) -> bool:
 def time_budget_rows(records: list[StepRecord], windows: dict[str, DeviceWindow]) -> list[tuple]:
     """Per profiled window: median event span, median summed and clipped device time, and device busy share
     (clipped device time / span): where a step's time goes, and whether it was host-bound."""
-    spans = {r.step: r.gpu_time_s for r in records}
+    spans = {r.step: r.gpu_time_s for r in records if r.gpu_time_s is not None}
     rows = []
     for name, w in windows.items():
-        span = statistics.median(spans[s] for s in w.steps if spans.get(s) is not None)
+        span = statistics.median(spans[s] for s in w.steps if s in spans)
         clipped = statistics.median(w.clipped_s)
         rows.append(
             (

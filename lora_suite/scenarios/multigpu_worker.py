@@ -53,9 +53,11 @@ def _join_process_group(args: argparse.Namespace) -> _Rank:
     if cuda:
         torch.cuda.set_device(local)
     device = torch.device("cuda", local) if cuda else torch.device("cpu")
-    dist.init_process_group(
-        "nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=60), **({"device_id": device} if cuda else {})
-    )
+    timeout = datetime.timedelta(seconds=60)
+    if cuda:
+        dist.init_process_group("nccl", timeout=timeout, device_id=device)
+    else:
+        dist.init_process_group("gloo", timeout=timeout)
     return _Rank(rank, world, local, device)
 
 
@@ -142,7 +144,9 @@ def _rank_result(args: argparse.Namespace, cfg, prepared, records: list, peak: i
     }
 
 
-def _fsdp_checks(result: dict, model, prepared, terms: dict, base_before, args: argparse.Namespace, me: _Rank) -> None:
+def _fsdp_checks(
+    result: dict, model, prepared, terms: dict[str, int], base_before, args: argparse.Namespace, me: _Rank
+) -> None:
     """Mode fsdp's figures and outputs: the memory terms, the base checked by checksums, and (every rank taking
     part) the adapters saved as a PEFT folder and the probe batch's logits, both written by rank 0."""
     result["memory_terms"] = terms
@@ -254,6 +258,7 @@ def _worker(args: argparse.Namespace) -> None:
         peak = torch.cuda.max_memory_allocated(me.device) if me.cuda else None
         result = _rank_result(args, cfg, prepared, records, peak, len(adapters), me)
         if fsdp:
+            assert terms is not None  # measured above, before the model was sharded
             _fsdp_checks(result, model, prepared, terms, base, args, me)
         else:
             _replica_checks(result, adapters, prepared, base, args, me)

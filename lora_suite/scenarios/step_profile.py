@@ -8,7 +8,7 @@ and of the profiled steps (``profiled_span_ms``, the profiler's own host cost in
 time is the time the GPU waited for the host (the host-bound gap, ``gap_share``).
 
 A stack that patches transformers for its whole process (Unsloth) is profiled in a child process
-(``fused_table.profile_in_child``); its profile comes back as JSON (``profile_to_json`` / ``profile_from_json``),
+(``fused_child.profile_in_child``); its profile comes back as JSON (``profile_to_json`` / ``profile_from_json``),
 its top kernels and host ops only (``TOP_KERNELS``, ``TOP_OPS``).
 """
 

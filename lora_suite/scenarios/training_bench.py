@@ -23,10 +23,16 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from lora_suite.measure.timing import PairedEstimate
-from lora_suite.settings.config import CONFIG_DIR, DataSettings, LoRASettings, TierConfig, TrainSettings
+from lora_suite.settings.config import CONFIG_DIR, AdapterSpec, DataSettings, TierConfig, TrainSettings
 from lora_suite.settings.loader import load_model_config, validate
+
+if TYPE_CHECKING:  # for the annotations only: torch and the engine are imported where they run
+    import torch
+
+    from lora_suite.engine.prepare import Prepared
 
 MODES = ("eager", "captured", "compiled")
 COMPILED_IMPLEMENTATIONS = ("cupy",)  # issue 10: the op registered for torch.compile
@@ -73,7 +79,7 @@ def run_config(case: Case, implementation: str, mode: str, *, warmup: int, measu
         weights="random",
         dtype="bfloat16",
         implementation=implementation,
-        lora=LoRASettings(targets=case.targets, r=case.r, alpha=2 * case.r),
+        lora=AdapterSpec(targets=case.targets, r=case.r, alpha=2 * case.r),
         data=DataSettings(batch_size=case.batch_size, seq_len=case.seq_len, pool=case.batch_size),
         train=train,
     )
@@ -137,10 +143,10 @@ def rotation(names: list[str] | tuple[str, ...], round_index: int) -> list[str]:
 class TurnRun:
     """One (implementation, mode) run that trains in turns on its prepared model (``lora_suite.engine.prepare``)."""
 
-    prepared: object
+    prepared: Prepared
     train: TrainSettings
     mode: str
-    optimizer: object = None
+    optimizer: torch.optim.Optimizer | None = None
     at: int = 0  # the next step
 
     def turn(self, steps: int) -> float:
@@ -169,7 +175,8 @@ def take_turns(names: list[str], rounds: int, turn, may_fail) -> tuple[dict[str,
     others are still measured: the run's rounds so far are dropped, so every kept run has the same rounds);
     otherwise the exception propagates (the suite's own runs, a CUDA error). Returns (times per kept run,
     what stopped each dropped run)."""
-    live, times, stopped = list(names), {n: [] for n in names}, {}
+    live, stopped = list(names), {}
+    times: dict[str, list[float]] = {n: [] for n in names}
     for rnd in range(rounds + 1):
         for name in rotation(live, rnd):
             try:

@@ -3,7 +3,9 @@
 ``load_tier_config("configs/quick.yaml")`` returns a ``TierConfig``; the model section names a file
 ``configs/models/<name>.yaml`` holding the architecture. Every unknown key is an error that names the
 key and the file; nothing below this module sees a dict. Each settings dataclass checks its own fields when built,
-from YAML or in Python (``Checked``; the rules are ``lora_suite.settings.settings_rules.RULES``).
+from YAML or in Python (``Checked``; the rules are ``lora_suite.settings.settings_rules.RULES``), and a
+``TierConfig`` checks the rules across its objects too (``lora_suite.settings.tier_rules``). The LoRA settings have
+one shape, ``AdapterSpec``: the YAML's lora section and what an implementation is given.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lora_suite.settings.adapter_dtype import AdapterDtype
 from lora_suite.settings.settings_rules import first_problem
+from lora_suite.settings.tier_rules import tier_problem
 
 CONFIG_ENV = "LORA_SUITE_CONFIG_DIR"
 
@@ -105,13 +109,26 @@ class ModelConfig(Checked):
 
 
 @dataclass(frozen=True)
-class LoRASettings(Checked):
-    targets: tuple[str, ...] = ("q_proj", "v_proj")  # or ("all-linear",)
+class AdapterSpec(Checked):
+    """The LoRA settings, in one shape: a tier YAML's ``lora`` section and what an implementation adapts
+    (``LoRAImplementation.inject(model, spec)``). Checked on construction (``settings_rules.RULES["AdapterSpec"]``):
+    targets a non-empty tuple of names, r >= 1, alpha finite > 0, adapter_dtype a floating-point dtype or None,
+    quantize None or "nf4". Which target names exist and how large r may be are the tier's rules against its model
+    (``tier_rules``), or the implementation's to judge for a model it is given."""
+
+    targets: tuple[str, ...] = ("q_proj", "v_proj")  # projection names or ("all-linear",)
     r: int = 8
-    alpha: float = 16
-    use_rslora: bool = False
-    adapter_dtype: str = "float32"  # PEFT's default: fp32 adapters on a 16-bit base
+    alpha: float = 16.0
+    use_rslora: bool = False  # s = alpha / sqrt(r) instead of alpha / r
+    # Reads as a torch dtype (None: the base weight's dtype); set from a torch dtype or its name ("float32"): stored
+    # by name, so the YAML is read without torch (adapter_dtype.py). fp32 adapters on a 16-bit base: PEFT's default.
+    adapter_dtype: AdapterDtype = AdapterDtype("float32")
     quantize: str | None = None  # None (16-bit base) or "nf4"
+
+    @property
+    def dtype_name(self) -> str | None:
+        """The adapters' dtype by name ("float32"), read without torch; None: the base weight's dtype."""
+        return vars(self)["adapter_dtype"]  # as stored: a name (the field's rule refused anything else)
 
 
 @dataclass(frozen=True)
@@ -139,7 +156,7 @@ class TrainSettings(Checked):
     max_grad_norm: float | None = 1.0  # None: no clipping (the norm is still recorded)
     log_every: int = 10
     seed: int = 0
-    # After each step, time this many tiny CPU tensor ops in process CPU time (trainer.host_probe): a yardstick of
+    # After each step, time this many tiny CPU tensor ops in process CPU time (step_record.host_probe): a yardstick of
     # the host's own speed at that moment, recorded as StepRecord.host_probe_s. 0: off.
     host_probe_ops: int = 0
     # Capture forward, backward, clipping and the optimizer step in one CUDA graph and replay it (trainer.py,
@@ -257,24 +274,17 @@ class TierConfig(Checked):
     # The LoRA implementation under test (lora_suite/implementations.py): cupy (default), cupy-fused, torch, peft, an
     # entry point of lora_suite.implementations, or package.module:factory. --lora-impl overrides it.
     implementation: str = "cupy"
-    lora: LoRASettings = field(default_factory=LoRASettings)
+    lora: AdapterSpec = field(default_factory=AdapterSpec)
     data: DataSettings = field(default_factory=DataSettings)
     train: TrainSettings = field(default_factory=TrainSettings)
     criteria: Criteria = field(default_factory=Criteria)
     suite: SuiteEntry | None = None  # its tier-registry entry (None: not a tier of its own)
     source: str = ""  # the YAML file this came from
 
-
-def target_shapes(a: LlamaArchitecture, targets: tuple[str, ...]) -> dict[str, tuple[int, int]]:
-    """(in, out) features of each LoRA target of a Llama block ("all-linear": every projection)."""
-    head_dim = a.hidden_size // a.num_attention_heads
-    shapes = {
-        "q_proj": (a.hidden_size, a.num_attention_heads * head_dim),
-        "k_proj": (a.hidden_size, a.num_key_value_heads * head_dim),
-        "v_proj": (a.hidden_size, a.num_key_value_heads * head_dim),
-        "o_proj": (a.num_attention_heads * head_dim, a.hidden_size),
-        "gate_proj": (a.hidden_size, a.intermediate_size),
-        "up_proj": (a.hidden_size, a.intermediate_size),
-        "down_proj": (a.intermediate_size, a.hidden_size),
-    }
-    return shapes if "all-linear" in targets else {t: shapes[t] for t in targets if t in shapes}
+    def __post_init__(self) -> None:
+        """Each field's own rules, then the rules across the objects (``tier_rules``): rank vs the model's shapes,
+        target names, windows vs steps. Key of the error: the object's field (``criteria.loss_window``)."""
+        super().__post_init__()
+        problem = tier_problem(self)
+        if problem is not None:
+            raise SettingsError(type(self).__name__, *problem)

@@ -1,6 +1,7 @@
 """The strict YAML loader: tier and model YAML read once, at the edge, into the frozen dataclasses of
-``lora_suite.settings.config``, and validated. Every unknown key, wrong type or impossible value is a ``ConfigError``
-that names the key, the value, the file and what was expected; nothing below this module sees a dict.
+``lora_suite.settings.config``, which check their rules as they are built (the same rules as in Python). Every
+unknown key, wrong type or impossible value is a ``ConfigError`` that names the key, the value, the file and what was
+expected; nothing below this module sees a dict.
 """
 
 from __future__ import annotations
@@ -9,20 +10,16 @@ import dataclasses
 import typing
 from pathlib import Path
 
-from lora_core.targets import TARGET_NAMES  # the system under test owns the target names
+from lora_suite.settings.adapter_dtype import AdapterDtype
 from lora_suite.settings.config import (
     _FLOAT_TEXT,
     CONFIG_DIR,
     RENAMED,
     RETIRED,
     ConfigError,
-    Criteria,
-    DataSettings,
     ModelConfig,
     SettingsError,
     TierConfig,
-    TrainSettings,
-    target_shapes,
 )
 from lora_suite.settings.implementation_names import SpecError, parse_spec
 from lora_suite.settings.yaml_io import read_yaml
@@ -54,11 +51,13 @@ def _build(cls, raw, where: str):
         raise ConfigError(f"{where}: missing required key(s) {missing}")
     try:
         return cls(**kwargs)
-    except SettingsError as err:  # the object's own rules (settings_rules): their words, placed in the file
+    except SettingsError as err:  # the object's rules (settings_rules, tier_rules): their words, placed in the file
         raise ConfigError(f"{where}.{err.key}: {err.detail}") from err
 
 
 def _coerce(hint, value, where: str):
+    if hint is AdapterDtype:  # a dtype's name, or null: the field stores it and its rule judges it
+        return value
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is typing.Union or str(origin) == "<class 'types.UnionType'>":
         if value is None and type(None) in args:
@@ -119,96 +118,12 @@ def load_tier_config(path: str | Path, config_dir: Path | None = None) -> TierCo
 
 
 def validate(cfg: TierConfig) -> None:
-    """The rules that span a TierConfig's objects, at load time (each object checked its own fields when it was
-    built: lora_suite.settings.settings_rules); the message names key, value and range."""
+    """The loader's own rule on a TierConfig: its implementation is a spec (a name or package.module:factory). Every
+    other rule ran when the config was built (its objects': ``settings_rules``; across them: ``tier_rules``), and
+    holds for a TierConfig made in Python as well; a TierConfig built in Python may carry any implementation's own
+    name (the harness sets it), so the spec's pattern is the loader's, not TierConfig's."""
     where = cfg.source or cfg.tier
-    # The YAML's implementation is a spec (a name or package.module:factory); a TierConfig built in Python may carry
-    # any implementation's own name (the harness sets it), so the spec's pattern is the loader's, not TierConfig's.
     try:
         parse_spec(cfg.implementation)
     except SpecError as exc:
         raise ConfigError(f"{where}.implementation: {exc}") from None
-    bad = [t for t in cfg.lora.targets if t not in TARGET_NAMES + ("all-linear",)]
-    if bad:
-        raise ConfigError(f"{where}.lora.targets: {bad} not among {TARGET_NAMES} or 'all-linear'")
-    for key, value, ok, expected in _spanning_rules(cfg):
-        if not ok:
-            raise ConfigError(f"{where}.{key}: {value!r} is out of range; expected {expected}")
-
-
-def _spanning_rules(cfg: TierConfig) -> list[tuple[str, object, bool, str]]:
-    """(key, value, ok, expected) of each rule that involves two objects: the rank against the model's projection
-    shapes, seq_len against its positions, the criteria's windows against train.steps, the accumulation check's
-    micro-batches against data.batch_size."""
-    a, t, c, d, r = cfg.model.architecture, cfg.train, cfg.criteria, cfg.data, cfg.lora.r
-    timed = _any_timed_criterion(c)
-    after_fit = t.steps - c.fit_after_step
-    low, name = min((min(io), name) for name, io in target_shapes(a, cfg.lora.targets).items())
-    return [
-        ("lora.r", r, r <= low, f"1 <= r <= {low} (min(in, out) of {name}: a larger rank is not low-rank)"),
-        (
-            "data.seq_len",
-            d.seq_len,
-            d.seq_len <= a.max_position_embeddings,
-            f"2 <= seq_len <= max_position_embeddings={a.max_position_embeddings}",
-        ),
-    ] + _criteria_rules(c, t, d, timed, after_fit)
-
-
-def _any_timed_criterion(c: Criteria) -> bool:
-    """Whether a criterion that judges the steps after the warm-up (fit_after_step) is set: leaks, stalls, drift."""
-    return any(
-        v is not None
-        for v in (
-            c.leak_slope_max_mib_per_step,
-            c.stall_fraction_max,
-            c.device_time_drift_max,
-            c.aged_vs_fresh_slowdown_max,
-            c.host_leak_slope_max_mib_per_step,
-        )
-    )
-
-
-def _criteria_rules(
-    c: Criteria, t: TrainSettings, d: DataSettings, timed: bool, after_fit: int
-) -> list[tuple[str, object, bool, str]]:
-    """The spanning rules of the criteria: their windows against train.steps (``after_fit`` of them after
-    fit_after_step), the accumulation check's micro-batches against data.batch_size."""
-    return [
-        (
-            "criteria.loss_window",
-            c.loss_window,
-            c.loss_drop_min is None or 2 * c.loss_window <= t.steps,
-            f">= 1, and two windows must fit in steps={t.steps} when loss_drop_min is set",
-        ),
-        (
-            "criteria.fit_after_step",
-            c.fit_after_step,
-            c.fit_after_step < t.steps or not timed,
-            f"0 <= x < steps={t.steps}",
-        ),
-        (
-            "criteria.smooth_window",
-            c.smooth_window,
-            c.smooth_slack is None or 2 * c.smooth_window <= after_fit,
-            f">= 1, and two windows must fit in the {after_fit} steps after fit_after_step",
-        ),
-        (
-            "criteria.device_window",
-            c.device_window,
-            c.device_time_drift_max is None or 2 * c.device_window <= after_fit,
-            f">= 2, and two windows must fit in the {after_fit} steps after fit_after_step",
-        ),
-        (
-            "criteria.bf16_comparison_steps",
-            c.bf16_comparison_steps,
-            c.bf16_comparison_steps is None or c.bf16_comparison_steps <= t.steps,
-            f"null or 1 <= x <= steps={t.steps}",
-        ),
-        (
-            "criteria.grad_accum_k",
-            c.grad_accum_k,
-            c.grad_accum_k is None or d.batch_size % c.grad_accum_k == 0,
-            f"null or >= 2 dividing batch_size={d.batch_size}",
-        ),
-    ]

@@ -11,5 +11,9 @@ from lora_suite.harness.plugin.state import REPORT_KEY
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_call(item: pytest.Item) -> None:
-    if item.config.getoption("oom_retry", False) and "tier" in getattr(item, "fixturenames", ()):
+    """First of the plain ``pytest_runtest_call`` hooks (``tryfirst``): the test function is wrapped before pytest's
+    own hook calls it; ``outcomes``' wrapper runs around both, whatever order the modules were registered in."""
+    if not (item.config.getoption("oom_retry", False) and isinstance(item, pytest.Function)):
+        return
+    if "tier" in item.fixturenames:
         item.obj = retrying(item.obj, item.config.stash[REPORT_KEY])

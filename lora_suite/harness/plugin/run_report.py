@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import logging
 import os
 import re
@@ -23,11 +24,19 @@ import pytest
 from lora_suite.harness import session_tables, worker_records
 from lora_suite.harness.header import header_lines
 from lora_suite.harness.plugin.options import check_report_dir
-from lora_suite.harness.plugin.state import IMPL_KEY, REPORT_KEY, RUN, SUMMARY_KEY, drives_workers, is_worker, worker_id
+from lora_suite.harness.plugin.state import (
+    IMPL_KEY,
+    REPORT_KEY,
+    SUMMARY_KEY,
+    SessionState,
+    drives_workers,
+    is_worker,
+    session_state,
+    worker_id,
+)
 from lora_suite.harness.progress import ProgressLines
 from lora_suite.harness.report import RunReport
 from lora_suite.implementations import DEFAULT, ImplementationError, implementation_record, resolve_implementation
-from lora_suite.measure import wall_time
 from lora_suite.settings.environment import collect_environment, package_environment
 
 if TYPE_CHECKING:
@@ -39,17 +48,33 @@ class Terminated(KeyboardInterrupt):
     session finishes its hooks and the run report is written with status ``terminated``."""
 
 
-def _on_sigterm(signum: int, frame: FrameType | None) -> NoReturn:
+def _on_sigterm(state: SessionState, signum: int, frame: FrameType | None) -> NoReturn:
     """The first SIGTERM stops the session; the ones after it are ignored, so that none interrupts the report being
     written (a job's timeout may signal the process group and then the command, which hands it on)."""
-    RUN["terminated"] = True
+    state.terminated = True
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Terminated(f"received signal {signum} (SIGTERM)")
 
 
+def _catch_sigterm(config: pytest.Config, state: SessionState) -> None:
+    """SIGTERM ends the session through ``_on_sigterm`` until the config is cleaned up; then the former handler is
+    back (unless a SIGTERM came: the process ignores the next ones to its end)."""
+    former = signal.signal(signal.SIGTERM, functools.partial(_on_sigterm, state))
+
+    def restore() -> None:
+        if not state.terminated and former is not None:
+            signal.signal(signal.SIGTERM, former)
+
+    config.add_cleanup(restore)
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    """Open the run report with the implementation under test; the mailboxes of a run over workers; progress lines."""
-    RUN["configured"] = time.time()
+    """Open the run report with the implementation under test; the mailboxes of a run over workers; progress lines.
+    First of the plugin's ``pytest_configure`` hooks (``tryfirst``): the session's "configured" moment comes before
+    the others' work (selection reads the tier registry)."""
+    state = session_state(config)
+    state.configured = time.time()
     selection = config.getoption("markexpr") or "all"
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     run_id = os.environ.get("LORA_SUITE_RUN_ID") or f"{now}-{re.sub(r'[^A-Za-z0-9]+', '_', selection)}"
@@ -65,7 +90,7 @@ def pytest_configure(config: pytest.Config) -> None:
         if not drives_workers(config):  # a process that runs tests
             start = time.perf_counter()
             impl.preload()
-            RUN["preload_s"] = time.perf_counter() - start
+            state.preload_s = time.perf_counter() - start
     except Exception as exc:  # an ImplementationError, or what the user's preload raised: a usage error, one line
         why = exc if isinstance(exc, ImplementationError) else repr(exc)
         raise pytest.UsageError(f"--lora-impl {spec}: {why}") from None
@@ -76,10 +101,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("report_dir"):
         check_report_dir(config.getoption("report_dir"))
     if is_worker(config):  # an xdist worker: hands its records to the controller, which alone writes the report
-        RUN["outbox"] = worker_records.Outbox()
+        state.outbox = worker_records.Outbox()
     else:  # the controlling process
-        signal.signal(signal.SIGTERM, _on_sigterm)
-        RUN["inbox"], RUN["worker_outputs"] = worker_records.Inbox(), []
+        _catch_sigterm(config, state)
+        state.inbox = worker_records.Inbox()
     if not config.getini("log_cli") and not config.getoption("log_cli_level", None):
         handler = ProgressLines(config)
         logger = logging.getLogger("lora_suite")  # the trainer logs as lora_suite.engine.trainer
@@ -113,34 +138,31 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Start the session's clock (the CUDA context on its own), and write report.json with status "running"."""
-    RUN["session_start"] = time.time()
-    RUN["cuda_context_s"] = None
-    RUN["workers"] = (
-        int(getattr(session.config.option, "numprocesses", 0) or 0) if drives_workers(session.config) else 0
-    )
-    if not RUN["workers"]:  # a process that runs tests (the controlling process of workers imports no torch)
+    config, state = session.config, session_state(session.config)
+    state.session_start = time.time()
+    state.workers = int(getattr(config.option, "numprocesses", 0) or 0) if drives_workers(config) else 0
+    if not state.workers:  # a process that runs tests (the controlling process of workers imports no torch)
         import torch
 
         if torch.cuda.is_available():  # on its own, so the wall-time breakdown can name it
             start = time.perf_counter()
             torch.zeros(1, device="cuda")
             torch.cuda.synchronize()
-            RUN["cuda_context_s"] = time.perf_counter() - start
-    RUN["report"] = session.config.stash[REPORT_KEY]
-    RUN["clock"] = wall_time.SessionClock()
-    RUN["start"] = time.perf_counter()
-    RUN["terminated"] = False
-    RUN["report_dir"] = None if is_worker(session.config) else session.config.getoption("report_dir")
-    if RUN["report_dir"]:
-        RUN["report"].write_json(Path(RUN["report_dir"]))  # status "running" from the first second
+            state.cuda_context_s = time.perf_counter() - start
+    state.report = config.stash[REPORT_KEY]
+    state.start = time.perf_counter()
+    state.report_dir = None if is_worker(config) else config.getoption("report_dir")
+    if state.report_dir:
+        state.report.write_json(Path(state.report_dir))  # status "running" from the first second
 
 
-def _report_tier_wall_time(session: pytest.Session, run: RunReport) -> None:
-    """``-m <tier>`` GPU runs: the session's wall time against the tier's target (session_tables.tier_wall_time)."""
+def _report_tier_wall_time(session: pytest.Session, run: RunReport, start: float | None) -> None:
+    """``-m <tier>`` GPU runs: the session's wall time (from ``start``, on ``time.perf_counter()``) against the
+    tier's target (session_tables.tier_wall_time)."""
     tier = session.config.getoption("markexpr")
-    if not tier or run.environment.gpu_name is None or not (session.testscollected or run.outcomes):
+    if not tier or start is None or run.environment.gpu_name is None or not (session.testscollected or run.outcomes):
         return
-    line = session_tables.tier_wall_time(run, tier, time.perf_counter() - RUN["start"])
+    line = session_tables.tier_wall_time(run, tier, time.perf_counter() - start)
     if line:
         session.config.stash[SUMMARY_KEY].append(line)
 
@@ -171,10 +193,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int | pytest.ExitC
     whatever it did, the run report is written. An xdist worker hands its last records over before the others:
     xdist's own wrapper (inside this one) sends ``workeroutput`` to the controller when it ends."""
     _drop_unfinished_benchmarks(session.config, session.config.stash[REPORT_KEY])
-    if "outbox" in RUN:
+    state = session_state(session.config)
+    if state.outbox is not None:
         run = session.config.stash[REPORT_KEY]
-        out = session_tables.worker_output(run, RUN, worker_id(session.config))
-        session.config.workeroutput[worker_records.KEY] = out
+        out = session_tables.worker_output(run, state, worker_id(session.config))
+        session.config.workeroutput[worker_records.KEY] = out  # type: ignore[attr-defined]  # xdist's, in a worker
     try:
         return (yield)
     finally:
@@ -185,27 +208,29 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int | pytest.ExitC
 def pytest_testnodedown(node: WorkerController, error: object | None) -> None:
     """The controller: a worker ended; its last records, its RawKernel variants and kernel load times arrive."""
     out = getattr(node, "workeroutput", {}).get(worker_records.KEY)
-    if out is None or "inbox" not in RUN or RUN.get("report") is None:
+    state = session_state(node.config)
+    if out is None or state.inbox is None or state.report is None:
         return
-    RUN["inbox"].apply(RUN["report"], out["worker"], out["changes"])
-    RUN["worker_outputs"].append(out)
+    state.inbox.apply(state.report, out["worker"], out["changes"])
+    state.worker_outputs.append(out)
 
 
 def _finish_report(session: pytest.Session, exitstatus: int | pytest.ExitCode) -> None:
     report_dir = session.config.getoption("report_dir")
     run = session.config.stash[REPORT_KEY]
-    if "outbox" in RUN:  # an xdist worker: the controller writes the report (pytest_sessionfinish handed over)
+    state = session_state(session.config)
+    if state.outbox is not None:  # an xdist worker: the controller writes the report (pytest_sessionfinish handed over)
         return
-    session_tables.wall_time_breakdown(run, RUN)
-    session_tables.kernel_variants(run, RUN.get("worker_outputs") or [])
-    if RUN.get("terminated"):
+    session_tables.wall_time_breakdown(run, state)
+    session_tables.kernel_variants(run, state.worker_outputs)
+    if state.terminated:
         run.status = "terminated"
     elif exitstatus == pytest.ExitCode.INTERRUPTED:
         run.status = "interrupted"
     else:
         run.status = "complete"
     session.config.stash[SUMMARY_KEY] = []
-    _report_tier_wall_time(session, run)
+    _report_tier_wall_time(session, run, state.start)
     if report_dir:
         session.config.stash[SUMMARY_KEY].append(f"report: {run.write(Path(report_dir))}")
 
@@ -218,7 +243,8 @@ def pytest_terminal_summary(
     s = run.summary()
     tr.section("lora-gpu-suite")
     # a test process's own reading of the GPU (a controller of workers has one once a worker handed it over)
-    own_reading = not RUN.get("workers") or RUN["inbox"].environment_from is not None
+    state = session_state(config)
+    own_reading = not state.workers or (state.inbox is not None and state.inbox.environment_from is not None)
     if own_reading and run.environment.gpu_name is None:
         skipped_gpu = sum(1 for o in run.outcomes if o.outcome == "skipped" and "CUDA GPU" in o.reason)
         nothing = not (s["checks_passed"] or s["checks_failed"] or s.get("passed"))

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Register the suite's markers: ``needs_feature``, the worker group and each registered tier's."""
+    """Register the suite's markers: ``needs_feature``, the worker group and each registered tier's (after
+    run_report's ``tryfirst`` pytest_configure has opened the run report)."""
     config.addinivalue_line(
         "markers",
         "needs_feature(name): needs a feature of the LoRA implementation under test "

@@ -149,13 +149,20 @@ def converge(tier, cfg, label: str):
         )
 
     rows, beyond = loss_match(ours.losses, ref.losses, control, crit.loss_match_factor, crit.loss_match_floor)
-    beyond_peft = []
+    beyond_peft: list[int] = []
     if peft_run is not None:
         peft_rows, beyond_peft = loss_match(
             peft_run.losses, ref.losses, control, crit.loss_match_factor, crit.loss_match_floor
         )
         rows = [row + (prow[2], prow[3]) for row, prow in zip(rows, peft_rows)]
-    cols = ("step", "reference (torch)", f"ours ({name})", "rel diff", "control envelope e(t)", "tolerance")
+    cols: tuple[str, ...] = (
+        "step",
+        "reference (torch)",
+        f"ours ({name})",
+        "rel diff",
+        "control envelope e(t)",
+        "tolerance",
+    )
     if peft_run is not None:
         cols += ("peft", "peft rel diff")
     tier.report.add_series(

@@ -11,6 +11,7 @@ tier, because torch.utils.checkpoint imports torch._dynamo on its first call (te
 from __future__ import annotations
 
 import contextlib
+from typing import TypedDict
 
 import pytest
 import torch
@@ -25,6 +26,19 @@ CASES = {  # (LoRA targets, fused parts): the full tier's layout (frozen NF4 MLP
     "all-linear-fused-mlp-qkv": ("all-linear", ("mlp", "qkv")),
 }
 STEPS, GRAPH_WARMUP = 5, 2
+
+
+class _Run(TypedDict):
+    """One training run: its losses and adapters after the steps, and what the steps changed of the reuse counters
+    (``lora_core.ops.recompute.reuse_counts``; ``held`` as it is after) and of the dequantisation launches."""
+
+    losses: list[float]
+    adapters: dict[str, torch.Tensor]
+    kept: int
+    taken: int
+    dropped: int
+    held: int
+    launches: int
 
 
 def _dequant_launches() -> int:
@@ -48,7 +62,7 @@ def test_checkpointed_nf4_training_reuses_the_recomputed_bases_bitwise_alike(tin
         ids = data[i].to(DEV)
         return {"input_ids": ids, "labels": ids}
 
-    runs = {}
+    runs: dict[str, _Run] = {}
     for name, reuse, captured in (("eager, no reuse", False, False), ("eager", True, False), ("captured", True, True)):
         model = tiny_cupy_llama(targets=targets, quantize="nf4", fuse=fuse)
         s = TrainSettings(

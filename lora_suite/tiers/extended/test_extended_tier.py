@@ -15,7 +15,8 @@ import statistics
 import numpy as np
 import pytest
 
-from lora_suite.engine.trainer import StepRecord
+from lora_suite.engine.step_record import StepRecord
+from lora_suite.harness.extended_tier import ExtendedTier
 from lora_suite.harness.figures import record_figure
 from lora_suite.harness.report import Series
 from lora_suite.measure.criteria import host_normalised_drift
@@ -29,14 +30,15 @@ pytestmark = [pytest.mark.gpu, pytest.mark.extended]
 def test_long_run_no_leak_loss_falls_steady_speed(tier):
     cfg = tier.config("extended")
     crit = cfg.criteria
+    extended = ExtendedTier(tier)
     prepared = tier.prepare(cfg)
     timer = DeviceTimer.for_windows(crit.fit_after_step, cfg.train.steps, crit.device_window)
     result = tier.train("extended", prepared, cfg, device_timer=timer)
     tier.check_served(prepared)
     tier.note_process_memory(result)
-    windows = tier.device_windows(cfg, timer, result.records)
+    windows = extended.device_windows(cfg, timer, result.records)
     step_device_time_figure(tier, windows)
-    pairs = tier.aged_vs_fresh(cfg, result) if crit.aged_vs_fresh_slowdown_max is not None else None
+    pairs = extended.aged_vs_fresh(cfg, result) if crit.aged_vs_fresh_slowdown_max is not None else None
     record_host_speed(tier, cfg, result.records)
     tier.report.add_series(
         Series(
@@ -46,7 +48,7 @@ def test_long_run_no_leak_loss_falls_steady_speed(tier):
             NOISE_MODELS,
         )
     )
-    tier.record_verdicts(extended_verdicts(cfg, result.records, windows, pairs))
+    extended.record_verdicts(extended_verdicts(cfg, result.records, windows, pairs))
 
 
 def step_device_time_figure(tier, windows) -> None:
@@ -65,20 +67,24 @@ def record_host_speed(tier, cfg: TierConfig, records: list[StepRecord]) -> None:
     """A diagnostic, not a check: per window, the step's CPU time, the host probe's and their ratio, and the drift
     of tokens per unit of host work (criteria.host_normalised_drift): how much the host's speed wandered."""
     after = [r for r in records if r.step >= cfg.criteria.fit_after_step and not r.profiled]
-    if not after or any(r.host_probe_s is None for r in after):
+    # (step, step CPU time, probe CPU time) of each step after the fit start: none without a probe (host_probe_ops 0)
+    timed = [
+        (r.step, r.cpu_time_s, r.host_probe_s) for r in after if r.cpu_time_s is not None and r.host_probe_s is not None
+    ]
+    if not after or len(timed) < len(after):
         return
     w = cfg.criteria.smooth_window
     rows = []
-    for i in range(0, len(after) - w + 1, w):
-        win = after[i : i + w]
-        cpu = statistics.median(r.cpu_time_s for r in win)
-        probe = statistics.median(r.host_probe_s for r in win)
+    for i in range(0, len(timed) - w + 1, w):
+        win = timed[i : i + w]
+        cpu = statistics.median(c for _, c, _ in win)
+        probe = statistics.median(p for _, _, p in win)
         rows.append(
             (
-                win[0].step,
+                win[0][0],
                 round(cpu * 1e3, 2),
                 round(probe * 1e6, 1),
-                round(statistics.median(r.cpu_time_s / r.host_probe_s for r in win), 1),
+                round(statistics.median(c / p for _, c, p in win), 1),
             )
         )
     tier.report.add_series(
@@ -90,7 +96,7 @@ def record_host_speed(tier, cfg: TierConfig, records: list[StepRecord]) -> None:
         )
     )
     tokens = cfg.data.batch_size * cfg.data.seq_len * cfg.train.grad_accum
-    d = host_normalised_drift([r.cpu_time_s for r in after], [r.host_probe_s for r in after], tokens, w)
+    d = host_normalised_drift([c for _, c, _ in timed], [p for _, _, p in timed], tokens, w)
     tier.report.notes.append(
         f"{tier.nodeid}: drift of tokens per unit of host work (diagnostic, not judged): "
         f"{d.drift:.4f} (SE {d.noise_se:.4f})"

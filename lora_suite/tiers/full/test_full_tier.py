@@ -14,6 +14,7 @@ import torch
 
 from lora_suite.engine.checkpoint import load_adapter_checkpoint, save_adapter_checkpoint
 from lora_suite.harness.figures import record_figure
+from lora_suite.harness.memory_tier import MemoryTier
 from lora_suite.measure.criteria import loss_drop
 from lora_suite.measure.memory import measured_split
 
@@ -57,16 +58,17 @@ def step_figures(tier, cfg, result) -> None:
 def test_llama7b_end_to_end(tier, tmp_path):
     cfg = tier.config("full")
     crit = cfg.criteria
-    bf16 = tier.bf16_baseline(cfg)
-    window = tier.peak_window("full")
+    memory = MemoryTier(tier)
+    bf16 = memory.bf16_baseline(cfg)
+    window = memory.peak_window("full")
     prepared = tier.prepare(cfg)
     result = tier.train("full", prepared, cfg)
     peak = window.peak()
     tier.check_served(prepared)
-    tier.record_split(
+    memory.record_split(
         cfg, "full", peak, measured_split(prepared.model, result.optimizer, peak, prepared.adapters), bf16
     )
-    tier.check_memory(cfg, peak, bf16)
+    memory.check_memory(cfg, peak, bf16)
     step_figures(tier, cfg, result)
     drop = loss_drop(result.losses, crit.loss_window)
     tier.check(
@@ -102,4 +104,4 @@ def test_llama7b_end_to_end(tier, tmp_path):
             0.0,
             source="same weights, same kernels: bit-identical logits",
         )
-    tier.check_peak_vs_estimate(cfg, peak)
+    memory.check_peak_vs_estimate(cfg, peak)

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import pytest
 
+from lora_suite.harness.memory_tier import MemoryTier
+
 pytestmark = [pytest.mark.gpu, pytest.mark.memory]
 
 
 def test_peak_vram_within_budget(tier):
     cfg = tier.config("memory")
-    bf16 = tier.bf16_baseline(cfg)
-    peak, split, _ = tier.run_and_measure(cfg, cfg.lora.quantize)
-    tier.record_split(cfg, "memory", peak, split, bf16)
-    tier.check_memory(cfg, peak, bf16)
-    tier.check_peak_vs_estimate(cfg, peak)
+    memory = MemoryTier(tier)
+    bf16 = memory.bf16_baseline(cfg)
+    peak, split, _ = memory.run_and_measure(cfg, cfg.lora.quantize)
+    memory.record_split(cfg, "memory", peak, split, bf16)
+    memory.check_memory(cfg, peak, bf16)
+    memory.check_peak_vs_estimate(cfg, peak)

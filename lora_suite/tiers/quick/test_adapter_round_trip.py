@@ -11,6 +11,8 @@ import dataclasses
 
 import pytest
 
+from lora_suite.engine import broken_folders as BF
+from lora_suite.engine import peft_folder as PF
 from lora_suite.engine import round_trip as RT
 from lora_suite.engine.models import build_model
 from lora_suite.engine.prepare import DTYPES, adapter_spec
@@ -54,11 +56,11 @@ def test_an_rslora_adapter_round_trips_and_its_setting_is_read(tier, tmp_path):
         tier.check(f"rsLoRA: {v.name}", v.value, v.op, v.threshold, source=v.source, detail=v.detail)
 
 
-@pytest.mark.parametrize("what", list(RT.BROKEN))
+@pytest.mark.parametrize("what", list(BF.BROKEN))
 def test_a_folder_whose_weights_do_not_fit_is_refused(tier, tmp_path, what):
     cfg = tier.config("quick")
     trained = tier.prepare(cfg)
-    v = RT.broken_folder(trained, lambda: tier.prepare(cfg), tmp_path / "adapter", what)
+    v = BF.broken_folder(trained, lambda: tier.prepare(cfg), tmp_path / "adapter", what)
     tier.check(v.name, v.value, v.op, v.threshold, source=v.source, detail=v.detail)
 
 
@@ -86,5 +88,5 @@ def test_peft_loader_reads_the_saved_folder(tier, tmp_path):
         return build_model(cfg.model, cfg.weights, DTYPES[cfg.dtype], "cuda", seed=cfg.train.seed).model
 
     scale = spec_scale(adapter_spec(cfg, None))
-    for v in RT.peft_loader(trained, base, folder, scale):
+    for v in PF.peft_loader(trained, base, folder, scale):
         tier.check(v.name, v.value, v.op, v.threshold, source=v.source, detail=v.detail)

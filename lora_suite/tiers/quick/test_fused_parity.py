@@ -266,14 +266,17 @@ def test_fused_paths_with_biases_match_float64(what, config, run_report, check):
     mlp = what == "MLP"
     dtype, adapter_dtype, gen, ranks = _grid_cell(config, "2d", 2027 if mlp else 2028)
     bias_gen, cases = torch.Generator(device=DEV).manual_seed(2030), []
+    names: tuple[str, ...]
     for n, (k, out), r in itertools.product(N_TOKENS, MLP_SHAPES if mlp else QKV_SHAPES, ranks):
         if mlp:
+            assert isinstance(out, int)  # MLP_SHAPES: (K, intermediate width)
             x, weights, adapters, dy = _mlp_case(n, k, out, r, dtype, adapter_dtype, "2d", gen)
             bias = (_randn((2 * out,), dtype, bias_gen), _randn((k,), dtype, bias_gen))
             got = _mlp_fused(x, weights, adapters, dy, bias=bias)
             ref = _mlp_reference(x, weights, adapters, dy, bias=bias)
             names, floors, widest = MLP_NAMES, _mlp_floors(x, weights, adapters, dy, bias=bias), max(k, out)
         else:
+            assert isinstance(out, tuple)  # QKV_SHAPES: (K, (O_q, O_k, O_v))
             x, weights, adapters, dy = _qkv_case(n, k, out, r, dtype, adapter_dtype, "2d", gen)
             bias = _randn((sum(out),), dtype, bias_gen)
             got = _qkv_fused(x, weights, adapters, dy, bias=bias)
@@ -291,17 +294,17 @@ def test_fused_paths_on_nf4_bases_match_float64_of_the_dequantised_weights(run_r
     cases = []
     for n in (37, 2048):
         x, weights, adapters, dy = _mlp_case(n, 576, 1536, 16, BF16, F32, "3d", gen)
-        q = [quantize_nf4(w) for w in weights]
-        deq = [dequantize_nf4(t, BF16) for t in q]
-        got_o, got_g = _mlp_fused(x, weights, adapters, dy, bases=MLPBases(nf4=tuple(q)))
+        gate, up, down = (quantize_nf4(w) for w in weights)
+        deq = [dequantize_nf4(t, BF16) for t in (gate, up, down)]
+        got_o, got_g = _mlp_fused(x, weights, adapters, dy, bases=MLPBases(nf4=(gate, up, down)))
         ref_o, ref_g = _mlp_reference(x, deq, adapters, dy)
         cases.append(
             (f"MLP N={n}", _judge(MLP_NAMES, got_o + got_g, ref_o + ref_g, FUSED_STAGES * tolerance(BF16, 1536)))
         )
         x, weights, adapters, dy = _qkv_case(n, 576, (576, 192, 192), 16, BF16, F32, "3d", gen)
-        q = [quantize_nf4(w) for w in weights]
-        deq = [dequantize_nf4(t, BF16) for t in q]
-        got_o, got_g = _qkv_fused(x, weights, adapters, dy, bases=QKVBases((576, 192, 192), nf4=tuple(q)))
+        q, k, v = (quantize_nf4(w) for w in weights)
+        deq = [dequantize_nf4(t, BF16) for t in (q, k, v)]
+        got_o, got_g = _qkv_fused(x, weights, adapters, dy, bases=QKVBases((576, 192, 192), nf4=(q, k, v)))
         ref_o, ref_g = _qkv_reference(x, deq, adapters, dy)
         cases.append(
             (f"QKV N={n}", _judge(QKV_NAMES, got_o + got_g, ref_o + ref_g, FUSED_STAGES * tolerance(BF16, 576)))
@@ -315,13 +318,13 @@ def test_captured_fused_step_replays_bitwise_equal_to_eager(what, check):
     gen = torch.Generator(device=DEV).manual_seed(2030)
     if what == "mlp":
         x, weights, adapters, dy = _mlp_case(2048, 576, 1536, 16, BF16, F32, "2d", gen)
-        bases = MLPBases(w_gu=torch.cat(weights[:2]), w_d=weights[2])
-        fn = lambda x, a: (lora_mlp(x, bases, tuple(a), SCALE, SCALE, backend="cupy"),)  # noqa: E731
+        mlp_bases = MLPBases(w_gu=torch.cat(weights[:2]), w_d=weights[2])
+        fn = lambda x, a: (lora_mlp(x, mlp_bases, tuple(a), SCALE, SCALE, backend="cupy"),)  # noqa: E731
         dys = (dy,)
     else:
         x, weights, adapters, dys = _qkv_case(2048, 576, (576, 192, 192), 16, BF16, F32, "2d", gen)
-        bases = QKVBases((576, 192, 192), w_qkv=torch.cat(weights))
-        fn = lambda x, a: lora_qkv(x, bases, tuple(a), SCALE, backend="cupy")  # noqa: E731
+        qkv_bases = QKVBases((576, 192, 192), w_qkv=torch.cat(weights))
+        fn = lambda x, a: lora_qkv(x, qkv_bases, tuple(a), SCALE, backend="cupy")  # noqa: E731
     xs = x.detach().clone().requires_grad_(True)
     params = [a.detach().clone().requires_grad_(True) for a in adapters]
 

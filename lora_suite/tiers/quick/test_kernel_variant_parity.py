@@ -170,6 +170,7 @@ def _nf4_dequantize(v: kv.Variant, gen) -> list[str]:
     form = v.variant.split(",")[0].removeprefix("absmax=")
     q = quantize_nf4_reference(w, double_quant=form != "fp32")
     if form == "dcode":  # bitsandbytes' form: uint8 indices into a 256-entry map, scaled, plus an offset
+        assert q.absmax_q is not None  # form != "fp32": double-quantised
         dmap = torch.sort(torch.rand(256, device=DEV, generator=gen) * 2 - 1).values
         idx = torch.randint(0, 256, q.absmax_q.shape, device=DEV, generator=gen, dtype=torch.uint8)
         q = dataclasses.replace(q, absmax_q=idx, absmax_code=dmap)

@@ -19,6 +19,7 @@ import torch
 
 from lora_suite.engine import invariant_checks as I
 from lora_suite.engine import layer_checks as L
+from lora_suite.engine import probe_judge as PJ
 from lora_suite.engine import probes as P
 from lora_suite.engine import two_models as TM
 from lora_suite.implementations import AdapterSpec
@@ -41,7 +42,9 @@ def _adapter_dtype(impl, dtype):
     return dtype if dtype != F32 and impl.reason_not_applicable("fp32_adapters_on_16bit_base") else F32
 
 
-def _probe(impl, shape=ODD, dtype=BF16, *, r=8, alpha=16.0, rslora=False, adapter_dtype="default", seed=0, **kw):
+def _probe(
+    impl, shape=ODD, dtype=BF16, *, r=8, alpha=16.0, rslora=False, adapter_dtype="default", seed=0, **kw
+) -> tuple[P.Probe, P.ProbeInputs]:
     adapter_dtype = _adapter_dtype(impl, dtype) if adapter_dtype == "default" else adapter_dtype
     spec = AdapterSpec(P.PROBE_TARGETS, r, alpha, rslora, adapter_dtype, _quantize(impl))
     probe = P.build_probe(impl, shape, spec, dtype, DEV, seed=seed, **kw)
@@ -69,7 +72,7 @@ def test_scaling_follows_alpha_and_rank(scaling, lora_impl, check):
         for i, shape in enumerate((SMALL, ODD)):
             probe, inputs = _probe(lora_impl, shape, dtype, r=r, alpha=alpha, rslora=rslora, seed=i)
             got, errs = L.parity_errors(probe, inputs)
-            cases.append((f"{shape.name} {str(dtype)[6:]}", errs, P.dtype_errors(probe, inputs, got)))
+            cases.append((f"{shape.name} {str(dtype)[6:]}", errs, PJ.dtype_errors(probe, inputs, got)))
     for v in L.parity_verdicts(scaling, cases):
         _record(check, v)
     merged = f"{scaling}: merged weights: outputs beyond tolerance (of {len(P.OUTPUTS)})"

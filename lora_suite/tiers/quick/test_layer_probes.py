@@ -17,6 +17,7 @@ import torch
 
 from lora_suite.engine import invariant_checks as I
 from lora_suite.engine import layer_checks as L
+from lora_suite.engine import probe_judge as PJ
 from lora_suite.engine import probes as P
 from lora_suite.harness.report import Series
 from lora_suite.implementations import AdapterSpec
@@ -71,7 +72,7 @@ def _grid(impl, check, run_report, label, dtype, adapter_dtype, cases, layout, q
         got, errs = L.parity_errors(probe, inputs)
         served.add(impl.served_by(probe.block))
         case = f"{shape.name} N={n} r={r}"
-        judged.append((case, errs, P.dtype_errors(probe, inputs, got)))
+        judged.append((case, errs, PJ.dtype_errors(probe, inputs, got)))
         worst = max(errs, key=lambda e: e.scaled_err / e.tol)
         rows.append(
             (shape.name, n, r, worst.name, worst.scaled_err, worst.tol, "ok" if all(e.ok for e in errs) else "FAIL")

@@ -20,7 +20,7 @@ def _plants():
 
     def wrong_form(x, q, out=None):  # bitsandbytes' nested absmaxes read as lora_core's int8 codes (map ignored)
         real = NM.absmax_form
-        NM.absmax_form = lambda t: {"dcode": "int8"}.get(real(t), real(t))
+        NM.absmax_form = lambda q: {"dcode": "int8"}.get(real(q), real(q))
         try:
             return NM.nf4_matmul(x, q, out=out)
         finally:

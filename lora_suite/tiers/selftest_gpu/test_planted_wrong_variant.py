@@ -1,5 +1,6 @@
-"""selftest-gpu: a wrong kernel-variant choice planted in the SwiGLU launcher (``planted_wrong_variant``) must fail
-the quick tier, run as a user runs it (``python -m lora_suite quick``, its own process and report).
+"""selftest-gpu: a wrong kernel-variant choice planted in the SwiGLU launcher (the pytest plugin
+``lora_suite.scenarios.swiglu_wrong_variant``, loaded by module name with ``-p``) must fail the quick tier, run as a
+user runs it (``python -m lora_suite quick``, its own process and report).
 
 The plant takes 16-byte vectors for 16-bit activations whenever I is a multiple of 4: rows with I ≡ 4 (mod 8) are
 then read and written misaligned, in partial vectors. The quick tier's parity grid has such an I for every dtype
@@ -10,18 +11,17 @@ SwiGLU test. Its own process: a misaligned access is a CUDA error, after which t
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from lora_suite.cli.targets import autoload_plugins
+from lora_suite.cli.plugins import autoload_plugins
 
 pytestmark = [pytest.mark.gpu, pytest.mark.selftest_gpu]
 ROOT = Path(__file__).resolve().parents[3]
-HERE = Path(__file__).resolve().parent
+PLANT = "lora_suite.scenarios.swiglu_wrong_variant"
 
 
 def _failed(report: dict) -> list[tuple[str, str]]:
@@ -40,7 +40,6 @@ def _report(folder: Path) -> dict:
 def test_wrong_swiglu_variant_fails_the_quick_tier(tier, tmp_path):
     """Caught: quick exits 1 with a failed SwiGLU or fused-MLP test, and the same tests, run again without the plant
     (the control), pass: the failure is the plant's, not the machine's or another defect's."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")]))
     planted = tmp_path / "planted"
     cmd = [
         sys.executable,
@@ -51,9 +50,9 @@ def test_wrong_swiglu_variant_fails_the_quick_tier(tier, tmp_path):
         str(planted),
         "--",
         "-p",
-        "planted_wrong_variant",
+        PLANT,
     ]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     failed = _failed(_report(planted))
     swiglu = list(dict.fromkeys(test for test, _ in failed if "swiglu" in test.lower() or "mlp" in test.lower()))
     tail = (proc.stdout + proc.stderr)[-2000:]
@@ -69,7 +68,7 @@ def test_wrong_swiglu_variant_fails_the_quick_tier(tier, tmp_path):
     control = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--rootdir", str(ROOT)]
     control += [] if autoload_plugins("quick") else ["-p", "pytest_benchmark.plugin"]  # as the CLI runs quick
     control += [f"--report-dir={control_dir}", *swiglu[:8]]
-    ctl = subprocess.run(control, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    ctl = subprocess.run(control, cwd=ROOT, capture_output=True, text=True, timeout=900)
     tier.check(
         "control: the tests that caught the plant pass without it (exit code)",
         ctl.returncode if swiglu else "no test to rerun",

@@ -100,20 +100,22 @@ def test_fused_ops_reaches_pytest_and_only_its_one_value_is_taken():
 
 
 def test_quick_spreads_over_eight_workers_where_a_large_gpu_and_16_cores_are_there(monkeypatch):
-    from lora_suite.cli import targets as T
+    from lora_suite.cli import gpus as G
+    from lora_suite.cli import workers as T
+    from lora_suite.cli.plugins import AUTOLOAD_ENV
 
     monkeypatch.setattr(T, "xdist_available", lambda: True)
     monkeypatch.setattr(T.os, "cpu_count", lambda: 16)
-    monkeypatch.setattr(T, "gpu_line", lambda: "NVIDIA H100 80GB HBM3, 81559 MiB, 0 MiB, 81000 MiB, 580.159.04")
-    monkeypatch.delenv(T.AUTOLOAD_ENV, raising=False)
+    monkeypatch.setattr(G, "gpu_line", lambda: "NVIDIA H100 80GB HBM3, 81559 MiB, 0 MiB, 81000 MiB, 580.159.04")
+    monkeypatch.delenv(AUTOLOAD_ENV, raising=False)
     monkeypatch.setenv("GPU_TEST_GPU_COUNT", "1")
     assert T.worker_args("quick", None) == ["-p", "xdist.plugin", "-n", "8", "--dist", "loadgroup"]
     monkeypatch.setattr(T.os, "cpu_count", lambda: 8)
     assert T.worker_args("quick", None)[3] == "4"  # one worker per two cores: each imports torch on its own
     monkeypatch.setattr(T.os, "cpu_count", lambda: 16)
-    monkeypatch.setattr(T, "gpu_line", lambda: "NVIDIA A10, 23028 MiB, 0 MiB, 23000 MiB, 550.0")
+    monkeypatch.setattr(G, "gpu_line", lambda: "NVIDIA A10, 23028 MiB, 0 MiB, 23000 MiB, 550.0")
     assert T.worker_args("quick", None)[3] == "4"  # 22.5 GiB // 4 - 1: each worker peaks near 4 GiB
-    monkeypatch.setattr(T, "gpu_line", lambda: None)
+    monkeypatch.setattr(G, "gpu_line", lambda: None)
     assert T.worker_args("quick", None)[3] == "8"
     assert T.worker_args("quick", "auto")[-3:] == ["auto", "--dist", "loadgroup"]
     assert T.worker_args("quick", "1") == [] and T.worker_args("convergence", None) == []
@@ -122,7 +124,7 @@ def test_quick_spreads_over_eight_workers_where_a_large_gpu_and_16_cores_are_the
 
 
 def test_workers_without_xdist_is_a_usage_error_but_the_default_falls_back_saying_so(monkeypatch, capsys):
-    from lora_suite.cli import targets as T
+    from lora_suite.cli import workers as T
     from lora_suite.cli.usage import UsageError
 
     monkeypatch.setattr(T, "xdist_available", lambda: False)

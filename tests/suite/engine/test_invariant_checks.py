@@ -9,6 +9,7 @@ import torch
 
 from lora_suite.engine import invariant_checks as I
 from lora_suite.engine import layer_checks as L
+from lora_suite.engine import probe_judge as PJ
 from lora_suite.engine import probes as P
 from lora_suite.implementations import AdapterSpec
 from lora_suite.scenarios import example_plants as EP
@@ -41,7 +42,7 @@ def invariant_verdicts(impl) -> list:
     for label, (r, alpha, rslora) in SCALINGS.items():
         probe, inputs = _probe(impl, r=r, alpha=alpha, rslora=rslora)
         got, errs = L.parity_errors(probe, inputs)
-        out += L.parity_verdicts(label, [("tiny", errs, P.dtype_errors(probe, inputs, got))])
+        out += L.parity_verdicts(label, [("tiny", errs, PJ.dtype_errors(probe, inputs, got))])
         v = L.merged(*_probe(impl, r=r, alpha=alpha, rslora=rslora, seed=7))
         out.append(type(v)(f"{label}: {v.name}", v.value, v.op, v.threshold, v.source, v.detail))
     probe, inputs = _probe(impl, seed=3)

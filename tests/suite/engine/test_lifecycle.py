@@ -14,6 +14,7 @@ import torch
 
 from lora_suite.engine import layer_checks as L
 from lora_suite.engine import lifecycle as LC
+from lora_suite.engine import probe_judge as PJ
 from lora_suite.engine import probes as P
 from lora_suite.engine import round_trip as RT
 from lora_suite.engine.prepare import prepare
@@ -108,7 +109,7 @@ def _existing_checks(impl, tiny_cfg, tmp_path) -> list:
         spec = AdapterSpec(P.PROBE_TARGETS, 4, 8.0, adapter_dtype=dtype)
         probe, inputs = P.build_probe(impl, PLAIN, spec, dtype, "cpu"), P.random_inputs(PLAIN, (2, 5), dtype, "cpu")
         got, errs = L.parity_errors(probe, inputs)
-        out += L.parity_verdicts("cpu", [("tiny", errs, P.dtype_errors(probe, inputs, got))])
+        out += L.parity_verdicts("cpu", [("tiny", errs, PJ.dtype_errors(probe, inputs, got))])
     spec = AdapterSpec(P.PROBE_TARGETS, 4, 8.0, adapter_dtype=F32)
     probe, inputs = P.build_probe(impl, PLAIN, spec, F32, "cpu"), P.random_inputs(PLAIN, (2, 5), F32, "cpu")
     for check in (L.determinism, L.eval_mode, L.accumulation, L.no_input_gradient, L.nan_rows, L.merged):

@@ -40,6 +40,7 @@ def test_gradient_accumulation_and_checkpointing_run(tiny_cfg):
     cfg = dataclasses.replace(
         tiny_cfg,
         train=dataclasses.replace(tiny_cfg.train, steps=3, grad_accum=2, gradient_checkpointing=True, warmup_steps=0),
+        criteria=dataclasses.replace(tiny_cfg.criteria, loss_drop_min=None),  # no loss bar: its windows need 10 steps
     )
     p = prepare(cfg, "cpu")
     seen = []
@@ -121,7 +122,9 @@ def test_a_non_finite_stop_keeps_the_records_before_it(tiny_cfg):
 
 def test_the_host_probe_is_recorded_after_each_step_when_configured(tiny_cfg):
     cfg = dataclasses.replace(
-        tiny_cfg, train=dataclasses.replace(tiny_cfg.train, steps=3, host_probe_ops=500, warmup_steps=0)
+        tiny_cfg,
+        train=dataclasses.replace(tiny_cfg.train, steps=3, host_probe_ops=500, warmup_steps=0),
+        criteria=dataclasses.replace(tiny_cfg.criteria, loss_drop_min=None),  # no loss bar: its windows need 10 steps
     )
     p = prepare(cfg, "cpu")
     records = train(p.model, p.batches, cfg.train).records

@@ -123,3 +123,12 @@ def test_only_a_cuda_error_stops_the_session(exc, stops):
     from lora_suite.harness.cuda_errors import is_cuda_error
 
     assert is_cuda_error(exc) is stops
+
+
+@pytest.mark.parametrize(("halvings", "batch", "k"), [(0, 8, 4), (1, 4, 4), (2, 2, 2), (3, 1, None)])
+def test_a_retried_config_keeps_the_accumulation_check_within_its_micro_batch(halvings, batch, k):
+    from lora_suite.harness.oom_retry import retried_config
+    from lora_suite.settings.loader import CONFIG_DIR, load_tier_config
+
+    cfg = retried_config(load_tier_config(CONFIG_DIR / "quick.yaml"), halvings)  # batch 8, grad_accum_k 4
+    assert (cfg.data.batch_size, cfg.criteria.grad_accum_k) == (batch, k)

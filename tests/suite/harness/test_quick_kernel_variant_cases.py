@@ -1,6 +1,6 @@
 """The quick tier's kernel-variant cases (tiers/quick/test_kernel_variant_parity.py) on the host: the case built for
 each designed SwiGLU variant makes the launcher choose that variant, every designed kernel has a case, and the
-defect selftest-gpu plants (planted_wrong_variant) is a variant outside the catalogue."""
+defect selftest-gpu plants (lora_suite.scenarios.swiglu_wrong_variant) is a variant outside the catalogue."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import torch
 
 from lora_core.ops import fused_engine as fe
 from lora_core.ops import kernel_variants as kv
+from lora_suite.scenarios import swiglu_wrong_variant
 from lora_suite.tiers.quick import test_kernel_variant_parity as quick
-from lora_suite.tiers.selftest_gpu import planted_wrong_variant
 
 
 @pytest.fixture(autouse=True)
@@ -36,8 +36,8 @@ def test_the_quick_case_width_makes_the_launcher_choose_its_variant(variant):
 
 
 def test_a_vector_choice_for_i_a_multiple_of_four_takes_the_wrong_variant(monkeypatch):
-    """The planted defect of selftest-gpu (planted_wrong_variant) is a different variant on the host already."""
-    monkeypatch.setattr(fe, "_swiglu_vec", planted_wrong_variant._vectors_whenever_four_divide)
+    """The planted defect of selftest-gpu (swiglu_wrong_variant) is a different variant on the host already."""
+    monkeypatch.setattr(fe, "_swiglu_vec", swiglu_wrong_variant.vectors_whenever_four_divide)
     fe._swiglu_launch(torch.bfloat16, 37, 1028, "swiglu_forward")
     assert set(kv.reached()) == {kv.Variant("swiglu_forward", "bf16", "VEC=8, I%8=4")}
     assert kv.Variant("swiglu_forward", "bf16", "VEC=8, I%8=4") not in kv.DESIGNED

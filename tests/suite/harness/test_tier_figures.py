@@ -172,7 +172,7 @@ def test_the_ledger_keeps_each_figure_with_its_spread_and_clock():
 
 
 def test_the_planted_slowdown_reports_itself_as_the_implementation_it_slows():
-    from lora_suite.scenarios.step_slowdown import SPIN_MS, cupy_slowed
+    from lora_suite.scenarios.full_tier_step_slowdown import SPIN_MS, cupy_slowed
 
     impl = cupy_slowed()
     assert impl.name == "cupy" and f"{SPIN_MS} ms of GPU spin before each adapted layer" in impl.describe()

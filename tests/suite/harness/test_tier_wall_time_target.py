@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from lora_suite.harness.plugin import run_report as P
-from lora_suite.harness.plugin.state import RUN, SUMMARY_KEY
+from lora_suite.harness.plugin.state import SUMMARY_KEY
 from lora_suite.harness.report import RunReport
 from lora_suite.settings.config import RENAMED
 from lora_suite.settings.environment import collect_environment
@@ -27,10 +27,10 @@ def _on_a_gpu():
 
 
 @pytest.mark.parametrize(("elapsed", "met"), [(5.0, "yes"), (500.0, "no")])
-def test_wall_time_is_a_series_and_a_summary_line_never_a_check(monkeypatch, elapsed, met):
+def test_wall_time_is_a_series_and_a_summary_line_never_a_check(elapsed, met):
     session, run = _session("quick"), RunReport("r", "quick", _on_a_gpu())
-    monkeypatch.setitem(RUN, "start", time.perf_counter() - elapsed)
-    P._report_tier_wall_time(session, run)
+    start = time.perf_counter() - elapsed
+    P._report_tier_wall_time(session, run, start)
     assert run.checks == [] and session.exitstatus == 0
     (series,) = run.series
     ((figure, seconds, target, got_met, source),) = series.rows
@@ -39,13 +39,13 @@ def test_wall_time_is_a_series_and_a_summary_line_never_a_check(monkeypatch, ela
     assert ("MISSED" in line) == (met == "no") and "not a check" in line
     (fig,) = run.figures  # quick's headline figure: host-clocked, so compare lists it and never fails it
     assert (fig.name, fig.unit, fig.clock, fig.value) == ("tier wall time", "s", "host", seconds)
-    P._report_tier_wall_time(session, run)  # once per run, however often the hook runs
+    P._report_tier_wall_time(session, run, start)  # once per run, however often the hook runs
     assert len(run.figures) == 1
 
 
-def test_a_tier_without_a_target_reports_nothing(monkeypatch):
+def test_a_tier_without_a_target_reports_nothing():
     session, run = _session("convergence"), RunReport("r", "convergence", _on_a_gpu())
-    P._report_tier_wall_time(session, run)
+    P._report_tier_wall_time(session, run, time.perf_counter())
     assert run.series == [] and run.checks == []
 
 
@@ -53,9 +53,8 @@ def test_the_former_budget_key_is_named_in_the_error():
     assert RENAMED["tier_seconds_max"] == "tier_seconds_target"
 
 
-def test_a_run_that_saw_no_gpu_reports_no_wall_time_figure(monkeypatch):
+def test_a_run_that_saw_no_gpu_reports_no_wall_time_figure():
     session = _session("quick")
     run = RunReport("r", "quick", dataclasses.replace(collect_environment(), gpu_name=None))
-    monkeypatch.setitem(RUN, "start", time.perf_counter() - 5.0)
-    P._report_tier_wall_time(session, run)
+    P._report_tier_wall_time(session, run, time.perf_counter() - 5.0)
     assert run.series == [] and session.config.stash[SUMMARY_KEY] == []

@@ -21,6 +21,8 @@ COVERED = (
     "lora_suite/engine/layer_checks.py",
     "lora_suite/engine/invariant_checks.py",
     "lora_suite/engine/round_trip.py",
+    "lora_suite/engine/peft_folder.py",
+    "lora_suite/engine/broken_folders.py",
     "lora_suite/tiers/quick/test_layer_probes.py",
     "lora_suite/tiers/quick/test_layer_invariants.py",
     "lora_suite/tiers/quick/test_adapter_round_trip.py",

@@ -163,7 +163,7 @@ def test_the_extended_tier_records_host_speed_per_window(tiny_cfg):
     from pathlib import Path
     from types import SimpleNamespace
 
-    from lora_suite.engine.trainer import StepRecord
+    from lora_suite.engine.step_record import StepRecord
     from lora_suite.harness.report import RunReport
     from lora_suite.settings.environment import collect_environment
 

@@ -1,4 +1,5 @@
-"""Memory: the LoRA-aware estimate, the --check-vram verdict, the leak-slope fit, the measured split."""
+"""Memory: the LoRA-aware estimate, the --check-vram verdict, the measured split (the leak-slope fit:
+test_leak_fit.py)."""
 
 from __future__ import annotations
 
@@ -15,17 +16,15 @@ from lora_suite.measure.memory import (
     MIB,
     MemoryEstimate,
     estimate_training_memory,
-    fit_slope,
-    fit_trend,
     measured_split,
     vram_verdict,
 )
-from lora_suite.settings.config import LoRASettings
+from lora_suite.settings.config import AdapterSpec
 from tests.conftest import TINY_ARCH
 
 
 def test_estimate_by_hand_for_the_tiny_llama():
-    lora = LoRASettings(targets=("q_proj", "v_proj"), r=4, adapter_dtype="float32")
+    lora = AdapterSpec(targets=("q_proj", "v_proj"), r=4, adapter_dtype="float32")
     est = estimate_training_memory(TINY_ARCH, lora, batch_size=2, seq_len=8, gradient_checkpointing=False)
     h, i, kv, layers, v = 64, 128, 32, 2, 300
     linear = layers * (h * h + h * kv + h * kv + h * h + 3 * h * i)
@@ -38,7 +37,7 @@ def test_estimate_by_hand_for_the_tiny_llama():
 
 
 def test_checkpointing_and_nf4_shrink_the_estimate():
-    lora = LoRASettings(targets=("all-linear",), r=16)
+    lora = AdapterSpec(targets=("all-linear",), r=16)
     base = dict(batch_size=1, seq_len=512)
     plain = estimate_training_memory(TINY_ARCH, lora, gradient_checkpointing=False, **base)
     ckpt = estimate_training_memory(TINY_ARCH, lora, gradient_checkpointing=True, **base)
@@ -60,38 +59,6 @@ def test_vram_verdict_gives_need_and_free():
     ok, msg = vram_verdict(est, 2 * GIB, 60 * GIB)  # a neighbour holds most of the GPU: the pre-check says so
     assert not ok and "NVML free 2.00 GiB (after 60.00 GiB already held on the GPU, other processes' included)" in msg
     assert est.device_need == int(2 * GIB * 1.1) + CONTEXT_BYTES
-
-
-def test_fit_slope_recovers_a_line_and_flags_bad_input():
-    fit = fit_slope(range(50, 100), [3.0 + 0.25 * x for x in range(50, 100)])
-    assert fit.slope == pytest.approx(0.25) and fit.intercept == pytest.approx(3.0) and fit.r2 == pytest.approx(1.0)
-    flat = fit_slope([1, 2, 3, 4], [5.0, 5.0, 5.0, 5.0])
-    assert flat.slope == 0.0 and flat.r2 == 1.0
-    with pytest.raises(ValueError, match="two or more"):
-        fit_slope([1], [1.0])
-    with pytest.raises(ValueError, match="all x are equal"):
-        fit_slope([2, 2], [1.0, 3.0])
-
-
-def test_fit_trend_judges_the_least_slope_of_the_whole_run_and_each_half():
-    steps = list(range(50, 500))
-    leak = fit_trend(steps, [100.0 + 0.3 * s for s in steps])
-    assert leak.sustained == pytest.approx(0.3) and leak.first.n == leak.second.n == 225
-    # a one-off rise of 60 MiB: the whole fit's slope is 0.2 (about 1.5 x 60 / 450), each half's 0
-    jump = fit_trend(steps, [100.0 + (60.0 if s >= 275 else 0.0) for s in steps])
-    assert jump.whole.slope == pytest.approx(0.2, abs=0.001) and jump.sustained == pytest.approx(0.0)
-    # a sawtooth (memory taken for 45 steps, then freed, ten times): the whole run does not rise
-    saw = fit_trend(steps, [100.0 + 0.5 * ((s - 50) % 45) for s in steps])
-    assert saw.sustained == saw.whole.slope and abs(saw.whole.slope) < 0.01
-    # granular growth (20 MiB segments every 10 steps = 2 MiB/step) is still a trend in both halves
-    stairs = fit_trend(steps, [100.0 + 20 * ((s - 50) // 10) for s in steps])
-    assert stairs.sustained == pytest.approx(2.0, rel=0.02)
-    assert "2 x the slower half" in stairs.describe()
-    # a leak whose rate differs between the halves (a planted 1 MiB/step host leak: 0.25 and 1.08 MiB/step)
-    bent = fit_trend(steps, [100.0 + (0.25 * (s - 50) if s < 275 else 56.25 + 1.08 * (s - 275)) for s in steps])
-    assert bent.sustained == pytest.approx(0.5, rel=0.01) and bent.whole.slope > 0.6
-    with pytest.raises(ValueError, match="four or more"):
-        fit_trend([1, 2, 3], [1.0, 2.0, 3.0])
 
 
 def test_measured_split_adds_up(tiny_cfg):

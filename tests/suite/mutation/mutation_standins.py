@@ -8,8 +8,9 @@ import os
 import sys
 from pathlib import Path
 
+from lora_suite.mutation import equivalence as EQ
 from lora_suite.mutation import mutant_source
-from lora_suite.mutation import mutate as M
+from lora_suite.mutation import mutation_run as MR
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -93,17 +94,17 @@ def calc_folder(tmp_path: Path) -> tuple[Path, dict]:
     return tmp_path, env
 
 
-def calc_plan(folder: Path, env: dict, **kw) -> M.Plan:
+def calc_plan(folder: Path, env: dict, **kw) -> MR.Plan:
     """The plan of a mutation run of ``calc.py`` by two operators, through the stand-ins; ``kw`` overrides."""
     defaults = dict(
-        targets=(M.Target(folder / "calc.py", "calc", "calc.py"),),
+        targets=(MR.Target(folder / "calc.py", "calc", "calc.py"),),
         command=lambda report, order: [sys.executable, str(folder / "check_calc.py"), str(report), *order],
         env=env,
-        fingerprint=M.subprocess_fingerprint([sys.executable, str(folder / "fingerprint_calc.py")]),
+        fingerprint=EQ.subprocess_fingerprint([sys.executable, str(folder / "fingerprint_calc.py")]),
         workers=2,
         operators=("DeleteStatement", "ReplaceBinaryOperator_Mul_Div"),
         timeout_slack_s=2.0,
         alone_factor=1.0,
         log=lambda line: None,
     )
-    return M.Plan(**{**defaults, **kw})
+    return MR.Plan(**{**defaults, **kw})

@@ -14,11 +14,13 @@ import pytest
 
 pytest.importorskip("cosmic_ray", reason="the mutate extra (cosmic-ray) is not installed")
 
-from tests.suite.mutation.mutation_standins import CALC, CHECKS, calc_folder, calc_plan  # noqa: E402
-
+from lora_suite.mutation import check_run as CR  # noqa: E402
+from lora_suite.mutation import equivalence as EQ  # noqa: E402
 from lora_suite.mutation import mutant_source  # noqa: E402
 from lora_suite.mutation import mutate as M  # noqa: E402
 from lora_suite.mutation import mutation_report as R  # noqa: E402
+from lora_suite.mutation import mutation_run as MR  # noqa: E402
+from tests.suite.mutation.mutation_standins import CALC, CHECKS, calc_folder, calc_plan  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -96,7 +98,7 @@ def test_runs_forked_from_a_fork_server_give_the_same_verdicts(calc_stack, tmp_p
             folder,
             env,
             command=lambda report, order: [sys.executable, "-m", "check_calc", str(report), *order],
-            fingerprint=M.subprocess_fingerprint([sys.executable, "-m", "fingerprint_calc"], runner=server.run),
+            fingerprint=EQ.subprocess_fingerprint([sys.executable, "-m", "fingerprint_calc"], runner=server.run),
             runner=server.run,
         )
         forked = M.execute(plan, tmp_path / "forked")
@@ -145,21 +147,21 @@ def test_a_source_whose_checks_judge_nothing_stops_the_run(calc_stack, tmp_path)
     "killed, survived, expected", [(9, 1, 0.9), (0, 3, 0.0), (3, 0, 1.0), (7, 1, 0.875), (0, 0, None)]
 )
 def test_the_score_leaves_the_equivalent_mutants_out(killed, survived, expected):
-    assert M.score(killed, survived) == expected
+    assert MR.score(killed, survived) == expected
 
 
 def test_the_score_refuses_negative_counts():
     with pytest.raises(ValueError, match="killed=-1"):
-        M.score(-1, 2)
+        MR.score(-1, 2)
 
 
-def _run(results, wall=12.0) -> M.MutationRun:
+def _run(results, wall=12.0) -> MR.MutationRun:
     baseline = {"implementation": {"name": "calc", "spec": "calc:make", "description": "", "not_applicable": {}}}
-    return M.MutationRun(tuple(results), M.Attempt(True, "", 1.5, 1), baseline, 34.5, wall)
+    return MR.MutationRun(tuple(results), CR.Attempt(True, "", 1.5, 1), baseline, 34.5, wall)
 
 
 def _result(n, status, **kw):
-    return M.MutantResult(f"calc.py:Op:{n}:0", "calc.py", "Op", n, f"-a{n}\n+b{n}\n", status, **kw)
+    return MR.MutantResult(f"calc.py:Op:{n}:0", "calc.py", "Op", n, f"-a{n}\n+b{n}\n", status, **kw)
 
 
 RESULTS = [
@@ -177,7 +179,7 @@ def test_the_report_gives_the_score_first_then_survivors_with_diffs_and_its_ledg
     from lora_suite.results import ledger
 
     run = _run(RESULTS)
-    targets = (M.Target(tmp_path / "calc.py", "calc", "calc.py"),)
+    targets = (MR.Target(tmp_path / "calc.py", "calc", "calc.py"),)
     report = R.build(run, "20260101T000000Z-mutate-calc", targets, "calc:make", 0.9)
     md = R.write(tmp_path, report, run).read_text()
     data = json.loads((tmp_path / "report.json").read_text())
@@ -278,7 +280,7 @@ from lora_suite.mutation.mutant_source import install_from_env
 
 install_from_env()
 import torch
-from lora_suite.engine import layer_checks as L, probes as P
+from lora_suite.engine import layer_checks as L, probe_judge as PJ, probes as P
 from lora_suite.implementations import AdapterSpec, resolve_implementation
 
 shape = P.BlockShape("tiny", 48, 40, 16, 76)
@@ -287,7 +289,7 @@ spec = AdapterSpec(P.PROBE_TARGETS, 4, 8.0, adapter_dtype=torch.float32)
 probe = P.build_probe(impl, shape, spec, torch.float32, "cpu")
 inputs = P.random_inputs(shape, (2, 5), torch.float32, "cpu")
 got, errs = L.parity_errors(probe, inputs)
-verdicts = L.parity_verdicts("cpu", [("tiny", errs, P.dtype_errors(probe, inputs, got))]) + [L.merged(probe, inputs)]
+verdicts = L.parity_verdicts("cpu", [("tiny", errs, PJ.dtype_errors(probe, inputs, got))]) + [L.merged(probe, inputs)]
 test = "layer_checks_cpu.py::test_probe"
 checks = [{"test": test, "name": v.name, "passed": v.passed} for v in verdicts]
 ok = all(c["passed"] for c in checks)
@@ -301,8 +303,8 @@ def test_a_mutant_of_the_example_is_killed_by_the_probe_check_it_breaks(tmp_path
     script.write_text(LAYER_CHECKS)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "examples"), str(ROOT)]))
     source = ROOT / "examples" / "plain_lora.py"
-    plan = M.Plan(
-        targets=(M.Target(source, "plain_lora", "examples/plain_lora.py"),),
+    plan = MR.Plan(
+        targets=(MR.Target(source, "plain_lora", "examples/plain_lora.py"),),
         command=lambda report, order: [sys.executable, str(script), str(report)],
         env=env,
         fingerprint=lambda env: {},
@@ -433,7 +435,7 @@ def test_the_fast_checks_run_cheapest_first_and_stop_at_the_first_failure(tmp_pa
 def test_the_fork_server_preloads_no_package_that_holds_a_file_under_mutation():
     from lora_suite.cli import mutation
 
-    inside = M.Target(Path(pytest.__file__).resolve(), "pytest", "pytest/__init__.py")
-    elsewhere = M.Target(ROOT / "examples" / "plain_lora.py", "plain_lora", "examples/plain_lora.py")
+    inside = MR.Target(Path(pytest.__file__).resolve(), "pytest", "pytest/__init__.py")
+    elsewhere = MR.Target(ROOT / "examples" / "plain_lora.py", "plain_lora", "examples/plain_lora.py")
     assert "pytest" in mutation.preloads((elsewhere,)) and "torch" in mutation.preloads((elsewhere,))
     assert "pytest" not in mutation.preloads((inside,)) and "torch" in mutation.preloads((inside,))

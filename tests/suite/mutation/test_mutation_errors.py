@@ -12,12 +12,12 @@ import pytest
 
 pytest.importorskip("cosmic_ray", reason="the mutate extra (cosmic-ray) is not installed")
 
-from tests.suite.mutation.mutation_standins import calc_folder, calc_plan  # noqa: E402
-
 from lora_suite.mutation import check_run as C  # noqa: E402
 from lora_suite.mutation import mutant_source  # noqa: E402
 from lora_suite.mutation import mutate as M  # noqa: E402
 from lora_suite.mutation import mutation_report as R  # noqa: E402
+from lora_suite.mutation import mutation_run as MR  # noqa: E402
+from tests.suite.mutation.mutation_standins import calc_folder, calc_plan  # noqa: E402
 
 MUTANT = "/tmp/mutants/mutant-0003/calc.py"
 CRASH = {"test": "t.py::test_a", "outcome": "error", "reason": "RuntimeError: CUDA out of memory", "location": ""}
@@ -71,7 +71,7 @@ def test_when_every_mutant_judges_nothing_there_is_no_score_and_the_run_fails(tm
     assert all(r.reason.startswith("no report.json: the harness did not run (exit 4: ImportError") for r in run.results)
     assert all(r.reason.endswith("(twice: beside the others, then alone)") for r in run.results)
     assert run.counts() == (0, 0, 0) and run.count("error") == len(run.results)
-    assert M.score(0, 0) is None and M.score_counting_equivalents(0, 0, 0) is None
+    assert MR.score(0, 0) is None and MR.score_counting_equivalents(0, 0, 0) is None
     report = R.build(run, "r", plan.targets, "calc:make", 0.9)
     check = report.checks[0]
     assert math.isnan(check.value) and not check.passed
@@ -96,19 +96,19 @@ def test_when_every_mutant_judges_nothing_there_is_no_score_and_the_run_fails(tm
     [(121, 9, 26, 121 / 156), (118, 9, 24, 118 / 151), (3, 0, 1, 0.75), (0, 0, 5, None), (0, 0, 0, None)],
 )
 def test_the_second_score_counts_every_equivalent_as_a_survivor(killed, survived, equivalent, expected):
-    assert M.score_counting_equivalents(killed, survived, equivalent) == expected
+    assert MR.score_counting_equivalents(killed, survived, equivalent) == expected
     if expected is not None:  # the published figures: 0.931 -> 0.776 (the example), 0.929 -> 0.781 (PEFT's glue)
-        assert M.score_counting_equivalents(killed, survived, equivalent) <= M.score(killed, survived)
+        assert MR.score_counting_equivalents(killed, survived, equivalent) <= MR.score(killed, survived)
     with pytest.raises(ValueError, match="equivalent=-1"):
-        M.score_counting_equivalents(killed, survived, -1)
+        MR.score_counting_equivalents(killed, survived, -1)
 
 
 def test_the_summary_line_prints_both_scores(tmp_path):
     from lora_suite.cli import mutation
 
     statuses = ("killed", "killed", "killed", "survived", "equivalent")
-    results = [M.MutantResult(f"c.py:Op:{n}:0", "c.py", "Op", n, "", s) for n, s in enumerate(statuses)]
-    run = M.MutationRun(tuple(results), M.Attempt(True, "", 1.0, 1), {}, 10.0, 42.0)
+    results = [MR.MutantResult(f"c.py:Op:{n}:0", "c.py", "Op", n, "", s) for n, s in enumerate(statuses)]
+    run = MR.MutationRun(tuple(results), C.Attempt(True, "", 1.0, 1), {}, 10.0, 42.0)
     check = R.build(run, "r", (), "c:make", 0.7).checks[0]
     assert mutation.summary(run, check, 0.7) == (
         "mutation score 0.750 (killed / (killed + survived); threshold >= 0.7): PASS; 0.600 with the equivalents "

@@ -6,8 +6,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[3]
 # Bottom up (docs/reports.md, "Layout"): a module may import its own layer and those below it.
 LAYERS = ("settings", "measure", "implementations", "engine", "scenarios", "harness", "results", "mutation", "cli")
@@ -70,12 +68,56 @@ def test_the_rule_catches_an_upward_import(tmp_path):
     ]
 
 
-@pytest.mark.parametrize("limit", [400])
-def test_no_module_of_the_two_packages_is_over_the_soft_cap(limit):
-    long = {
-        str(p.relative_to(ROOT)): n
+# The soft cap on a module's lines: past it, a module is split by concept, one concept per file named for what it
+# holds (docs/architecture.md maps which module holds what).
+# Tier and benchmark test modules (lora_suite/tiers/**/test_*.py, lora_suite/benchmarks/test_*.py) are left out:
+# each holds one tier's or one benchmark's tests, which read best together.
+SOFT_CAP = 350
+
+
+def is_tier_or_benchmark_test(rel: Path) -> bool:
+    """``rel`` (relative to the repository root) is ``lora_suite/tiers/**/test_*.py`` or
+    ``lora_suite/benchmarks/test_*.py``."""
+    if not (rel.name.startswith("test_") and rel.suffix == ".py"):
+        return False
+    return rel.parts[:2] == ("lora_suite", "tiers") or rel.parent == Path("lora_suite", "benchmarks")
+
+
+def long_modules(root: Path, limit: int = SOFT_CAP) -> dict[str, int]:
+    """Each module of ``lora_core`` and ``lora_suite`` under ``root`` over ``limit`` lines -> its lines, the tier and
+    benchmark test modules aside."""
+    return {
+        rel.as_posix(): n
         for pkg in ("lora_core", "lora_suite")
-        for p in (ROOT / pkg).rglob("*.py")
-        if (n := len(p.read_text().splitlines())) > limit
+        for p in sorted((root / pkg).rglob("*.py"))
+        if not is_tier_or_benchmark_test(rel := p.relative_to(root)) and (n := len(p.read_text().splitlines())) > limit
     }
-    assert long == {}, f"split these by concept (STYLE.md: ~{limit} lines a file): {long}"
+
+
+def test_no_module_of_the_two_packages_is_over_the_soft_cap():
+    long = long_modules(ROOT)
+    assert long == {}, (
+        f"split these by concept, one concept per file named for what it holds (at most {SOFT_CAP} lines a module; "
+        f"docs/architecture.md maps which module holds what): {long}"
+    )
+
+
+def test_the_soft_cap_catches_a_long_module_and_leaves_tier_and_benchmark_tests_alone(tmp_path):
+    lines = {
+        "lora_suite/engine/long.py": SOFT_CAP + 1,
+        "lora_suite/engine/short.py": SOFT_CAP,
+        "lora_core/ops/long_op.py": SOFT_CAP + 1,
+        "lora_suite/tiers/quick/test_long_tier.py": SOFT_CAP + 1,
+        "lora_suite/benchmarks/test_long_bench.py": SOFT_CAP + 1,
+        "lora_suite/benchmarks/long_helper.py": SOFT_CAP + 1,  # a benchmark's helper is no test module
+        "lora_suite/tiers/quick/tier_helper.py": SOFT_CAP + 1,
+    }
+    for rel, n in lines.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x = 1\n" * n)
+    assert long_modules(tmp_path) == {
+        "lora_core/ops/long_op.py": SOFT_CAP + 1,
+        "lora_suite/benchmarks/long_helper.py": SOFT_CAP + 1,
+        "lora_suite/engine/long.py": SOFT_CAP + 1,
+        "lora_suite/tiers/quick/tier_helper.py": SOFT_CAP + 1,
+    }

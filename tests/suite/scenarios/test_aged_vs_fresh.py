@@ -25,7 +25,11 @@ def _aged_and_fresh(cfg):
 
 
 def test_pairs_alternate_their_order_and_leave_the_records_alone(tiny_cfg):
-    cfg = dataclasses.replace(tiny_cfg, train=dataclasses.replace(tiny_cfg.train, steps=6, warmup_steps=2))
+    cfg = dataclasses.replace(
+        tiny_cfg,
+        train=dataclasses.replace(tiny_cfg.train, steps=6, warmup_steps=2),
+        criteria=dataclasses.replace(tiny_cfg.criteria, loss_drop_min=None),  # no loss bar: its windows need 10 steps
+    )
     result, fresh = _aged_and_fresh(cfg)
     pairs = run_pairs(result.run, fresh, aged_start=6, pairs=4, warmup=2)
     assert [p.aged_first for p in pairs] == [True, False, True, False]
@@ -42,7 +46,11 @@ def test_pairs_alternate_their_order_and_leave_the_records_alone(tiny_cfg):
 
 
 def test_more_pairs_are_run_until_resolved_or_the_cap(tiny_cfg):
-    cfg = dataclasses.replace(tiny_cfg, train=dataclasses.replace(tiny_cfg.train, steps=4, warmup_steps=2))
+    cfg = dataclasses.replace(
+        tiny_cfg,
+        train=dataclasses.replace(tiny_cfg.train, steps=4, warmup_steps=2),
+        criteria=dataclasses.replace(tiny_cfg.criteria, loss_drop_min=None),  # no loss bar: its windows need 10 steps
+    )
     result, fresh = _aged_and_fresh(cfg)
     seen = []
     never = run_pairs(

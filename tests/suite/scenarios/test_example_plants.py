@@ -9,7 +9,9 @@ import dataclasses
 import pytest
 import torch
 
+from lora_suite.engine import broken_folders as BF
 from lora_suite.engine import layer_checks as L
+from lora_suite.engine import probe_judge as PJ
 from lora_suite.engine import probes as P
 from lora_suite.engine import round_trip as RT
 from lora_suite.engine.prepare import prepare, targets_left_out
@@ -27,7 +29,7 @@ def _probe(impl, dtype=torch.float32, seed=0):
 def _parity(impl, dtype=torch.float32):
     probe, inputs = _probe(impl, dtype)
     got, errs = L.parity_errors(probe, inputs)
-    return L.parity_verdicts("cpu", [("tiny", errs, P.dtype_errors(probe, inputs, got))])
+    return L.parity_verdicts("cpu", [("tiny", errs, PJ.dtype_errors(probe, inputs, got))])
 
 
 def _failed(verdicts):
@@ -103,13 +105,13 @@ def test_builtins_pass_the_probe_checks_on_the_cpu(name):
     assert _failed([L.determinism(probe, inputs), L.eval_mode(probe, inputs), L.merged(probe, inputs)]) == []
 
 
-@pytest.mark.parametrize("what", list(RT.BROKEN))
+@pytest.mark.parametrize("what", list(BF.BROKEN))
 def test_the_example_refuses_a_folder_whose_weights_do_not_fit_and_a_lenient_loader_does_not(what, tiny_cfg, tmp_path):
     cfg = dataclasses.replace(tiny_cfg, dtype="float32")
 
     def verdict(impl):
         trained = prepare(cfg, "cpu", implementation=impl)
-        return RT.broken_folder(trained, lambda: prepare(cfg, "cpu", implementation=impl), tmp_path / impl.name, what)
+        return BF.broken_folder(trained, lambda: prepare(cfg, "cpu", implementation=impl), tmp_path / impl.name, what)
 
     assert verdict(EP._example().make()).passed
     lenient = EP.load_takes_what_fits()
@@ -125,12 +127,12 @@ def test_the_builtins_refuse_a_folder_whose_weights_do_not_fit(name, tiny_cfg, t
 
     cfg = dataclasses.replace(tiny_cfg, dtype="float32")
     impl = resolve_implementation(name)
-    for what in RT.BROKEN:
+    for what in BF.BROKEN:
         trained = prepare(cfg, "cpu", implementation=impl)
-        v = RT.broken_folder(
+        v = BF.broken_folder(
             trained,
             lambda: prepare(cfg, "cpu", implementation=impl),
-            tmp_path / f"b{list(RT.BROKEN).index(what)}",
+            tmp_path / f"b{list(BF.BROKEN).index(what)}",
             what,
         )
         assert v.passed, (what, v.detail)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from lora_suite.scenarios import fused_cells as FC
+from lora_suite.scenarios import fused_child as CH
 from lora_suite.scenarios import fused_table as FT
 from lora_suite.scenarios import step_profile as SP
 
@@ -16,12 +18,12 @@ def test_an_isolated_stacks_child_output_is_read_or_its_failure_named():
     import json
 
     fig = FT.EagerFigures(1.0, 2.0, 3.5, 4.25, "unsloth", "none", 10.5, 0.25)
-    out = "Unsloth: patching\n" + FT.CHILD_MARK + json.dumps(dataclasses.asdict(fig)) + "\n"
-    assert FT.parse_child_output(0, out, "", "unsloth") == fig
+    out = "Unsloth: patching\n" + CH.CHILD_MARK + json.dumps(dataclasses.asdict(fig)) + "\n"
+    assert CH.parse_child_output(0, out, "", "unsloth") == fig
     with pytest.raises(RuntimeError, match="exited 1 without figures: .*CUDA out of memory"):
-        FT.parse_child_output(1, "", "Traceback\ntorch.OutOfMemoryError: CUDA out of memory", "unsloth")
+        CH.parse_child_output(1, "", "Traceback\ntorch.OutOfMemoryError: CUDA out of memory", "unsloth")
     with pytest.raises(RuntimeError, match="exited 0 without figures"):
-        FT.parse_child_output(0, "no mark here", "", "unsloth")
+        CH.parse_child_output(0, "no mark here", "", "unsloth")
     assert FT.ISOLATED <= set(FT.STACKS)
 
 
@@ -40,21 +42,21 @@ def test_an_isolated_stacks_profile_is_read_back_from_its_childs_last_marked_lin
     old, new = _profile(span_ms=70.0), _profile()
     out = (
         "Unsloth: Will patch your computer to enable 2x faster free finetuning.\n"
-        + FT.CHILD_MARK
+        + CH.CHILD_MARK
         + json.dumps(SP.profile_to_json(old))
         + "\n"
-        + FT.CHILD_MARK
+        + CH.CHILD_MARK
         + json.dumps(SP.profile_to_json(new))
         + "\n"
     )
-    got = FT.parse_child_output(0, out, "", "unsloth", SP.profile_from_json)
+    got = CH.parse_child_output(0, out, "", "unsloth", SP.profile_from_json)
     assert got == new and got.span_ms == 80.0
     assert got.kernels[0].name == "_fg_kernel" and got.ops[0].calls == 300.0
     with pytest.raises(RuntimeError, match=r"unsloth: the child process exited 1 without figures: .*Triton"):
-        FT.parse_child_output(1, out, "Traceback\ntriton.runtime.errors.OutOfResources: Triton", "unsloth")
+        CH.parse_child_output(1, out, "Traceback\ntriton.runtime.errors.OutOfResources: Triton", "unsloth")
     # a child killed after it printed a profile is still a failure: the figures may be of a step that did not end
     with pytest.raises(RuntimeError, match="exited -9 without figures"):
-        FT.parse_child_output(-9, out, "", "unsloth", SP.profile_from_json)
+        CH.parse_child_output(-9, out, "", "unsloth", SP.profile_from_json)
 
 
 def test_the_profile_child_is_asked_for_a_profile_of_its_case_and_read_as_one(monkeypatch):
@@ -70,12 +72,12 @@ def test_the_profile_child_is_asked_for_a_profile_of_its_case_and_read_as_one(mo
         args = json.loads(cmd[-1])
         seen.append(args)
         data = SP.profile_to_json(_profile()) if args["mode"] == "profile" else dataclasses.asdict(_figs([9.0])[0])
-        return subprocess.CompletedProcess(cmd, 0, "noise\n" + FT.CHILD_MARK + json.dumps(data) + "\n", "")
+        return subprocess.CompletedProcess(cmd, 0, "noise\n" + CH.CHILD_MARK + json.dumps(data) + "\n", "")
 
     monkeypatch.setattr(subprocess, "run", run)
     case = FT.EAGER_CASES[3]
-    assert FT.profile_in_child(case, "unsloth", warmup=3, measured=10, quantize="nf4", steps=4) == _profile()
-    assert FT.eager_in_child(case, "unsloth", warmup=3, measured=10) == _figs([9.0])[0]
+    assert CH.profile_in_child(case, "unsloth", warmup=3, measured=10, quantize="nf4", steps=4) == _profile()
+    assert CH.eager_in_child(case, "unsloth", warmup=3, measured=10) == _figs([9.0])[0]
     assert [a["mode"] for a in seen] == ["profile", "eager"]
     assert seen[0]["quantize"] == "nf4" and seen[0]["steps"] == 4 and seen[0]["stack"] == "unsloth"
     assert FT.Case(**{k: tuple(v) if isinstance(v, list) else v for k, v in seen[0]["case"].items()}) == case
@@ -86,7 +88,7 @@ def test_a_child_asked_for_an_unknown_mode_names_it():
 
     args = {"case": {}, "stack": "unsloth", "mode": "trace", "warmup": 1, "measured": 1}
     with pytest.raises(ValueError, match=r"mode is one of \('eager', 'profile'\), got 'trace'"):
-        FT.child_main(json.dumps(args))
+        CH.child_main(json.dumps(args))
 
 
 @pytest.mark.parametrize(("rounds", "stacks"), [(1, 8), (2, 4), (3, 8), (3, 2), (5, 6)])
@@ -134,32 +136,32 @@ def _figs(steps, peaks=None, fwd=None):
 
 def test_a_medians_row_carries_the_step_spread_and_the_rounds():
     figs = _figs([180.0, 120.0, 150.0], peaks=[20.0, 20.5, 20.25])
-    cells = FT.median_cells(figs, ("fwd_ms", "step_ms", "peak_gib"))
+    cells = FC.median_cells(figs, ("fwd_ms", "step_ms", "peak_gib"))
     assert cells == (75.0, 150.0, 20.25, 120.0, 180.0, 3)
-    assert FT.MEDIAN_SPREAD_COLUMNS == ("step ms min", "step ms max", "rounds")
+    assert FC.MEDIAN_SPREAD_COLUMNS == ("step ms min", "step ms max", "rounds")
 
 
 def test_a_comparison_row_says_whether_its_ratio_is_beyond_the_spread():
     base, fused = _figs([200.0, 210.0, 190.0], peaks=[21.0] * 3), _figs([150.0, 160.0, 155.0], peaks=[18.9] * 3)
-    speed, peak, low, high, verdict = FT.comparison_cells(base, fused)
+    speed, peak, low, high, verdict = FC.comparison_cells(base, fused)
     assert (speed, peak, low, high, verdict) == (1.29, 0.9, 1.188, 1.4, "faster beyond the spread")
     overlapping = _figs([150.0, 210.0, 200.0])
-    assert FT.comparison_cells(overlapping, fused)[-1] == "within the spread"
-    assert FT.comparison_cells(base[:1], fused)[-1] == "one round: not judged"
-    assert FT.comparison_cells([], fused) == (None, None, None, None, None)
+    assert FC.comparison_cells(overlapping, fused)[-1] == "within the spread"
+    assert FC.comparison_cells(base[:1], fused)[-1] == "one round: not judged"
+    assert FC.comparison_cells([], fused) == (None, None, None, None, None)
     # a part other than the step: the forward's rounds (base's fwd 100..105 against fused's 110..120)
     base_fwd, fused_fwd = _figs([200.0] * 3, fwd=[100.0, 105.0, 102.0]), _figs([150.0] * 3, fwd=[110.0, 120.0, 115.0])
-    assert FT.comparison_cells(base_fwd, fused_fwd, "fwd_ms")[-1] == "slower beyond the spread"
+    assert FC.comparison_cells(base_fwd, fused_fwd, "fwd_ms")[-1] == "slower beyond the spread"
 
 
 def test_the_unsloth_target_row_needs_the_slowest_fused_round_at_1_2x_the_fastest_unsloth_round():
     unsloth = _figs([240.0, 250.0, 260.0], peaks=[21.0] * 3)
-    assert FT.target_cells(unsloth, _figs([190.0, 195.0, 200.0], peaks=[18.8] * 3))[-1] == "met"
-    near = FT.target_cells(unsloth, _figs([190.0, 200.0, 220.0], peaks=[18.8] * 3))
+    assert FC.target_cells(unsloth, _figs([190.0, 195.0, 200.0], peaks=[18.8] * 3))[-1] == "met"
+    near = FC.target_cells(unsloth, _figs([190.0, 200.0, 220.0], peaks=[18.8] * 3))
     assert near[0] == 1.25 and near[-1].startswith("not met") and near[-2] == "faster beyond the spread"
-    heavier = FT.target_cells(unsloth, _figs([190.0, 195.0, 200.0], peaks=[21.5] * 3))
+    heavier = FC.target_cells(unsloth, _figs([190.0, 195.0, 200.0], peaks=[21.5] * 3))
     assert heavier[-1].startswith("not met: peak up to 21.500 GiB")
-    assert len(FT.TARGET_COLUMNS) == len(near) and FT.TARGET_COLUMNS[-1].startswith("1.2x target")
+    assert len(FC.TARGET_COLUMNS) == len(near) and FC.TARGET_COLUMNS[-1].startswith("1.2x target")
 
 
 def test_a_stack_that_cannot_run_here_says_why(monkeypatch):

@@ -168,7 +168,7 @@ def test_on_the_shared_runs_a_10_percent_host_slowdown_sits_at_the_aged_vs_fresh
 
 
 def test_a_one_off_rise_is_not_a_per_step_leak_but_a_leak_in_both_halves_is():
-    """The trend test (memory.TrendFit): a one-off 60 MiB rise mid-run moves the whole fit's slope over the bar
+    """The trend test (leak_fit.TrendFit): a one-off 60 MiB rise mid-run moves the whole fit's slope over the bar
     (1.5 x 60 / 450 = 0.2) but only one half; a leak of 0.2 MiB/step moves both halves."""
     records, windows, pairs = _load(WITH_NEW_SERIES[0])
     own = [dataclasses.replace(r, process_gpu_mib=r.reserved_mib + 530.0) for r in records]

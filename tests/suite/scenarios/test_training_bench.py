@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lora_suite.engine.trainer import StepRecord
+from lora_suite.engine.step_record import StepRecord
 from lora_suite.scenarios import training_bench as TB
 
 

@@ -1,5 +1,6 @@
 """Issue 44, item 3: the settings objects check their own fields on construction, in the YAML loader's words, from
-one table of rules (``lora_suite.settings.settings_rules.RULES``); a YAML file's error adds the file's location.
+one table of rules (``lora_suite.settings.settings_rules.RULES``); a YAML file's error adds the file's location. The
+LoRA settings have one shape (``AdapterSpec``): the YAML's lora section is one, and so is what an implementation gets.
 
 The cases of ``test_every_rule_refuses_its_bad_values_in_python_and_in_yaml`` come from the table itself: each rule
 says which changes break it (``Rule.breaking``), and each must be refused by ``dataclasses.replace`` of a valid
@@ -11,6 +12,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -19,55 +22,52 @@ import yaml
 from lora_suite.implementations.contract import AdapterSpec
 from lora_suite.settings import config as C
 from lora_suite.settings.config import CONFIG_DIR, ConfigError, SettingsError
+from lora_suite.settings.field_types import field_types, scalar_type
 from lora_suite.settings.loader import load_model_config, load_tier_config
 from lora_suite.settings.registry import registry
-from lora_suite.settings.settings_rules import RULES, field_types, scalar_type
+from lora_suite.settings.settings_rules import RULES
 
 TIER_YAML = CONFIG_DIR / "quick.yaml"  # every section, a suite entry and a figure
 CFG = load_tier_config(TIER_YAML)
 RAW_TIER = yaml.safe_load(TIER_YAML.read_text())
 RAW_MODEL = yaml.safe_load((CONFIG_DIR / "models" / f"{CFG.model.name}.yaml").read_text())
-SPEC = AdapterSpec(("q_proj", "v_proj"), 8, 16.0)
 CLASSES = {
     c.__name__: c
     for c in (
         C.LlamaArchitecture,
         C.ModelConfig,
-        C.LoRASettings,
         C.DataSettings,
         C.TrainSettings,
         C.Criteria,
         C.FigureSpec,
         C.SuiteEntry,
         C.TierConfig,
-        AdapterSpec,
+        C.AdapterSpec,
     )
 }
 # class -> a valid object of it (the shipped quick tier's) and where its YAML sits: keys from the top of the tier
-# YAML, or None for the architecture in the model YAML; AdapterSpec has no YAML (the loader makes no spec).
+# YAML, or None for the architecture in the model YAML.
 BASES = {
     "TierConfig": (CFG, ()),
     "ModelConfig": (CFG.model, None),
     "LlamaArchitecture": (CFG.model.architecture, None),
-    "LoRASettings": (CFG.lora, ("lora",)),
+    "AdapterSpec": (CFG.lora, ("lora",)),
     "DataSettings": (CFG.data, ("data",)),
     "TrainSettings": (CFG.train, ("train",)),
     "Criteria": (CFG.criteria, ("criteria",)),
     "SuiteEntry": (CFG.suite, ("suite",)),
     "FigureSpec": (CFG.suite.figures[0], ("suite", "figures", 0)),
-    "AdapterSpec": (SPEC, None),
 }
 CASES = [
     (name, i, rule, changes)
     for name, rules in RULES.items()
-    if name != "AdapterSpec"
     for i, rule in enumerate(rules)
     for changes in rule.breaking(BASES[name][0])
 ]
 
 
 def _fields(obj) -> dict:
-    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    return {f.name: vars(obj)[f.name] for f in dataclasses.fields(obj)}  # as stored: a dtype by its name
 
 
 def _yaml_value(v):
@@ -136,10 +136,10 @@ EXAMPLES = [
         "TrainSettings.max_grad_norm: -1.0 is out of range; expected null (no clipping) or finite, > 0",
     ),
     (lambda: C.TrainSettings(schedule="zigzag"), "TrainSettings.schedule: 'zigzag' is not one of ['cosine', "),
-    (lambda: C.LoRASettings(r=0), "LoRASettings.r: 0 is out of range; expected 1 <= r <= min(in, out)"),
-    (lambda: C.LoRASettings(alpha=0.0), "LoRASettings.alpha: 0.0 is out of range; expected finite, > 0 (alpha 0"),
-    (lambda: C.LoRASettings(targets=()), "LoRASettings.targets: [] not among the target names"),
-    (lambda: C.LoRASettings(quantize="nf8"), "LoRASettings.quantize: 'nf8' is not one of [None, 'nf4']"),
+    (lambda: C.AdapterSpec(r=0), "AdapterSpec.r: 0 is out of range; expected 1 <= r <= min(in, out)"),
+    (lambda: C.AdapterSpec(alpha=0.0), "AdapterSpec.alpha: 0.0 is out of range; expected finite, > 0 (alpha 0"),
+    (lambda: C.AdapterSpec(targets=()), "AdapterSpec.targets: [] not among the target names"),
+    (lambda: C.AdapterSpec(quantize="nf8"), "AdapterSpec.quantize: 'nf8' is not one of [None, 'nf4']"),
     (lambda: C.DataSettings(batch_size=0), "DataSettings.batch_size: 0 is out of range; expected >= 1"),
     (lambda: C.DataSettings(source="jsonl"), "DataSettings.path: None; source 'jsonl' needs the path of an"),
     (lambda: C.Criteria(loss_drop_min=1.5), "Criteria.loss_drop_min: 1.5 is out of range; expected null or 0 < x < 1"),
@@ -157,11 +157,33 @@ EXAMPLES = [
     (lambda: AdapterSpec(("q_proj",), 0, 16.0), "AdapterSpec.r: 0 is out of range; expected 1 <= r <= min(in, out)"),
     (lambda: AdapterSpec(("q_proj",), 8, float("inf")), "AdapterSpec.alpha: inf is out of range; expected finite, > 0"),
     (lambda: AdapterSpec(("q_proj",), 8, 16.0, quantize="int4"), "AdapterSpec.quantize: 'int4' is not one of"),
+    (lambda: C.AdapterSpec(adapter_dtype="int8"), "AdapterSpec.adapter_dtype: 'int8' is not one of ['float32', "),
+    # The rules across a tier's objects hold for a TierConfig made in Python, as for a YAML file
+    (
+        lambda: dataclasses.replace(CFG, lora=dataclasses.replace(CFG.lora, r=4096)),
+        "TierConfig.lora.r: 4096 is out of range; expected 1 <= r <= 192 (min(in, out) of v_proj",
+    ),
+    (
+        lambda: dataclasses.replace(CFG, lora=dataclasses.replace(CFG.lora, targets=("qq_proj",))),
+        "TierConfig.lora.targets: ['qq_proj'] not among ('q_proj', ",
+    ),
+    (
+        lambda: dataclasses.replace(CFG, data=dataclasses.replace(CFG.data, batch_size=6)),
+        "TierConfig.criteria.grad_accum_k: 4 is out of range; expected null or >= 2 dividing batch_size=6",
+    ),
+    (
+        lambda: dataclasses.replace(CFG, criteria=dataclasses.replace(CFG.criteria, loss_drop_min=0.1, loss_window=6)),
+        "TierConfig.criteria.loss_window: 6 is out of range; expected >= 1, and two windows must fit in steps=10",
+    ),
+    (
+        lambda: C.TierConfig("t", CFG.model, data=C.DataSettings(seq_len=10**6)),
+        "TierConfig.data.seq_len: 1000000 is out of range; expected 2 <= seq_len <= max_position_embeddings=8192",
+    ),
     (lambda: C.TrainSettings(steps="10"), "TrainSettings.steps: expected int, got '10'"),
     (lambda: C.TrainSettings(steps=True), "TrainSettings.steps: expected int, got True"),
     (lambda: C.TrainSettings(lr="fast"), "TrainSettings.lr: expected a number, got 'fast'"),
-    (lambda: C.LoRASettings(targets="q_proj"), "LoRASettings.targets: expected a tuple of str, got 'q_proj'"),
-    (lambda: C.LoRASettings(targets=["q_proj"]), "LoRASettings.targets: expected a tuple of str, got ['q_proj']"),
+    (lambda: C.AdapterSpec(targets="q_proj"), "AdapterSpec.targets: expected a tuple of str, got 'q_proj'"),
+    (lambda: C.AdapterSpec(targets=["q_proj"]), "AdapterSpec.targets: expected a tuple of str, got ['q_proj']"),
     (lambda: C.Criteria(grad_accum_k=2.0), "Criteria.grad_accum_k: expected int or None, got 2.0"),
 ]
 
@@ -196,40 +218,43 @@ def test_a_wrong_type_is_refused_on_construction(name, field, value):
     assert err.value.key == field and err.value.detail.endswith(f"got {value!r}"), str(err.value)
 
 
-SHARED = [(r, c) for r in RULES["AdapterSpec"] if r in RULES["LoRASettings"] for c in r.breaking(SPEC)]
-
-
-@pytest.mark.parametrize("rule, changes", SHARED, ids=[f"{r.field}:{c}" for r, c in SHARED])
-def test_adapter_spec_refuses_what_lora_settings_refuses_in_the_same_words(rule, changes):
-    with pytest.raises(SettingsError) as spec_err:
-        dataclasses.replace(SPEC, **changes)
-    with pytest.raises(SettingsError) as lora_err:
-        dataclasses.replace(C.LoRASettings(), **changes)
-    assert (spec_err.value.owner, lora_err.value.owner) == ("AdapterSpec", "LoRASettings")
-    assert spec_err.value.key == lora_err.value.key == rule.field
-    assert spec_err.value.detail == lora_err.value.detail
-
-
-def test_adapter_spec_shares_the_lora_rules_of_its_lora_fields():
-    shared = {r.field for r in RULES["AdapterSpec"] if r in RULES["LoRASettings"]}
-    assert shared == {"targets", "r", "alpha", "quantize"}
+def test_the_lora_section_is_the_spec_an_implementation_gets():
+    """One shape of the LoRA settings: the YAML's lora section loads into ``AdapterSpec``, the dtype by its name."""
+    assert type(CFG.lora) is AdapterSpec is C.AdapterSpec
+    assert CFG.lora.dtype_name == RAW_TIER["lora"].get("adapter_dtype", "float32")
+    assert CFG.lora.adapter_dtype is getattr(torch, CFG.lora.dtype_name)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64, None])
-def test_adapter_spec_takes_a_float_dtype_or_none(dtype):
+def test_adapter_spec_takes_a_float_dtype_or_its_name_or_none(dtype):
     assert AdapterSpec(("all-linear",), 2, 4, adapter_dtype=dtype).adapter_dtype is dtype
+    name = None if dtype is None else str(dtype).removeprefix("torch.")
+    by_name = AdapterSpec(("all-linear",), 2, 4, adapter_dtype=name)
+    assert by_name.adapter_dtype is dtype and by_name.dtype_name == name
+    assert by_name == AdapterSpec(("all-linear",), 2, 4, adapter_dtype=dtype)
 
 
-@pytest.mark.parametrize("dtype", [torch.int8, torch.bool, torch.complex64, "float32", float])
+@pytest.mark.parametrize("dtype", [torch.int8, torch.bool, torch.complex64, "int8", "torch.float32", float, 4])
 def test_adapter_spec_refuses_other_dtypes(dtype):
-    with pytest.raises(SettingsError, match=r"^AdapterSpec\.adapter_dtype: .*; expected a torch floating-point"):
+    with pytest.raises(SettingsError, match=r"^AdapterSpec\.adapter_dtype: .* is not one of \['float32', 'bfloat16'"):
         AdapterSpec(("all-linear",), 2, 4, adapter_dtype=dtype)
+
+
+def test_the_settings_load_without_torch():
+    """The command line and the controlling process of workers read every tier without importing torch (4 s)."""
+    code = (
+        "import sys; from lora_suite.settings.registry import registry; from lora_suite.settings.loader import "
+        "load_tier_config; cfgs = [load_tier_config(t.config) for t in registry().values()]; "
+        "print([c.lora.dtype_name for c in cfgs][0], 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["float32", "False"]
 
 
 def test_default_settings_are_valid():
     """Every class whose fields all have defaults constructs from them; the rest from the shipped quick tier."""
     defaults = [c for c in CLASSES.values() if all(_has_default(f) for f in dataclasses.fields(c))]
-    assert {c.__name__ for c in defaults} >= {"LoRASettings", "DataSettings", "TrainSettings", "Criteria"}
+    assert {c.__name__ for c in defaults} >= {"AdapterSpec", "DataSettings", "TrainSettings", "Criteria"}
     for c in defaults:
         c()
     for name, (obj, _) in BASES.items():
