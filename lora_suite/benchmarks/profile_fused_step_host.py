@@ -10,15 +10,14 @@ per step and the top functions by own time and by cumulative time; no assertions
 from __future__ import annotations
 
 import argparse
-import cProfile
 import pstats
-import time
 
 import torch
 
 
 def main() -> None:
     from lora_suite.implementations import resolve_implementation
+    from lora_suite.measure.host_profile import profile_host
     from lora_suite.scenarios import fused_table as FT
     from lora_suite.scenarios import step_profile as SP
 
@@ -34,20 +33,8 @@ def main() -> None:
     cfg = FT.stack_config(case, args.stack, "eager", warmup=3, measured=args.steps)
     with FT.stack_model(cfg, args.stack) as (prepared, _window):
         step = SP.eager_step(prepared, cfg)
-        for _ in range(3):
-            step()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(args.steps):
-            step()
-        torch.cuda.synchronize()
-        wall = (time.perf_counter() - t0) / args.steps * 1e3
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(args.steps):
-            step()
-        torch.cuda.synchronize()
-        prof.disable()
+        per_step, prof = profile_host(step, warmup=3, iters=args.steps, sync=torch.cuda.synchronize)
+        wall = per_step * 1e3
     print(f"{args.case} {args.stack}: {wall:.1f} ms per eager step (wall), profiled over {args.steps} steps below")
     stats = pstats.Stats(prof)
     stats.sort_stats("tottime").print_stats(args.top)

@@ -7,13 +7,12 @@ Prints the mean wall time per call and the top functions by own time; no timing 
 from __future__ import annotations
 
 import argparse
-import cProfile
 import pstats
-import time
 
 import torch
 
 import lora_core
+from lora_suite.measure.host_profile import profile_host
 
 
 def main() -> None:
@@ -35,20 +34,8 @@ def main() -> None:
     def step():
         return torch.autograd.grad(layer(x), params, dy)
 
-    for _ in range(20):
-        step()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(args.iters):
-        step()
-    torch.cuda.synchronize()
-    print(f"{args.backend}: {(time.perf_counter() - t0) / args.iters * 1e6:.1f} us per forward+backward (host-bound)")
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(args.iters):
-        step()
-    torch.cuda.synchronize()
-    prof.disable()
+    per_call, prof = profile_host(step, warmup=20, iters=args.iters, sync=torch.cuda.synchronize)
+    print(f"{args.backend}: {per_call * 1e6:.1f} us per forward+backward (host-bound)")
     pstats.Stats(prof).sort_stats("tottime").print_stats(args.top)
 
 

@@ -16,6 +16,7 @@ import sys
 
 from lora_suite.cli import campaigns, mutation, preflight, targets
 from lora_suite.cli.usage import UsageError, check_values
+from lora_suite.settings.memory_options import MEMORY_OPTIONS
 
 TOOLS = {
     "selftest": "the framework's own CPU tests (a checkout's tests/; what CI runs)",
@@ -73,26 +74,13 @@ class Parser(argparse.ArgumentParser):
 
 
 def _memory_options(g) -> None:
-    """The run options of the card's memory: the pre-check, a smaller card, out-of-memory retries."""
-    g.add_argument(
-        "--check-vram",
-        action="store_true",
-        help="compare the LoRA-aware memory estimate with NVML free memory before each tier; skip when short",
-    )
-    g.add_argument("--strict-vram", action="store_true", help="with --check-vram: fail instead of skipping")
-    g.add_argument(
-        "--vram-limit",
-        type=_vram_limit,
-        metavar="GIB",
-        help="judge as if on a card of GIB GiB (16, 24): each test process's allocator capped to it, "
-        "--check-vram against it",
-    )
-    g.add_argument(
-        "--oom-retry",
-        action="store_true",
-        help="run a test that ran out of GPU memory again with half the micro-batch and twice the accumulation "
-        "(the effective batch kept), down to a micro-batch of 1; its pass reads PASS (RETRIED)",
-    )
+    """The run options of the card's memory (``lora_suite.settings.memory_options``); a ``--vram-limit`` below 1 GiB
+    or not a number is refused here."""
+    for option in MEMORY_OPTIONS:
+        kwargs: dict = option.kwargs()
+        if option.name == "--vram-limit":
+            kwargs["type"] = _vram_limit
+        g.add_argument(option.name, **kwargs)
 
 
 def _run_options(p: argparse.ArgumentParser, tier: bool = True) -> None:

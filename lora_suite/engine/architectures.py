@@ -21,24 +21,34 @@ Tied embeddings stay one tensor (``lm_head.weight is embed_tokens.weight``): ini
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from lora_suite.settings.config import LlamaArchitecture
 
 if TYPE_CHECKING:  # torch is imported where a model is built: the scorecard reads only the names
     import torch
     from torch import nn
 
 LLAMA_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-SIZES = dict(  # every family at the CPU tests' tiny Llama's widths (lora_suite.engine.models.TINY_LLAMA)
+# The CPU tests' model: a Llama of a few hundred thousand parameters (2 layers, hidden 64, vocab 300), and with other
+# sizes the tiers' op-in-a-model checks (``lora_suite.engine.models.build_tiny_llama``); every family here is built at
+# its widths
+TINY_LLAMA = LlamaArchitecture(
     hidden_size=64,
     intermediate_size=128,
     num_hidden_layers=2,
     num_attention_heads=4,
     num_key_value_heads=2,
     vocab_size=300,
-    max_position_embeddings=256,
-    attn_implementation="eager",
 )
+WIDTHS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
+SIZES = {
+    **{name: getattr(TINY_LLAMA, name) for name in (*WIDTHS, "vocab_size")},
+    "max_position_embeddings": 256,
+    "attn_implementation": "eager",
+}
 BIAS_STD, NORM_STD = 0.5, 0.1  # the module docstring says why
 
 
@@ -66,9 +76,7 @@ class Architecture:
         import torch
         import transformers
 
-        from lora_suite.engine.models import _default_dtype  # imports torch: here, not where the names are read
-
-        with torch.device(device), _default_dtype(dtype):
+        with torch.device(device), default_dtype(dtype):
             model = getattr(transformers, self.model_class)(self.config())
         init_from_seed(model, seed)
         if self.tied and model.get_output_embeddings().weight is not model.get_input_embeddings().weight:
@@ -145,3 +153,16 @@ ARCHITECTURES = {
     )
 }
 NAMES = tuple(ARCHITECTURES)
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype):
+    """torch's default dtype set to ``dtype`` inside the block (the models are built in it), restored after."""
+    import torch
+
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)

@@ -15,7 +15,6 @@ quantise or wrap each layer while at most one 16-bit layer exists (a 7B model ne
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 from collections.abc import Callable
@@ -26,26 +25,13 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from lora_suite.engine.architectures import BIAS_STD, TINY_LLAMA, default_dtype
 from lora_suite.settings.config import LlamaArchitecture, ModelConfig
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 INIT_STD = 0.02  # Llama's initializer_range
-# A bias (Qwen2's q, k, v) drawn N(0, 0.5²): the order of x Wᵀ's own scale at SmolLM2's widths (0.02·√576 ≈ 0.5), so a
-# dropped bias moves the function (Qwen2's trained q/k biases are larger still); transformers' own init would zero it
-BIAS_STD = 0.5
-# A Llama of a few hundred thousand parameters: the CPU tests' model (2 layers, hidden 64, vocab 300), and with other
-# sizes the tiers' op-in-a-model checks (``build_tiny_llama``)
-TINY_LLAMA = LlamaArchitecture(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=300,
-    tie_word_embeddings=False,
-)
 
 
 class CheckpointNotFound(FileNotFoundError):
@@ -96,16 +82,6 @@ def hf_config(arch: LlamaArchitecture):
         attn_implementation="eager" if arch.family == "gemma2" else "sdpa",
         head_dim=arch.head_dim,  # Gemma2Config's own default (256) is not hidden / heads
     )
-
-
-@contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype):
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(old)
 
 
 def find_local_checkpoint(cfg: ModelConfig) -> Path | None:
@@ -181,7 +157,7 @@ def build_random(
     _, model_class, rotary_class = _family(arch)
     device = torch.device(device)
     config = hf_config(arch)
-    with torch.device("meta"), _default_dtype(dtype):
+    with torch.device("meta"), default_dtype(dtype):
         model = model_class(config)
     gen = torch.Generator(device=device).manual_seed(seed)
     pieces = [model.model.embed_tokens, model.model.norm] + ([] if arch.tie_word_embeddings else [model.lm_head])

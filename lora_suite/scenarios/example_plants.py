@@ -148,62 +148,65 @@ def target_left_out():
     return _planted("target_left_out", targets_of=targets_of)
 
 
-def lora_b_random_init():
+def _plant(name: str, build, change):
+    """The factory ``<name>()`` of the example ``build(name, change)`` (``--lora-impl ...example_plants:<name>``),
+    documented by ``change``'s docstring."""
+
+    def factory():
+        return build(name, change)
+
+    factory.__name__ = factory.__qualname__ = name
+    factory.__doc__ = change.__doc__
+    return factory
+
+
+def _on_each_layer(name: str, change):
+    """The example whose ``inject`` runs as shipped, then ``change(layer)`` on every adapted layer (under no_grad)."""
+
+    def each(layers, adapted, model):
+        for m in layers:
+            change(m)
+
+    return _inject_then(name, each)
+
+
+def _random_b(m):
     """lora_B drawn at small random values (std 1e-3) instead of zeros: the adapted model is not the base at step 0."""
-
-    def random_b(layers, adapted, model):
-        for m in layers:
-            m.lora_B.normal_(0.0, 1e-3)
-
-    return _inject_then("lora_b_random_init", random_b)
+    m.lora_B.normal_(0.0, 1e-3)
 
 
-def lora_a_zero_init():
+def _zero_a(m):
     """lora_A zero as well as lora_B: the model starts as the base, and no gradient ever reaches either adapter."""
-
-    def zero_a(layers, adapted, model):
-        for m in layers:
-            m.lora_A.zero_()
-
-    return _inject_then("lora_a_zero_init", zero_a)
+    m.lora_A.zero_()
 
 
-def rslora_ignored():
-    """use_rslora=True accepted (and saved) but the scale stays alpha / r."""
-
-    def init(layer, example_init, base, r, alpha, use_rslora, adapter_dtype):
-        example_init(base, r, alpha, False, adapter_dtype)
-
-    return _layer_init_then("rslora_ignored", init)
-
-
-def scale_integer_division():
-    """s = alpha // r: right whenever r divides alpha (the usual alpha = 2r), wrong otherwise."""
-
-    def init(layer, example_init, base, r, alpha, use_rslora, adapter_dtype):
-        example_init(base, r, alpha, use_rslora, adapter_dtype)
-        layer.scale = alpha // (r**0.5 if use_rslora else r)
-
-    return _layer_init_then("scale_integer_division", init)
-
-
-def adapter_dtype_ignored():
-    """Adapters made in the base weight's dtype whatever AdapterSpec.adapter_dtype asks for."""
-
-    def init(layer, example_init, base, r, alpha, use_rslora, adapter_dtype):
-        example_init(base, r, alpha, use_rslora, None)
-
-    return _layer_init_then("adapter_dtype_ignored", init)
-
-
-def base_left_trainable():
+def _trainable_base(m):
     """inject freezes nothing: the base weights stay trainable (an optimizer over model.parameters() moves them)."""
+    m.base.weight.requires_grad_(True)
 
-    def trainable_base(layers, adapted, model):
-        for m in layers:
-            m.base.weight.requires_grad_(True)
 
-    return _inject_then("base_left_trainable", trainable_base)
+def _rslora_ignored(layer, example_init, base, r, alpha, use_rslora, adapter_dtype):
+    """use_rslora=True accepted (and saved) but the scale stays alpha / r."""
+    example_init(base, r, alpha, False, adapter_dtype)
+
+
+def _scale_integer_division(layer, example_init, base, r, alpha, use_rslora, adapter_dtype):
+    """s = alpha // r: right whenever r divides alpha (the usual alpha = 2r), wrong otherwise."""
+    example_init(base, r, alpha, use_rslora, adapter_dtype)
+    layer.scale = alpha // (r**0.5 if use_rslora else r)
+
+
+def _adapter_dtype_ignored(layer, example_init, base, r, alpha, use_rslora, adapter_dtype):
+    """Adapters made in the base weight's dtype whatever AdapterSpec.adapter_dtype asks for."""
+    example_init(base, r, alpha, use_rslora, None)
+
+
+lora_b_random_init = _plant("lora_b_random_init", _on_each_layer, _random_b)
+lora_a_zero_init = _plant("lora_a_zero_init", _on_each_layer, _zero_a)
+base_left_trainable = _plant("base_left_trainable", _on_each_layer, _trainable_base)
+rslora_ignored = _plant("rslora_ignored", _layer_init_then, _rslora_ignored)
+scale_integer_division = _plant("scale_integer_division", _layer_init_then, _scale_integer_division)
+adapter_dtype_ignored = _plant("adapter_dtype_ignored", _layer_init_then, _adapter_dtype_ignored)
 
 
 def _input_clipped_in_place(self, x):

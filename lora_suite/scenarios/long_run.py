@@ -115,19 +115,7 @@ def extended_verdicts(
     if crit.smooth_slack is not None:
         _judge_loss(out, crit, source, records)
     unprofiled = [r for r in after if not r.profiled]
-    if crit.stall_fraction_max is not None and unprofiled and unprofiled[0].gpu_time_s is not None:
-        out.verdicts.append(
-            stall_verdict(
-                [r.gpu_time_s for r in unprofiled],
-                factor=crit.stall_factor,
-                stall_max=crit.stall_fraction_max,
-                source=source,
-            )
-        )
-    if crit.device_time_drift_max is not None:
-        _judge_device_time(out, crit, source, windows)
-    if crit.aged_vs_fresh_slowdown_max is not None:
-        _judge_aged_vs_fresh(out, crit, source, pairs)
+    _judge_timing(out, crit, source, unprofiled, windows, pairs)
     _host_time_diagnostic(out, cfg, unprofiled)
     return out
 
@@ -196,35 +184,56 @@ def _judge_loss(out: LongRunVerdicts, crit, source: str, records: list[StepRecor
     )
 
 
-def _judge_device_time(out: LongRunVerdicts, crit, source: str, windows: dict[str, DeviceWindow] | None) -> None:
+def _judge_timing(
+    out: LongRunVerdicts,
+    crit,
+    source: str,
+    unprofiled: list[StepRecord],
+    windows: dict[str, DeviceWindow] | None,
+    pairs: list[Pair] | None,
+) -> None:
+    """The timed verdicts whose bars the config sets, in this order: stalls, device-time drift, aged vs fresh. Each
+    judge gives a verdict, or the line of a criterion the run gave no data for (missing), or nothing."""
+    judges = (
+        (crit.stall_fraction_max, lambda: _stalls(crit, source, unprofiled)),
+        (crit.device_time_drift_max, lambda: _device_time(crit, source, windows)),
+        (crit.aged_vs_fresh_slowdown_max, lambda: _aged_vs_fresh(crit, source, pairs)),
+    )
+    for bar, judge in judges:
+        if bar is None:
+            continue
+        found = judge()
+        if isinstance(found, Verdict):
+            out.verdicts.append(found)
+        elif isinstance(found, str):
+            out.missing.append(found)
+
+
+def _stalls(crit, source: str, unprofiled: list[StepRecord]) -> Verdict | None:
+    """The stall verdict on the unprofiled steps' event spans; nothing where there are none (a run without CUDA
+    events)."""
+    if not unprofiled or unprofiled[0].gpu_time_s is None:
+        return None
+    spans = [r.gpu_time_s for r in unprofiled]
+    return stall_verdict(spans, factor=crit.stall_factor, stall_max=crit.stall_fraction_max, source=source)
+
+
+def _device_time(crit, source: str, windows: dict[str, DeviceWindow] | None) -> Verdict | str:
     """The device-time drift verdict on the early and late profiled windows' clipped device times; missing
     without both windows."""
     if not windows or "early" not in windows or "late" not in windows:
-        out.missing.append("device time drift: no early and late profiled windows (CUPTI through torch.profiler)")
-        return
-    out.verdicts.append(
-        device_time_verdict(
-            windows["early"].clipped_s,
-            windows["late"].clipped_s,
-            drift_max=crit.device_time_drift_max,
-            z=crit.drift_noise_z,
-            source=source,
-        )
-    )
+        return "device time drift: no early and late profiled windows (CUPTI through torch.profiler)"
+    early, late = windows["early"].clipped_s, windows["late"].clipped_s
+    return device_time_verdict(early, late, drift_max=crit.device_time_drift_max, z=crit.drift_noise_z, source=source)
 
 
-def _judge_aged_vs_fresh(out: LongRunVerdicts, crit, source: str, pairs: list[Pair] | None) -> None:
+def _aged_vs_fresh(crit, source: str, pairs: list[Pair] | None) -> Verdict | str:
     """The aged-vs-fresh verdict on the pairs' ratios; missing when no pairs were run."""
     if not pairs:
-        out.missing.append("aged vs fresh: no alternating pairs were run")
-        return
-    out.verdicts.append(
-        aged_vs_fresh_verdict(
-            [p.ratio for p in pairs],
-            slowdown_max=crit.aged_vs_fresh_slowdown_max,
-            z=crit.drift_noise_z,
-            source=source,
-        )
+        return "aged vs fresh: no alternating pairs were run"
+    ratios = [p.ratio for p in pairs]
+    return aged_vs_fresh_verdict(
+        ratios, slowdown_max=crit.aged_vs_fresh_slowdown_max, z=crit.drift_noise_z, source=source
     )
 
 

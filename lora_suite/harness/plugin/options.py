@@ -9,25 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from lora_suite.settings.memory_options import MEMORY_OPTIONS
+
 
 def _memory_options(group) -> None:
-    """The options of the card's memory: the pre-check, a smaller card, out-of-memory retries."""
-    group.addoption(
-        "--check-vram",
-        action="store_true",
-        help="before each tier, compare the LoRA-aware VRAM estimate with NVML free memory; skip if short",
-    )
-    group.addoption(
-        "--strict-vram",
-        action="store_true",
-        help="with --check-vram: fail instead of skip when the estimate exceeds free memory",
-    )
-    group.addoption("--vram-limit", metavar="GIB", help="judge as if on a card of GIB GiB (measure/vram_limit.py)")
-    group.addoption(
-        "--oom-retry",
-        action="store_true",
-        help="run a tier test that ran out of memory again with half the micro-batch (harness/oom_retry.py)",
-    )
+    """The options of the card's memory (``lora_suite.settings.memory_options``: the CLI declares the same)."""
+    for option in MEMORY_OPTIONS:
+        group.addoption(option.name, **option.kwargs())
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -14,41 +14,21 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from lora_suite.harness.report import Series
+from lora_suite.scenarios import gate_runs as G
 
 pytestmark = [pytest.mark.gpu, pytest.mark.selftest_gpu]
-ROOT = Path(__file__).resolve().parents[3]
 PLANT = "lora_suite.scenarios.bench_cupy_rows_slowdown"
 ROWS = "test_forward_backward and llama7b"  # the 7B rows: their spread on a quiet machine is 1-7%, below 20%
 CUPY_ROW = re.compile(r"-cupy(-nf4)?\]")
 
 
 def _bench(out: Path, *extra: str) -> Path:
-    proc = subprocess.run(
-        [sys.executable, "-m", "lora_suite", "bench", "--report-dir", str(out), "--", "-k", ROWS, *extra],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    (run,) = sorted(p.parent for p in out.glob("*/benchmark.json"))
-    return run
-
-
-def _compare(base: Path, run: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "lora_suite.results.compare", str(base), str(run)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return G.run_target(out, "bench", "--", "-k", ROWS, *extra, result="benchmark.json")
 
 
 def _medians(run: Path) -> dict[str, float]:
@@ -66,17 +46,12 @@ def _regressions(compared: subprocess.CompletedProcess) -> list[str]:
 def test_slower_cupy_rows_fail_the_gate_and_a_clean_rerun_passes_it(tier, tmp_path, request):
     report_dir = request.config.getoption("report_dir")
     runs = Path(report_dir) / "bench-runs" if report_dir else tmp_path
-    runs.mkdir(parents=True, exist_ok=True)  # --report-dir takes a new folder inside an existing one
-    clean = _bench(runs / "clean")
-    planted = _bench(runs / "planted", "-p", PLANT)
-    again = _bench(runs / "again")
-    slow, same = _compare(clean, planted), _compare(clean, again)
-    medians = [_medians(r) for r in (clean, planted, again)]
+    folders, (slow, same) = G.clean_planted_again(runs, _bench, ("-p", PLANT))
+    medians = [_medians(r) for r in folders]
     rows = tuple((name, *(f"{m.get(name, float('nan')):.4f}" for m in medians)) for name in sorted(medians[0]))
     columns = ("row", "clean ms", "planted ms", "clean again ms")
     tier.report.add_series(Series(tier.nodeid, "layer benchmark, 7B rows: CUDA-event median (ms)", columns, rows))
-    tier.report.notes.append(f"compare clean planted (exit {slow.returncode}):\n{slow.stdout.strip()}")
-    tier.report.notes.append(f"compare clean again (exit {same.returncode}):\n{same.stdout.strip()}")
+    G.note_comparisons(tier.report.notes, slow, same)
     flagged = _regressions(slow)
     cupy = [row for row in flagged if CUPY_ROW.search(row)]
     detail = slow.stdout[-800:] or slow.stderr[-800:]

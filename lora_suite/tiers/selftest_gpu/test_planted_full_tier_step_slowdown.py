@@ -10,41 +10,20 @@ too. (Until issue 58 this file was test_planted_step_slowdown.py: the ledger's r
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from lora_suite.harness.report import Series
+from lora_suite.scenarios import gate_runs as G
 
 pytestmark = [pytest.mark.gpu, pytest.mark.selftest_gpu]
-ROOT = Path(__file__).resolve().parents[3]
 FIGURE = "captured step device time"
 PLANT = "lora_suite.scenarios.full_tier_step_slowdown:cupy_slowed"
 
 
 def _full(out: Path, *extra: str) -> Path:
-    proc = subprocess.run(
-        [sys.executable, "-m", "lora_suite", "full", "--report-dir", str(out), *extra],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    (run,) = sorted(p.parent for p in out.glob("*/report.json"))
-    return run
-
-
-def _compare(base: Path, run: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "lora_suite.results.compare", str(base), str(run)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return G.run_target(out, "full", *extra)
 
 
 def _figure(run: Path) -> float:
@@ -55,22 +34,14 @@ def _figure(run: Path) -> float:
 def test_a_slower_captured_step_fails_the_gate_and_a_clean_rerun_passes_it(tier, tmp_path, request):
     report_dir = request.config.getoption("report_dir")
     runs = Path(report_dir) / "full-runs" if report_dir else tmp_path
-    runs.mkdir(parents=True, exist_ok=True)  # --report-dir takes a new folder inside an existing one
-    clean = _full(runs / "clean")
-    planted = _full(runs / "planted", "--lora-impl", PLANT)
-    again = _full(runs / "again")
-    slow, same = _compare(clean, planted), _compare(clean, again)
-    rows = [
-        (name, f"{_figure(r):.3f}", str(r.name))
-        for name, r in (("clean", clean), ("planted", planted), ("clean again", again))
-    ]
+    folders, (slow, same) = G.clean_planted_again(runs, _full, ("--lora-impl", PLANT))
+    rows = [(name, f"{_figure(r):.3f}", str(r.name)) for name, r in zip(("clean", "planted", "clean again"), folders)]
     tier.report.add_series(
         Series(
             tier.nodeid, "full tier: captured step device time (ms)", ("run", "median ms", "run folder"), tuple(rows)
         )
     )
-    tier.report.notes.append(f"compare clean planted (exit {slow.returncode}):\n{slow.stdout.strip()}")
-    tier.report.notes.append(f"compare clean again (exit {same.returncode}):\n{same.stdout.strip()}")
+    G.note_comparisons(tier.report.notes, slow, same)
     caught = slow.returncode == 1 and any(FIGURE in ln and "REGRESSION" in ln for ln in slow.stdout.splitlines())
     tier.check("planted ~20% slower captured step: compare fails naming its device time", caught, "==", True)
     tier.check("two clean full runs: compare passes", same.returncode, "==", 0, detail=same.stdout[-500:])

@@ -24,13 +24,19 @@ def _aged_and_fresh(cfg):
     return result, TrainingRun(fresh.model, fresh.batches, cfg.train, adapters=fresh.adapters)
 
 
-def test_pairs_alternate_their_order_and_leave_the_records_alone(tiny_cfg):
+def _short_aged_and_fresh(tiny_cfg, steps):
+    """_aged_and_fresh of tiny_cfg trained ``steps`` steps after 2 warm-up steps, without a loss bar (its windows
+    need 10 steps)."""
     cfg = dataclasses.replace(
         tiny_cfg,
-        train=dataclasses.replace(tiny_cfg.train, steps=6, warmup_steps=2),
-        criteria=dataclasses.replace(tiny_cfg.criteria, loss_drop_min=None),  # no loss bar: its windows need 10 steps
+        train=dataclasses.replace(tiny_cfg.train, steps=steps, warmup_steps=2),
+        criteria=dataclasses.replace(tiny_cfg.criteria, loss_drop_min=None),
     )
-    result, fresh = _aged_and_fresh(cfg)
+    return _aged_and_fresh(cfg)
+
+
+def test_pairs_alternate_their_order_and_leave_the_records_alone(tiny_cfg):
+    result, fresh = _short_aged_and_fresh(tiny_cfg, steps=6)
     pairs = run_pairs(result.run, fresh, aged_start=6, pairs=4, warmup=2)
     assert [p.aged_first for p in pairs] == [True, False, True, False]
     assert [p.aged_step for p in pairs] == [6, 7, 8, 9] and [p.fresh_step for p in pairs] == [2, 3, 4, 5]
@@ -46,12 +52,7 @@ def test_pairs_alternate_their_order_and_leave_the_records_alone(tiny_cfg):
 
 
 def test_more_pairs_are_run_until_resolved_or_the_cap(tiny_cfg):
-    cfg = dataclasses.replace(
-        tiny_cfg,
-        train=dataclasses.replace(tiny_cfg.train, steps=4, warmup_steps=2),
-        criteria=dataclasses.replace(tiny_cfg.criteria, loss_drop_min=None),  # no loss bar: its windows need 10 steps
-    )
-    result, fresh = _aged_and_fresh(cfg)
+    result, fresh = _short_aged_and_fresh(tiny_cfg, steps=4)
     seen = []
     never = run_pairs(
         result.run,
