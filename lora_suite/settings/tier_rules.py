@@ -21,7 +21,7 @@ Check = tuple[str, object, bool, str]  # (key, value, ok, expected)
 def target_shapes(a, targets: tuple[str, ...]) -> dict[str, tuple[int, int]]:
     """(in, out) features of each LoRA target of a Llama block of architecture ``a`` (a ``LlamaArchitecture``;
     "all-linear": every projection)."""
-    head_dim = a.hidden_size // a.num_attention_heads
+    head_dim = a.head_dim  # attention_head_dim where a family sets it (Gemma 2: 256), else hidden / heads
     shapes = {
         "q_proj": (a.hidden_size, a.num_attention_heads * head_dim),
         "k_proj": (a.hidden_size, a.num_key_value_heads * head_dim),
