@@ -28,7 +28,8 @@ def retried_config(cfg, halvings: int):
     batch = max(1, cfg.data.batch_size >> halvings)
     k = cfg.criteria.grad_accum_k
     if k is not None and batch % k:
-        k = math.gcd(k, batch) if math.gcd(k, batch) >= 2 else None
+        divisor = math.gcd(k, batch)
+        k = divisor if divisor >= 2 else None
     return dataclasses.replace(
         cfg,
         data=dataclasses.replace(cfg.data, batch_size=batch),
