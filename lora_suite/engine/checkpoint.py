@@ -180,5 +180,15 @@ def load_adapter_checkpoint(
     else:
         load_peft_adapter(model, directory)  # checks keys, shapes, r and alpha before it copies anything
     if optimizer is not None:
-        optimizer.load_state_dict(torch.load(opt_path, map_location="cpu", weights_only=True))
+        load_optimizer_state(optimizer, directory)
     return step
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, directory: str | Path) -> None:
+    """Load the optimizer state of checkpoint ``directory`` into ``optimizer``. torch keys that state by the position
+    of each parameter in the optimizer's list, so ``optimizer`` must list the adapters in the order of the run that
+    saved it (a list in another order gives each tensor another one's moments: the resumed-run check's defect)."""
+    opt_path = Path(directory) / OPTIMIZER_FILE
+    if not opt_path.exists():
+        raise FileNotFoundError(f"resuming needs optimizer state at {opt_path}")
+    optimizer.load_state_dict(torch.load(opt_path, map_location="cpu", weights_only=True))

@@ -185,6 +185,10 @@ class Criteria(Checked):
     smooth_window: int = 50  # steps per window of the smoothed-loss check (extended tier)
     smooth_slack: float | None = None  # a window mean may exceed the previous one by at most this fraction
     checkpoint_roundtrip: bool = False  # save adapters, reload into a fresh model, compare logits
+    # The resumed-run check (convergence tier): the run under test writes a checkpoint (its adapters through its own
+    # save_adapter, AdamW's state, the step) after step resume_at_step - 1; a fresh model loads it and trains on to
+    # train.steps, and its losses must stay in the loss-match band around the uninterrupted run's (None: not checked)
+    resume_at_step: int | None = None
     bf16_comparison_steps: int | None = None  # NF4 tiers: steps of the same config on a 16-bit base (None: all)
     vram_budget_gib: float | None = None  # peak torch-allocated memory
     # The same budget when the implementation under test has no NF4 base and the tier runs on its 16-bit base

@@ -194,6 +194,7 @@ RULES: dict[str, tuple[Rule, ...]] = {
         between("smooth_window", lo=1),
         _positive("smooth_slack"),
         between("bf16_comparison_steps", lo=1, null=True),
+        between("resume_at_step", lo=1, null=True),
         _positive("vram_budget_gib"),
         _positive("vram_budget_16bit_base_gib"),
         _positive("memory_estimate_error_max"),

@@ -112,6 +112,12 @@ def _criteria_checks(c, t, d) -> list[Check]:
             f"null or 1 <= x <= steps={t.steps}",
         ),
         (
+            "criteria.resume_at_step",
+            c.resume_at_step,
+            c.resume_at_step is None or c.resume_at_step < t.steps,
+            f"null or 1 <= x < steps={t.steps} (a resumed run trains on from that step)",
+        ),
+        (
             "criteria.grad_accum_k",
             c.grad_accum_k,
             c.grad_accum_k is None or d.batch_size % c.grad_accum_k == 0,

@@ -16,15 +16,13 @@ signal itself, orders of magnitude above (tests/test_convergence_criterion.py sh
 the CPU). The floor covers the first steps, where the control's gap is still exactly 0 (B = 0).
 The arithmetic is ``lora_suite.measure.criteria.loss_match``.
 
-Captured vs eager (``train.cuda_graph: true`` in the YAML: the four runs above are captured): the
-implementation under test also trains eagerly from the same start, and its captured losses must stay in the
-same band around the eager ones. Derivation: a replay runs the kernels recorded at capture on the same
-buffers, so the only arithmetic that differs is AdamW's (capturable: the step count, bias corrections and lr
-live on the device in fp32, where the eager optimizer computes its step size on the host in fp64), a relative
-difference of order 2^-24 in each update: far below the bf16 unit roundoff (2^-8) by which the control run
-perturbs lora_A, so a correct capture stays within max(factor·e(t), floor). A capture that replays stale
-inputs or skips a kernel (the failures capture can cause) changes the trajectory at the scale of the learning
-signal, like a wrong gradient does.
+Resumed vs uninterrupted (``criteria.resume_at_step``: K): the run under test writes a checkpoint after step K - 1
+(its adapters through its own ``save_adapter``, AdamW's state, the step: ``lora_suite.engine.resume``); a fresh model
+of the same config loads it through the implementation's ``load_adapter`` and trains on to the last step. A complete
+resume computes what the uninterrupted run computes, so its losses must stay in the band that a resume right by
+construction sets (the adapters copied by name, ``resume_by_name``: max(factor·e(t), floor) with e(t) its gap); a
+resume that loses or misplaces optimizer state, adapters or the schedule moves them at the scale of the learning
+signal (selftest-gpu's ``test_planted_resume_layers_in_text_order.py``).
 """
 
 from __future__ import annotations
@@ -36,6 +34,7 @@ import pytest
 import torch
 
 from lora_suite.engine.gradients import copy_adapters, perturb_lora_a
+from lora_suite.engine.resume import resume, resume_by_name, train_with_checkpoint
 from lora_suite.engine.trainer import train
 from lora_suite.harness.figures import record_figure
 from lora_suite.harness.report import Series
@@ -46,15 +45,22 @@ from lora_suite.settings.loader import load_model_config
 pytestmark = [pytest.mark.gpu, pytest.mark.convergence]
 QWEN2_SHAPE = "qwen2-smollm2-shape"  # the non-Llama model of issue 55 (lora_suite/configs/models/)
 CONTROL_SEED = 99  # control run i perturbs with the signs of seed CONTROL_SEED + i
+RESUME_CHECK = "steps where the resumed run leaves the band around the uninterrupted run"
 
 
-def _run(tier, cfg, implementation, init, perturb=0.0, perturb_seed=CONTROL_SEED):
-    """Train from the adapters ``init`` (canonical names) with ``implementation`` (a name or the one under test)."""
+def _run(tier, cfg, implementation, init, perturb=0.0, perturb_seed=CONTROL_SEED, checkpoint=None, kept=None):
+    """Train from the adapters ``init`` (canonical names) with ``implementation`` (a name or the one under test);
+    ``checkpoint``: (step K, directory) where the run writes its checkpoint after step K - 1, its adapters' values
+    at K then put in the dict ``kept``."""
     prepared = tier.prepare(cfg, implementation=implementation)
     copy_adapters(prepared.adapters, init)
     if perturb:
         perturb_lora_a(prepared.adapters, perturb, seed=perturb_seed)
-    result = train(prepared.model, prepared.batches, cfg.train, adapters=prepared.adapters)
+    if checkpoint is not None:
+        result, at_checkpoint = train_with_checkpoint(prepared, cfg.train, *checkpoint)
+        kept.update(at_checkpoint)
+    else:
+        result = train(prepared.model, prepared.batches, cfg.train, adapters=prepared.adapters)
     if prepared.implementation is tier.impl:
         tier.check_served(prepared)
     del prepared
@@ -73,16 +79,21 @@ def control_losses(tier, cfg, init) -> list[list[float]]:
     ]
 
 
-def test_convergence_and_match_to_reference(tier):
-    converge(tier, tier.config("convergence"), "")
+def test_convergence_and_match_to_reference(tier, tmp_path):
+    converge(tier, tier.config("convergence"), "", tmp_path)
 
 
-def test_convergence_on_a_qwen2_shaped_model(tier):
+def test_convergence_on_a_qwen2_shaped_model(tier, tmp_path):
     """The same runs on a Qwen2-shaped model at SmolLM2's widths (``configs/models/qwen2-smollm2-shape.yaml``: q, k
     and v with a bias), random-initialised: a stack that drops the base's bias, or trains it, leaves the band around
     the torch reference (lora_core's layer keeps it, frozen). Check and table names start with ``qwen2-shape: ``."""
     cfg = tier.config("convergence")
-    converge(tier, dataclasses.replace(cfg, model=load_model_config(QWEN2_SHAPE), weights="random"), "qwen2-shape: ")
+    converge(
+        tier,
+        dataclasses.replace(cfg, model=load_model_config(QWEN2_SHAPE), weights="random"),
+        "qwen2-shape: ",
+        tmp_path,
+    )
 
 
 class Prefixed:
@@ -98,9 +109,9 @@ class Prefixed:
         return self.check.not_applicable(self.label + name, reason)
 
 
-def converge(tier, cfg, label: str):
-    """The four runs (five with the eager twin of a captured run) and every check of the tier on ``cfg``'s model,
-    check and table names prefixed with ``label``."""
+def converge(tier, cfg, label: str, tmp_path):
+    """The four runs (five with the eager twin of a captured run, six with the resumed one) and every check of the
+    tier on ``cfg``'s model, check and table names prefixed with ``label``."""
     check = Prefixed(tier.check, label)
     crit = cfg.criteria
     name = tier.impl.name
@@ -108,7 +119,10 @@ def converge(tier, cfg, label: str):
     first = tier.prepare(cfg)
     init = {n: p.detach().clone() for n, p in first.adapters.items()}
     del first
-    ours = _run(tier, cfg, None, init)
+    resume_at = crit.resume_at_step
+    kept: dict = {}
+    checkpoint = None if resume_at is None else (resume_at, tmp_path / "resume")
+    ours = _run(tier, cfg, None, init, checkpoint=checkpoint, kept=kept)
     ref = _run(tier, cfg, "torch", init)
     controls = control_losses(tier, cfg, init)
     control = widest_control(controls, ref.losses)
@@ -214,3 +228,53 @@ def converge(tier, cfg, label: str):
             f"{len(ours.losses)} steps; max relative gap {max(r[3] for r in cap_rows):.3g}"
         )
         check(f"{captured_check} (first: {beyond_cap[:5]})", len(beyond_cap), "==", 0, source=source)
+    if resume_at is None:
+        check.not_applicable(RESUME_CHECK, "criteria.resume_at_step is null in configs/convergence.yaml")
+    else:
+        resumed = resume_match(tier, cfg, None, ours.losses, kept, tmp_path / "resume", label)
+        how = "max(loss_match_factor*e(t), loss_match_floor), e(t) of a resume by name: configs/convergence.yaml"
+        check(f"{RESUME_CHECK} (first: {resumed[:5]})", len(resumed), "==", 0, source=how)
+
+
+def _resumed(tier, cfg, implementation, how, *args):
+    """The losses of a resume (``how``: ``resume`` or ``resume_by_name``) in a fresh model, from step 0 (the steps
+    before the checkpoint's as 0: ``loss_match`` reads them as no gap), the step and the implementation's name."""
+    prepared = tier.prepare(cfg, implementation=implementation)
+    step, result = how(prepared, cfg.train, *args)
+    name = prepared.implementation.name
+    del prepared
+    gc.collect()
+    torch.cuda.empty_cache()
+    return step, result.losses, name
+
+
+def resume_match(tier, cfg, implementation, uninterrupted, kept, directory, label: str = "") -> list[int]:
+    """Resume checkpoint ``directory`` (written by the run whose losses are ``uninterrupted``, its adapters' values
+    ``kept``) in a fresh model of ``implementation`` (None: the one under test) through the implementation, and
+    again by name (``lora_suite.engine.resume``: the control); the losses of the resumed steps against the
+    uninterrupted run's in the band the by-name resume sets (``loss_match``). Adds the table and a note to the
+    report; returns the steps beyond the band."""
+    crit = cfg.criteria
+    step, losses, name = _resumed(tier, cfg, implementation, resume, directory)
+    _, by_name, _ = _resumed(tier, cfg, implementation, resume_by_name, directory, kept)
+    head = list(uninterrupted[:step])
+    rows, beyond = loss_match(
+        head + losses, uninterrupted, head + by_name, crit.loss_match_factor, crit.loss_match_floor
+    )
+    tier.report.add_series(
+        Series(
+            tier.nodeid,
+            f"{label}per-step loss: {name} uninterrupted vs resumed at step {step}",
+            ("step", "uninterrupted", "resumed", "rel diff", "by-name resume envelope e(t)", "tolerance"),
+            tuple(rows[step:]),
+            plot_x="step",
+            plot_y=("uninterrupted", "resumed"),
+        )
+    )
+    identical = [sum(a == b for a, b in zip(run, uninterrupted[step:])) for run in (losses, by_name)]
+    tier.report.notes.append(
+        f"{tier.nodeid}: {label}{name} resumed at step {step}: losses bitwise equal to the uninterrupted run's on "
+        f"{identical[0]} of {len(losses)} steps (the by-name resume: {identical[1]}); max relative gap "
+        f"{max(r[3] for r in rows[step:]):.3g}"
+    )
+    return beyond
