@@ -101,8 +101,8 @@ def _run_options(p: argparse.ArgumentParser, tier: bool = True) -> None:
     g.add_argument(
         "--lora-impl",
         type=_impl,
-        help="the implementation under test: cupy (default), cupy-fused, torch, peft, "
-        "peft-bnb, loralib, torchtune, axolotl, peft-liger, an entry point, or package.module:factory",
+        help="the implementation under test: cupy (default), cupy-fused, torch, peft, peft-bnb, loralib, torchtune, "
+        "axolotl, peft-liger, unsloth, transformers-adapter, an entry point, or package.module:factory",
     )
     g.add_argument(
         "--fused-ops",

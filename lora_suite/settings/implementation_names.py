@@ -28,6 +28,7 @@ BUNDLED = {
     "axolotl": "lora_suite.implementations.axolotl_impl:AxolotlImplementation",
     "peft-liger": "lora_suite.implementations.peft_liger_impl:PeftLigerImplementation",
     "unsloth": "lora_suite.implementations.unsloth_impl:UnslothImplementation",
+    "transformers-adapter": "lora_suite.implementations.transformers_adapter_impl:TransformersAdapterImplementation",
 }
 
 
