@@ -43,14 +43,15 @@ class MemoryTier:
         return window
 
     def run_and_measure(
-        self, cfg: TierConfig, quantize: str | None, steps: int | None = None
+        self, cfg: TierConfig, quantize: str | None, steps: int | None = None, **train_kw
     ) -> tuple[int, dict[str, int], list[StepRecord]]:
-        """Train ``steps`` (default: all) with the given base storage; return (this run's peak bytes, split, records)."""
+        """Train ``steps`` (default: all) with the given base storage, ``train_kw`` passed on to ``Tier.train`` (a
+        ``device_timer``); return (this run's peak bytes, split, records)."""
         tier = self.tier
         name = f"{cfg.tier} ({quantize or cfg.dtype} base)"
         window = self.peak_window(name)
         prepared = tier.prepare(cfg, quantize=quantize)
-        result = tier.train(name, prepared, cfg, stop_step=steps)
+        result = tier.train(name, prepared, cfg, stop_step=steps, **train_kw)
         peak = window.peak()
         tier.note_process_memory(result)
         tier.check_served(prepared)
