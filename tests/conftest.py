@@ -70,3 +70,14 @@ def tiny_prepared(tiny_cfg):
 def write(path, text: str):
     path.write_text(textwrap.dedent(text))
     return path
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny tensors: one thread (on a busy two-core machine, two threads made each float64 reference 30x slower)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

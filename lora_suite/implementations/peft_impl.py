@@ -14,6 +14,8 @@ if TYPE_CHECKING:  # imported where adapters are handled (contract.py says why)
     import torch
     from torch import nn
 
+    from lora_suite.settings.config import AdapterSpec
+
 _PEFT_PARAM = re.compile(r"^(?P<path>.+)\.(?P<which>lora_[AB])\.default\.weight$")
 
 
@@ -60,10 +62,17 @@ class PeftImplementation(LoRAImplementation):
             p.requires_grad_(False)
         peft.inject_adapter_in_model(config, model)
         model._lora_suite_peft_config = config  # for save_adapter
+        return self.count_and_train(model, spec)
+
+    def count_and_train(self, model, spec: AdapterSpec) -> list[str]:
+        """After PEFT's injection: the adapted modules (none is an error naming the targets), a forward-count hook
+        on each (``served_by``'s evidence), the adapters trainable in ``spec``'s dtype; returns the modules."""
         adapters = self.adapter_parameters(model)
         if not adapters:
-            raise ImplementationError(f"peft: targets {list(spec.targets)} adapted no layer of {type(model).__name__}")
-        for path in adapted_modules(adapters):  # served_by() evidence: each layer's forward calls
+            raise ImplementationError(
+                f"{self.name}: targets {list(spec.targets)} adapted no layer of {type(model).__name__}"
+            )
+        for path in adapted_modules(adapters):
             layer = model.get_submodule(path)
             layer._lora_suite_calls = 0
             layer.register_forward_hook(count_call)

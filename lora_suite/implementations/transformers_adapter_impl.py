@@ -31,9 +31,9 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lora_suite.implementations.contract import ImplementationError, adapted_modules, library_version, require_module
+from lora_suite.implementations.contract import ImplementationError, library_version, require_module
 from lora_suite.implementations.peft_bnb_impl import BnbBase
-from lora_suite.implementations.peft_impl import PeftImplementation, count_call, load_peft_tensors, trainable_in
+from lora_suite.implementations.peft_impl import PeftImplementation, load_peft_tensors
 
 if TYPE_CHECKING:
     from torch import nn
@@ -131,17 +131,7 @@ class TransformersAdapterImplementation(BnbBase, PeftImplementation):
         )
         mixin(model, "add_adapter")(config)  # freezes all but the adapters, makes "default" the active adapter
         mixin(model, "enable_adapters")()
-        adapters = self.adapter_parameters(model)
-        if not adapters:
-            raise ImplementationError(
-                f"{self.name}: targets {list(spec.targets)} adapted no layer of {type(model).__name__}"
-            )
-        for path in adapted_modules(adapters):  # served_by() evidence: each layer's forward calls
-            layer = model.get_submodule(path)
-            layer._lora_suite_calls = 0
-            layer.register_forward_hook(count_call)
-        trainable_in(adapters, spec.adapter_dtype)
-        return adapted_modules(adapters)
+        return self.count_and_train(model, spec)
 
     def _config(self, model):
         config = getattr(model, "peft_config", {}).get(ADAPTER) if getattr(model, "_hf_peft_config_loaded", 0) else None

@@ -28,8 +28,8 @@ import torch
 
 from lora_suite.engine import gradients as G
 from lora_suite.harness.figures import record_figure
+from lora_suite.harness.gradient_verdicts import against_reference, judge_gradients
 from lora_suite.harness.memory_tier import MemoryTier
-from lora_suite.harness.report import Series
 from lora_suite.measure.criteria import loss_drop
 from lora_suite.measure.device_time import DeviceTimer, window
 
@@ -115,44 +115,11 @@ def test_gradients_at_8192_tokens_match_the_fp32_reference(tier):
     G.copy_adapters(reference.adapters, {n: p.detach() for n, p in prepared.adapters.items()})
     attention_without_gqa(reference.model)  # and so its fp32 copy (module docstring)
     assert not torch.backends.cuda.matmul.allow_tf32, "the fp32 reference must not run in TF32"
-    results = G.whole_model_checks(
-        prepared.model,
-        prepared.batches(0),
-        label=f"{tier.impl.name} at {cfg.data.seq_len} tokens",
-        adapters=prepared.adapters,
-        reference=reference.model,
-        reference_adapters=reference.adapters,
-        k=crit.grad_accum_k,
-        factor=crit.grad_match_factor,
+    results = against_reference(
+        prepared, reference, prepared.batches(0), f"{tier.impl.name} at {cfg.data.seq_len} tokens", crit
     )
     tier.check_served(prepared)
-    source = (
-        f"err <= grad_match_factor * max(err_16bit_ref, median): configs/{TIER}.yaml, lora_suite/engine/gradients.py"
-    )
-    for res in results:
-        tier.report.add_series(
-            Series(
-                tier.nodeid,
-                f"step-0 adapter gradients vs fp32: {res.label}",
-                ("adapter", "rel err", "16-bit ref rel err", "tolerance", "verdict"),
-                tuple((r.name, r.err, r.err_base, r.tol, "ok" if r.ok else "FAIL") for r in res.rows),
-            )
-        )
-        tier.check(
-            f"{res.label}: adapters beyond tolerance (of {len(res.rows)})",
-            res.n_bad,
-            "==",
-            0,
-            source=source,
-            detail=G.describe_failures(res.rows),
-        )
-        tier.check(
-            f"{res.label}: |loss - fp32 loss| / fp32 loss",
-            res.loss_gap,
-            "<=",
-            res.loss_tol(crit.grad_match_factor, crit.grad_loss_floor),
-            source=f"grad_match_factor * max(16-bit ref gap, grad_loss_floor): configs/{TIER}.yaml",
-        )
+    judge_gradients(tier, results, crit, TIER)
 
 
 def test_checkpointed_training_at_8192_tokens(tier):

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from lora_suite.engine import gradients as G
-from lora_suite.harness.report import Series
+from lora_suite.harness.gradient_verdicts import against_reference, judge_gradients
 
 pytestmark = [pytest.mark.gpu, pytest.mark.quick, pytest.mark.model_code]
 
@@ -28,42 +28,9 @@ def test_whole_model_gradients_match_the_fp32_reference(tier):
     G.copy_adapters(reference.adapters, {n: p.detach() for n, p in prepared.adapters.items()})
     batch = prepared.batches(0)
     assert not torch.backends.cuda.matmul.allow_tf32, "the fp32 reference must not run in TF32"
-    results = G.whole_model_checks(
-        prepared.model,
-        batch,
-        label=tier.impl.name,
-        adapters=prepared.adapters,
-        reference=reference.model,
-        reference_adapters=reference.adapters,
-        k=crit.grad_accum_k,
-        factor=crit.grad_match_factor,
-    )
+    results = against_reference(prepared, reference, batch, tier.impl.name, crit)
     tier.check_served(prepared)
-    source = "err <= grad_match_factor * max(err_16bit_ref, median): configs/quick.yaml, lora_suite/engine/gradients.py"
-    for res in results:
-        tier.report.add_series(
-            Series(
-                tier.nodeid,
-                f"step-0 adapter gradients vs fp32: {res.label}",
-                ("adapter", "rel err", "16-bit ref rel err", "tolerance", "verdict"),
-                tuple((r.name, r.err, r.err_base, r.tol, "ok" if r.ok else "FAIL") for r in res.rows),
-            )
-        )
-        tier.check(
-            f"{res.label}: adapters beyond tolerance (of {len(res.rows)})",
-            res.n_bad,
-            "==",
-            0,
-            source=source,
-            detail=G.describe_failures(res.rows),
-        )
-        tier.check(
-            f"{res.label}: |loss - fp32 loss| / fp32 loss",
-            res.loss_gap,
-            "<=",
-            res.loss_tol(crit.grad_match_factor, crit.grad_loss_floor),
-            source="grad_match_factor * max(16-bit ref gap, grad_loss_floor): configs/quick.yaml",
-        )
+    judge_gradients(tier, results, crit, "quick")
 
 
 @pytest.mark.needs_feature("lora_core_ops")
@@ -77,16 +44,7 @@ def test_fused_model_gradients_match_the_fp32_reference(tier):
     G.randomize_lora_b(prepared.model, std=0.02, seed=cfg.train.seed, adapters=prepared.adapters)
     reference = tier.prepare(cfg, implementation="torch")
     G.copy_adapters(reference.adapters, {n: p.detach() for n, p in prepared.adapters.items()})
-    results = G.whole_model_checks(
-        prepared.model,
-        prepared.batches(0),
-        label="cupy-fused",
-        adapters=prepared.adapters,
-        reference=reference.model,
-        reference_adapters=reference.adapters,
-        k=crit.grad_accum_k,
-        factor=crit.grad_match_factor,
-    )
+    results = against_reference(prepared, reference, prepared.batches(0), "cupy-fused", crit)
     tier.check(
         "code path that served every LoRA layer (cupy-fused)",
         prepared.implementation.served_by(prepared.model),

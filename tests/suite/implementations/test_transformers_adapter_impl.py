@@ -36,15 +36,6 @@ SPEC32 = dataclasses.replace(SPEC, adapter_dtype=torch.float32)
 IDS = torch.randint(0, 300, (2, 7), generator=torch.Generator().manual_seed(0))
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny tensors: one thread (float64 on a busy two-core machine is many times slower with two)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _adapted(spec=SPEC, dtype=F64, randomise=True):
     impl = resolve_implementation(NAME)
     model = build_tiny_llama(dtype)

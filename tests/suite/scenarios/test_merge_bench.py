@@ -15,15 +15,8 @@ from lora_suite.implementations.lora_core_impl import LoraCoreImplementation
 from lora_suite.results.compare import SPEED_KEY, _row_stats, compare_speed_ratios
 from lora_suite.scenarios import merge_bench as MB
 
-TINY = {  # the seven projections' names, at sizes the CPU merges in milliseconds
-    "self_attn.q_proj": (24, 24),
-    "self_attn.k_proj": (24, 16),
-    "self_attn.v_proj": (24, 16),
-    "self_attn.o_proj": (24, 24),
-    "mlp.gate_proj": (24, 40),
-    "mlp.up_proj": (24, 40),
-    "mlp.down_proj": (40, 24),
-}
+# the seven projections of MB.SHAPES, in its order, at (in, out) sizes the CPU merges in milliseconds
+TINY = dict(zip(MB.SHAPES, [(24, 24), (24, 16), (24, 16), (24, 24), (24, 40), (24, 40), (40, 24)]))
 needs_peft = pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="peft is not installed")
 
 
