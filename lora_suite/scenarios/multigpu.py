@@ -287,9 +287,9 @@ def fsdp_peak_bound(peak_one_gpu: float, terms: dict[str, int], factor: int) -> 
     An FSDP run that does not shard (a unit left unwrapped, parameters kept gathered after use) keeps most of
     S and lands well above this bound when S·(1 - 1/F) is much more than T, as for a 7B model on two GPUs.
     """
-    if factor < 1:
-        raise ValueError(f"sharding factor {factor} must be >= 1")
-    return peak_one_gpu - terms["sharded"] * (1 - 1 / factor) + terms["transient"]
+    from lora_suite.measure.sharded_memory import sharded_peak  # the derivation, once (its docstring)
+
+    return sharded_peak(peak_one_gpu, terms["sharded"], terms["transient"], factor)
 
 
 def base_checksums(model) -> dict[str, tuple[float, float]]:
