@@ -21,10 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lora_suite.measure.memory import estimate_training_memory
+from lora_suite.measure.memory import _DTYPE_BYTES, estimate_training_memory
 from lora_suite.settings.config import AdapterSpec, LlamaArchitecture
-
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def sharded_peak(one_gpu: float, sharded: float, transient: float, factor: int) -> float:
