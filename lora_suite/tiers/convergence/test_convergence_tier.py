@@ -237,8 +237,8 @@ def converge(tier, cfg, label: str, tmp_path):
 
 
 def _resumed(tier, cfg, implementation, how, *args):
-    """The losses of a resume (``how``: ``resume`` or ``resume_by_name``) in a fresh model, from step 0 (the steps
-    before the checkpoint's as 0: ``loss_match`` reads them as no gap), the step and the implementation's name."""
+    """(the checkpoint's step, the losses of the steps from it on, the implementation's name) of a resume in a fresh
+    model (``how``: ``resume`` or ``resume_by_name``)."""
     prepared = tier.prepare(cfg, implementation=implementation)
     step, result = how(prepared, cfg.train, *args)
     name = prepared.implementation.name
