@@ -133,11 +133,12 @@ def read_sources(locations: list) -> list[dict]:
 
 
 def _dedupe(rows: list[dict]) -> list[dict]:
-    """A run both in the ledger and in a folder given: the folder's rows (read first) win."""
-    first: dict[str, tuple] = {}
+    """A run both in the ledger and in a folder given: the folder's rows (read first) win. A run is its id on its GPU:
+    the nightly's GPU types start together, and their runs (each type under its own group) may share a run id."""
+    first: dict[tuple[str, str], tuple] = {}
     out = []
     for r in rows:
-        key = first.setdefault(r["run_id"], (r["group"],))
+        key = first.setdefault((r["run_id"], r["gpu"]), (r["group"],))
         if key == (r["group"],):
             out.append(r)
     return out

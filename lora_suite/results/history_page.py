@@ -1,17 +1,21 @@
 """The interactive history page: one self-contained HTML file (Plotly's script inlined: it opens offline) in which a
-reader picks a GPU, an implementation, a tier and a figure, and sees that figure over time for every group that
-matches, with the value, the threshold, the run id and the commit on hover, failed checks and regressions marked.
+reader picks a GPU (or all of them), an implementation, a tier and a figure, and sees that figure over time for every
+group that matches, with the value, the threshold, the run id and the commit on hover, failed checks and regressions
+marked; and, below the chart, the latest night per GPU type side by side for the implementation and tier selected (or
+each of them, where a filter is "(all)"): one column per GPU type, one row per figure (``history_latest``).
 
 The data travel once, in columns (``payload``): a table of runs (id, time, commit) and, per group (GPU,
 implementation, tier), per figure, the points as run indices and values, thresholds only where a figure has one;
 names are indices into one string table. 10,000 runs of a dozen figures each take a few MB of JSON beside Plotly's
-own 4.6 MB, and the page draws only what the filters select.
+own 4.6 MB, and the page draws only what the filters select. The side-by-side tables (``side``) take the same
+string and run ids.
 """
 
 from __future__ import annotations
 
 import json
 
+from lora_suite.results import history_latest
 from lora_suite.results.history_data import Group
 
 TITLE = "LoRA GPU suite history"
@@ -58,7 +62,8 @@ def payload(groups: list[Group]) -> dict:
                 "reg": {str(runs[r]): "; ".join(found)[:300] for r, found in g.regressions.items() if r in runs},
             }
         )
-    return {"runs": run_rows, "s": list(strings), "groups": out_groups}
+    side = history_latest.encode(history_latest.latest_per_gpu(groups), sid, runs.__getitem__, _num)
+    return {"runs": run_rows, "s": list(strings), "groups": out_groups, "side": side}
 
 
 def _num(v: float | None):
@@ -70,12 +75,15 @@ def render(groups: list[Group]) -> str:
     from plotly.offline import get_plotlyjs
 
     data = json.dumps(payload(groups), separators=(",", ":")).replace("</", "<\\/")
-    runs = len({run for g in groups for _, run in g.runs})
+    runs = len({(g.gpu, run) for g in groups for _, run in g.runs})  # GPU types started together share run ids
+    gpus = len({g.gpu for g in groups})
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>{TITLE}</title>"
         f"<script>{get_plotlyjs()}</script><style>{STYLE}</style></head><body>"
-        f"<h1>{TITLE}</h1><p id='summary'>{runs} runs in {len(groups)} groups (GPU · implementation · tier).</p>"
+        f"<h1>{TITLE}</h1><p id='summary'>{runs} runs of {gpus} GPU type(s) in {len(groups)} groups "
+        "(GPU · implementation · tier).</p>"
         f"{CONTROLS}<div id='chart'></div><p id='note'></p><table id='latest'></table>"
+        "<h2>The latest night per GPU type</h2><div id='side'></div>"
         f"<script id='data' type='application/json'>{data}</script><script>{SCRIPT}</script></body></html>\n"
     )
 
@@ -83,10 +91,11 @@ def render(groups: list[Group]) -> str:
 STYLE = (
     "body{font-family:sans-serif;margin:12px;max-width:1500px}label{margin-right:14px}select{max-width:420px}"
     "#chart{height:560px}table{border-collapse:collapse;margin-top:10px}td,th{border:1px solid #bbb;padding:2px 6px;"
-    "font-size:12px}.fail{background:#f8d0d0}"
+    "font-size:12px}.fail{background:#f8d0d0}.pass{background:#dff0d8}th.sel,td.sel{outline:2px solid #36c}"
+    "caption{text-align:left;font-weight:bold;padding:6px 0}.side th{text-align:left}"
 )
 CONTROLS = (
-    "<div id='controls'><label>GPU <select id='gpu'></select></label>"
+    "<div id='controls'><label>GPU <select id='gpu' title='(all): every GPU type'></select></label>"
     "<label>implementation <select id='impl'></select></label><label>tier <select id='tier'></select></label>"
     "<label>figure <select id='fig'></select></label></div>"
 )
@@ -142,7 +151,29 @@ function draw() {
   sel('note').textContent = `${traces.length ? rows.length : 0} group(s) drawn; ${regs} point(s) failed or regressed.`;
   sel('latest').innerHTML = '<tr><th>group</th><th>latest</th><th>threshold</th><th>runs</th><th>run</th><th>commit</th></tr>' + rows.join('');
 }
-function update(fromFilter) { if (fromFilter) refreshFigures(); draw(); }
+const esc = t => String(t).replace(/[&<>"]/g, c => ({'&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;'})[c]);
+// The latest night per GPU type, side by side: one table per implementation and tier the filters keep, one column per
+// GPU type (the GPU selected outlined), one row per figure; an empty cell: that GPU's latest run has no such figure.
+function drawSide() {
+  const keep = (t, k) => sel(k).value === ALL || S[t[k]] === sel(k).value, gpus = D.side.gpus.map(i => S[i]);
+  const cls = (k, more) => `class="${[gpus[k] === sel('gpu').value ? 'sel' : '', more].join(' ').trim()}"`;
+  const html = [];
+  for (const t of D.side.t) {
+    if (!keep(t, 'impl') || !keep(t, 'tier')) continue;
+    const heads = t.runs.map((i, k) => i < 0 ? `<td ${cls(k, '')}>no run</td>` :
+      `<td ${cls(k, t.reg[k] ? 'fail' : '')} title="commit ${D.runs[i][2]}${t.reg[k] ? '; regression: ' + esc(t.reg[k]) : ''}">` +
+      `${esc(D.runs[i][0])}<br>${D.runs[i][1].slice(0, 10)}${t.reg[k] ? '<br><b>regression</b>' : ''}</td>`);
+    const rows = t.rows.map(([n, cells]) => `<tr><th>${esc(S[n])}</th>` + cells.map((c, k) => !c ? `<td ${cls(k, '')}></td>` :
+      `<td ${cls(k, c.length > 2 ? (c[1] ? 'pass' : 'fail') : '')}${c.length > 2 ? ` title="threshold ${esc(c[2])} ${c[3]}"` : ''}>` +
+      `${c[0]}${c.length > 2 ? (c[1] ? ' pass' : ' FAIL') : ''}</td>`).join('') + '</tr>');
+    html.push(`<table class="side" data-impl="${esc(S[t.impl])}" data-tier="${esc(S[t.tier])}">` +
+      `<caption>${esc(S[t.impl])} · ${esc(S[t.tier])}</caption><tr><th>figure</th>` +
+      gpus.map((g, k) => `<th ${cls(k, '')}>${esc(g)}</th>`).join('') + `</tr><tr><th>latest run</th>${heads.join('')}</tr>` +
+      rows.join('') + '</table>');
+  }
+  sel('side').innerHTML = html.join('') || '<p>no run matches the implementation and tier selected</p>';
+}
+function update(fromFilter) { if (fromFilter) refreshFigures(); draw(); drawSide(); }
 fill('gpu', [...new Set(D.groups.map(g => S[g.gpu]))].sort());
 fill('impl', [...new Set(D.groups.map(g => S[g.impl]))].sort());
 fill('tier', [...new Set(D.groups.map(g => S[g.tier]))].sort());

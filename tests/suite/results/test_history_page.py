@@ -6,33 +6,13 @@ artifact (``reports/ci/history-page.png``). Without Chromium or Playwright the b
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 
-import pytest
-
 from lora_suite.results import history, synthetic_history
+from tests.suite.results.headless import chromium, open_offline, page_data
 
 ROOT = Path(__file__).resolve().parents[3]
 SHOT = ROOT / "reports" / "ci" / "history-page.png"
-
-
-def _chromium() -> str:
-    found = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-    try:
-        import playwright  # noqa: F401
-    except ImportError:
-        found = None
-    if found is None:
-        if os.environ.get("LORA_SUITE_REQUIRE_BROWSER") == "1":
-            pytest.fail("LORA_SUITE_REQUIRE_BROWSER=1 and no Chromium (or no playwright) is installed")
-        pytest.skip("no headless Chromium and playwright here: the history page is not opened in a browser")
-    return found
-
-
-def _page_data(page_html: str) -> dict:
-    return json.loads(page_html.split("<script id='data' type='application/json'>")[1].split("</script>")[0])
 
 
 def test_ten_thousand_runs_make_one_offline_page_under_ten_megabytes(tmp_path):
@@ -41,12 +21,13 @@ def test_ten_thousand_runs_make_one_offline_page_under_ten_megabytes(tmp_path):
     page = out.read_text()
     assert out.stat().st_size <= 10_000_000, out.stat().st_size
     assert "<script src=" not in page and "https://" not in page.split("<script>")[0]  # nothing fetched: offline
-    data = _page_data(page)
+    data = page_data(page)
     assert len(data["runs"]) == 10_000 and len(data["groups"]) == 60
+    assert len(data["side"]["gpus"]) == 3 and len(data["side"]["t"]) == 20  # per implementation and tier, per GPU
 
 
 def test_the_page_renders_in_chromium_and_a_filter_changes_what_is_drawn(tmp_path):
-    chromium = _chromium()
+    executable = chromium()
     from playwright.sync_api import sync_playwright
 
     rows = synthetic_history.rows(2_000)
@@ -54,15 +35,8 @@ def test_the_page_renders_in_chromium_and_a_filter_changes_what_is_drawn(tmp_pat
     history.write(out, history.collect_rows(rows))
     errors: list[str] = []
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-        page = browser.new_page(viewport={"width": 1400, "height": 1100})
-        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.route(
-            "**/*", lambda route: route.abort() if not route.request.url.startswith("file:") else route.continue_()
-        )
-        page.goto(out.as_uri())
-        page.wait_for_selector("#chart .main-svg", timeout=60_000)
+        browser = p.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+        page = open_offline(browser, out, errors)
         before = page.inner_text("#note")
         drawn = page.evaluate("document.getElementById('chart').data.length")
         page.select_option("#tier", "memory")
