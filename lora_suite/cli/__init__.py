@@ -43,6 +43,8 @@ EPILOG = """run options (tiers, all, bench, selftest-gpu; `lora-suite TARGET --h
   --report-dir DIR               runs go to DIR/<run-id>/ (default reports/, ignored by git: CI keeps them as artifacts)
   --lora-impl NAME|MODULE:FACTORY   the implementation under test (default cupy)
   --weights auto|pretrained|random  --gpus N  --workers N|auto  --baseline DIR|auto  -v/--verbose
+  --nodes N [--node-rank K --rdzv-endpoint HOST:PORT --shared-dir DIR]   multinode: nodes per job; across hosts
+                                 each host runs its node K (docs/multinode.md)
   --record [--ledger STORE]      append each run's judged figures to the results store (default reports/results.sqlite,
                                  or $LORA_SUITE_STORE: a team's PostgreSQL URL)
   --require-gpu                  no CUDA GPU is a failure (exit 4), not a run whose GPU tests skip (also
@@ -89,6 +91,10 @@ def _run_options(p: argparse.ArgumentParser, tier: bool = True) -> None:
         _memory_options(g)
         g.add_argument("--weights", type=_weights, help="auto, pretrained or random: override the tiers' weights mode")
         g.add_argument("--gpus", type=_positive_int("--gpus"), help="multigpu: processes (GPUs) per torchrun job")
+        g.add_argument("--nodes", type=_positive_int("--nodes"), help="multinode: nodes per job (default 2)")
+        g.add_argument("--node-rank", type=_node_rank, help="multinode across hosts: the node this host runs")
+        g.add_argument("--rdzv-endpoint", type=_endpoint, help="multinode across hosts: node 0's HOST:PORT")
+        g.add_argument("--shared-dir", help="multinode across hosts: a folder every node sees")
         g.add_argument(
             "--workers",
             type=_workers,
@@ -125,6 +131,22 @@ def _run_options(p: argparse.ArgumentParser, tier: bool = True) -> None:
         help="fail (exit 4) when no CUDA GPU is found instead of skipping the GPU tests (or LORA_SUITE_REQUIRE_GPU=1)",
     )
     g.add_argument("-v", "--verbose", action="store_true", help="verbose pytest output with live progress lines")
+
+
+def _node_rank(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"--node-rank must be a whole number >= 0, got {text!r}")
+    return int(text)
+
+
+def _endpoint(text: str) -> str:
+    from lora_suite.scenarios.multinode import parse_endpoint
+
+    try:
+        parse_endpoint(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--rdzv-endpoint: {exc}") from None
+    return text
 
 
 def _positive_int(flag: str):

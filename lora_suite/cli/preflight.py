@@ -23,6 +23,31 @@ from lora_suite.settings.implementation_names import SpecError, known_names, par
 GPUS_TARGETS = ("multigpu", "all")  # the targets that start torchrun jobs
 
 
+def check_multinode_options(target: str, args) -> None:
+    """The multinode options go to the multinode tier only, and across hosts (``--rdzv-endpoint``) together: the
+    node this host runs and a folder every node sees."""
+    given = [f for f, d in (("--nodes", "nodes"), ("--node-rank", "node_rank"), ("--rdzv-endpoint", "rdzv_endpoint"),
+                            ("--shared-dir", "shared_dir")) if getattr(args, d, None) is not None]  # fmt: skip
+    if given and target != "multinode":
+        raise UsageError(f"{', '.join(given)}: for the multinode tier (lora-suite multinode), not for {target!r}")
+    if getattr(args, "rdzv_endpoint", None) is None:
+        if getattr(args, "node_rank", None) is not None or getattr(args, "shared_dir", None) is not None:
+            raise UsageError(
+                "--node-rank and --shared-dir run one node of a job that spans hosts: give --rdzv-endpoint HOST:PORT "
+                "(node 0's address) too, or leave all three out to run every node on this host"
+            )
+        return
+    nodes = getattr(args, "nodes", None) or 2
+    rank = getattr(args, "node_rank", None)
+    if rank is None or not 0 <= rank < nodes:
+        raise UsageError(f"--node-rank {rank}: with --rdzv-endpoint, expected this host's node, 0 to {nodes - 1}")
+    if getattr(args, "shared_dir", None) is None or not Path(args.shared_dir).is_dir():
+        raise UsageError(
+            f"--shared-dir {getattr(args, 'shared_dir', None)}: with --rdzv-endpoint, expected a folder every node "
+            "sees (the jobs' checkpoint shards and records are written there by ranks on every host)"
+        )
+
+
 def check_broken(target: str, broken: dict[str, str], tiers: dict) -> None:
     """A target whose tier YAML does not load is refused with that YAML's error; ``all`` names every broken tier."""
     if target in broken:
@@ -92,6 +117,7 @@ def check_run_options(args, target: str, tiers: dict) -> None:
         )
     if getattr(args, "gpus", None) is not None and target not in GPUS_TARGETS:
         raise UsageError(f"--gpus applies to {' and '.join(GPUS_TARGETS)} (torchrun jobs), not to {target!r}")
+    check_multinode_options(target, args)
     workers = getattr(args, "workers", None)
     cores = os.cpu_count() or 1
     if workers not in (None, "auto") and int(workers) > cores:

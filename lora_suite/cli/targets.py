@@ -98,6 +98,10 @@ def pytest_args(target: str, args, run_dir: Path | None, tiers: dict) -> list[st
         ("--lora-impl", args.lora_impl),
         ("--weights", getattr(args, "weights", None)),
         ("--gpus", getattr(args, "gpus", None)),
+        ("--nodes", getattr(args, "nodes", None)),
+        ("--node-rank", getattr(args, "node_rank", None)),
+        ("--rdzv-endpoint", getattr(args, "rdzv_endpoint", None)),
+        ("--shared-dir", getattr(args, "shared_dir", None)),
         ("--fused-ops", getattr(args, "fused_ops", None)),
         ("--vram-limit", getattr(args, "vram_limit", None)),
     ):

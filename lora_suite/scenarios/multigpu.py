@@ -43,6 +43,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from lora_suite.scenarios.process_tree import kill_tree
+
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}  # why: module docstring
 MODES = ("ddp", "fsdp", "fail")
 
@@ -61,10 +63,9 @@ class LaunchResult:
         return self.returncode is None
 
 
-def launch_command(
+def worker_args(
     config: str | Path,
     out: str | Path,
-    nproc: int,
     *,
     mode: str = "ddp",
     implementation: str | None = None,
@@ -77,34 +78,12 @@ def launch_command(
     plant_no_reshard: bool = False,
     plant_no_sync: bool = False,
 ) -> list[str]:
-    """The torchrun command line of one run (``--standalone``: a local rendezvous on a free port)."""
+    """The worker's module and arguments (``-m lora_suite.scenarios.multigpu_worker ...``), what follows torchrun's own
+    options on every node."""
     if mode not in MODES:
         raise ValueError(f"mode {mode!r} is not one of {MODES}")
-    if nproc < 1:
-        raise ValueError(f"nproc={nproc} must be >= 1")
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        "-m",
-        "lora_suite.scenarios.multigpu_worker",
-        "--config",
-        str(config),
-        "--out",
-        str(out),
-        "--mode",
-        mode,
-        "--device",
-        device,
-        "--perturb",
-        repr(perturb),
-        "--fail-rank",
-        str(fail_rank),
-        "--fail-at",
-        str(fail_at),
-    ]
+    cmd = ["-m", "lora_suite.scenarios.multigpu_worker", "--config", str(config), "--out", str(out), "--mode", mode]
+    cmd += ["--device", device, "--perturb", repr(perturb), "--fail-rank", str(fail_rank), "--fail-at", str(fail_at)]
     if implementation:
         cmd += ["--implementation", implementation]
     if steps is not None:
@@ -116,6 +95,15 @@ def launch_command(
     if plant_no_sync:
         cmd += ["--plant-no-sync"]
     return cmd
+
+
+def launch_command(config: str | Path, out: str | Path, nproc: int, **worker) -> list[str]:
+    """The torchrun command line of one run on this host (``--standalone``: a local rendezvous on a free port);
+    ``worker``: the options of ``worker_args``."""
+    if nproc < 1:
+        raise ValueError(f"nproc={nproc} must be >= 1")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    return torchrun + worker_args(config, out, **worker)
 
 
 def launch_env(base: dict[str, str] | None = None) -> dict[str, str]:
@@ -139,7 +127,7 @@ def launch(config: str | Path, out: str | Path, nproc: int, *, timeout_s: float,
         stdout, stderr = proc.communicate(timeout=timeout_s)
         rc: int | None = proc.returncode
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)  # the whole group: torchrun and every worker
+        kill_tree(proc.pid)  # torchrun and every worker (each rank runs in a session of its own)
         stdout, stderr = proc.communicate()
         rc = None
     ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"), key=lambda p: int(p.stem[4:]))]

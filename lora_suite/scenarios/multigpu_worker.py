@@ -1,13 +1,12 @@
-"""One rank of a multigpu tier job, as torchrun starts it (``python -m lora_suite.scenarios.multigpu_worker``):
-train the configured model with DDP or FSDP2 (or fail on purpose, mode ``fail``) and write this rank's figures
-as JSON; ``lora_suite.scenarios.multigpu`` launches it and holds the verdicts' arithmetic."""
+"""One rank of a multigpu or multinode job, as torchrun starts it (``python -m lora_suite.scenarios.multigpu_worker``):
+train with DDP or FSDP2 (or fail on purpose, mode ``fail``) and write this rank's figures as JSON;
+``lora_suite.scenarios.multigpu`` and ``multinode`` launch it and hold the verdicts' arithmetic."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import datetime
-import json
 import os
 import statistics
 import sys
@@ -24,6 +23,7 @@ from lora_suite.scenarios.multigpu import (
     rank_rows,
     shard_model,
 )
+from lora_suite.scenarios.multinode_checks import write_json_atomically
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,10 +62,15 @@ def _join_process_group(args: argparse.Namespace) -> _Rank:
 
 
 def _overridden(cfg, args: argparse.Namespace):
-    """The tier configuration with the command line's overrides: the implementation, the number of steps and the
-    global batch size (the data pool grown to hold at least one batch)."""
+    """The tier configuration with the command line's overrides: the implementation (and what it declares it cannot
+    run changed as every tier changes it, ``fit_to_implementation``), the number of steps and the global batch size
+    (the data pool grown to hold at least one batch)."""
     if args.implementation:
+        from lora_suite.engine.prepare import fit_to_implementation
+        from lora_suite.implementations.lookup import resolve_implementation
+
         cfg = dataclasses.replace(cfg, implementation=args.implementation)
+        cfg = fit_to_implementation(cfg, resolve_implementation(args.implementation), str(args.config))[0]
     if args.steps:
         cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=args.steps))
     if args.batch_size:
@@ -194,13 +199,6 @@ def _replica_checks(result: dict, adapters: dict, prepared, base: dict, args: ar
         )
 
 
-def _write_atomically(path: Path, result: dict) -> None:
-    """Write ``result`` as JSON through a temporary file and a rename: a reader never sees half a file."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result))
-    tmp.replace(path)
-
-
 def _exit_failed(rank: int) -> NoReturn:
     """Print the exception's traceback with torchrun's ``[rank<r>]:`` prefix and leave at once with status 1."""
     # Leave at once, without destroy_process_group(): with NCCL it waits for the other ranks, which are blocked
@@ -225,6 +223,48 @@ def _exit_done() -> NoReturn:
     os._exit(0)
 
 
+def _step_hook(args: argparse.Namespace, me: _Rank) -> Callable[[int], None]:
+    """Every hook a step of this rank runs: the planted failure, and in a multinode job (``--node``) the heartbeat
+    and the planted node loss (``lora_suite.scenarios.multinode_checks``)."""
+    hooks = [_planted_failure(args, me.rank)]
+    if args.node is not None:
+        from lora_suite.scenarios.multinode_checks import Heartbeat, stop_node_hook
+
+        hooks += [Heartbeat(args.out, me.rank, args.node, me.local), stop_node_hook(args.node, me.local, *args.stop)]
+
+    def hook(step: int) -> None:
+        for h in hooks:
+            h(step)
+
+    return hook
+
+
+def _train(model, adapters: dict, prepared, cfg, args: argparse.Namespace, me: _Rank) -> tuple[list, dict]:
+    """This rank's training: the step records, and the DCP round trip's figures when ``--dcp-at`` asks for it
+    (``lora_suite.scenarios.dcp_round_trip``)."""
+    from lora_suite.engine.trainer import train
+
+    def batches(i: int) -> dict:
+        return rank_rows(prepared.batches(i), me.rank, me.world)
+
+    hook = _step_hook(args, me)
+    if args.dcp_at is None:
+        return train(model, batches, cfg.train, adapters=adapters, step_hook=hook).records, {}
+    from lora_suite.scenarios.dcp_round_trip import train_with_round_trip
+
+    records, trip = train_with_round_trip(
+        model,
+        batches,
+        cfg.train,
+        adapters,
+        args.dcp_at,
+        Path(args.out) / "dcp",
+        step_hook=hook,
+        plant_no_optimizer=args.plant_dcp_no_optimizer,
+    )
+    return records, {"dcp_round_trip": trip.as_dict()}
+
+
 def _worker(args: argparse.Namespace) -> None:
     """Train this rank's share of the run in the mode ``args.mode`` and write its figures to ``<out>/rank<r>.json``;
     the process ends here (``os._exit``), with status 1 on any exception."""
@@ -232,7 +272,6 @@ def _worker(args: argparse.Namespace) -> None:
 
     from lora_suite.engine.gradients import perturb_lora_a
     from lora_suite.engine.prepare import prepare
-    from lora_suite.engine.trainer import train
     from lora_suite.settings.loader import load_tier_config
 
     me = _join_process_group(args)
@@ -248,21 +287,19 @@ def _worker(args: argparse.Namespace) -> None:
         model, adapters = _parallelize(model, adapters, args, me)
         if me.cuda:
             torch.cuda.reset_peak_memory_stats(me.device)  # the peak of training: the model is built and sharded
-        records = train(
-            model,
-            lambda i: rank_rows(prepared.batches(i), me.rank, me.world),
-            cfg.train,
-            adapters=adapters,
-            step_hook=_planted_failure(args, me.rank),
-        ).records
+        records, extra = _train(model, adapters, prepared, cfg, args, me)
         peak = torch.cuda.max_memory_allocated(me.device) if me.cuda else None
-        result = _rank_result(args, cfg, prepared, records, peak, len(adapters), me)
+        result = {**_rank_result(args, cfg, prepared, records, peak, len(adapters), me), **extra}
         if fsdp:
             assert terms is not None  # measured above, before the model was sharded
             _fsdp_checks(result, model, prepared, terms, base, args, me)
         else:
             _replica_checks(result, adapters, prepared, base, args, me)
-        _write_atomically(Path(args.out) / f"rank{me.rank}.json", result)
+        if args.node is not None:  # a multinode job
+            from lora_suite.scenarios.multinode_checks import record_job
+
+            record_job(result, adapters, args.out, args.node)
+        write_json_atomically(Path(args.out) / f"rank{me.rank}.json", result)
     except BaseException:
         _exit_failed(me.rank)
     _exit_done()
@@ -290,6 +327,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--perturb", type=float, default=0.0)
     ap.add_argument("--fail-rank", type=int, default=1)
     ap.add_argument("--fail-at", type=int, default=3)
+    ap.add_argument(
+        "--node-index", dest="node", type=int, default=None, help="multinode: this node's index (heartbeats, job.json)"
+    )
+    ap.add_argument(
+        "--stop", type=int, nargs=2, default=(None, None), metavar=("NODE", "STEP"), help="plant: node loss"
+    )
+    ap.add_argument("--dcp-at", type=int, default=None, help="the DCP round trip: checkpoint after step K - 1")
+    ap.add_argument(
+        "--plant-dcp-no-optimizer",
+        action="store_true",
+        help="the DCP round trip loads the adapters alone (the planted defect of the round-trip check)",
+    )
     _worker(ap.parse_args(argv))
 
 

@@ -237,6 +237,9 @@ class Criteria(Checked):
     # run (None: reported, not judged); and how long a job with a failing rank may take to end.
     scaling_efficiency_min: float | None = None
     rank_failure_seconds_max: float | None = None
+    # Multinode tier (lora_suite/scenarios/multinode.py): every job's rendezvous join timeout; a job whose nodes have not
+    # all joined by then ends, naming the nodes missing.
+    rendezvous_join_seconds: float | None = None
     # FSDP2 (multigpu tier): the number of ranks each parameter is sharded over; null: all of them (fully_shard
     # over the whole world). The per-rank peak bound is derived from it (lora_suite.scenarios.multigpu.fsdp_peak_bound).
     fsdp_sharding_factor: int | None = None

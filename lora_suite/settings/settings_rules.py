@@ -224,6 +224,7 @@ RULES: dict[str, tuple[Rule, ...]] = {
         _positive("grad_loss_floor"),
         _positive("scaling_efficiency_min"),
         _positive("rank_failure_seconds_max"),
+        _positive("rendezvous_join_seconds"),
         between("fsdp_sharding_factor", lo=2, null=True, text="null (every rank) or an integer >= 2"),
     ),
     "FigureSpec": (

@@ -60,12 +60,38 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="N",
         help="multigpu tier: GPUs (torchrun processes) per job; default every visible GPU",
     )
+    _multinode_options(group)
     group.addoption(
         "--plant-repeats",
         default=1,
         type=_positive_int,
         metavar="N",
         help="selftest-gpu: run each repeatable planted defect N times (each must be caught every time)",
+    )
+
+
+def _multinode_options(group) -> None:
+    """The multinode tier's topology: nodes per job, and across hosts this host's node, node 0's address and a folder
+    every node sees (lora_suite/scenarios/multinode.py)."""
+    group.addoption("--nodes", default=None, type=int, metavar="N", help="multinode tier: nodes per job (default 2)")
+    group.addoption(
+        "--node-rank",
+        default=None,
+        type=int,
+        metavar="K",
+        help="multinode tier across hosts: the node this host runs (0 judges; with --rdzv-endpoint)",
+    )
+    group.addoption(
+        "--rdzv-endpoint",
+        default=None,
+        metavar="HOST:PORT",
+        help="multinode tier across hosts: node 0's address, where the nodes meet; without it one host runs every node",
+    )
+    group.addoption(
+        "--shared-dir",
+        default=None,
+        metavar="DIR",
+        help="multinode tier across hosts: a folder every node sees (the jobs' checkpoints and records)",
     )
 
 

@@ -26,6 +26,21 @@ CLI_CASES = [
     (["multigpu", "--gpus", "0"], "--gpus must be a positive whole number, got '0'"),
     (["multigpu", "--gpus", "two"], "--gpus must be a positive whole number, got 'two'"),
     (["quick", "--baseline"], "--baseline needs a directory, got ''"),
+    (["multinode", "--nodes", "0"], "--nodes must be a positive whole number, got '0'"),  # issue 59
+    (["quick", "--nodes", "2"], "--nodes: for the multinode tier (lora-suite multinode), not for 'quick'"),
+    (["multinode", "--node-rank", "1"], "--node-rank and --shared-dir run one node of a job that spans hosts"),
+    (["multinode", "--rdzv-endpoint", "hostA"], "rendezvous endpoint 'hostA': expected HOST:PORT"),
+    (["multinode", "--node-rank", "-1"], "--node-rank needs a node index (0 for the node that judges), got '-1'"),
+    (["multinode", "--node-rank", "one"], "--node-rank must be a whole number >= 0, got 'one'"),
+    (["multinode", "--rdzv-endpoint", "h:29500"], "--node-rank None: with --rdzv-endpoint, expected this host's node"),
+    (
+        ["multinode", "--rdzv-endpoint", "h:29500", "--node-rank", "2"],
+        "--node-rank 2: with --rdzv-endpoint, expected this host's node, 0 to 1",
+    ),
+    (
+        ["multinode", "--rdzv-endpoint", "h:29500", "--node-rank", "1", "--shared-dir", "/nonexistent/shared"],
+        "--shared-dir /nonexistent/shared: with --rdzv-endpoint, expected a folder every node sees",
+    ),
     (["quick", "--frobnicate"], "unknown option '--frobnicate'"),
     (["compare", "onlyone"], "compare needs two run directories"),
     (["all", "extra"], "only one target allowed, got 'all' and 'extra'"),

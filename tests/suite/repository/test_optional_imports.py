@@ -26,6 +26,7 @@ DECLARED = {
     "sqlalchemy": "sqlalchemy",
     "plotly": "plotly",
     "hypothesis": "hypothesis",
+    "psutil": "psutil",
 }
 TRANSITIVE = {"numpy", "_pytest"}  # matplotlib requires numpy; _pytest is pytest's own package
 OURS = {"lora_core", "lora_suite", "tests", "tiers", "benchmarks", "__future__"}
