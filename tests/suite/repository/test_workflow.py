@@ -135,6 +135,8 @@ def test_the_multigpu_job_runs_only_where_a_multi_gpu_runner_is_declared():
     job = _load()[0]["jobs"]["multigpu"]
     assert "multi-gpu" in job["runs-on"] and "vars.MULTI_GPU_RUNNER == 'true'" in job["if"]
     assert any("gpu-test.sh multigpu" in step.get("run", "") for step in job["steps"])
+    multinode = [s for s in job["steps"] if "gpu-test.sh multinode" in s.get("run", "")]  # issue 59: 2 nodes
+    assert len(multinode) == 1 and multinode[0]["if"] == "always()"  # also after a failed multigpu tier
 
 
 def test_every_night_is_persisted_by_the_one_job_that_may_write_and_never_from_a_fork():
