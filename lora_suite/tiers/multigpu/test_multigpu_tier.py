@@ -19,8 +19,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lora_suite.harness.report import Series
-from lora_suite.measure.criteria import loss_drop, loss_match
+from lora_suite.harness.loss_band import LossBand, judge_loss_band
+from lora_suite.measure.criteria import loss_drop
 from lora_suite.scenarios.multigpu import adapter_gaps, failure_summary, launch, scaling_efficiency
 from lora_suite.settings.config import CONFIG_DIR
 
@@ -105,29 +105,16 @@ def test_ddp_matches_one_gpu_and_ranks_agree(tier, request, tmp_path):
         0,
         detail=str(sorted({r["served_by"] for r in ranks})),
     )
-    rows, beyond = loss_match(
-        ranks[0]["losses"],
-        single["losses"],
-        runs["control"].ranks[0]["losses"],
-        crit.loss_match_factor,
-        crit.loss_match_floor,
+    band = LossBand(
+        f"per-step loss: {n} GPUs (DDP) vs one GPU, global batch {cfg.data.batch_size}",
+        "one GPU",
+        f"{n} GPUs",
+        f"steps where the {n}-GPU loss leaves the band around the one-GPU loss",
+        "max(loss_match_factor*e(t), loss_match_floor): configs/multigpu.yaml",
     )
-    tier.report.add_series(
-        Series(
-            tier.nodeid,
-            f"per-step loss: {n} GPUs (DDP) vs one GPU, global batch {cfg.data.batch_size}",
-            ("step", "one GPU", f"{n} GPUs", "rel diff", "control envelope e(t)", "tolerance"),
-            tuple(rows),
-            plot_x="step",
-            plot_y=("one GPU", f"{n} GPUs"),
-        )
-    )
-    tier.check(
-        f"steps where the {n}-GPU loss leaves the band around the one-GPU loss (first: {beyond[:5]})",
-        len(beyond),
-        "==",
-        0,
-        source="max(loss_match_factor*e(t), loss_match_floor): configs/multigpu.yaml",
+    control = runs["control"].ranks[0]["losses"]
+    judge_loss_band(
+        tier, band, ranks[0]["losses"], single["losses"], control, crit.loss_match_factor, crit.loss_match_floor
     )
     from safetensors.torch import load_file
 

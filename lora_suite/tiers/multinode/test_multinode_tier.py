@@ -28,9 +28,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from lora_suite.harness.report import Series
+from lora_suite.harness.loss_band import LossBand, judge_loss_band
 from lora_suite.harness.tier import Tier
-from lora_suite.measure.criteria import loss_drop, loss_match
+from lora_suite.measure.criteria import loss_drop
 from lora_suite.scenarios import multinode as MN
 from lora_suite.scenarios.multigpu import launch, scaling_efficiency
 from lora_suite.settings.config import CONFIG_DIR, TierConfig
@@ -112,30 +112,31 @@ def _follower_checks(jobs: Jobs, results: dict[str, MN.JobResult], expect_stop: 
 
 
 def _parity(jobs: Jobs, name: str, ranks: list[dict], single: dict, control: dict) -> None:
-    crit, tier = jobs.cfg.criteria, jobs.tier
-    factor, floor = float(crit.loss_match_factor or 0), float(crit.loss_match_floor or 0)  # set: _jobs checks
-    rows, beyond = loss_match(ranks[0]["losses"], single["losses"], control["losses"], factor, floor)
-    world = len(ranks)
-    tier.report.add_series(
-        Series(
-            tier.nodeid,
-            f"per-step loss: {name} over {world} ranks on {jobs.topo.nnodes} nodes vs one GPU",
-            ("step", "one GPU", f"{name} {world} ranks", "rel diff", "control envelope e(t)", "tolerance"),
-            tuple(rows),
-            plot_x="step",
-            plot_y=("one GPU", f"{name} {world} ranks"),
-        )
+    crit, tier, world, nodes = jobs.cfg.criteria, jobs.tier, len(ranks), jobs.topo.nnodes
+    band = LossBand(
+        f"per-step loss: {name} over {world} ranks on {nodes} nodes vs one GPU",
+        "one GPU",
+        f"{name} {world} ranks",
+        f"{name}: steps where the {nodes}-node loss leaves the band around the one-GPU loss",
+        f"max(loss_match_factor*e(t), loss_match_floor): {SOURCE}",
     )
-    tier.check(
-        f"{name}: steps where the {jobs.topo.nnodes}-node loss leaves the band around the one-GPU loss "
-        f"(first: {beyond[:5]})",
-        len(beyond),
-        "==",
-        0,
-        source=f"max(loss_match_factor*e(t), loss_match_floor): {SOURCE}",
+    judge_loss_band(
+        tier,
+        band,
+        ranks[0]["losses"],
+        single["losses"],
+        control["losses"],
+        crit.loss_match_factor,
+        crit.loss_match_floor,
     )
     drop = loss_drop(ranks[0]["losses"], crit.loss_window)
     tier.check(f"{name}: loss drop over the run", round(drop, 4), ">=", crit.loss_drop_min, source=SOURCE)
+
+
+def _ended_within(tier, res: MN.JobResult, what: str, limit: float, source: str) -> None:
+    """The job ended by itself (not killed at the timeout) within ``limit`` seconds."""
+    tier.check(f"the job {what} ended (not killed at the timeout)", res.timed_out, "==", False)
+    tier.check(f"seconds until the job {what} ended", round(res.seconds, 1), "<=", limit, source=source)
 
 
 def _agreement(jobs: Jobs, name: str, ranks: list[dict]) -> None:
@@ -302,15 +303,7 @@ def test_a_lost_node_ends_the_job_and_is_named(tier, request, tmp_path):
     res = jobs.run("node-lost", mode="ddp", steps=12, stop=(lost, 3))  # two loss windows and the resume step fit
     if not jobs.topo.judge:
         return _follower_checks(jobs, {"node-lost": res}, expect_stop="node-lost")
-    limit = jobs.end_s
-    tier.check("the job that lost a node ended (not killed at the timeout)", res.timed_out, "==", False)
-    tier.check(
-        "seconds until every node ended",
-        round(res.seconds, 1),
-        "<=",
-        limit,
-        source=f"{SOURCE} rank_failure_seconds_max",
-    )
+    _ended_within(tier, res, "that lost a node", jobs.end_s, f"{SOURCE} rank_failure_seconds_max")
     tier.check("nodes that ended with exit 0 after losing a node", sum(n.returncode == 0 for n in res.nodes), "==", 0)
     named = MN.lost_nodes(res)
     beats = sorted(h["rank"] for h in res.heartbeats if h["node"] == lost)
@@ -331,17 +324,10 @@ def test_a_node_that_never_joins_is_named(tier, request, tmp_path):
     if not jobs.topo.judge:
         pytest.skip("node 0's host runs this job alone: the other nodes stay away on purpose")
     res = jobs.run("never-joined", nodes=[0], mode="ddp", steps=12)
-    limit = jobs.join_s + jobs.end_s
     why = MN.not_joined(res)
     tier.report.notes.append(f"{tier.nodeid}: {why}")
-    tier.check("the job whose nodes never joined ended (not killed at the timeout)", res.timed_out, "==", False)
-    tier.check(
-        "seconds until it ended",
-        round(res.seconds, 1),
-        "<=",
-        limit,
-        source=f"{SOURCE} rendezvous_join_seconds + rank_failure_seconds_max",
-    )
+    limit, source = jobs.join_s + jobs.end_s, f"{SOURCE} rendezvous_join_seconds + rank_failure_seconds_max"
+    _ended_within(tier, res, "whose other nodes never joined", limit, source)
     missing = list(range(1, jobs.topo.nnodes))
     tier.check(
         f"the verdict names the nodes that never joined ({missing})",
