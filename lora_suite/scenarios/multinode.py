@@ -160,6 +160,8 @@ def launch_nodes(
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    if 0 in nodes:
+        clear_job_folder(out)
     procs = {}
     began = time.perf_counter()
     for i, node in enumerate(sorted(nodes)):
@@ -181,6 +183,22 @@ def launch_nodes(
     job = out / "job.json"
     ranks = json.loads(job.read_text()) if job.exists() else []
     return JobResult(rdzv, exits, time.perf_counter() - began, ranks, read_heartbeats(out))
+
+
+def clear_job_folder(out: Path) -> None:
+    """Remove what an earlier job left in ``out`` (its record, heartbeats, ranks' results, checkpoint), so that nothing
+    of it is read as this job's. Node 0's launcher does it, before its torchrun starts: no rank of any node writes
+    before the rendezvous, which node 0 hosts, has closed."""
+    import shutil
+
+    for stale in ("job.json", "heartbeat", "dcp", "adapter", "probe.safetensors", "adapters.safetensors"):
+        path = out / stale
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+    for path in out.glob("rank*.json"):
+        path.unlink()
 
 
 def lost_nodes(result: JobResult) -> dict[int, dict]:

@@ -139,3 +139,11 @@ def test_a_node_that_never_joins_is_named_after_the_join_timeout(twelve_steps, t
 
 def _fake_finished(rdzv):
     return MN.JobResult(rdzv, [MN.NodeExit(0, 0, "", "")], 1.0, [], [{"rank": 0, "node": 0, "step": 3}])
+
+
+def test_node_0_clears_what_an_earlier_job_left_in_a_reused_folder(tmp_path):
+    for stale in ("job.json", "rank0.json", "heartbeat/rank0.json", "dcp/.metadata", "node0.err"):
+        (tmp_path / stale).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / stale).write_text("{}")
+    MN.clear_job_folder(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["node0.err"]  # the logs are rewritten by the next launch
