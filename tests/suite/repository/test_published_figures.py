@@ -16,6 +16,7 @@ A figure edited to a value the ledger does not hold fails here."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,52 @@ def _rows() -> list[dict]:
     from lora_suite.results import ledger
 
     return ledger.read(ROOT / "reports" / "ledger.jsonl.gz")
+
+
+class Ledger:
+    """The published ledger's rows, indexed once: by run and by group, each row's figures (``_row_values``), the
+    figures of the rows each cited set and table cell describe, and each section's verdicts by its text. Every judge
+    of a page judges it section by section from the section's text and the rows alone, so a page edited in one place
+    (a figure made 1% larger) is judged anew in the section it changed only, and its other sections' verdicts are
+    the ones their unchanged text got."""
+
+    def __init__(self, rows: list[dict]) -> None:
+        self.rows = rows
+        self.by_run, self.by_group = _indexed(rows)
+        self._figures: dict[int, list[tuple[str, float]]] = {}  # id(row) -> _row_values(row)
+        self._described: dict[tuple, list[tuple[str, float]]] = {}  # (cited, column, labels) -> their figures
+        self._verdicts: dict[tuple[str, str], list[str]] = {}  # (judge, section) -> its verdicts
+
+    def row_values(self, row: dict) -> list[tuple[str, float]]:
+        if (found := self._figures.get(id(row))) is None:
+            found = self._figures[id(row)] = _row_values(row)
+        return found
+
+    def cited(self, section: str) -> tuple[frozenset[str], frozenset[str]]:
+        """The runs and the names in backticks (ledger groups) ``section`` cites."""
+        return frozenset(RUN.findall(section)), frozenset(re.findall(r"`([^`\n]+)`", section))
+
+    def rows_of(self, cited: tuple[frozenset[str], frozenset[str]]) -> list[dict]:
+        runs, groups = cited
+        return [r for run in runs for r in self.by_run.get(run, [])] + [
+            r for g in groups for r in self.by_group.get(g, [])
+        ]
+
+    def figures(self, cited: tuple, column: str | None = None, labels: tuple[str, ...] = ()) -> list[tuple[str, float]]:
+        """The figures of the cited rows (``column`` None) or of those a table cell describes (``_described``)."""
+        key = (cited, column, labels)
+        if (found := self._described.get(key)) is None:
+            rows = self.rows_of(cited)
+            rows = rows if column is None else _described(rows, column, list(labels))
+            found = self._described[key] = [v for r in rows for v in self.row_values(r)]
+        return found
+
+    def judged(self, judge: Callable[[str, Ledger], list[str]], section: str) -> list[str]:
+        """``judge(section, self)``, once per section text."""
+        key = (judge.__name__, section)
+        if (found := self._verdicts.get(key)) is None:
+            found = self._verdicts[key] = judge(section, self)
+        return found
 
 
 def _paragraphs(text: str) -> list[str]:
@@ -117,44 +164,40 @@ def _cell_context(prose: str, groups: dict[str, list[str]]) -> dict:
     return out
 
 
-def unledgered_figures(text: str, rows: list[dict]) -> list[str]:
+def unledgered_figures(text: str, ledger: Ledger) -> list[str]:
     """Each measured figure of ``text`` that no row of the runs and groups cited in its section holds."""
-    by_run: dict[str, list[dict]] = {}
-    by_group: dict[str, list[dict]] = {}
-    for r in rows:
-        by_run.setdefault(r["run_id"], []).append(r)
-        by_group.setdefault(r["group"], []).append(r)
-    bad = []
-    for section in _sections(text):
-        cited = [r for run in set(RUN.findall(section)) for r in by_run.get(run, [])]
-        cited += [r for g in set(re.findall(r"`([^`\n]+)`", section)) for r in by_group.get(g, [])]
-        values = [v for r in cited for v in _row_values(r)]
-        prose = CODE.sub("", section)
-        groups = {CODE.sub("", line): re.findall(r"`([^`\n]+)`", line) for line in section.splitlines()}
-        cells = _cell_context(prose, groups)
-        for m in FIGURE.finditer(prose):
-            kind, scale = UNITS[m.group(3)]
-            if (where := cells.get(prose.rfind("\n", 0, m.start()) + 1)) is not None:  # a table row: its cell's rows
-                column, labels = where(m.start())
-                values = [v for r in _described(cited, column, labels) for v in _row_values(r)]
-            else:
-                values = [v for r in cited for v in _row_values(r)]
-            for printed in filter(None, m.group(1, 2)):
-                half = 0.5 * 10.0 ** -len(printed.partition(".")[2]) * (1 + 1e-9)  # its printed precision
-                if not any(k == kind and abs(v / scale - float(printed)) <= half for k, v in values):
-                    heading = section.splitlines()[0][:60]
-                    bad.append(f"{printed} {m.group(3)} in '{heading}' ({prose[max(0, m.start() - 40) : m.end()]!r})")
+    return [bad for section in _sections(text) for bad in ledger.judged(_unledgered_in, section)]
+
+
+def _unledgered_in(section: str, ledger: Ledger) -> list[str]:
+    """``unledgered_figures`` of one section."""
+    bad, cited = [], ledger.cited(section)
+    prose = CODE.sub("", section)
+    groups = {CODE.sub("", line): re.findall(r"`([^`\n]+)`", line) for line in section.splitlines()}
+    cells = _cell_context(prose, groups)
+    for m in FIGURE.finditer(prose):
+        kind, scale = UNITS[m.group(3)]
+        if (where := cells.get(prose.rfind("\n", 0, m.start()) + 1)) is not None:  # a table row: its cell's rows
+            column, labels = where(m.start())
+            values = ledger.figures(cited, column, tuple(labels))
+        else:
+            values = ledger.figures(cited)
+        for printed in filter(None, m.group(1, 2)):
+            half = 0.5 * 10.0 ** -len(printed.partition(".")[2]) * (1 + 1e-9)  # its printed precision
+            if not any(k == kind and abs(v / scale - float(printed)) <= half for k, v in values):
+                heading = section.splitlines()[0][:60]
+                bad.append(f"{printed} {m.group(3)} in '{heading}' ({prose[max(0, m.start() - 40) : m.end()]!r})")
     return bad
 
 
-def cited_runs_missing(text: str, rows: list[dict]) -> list[str]:
-    known = {r["run_id"] for r in rows} | {r["group"] for r in rows}  # a scorecard's group is named like a run
+def cited_runs_missing(text: str, ledger: Ledger) -> list[str]:
+    known = set(ledger.by_run) | set(ledger.by_group)  # a scorecard's group is named like a run
     return sorted({run for run in RUN.findall(text) if run not in known})
 
 
-def wrong_check_counts(text: str, rows: list[dict]) -> list[str]:
+def wrong_check_counts(text: str, ledger: Ledger) -> list[str]:
     passed: dict[str, int] = {}
-    for r in rows:
+    for r in ledger.rows:
         if r["kind"] == "check" and r["verdict"] == "pass":
             passed[r["run_id"]] = passed.get(r["run_id"], 0) + 1
     return [
@@ -174,14 +217,14 @@ def _runs_of(line: str) -> set[str]:
     return set(full) | ({full[0][:9] + short for short in SHORT_RUN.findall(line)} if full else set())
 
 
-def wrong_run_check_counts(text: str, rows: list[dict]) -> list[str]:
+def wrong_run_check_counts(text: str, ledger: Ledger) -> list[str]:
     """Each "N checks" printed in a table row, or a paragraph, that names runs: N is the count of checks (all, or
     those that passed) of one of those runs in the ledger (0 for a run that recorded none)."""
     counts: dict[str, set[int]] = {}
-    for run in {r["run_id"] for r in rows}:
+    for run in ledger.by_run:
         counts[run] = {0}
     tallies: dict[str, list[int]] = {}
-    for r in rows:
+    for r in ledger.rows:
         if r["kind"] == "check":
             t = tallies.setdefault(r["run_id"], [0, 0])
             t[0] += 1
@@ -197,10 +240,10 @@ def wrong_run_check_counts(text: str, rows: list[dict]) -> list[str]:
     return bad
 
 
-def wrong_scores(text: str, rows: list[dict]) -> list[str]:
+def wrong_scores(text: str, ledger: Ledger) -> list[str]:
     """Each printed mutation score against the mutation runs of the ledger group its paragraph names."""
     runs: dict[str, dict[str, float]] = {}
-    for r in rows:
+    for r in ledger.rows:
         if r["run_id"].split("-", 1)[-1].startswith("mutate"):
             fig = runs.setdefault(r["run_id"], {"group": r["group"]})
             if r["kind"] == "check" and r["check"].startswith("mutation score"):
@@ -256,11 +299,6 @@ QUOTIENT = re.compile(r"(\d+(?:\.\d+)?) vs (\d+(?:\.\d+)?) \($")
 NUMBER = re.compile(r"(?<![\w.×])-?\d+(?:\.\d+)?(?![\w.×])")
 
 
-def _cited(section: str, by_run: dict, by_group: dict) -> list[dict]:
-    rows = [r for run in set(RUN.findall(section)) for r in by_run.get(run, [])]
-    return rows + [r for g in set(re.findall(r"`([^`\n]+)`", section)) for r in by_group.get(g, [])]
-
-
 def _indexed(rows: list[dict]) -> tuple[dict, dict]:
     by_run: dict[str, list[dict]] = {}
     by_group: dict[str, list[dict]] = {}
@@ -301,27 +339,29 @@ def derived(printed: str, derivation: re.Match, by_run: dict) -> str | None:
     return None if _within(printed, value) else f"the derivation gives {value:.6g}"
 
 
-def unbacked_ratios(text: str, rows: list[dict]) -> list[str]:
+def unbacked_ratios(text: str, ledger: Ledger) -> list[str]:
     """Each measured ratio ("1.182×") of ``text`` that its written derivation (``DERIVED``, ``derived``), else the
     ratio rows cited in its section (``ratio_backed``), do not give; a ratio asked for (a target, a bar) is not a
     measurement."""
-    by_run, by_group = _indexed(rows)
-    bad = []
-    for section in _sections(text):
-        cited, prose = _cited(section, by_run, by_group), CODE.sub("", section)
-        for m in RATIO.finditer(prose):
-            if derivation := DERIVED.match(prose, m.end()):
-                if why := derived(m.group(1), derivation, by_run):
-                    bad.append(f"{m.group(1)}× ({prose[max(0, m.start() - 50) : m.end()]!r}): {why}")
-                continue
-            around = prose[max(0, m.start() - 30) : m.start()] + prose[m.end() : m.end() + 14]
-            quotient = QUOTIENT.search(prose[max(0, m.start() - 40) : m.start()])
-            if quotient and _within(m.group(1), float(quotient.group(1)) / float(quotient.group(2))):
-                continue  # "0.71 vs 0.25 (2.8×)": the quotient of the two figures printed before it
-            if not TARGET.search(around) and not ratio_backed(m.group(1), cited):
-                bad.append(
-                    f"{m.group(1)}× in '{section.splitlines()[0][:60]}' ({prose[max(0, m.start() - 50) : m.end()]!r})"
-                )
+    return [bad for section in _sections(text) for bad in ledger.judged(_unbacked_ratios_in, section)]
+
+
+def _unbacked_ratios_in(section: str, ledger: Ledger) -> list[str]:
+    """``unbacked_ratios`` of one section."""
+    bad, cited, prose = [], ledger.rows_of(ledger.cited(section)), CODE.sub("", section)
+    for m in RATIO.finditer(prose):
+        if derivation := DERIVED.match(prose, m.end()):
+            if why := derived(m.group(1), derivation, ledger.by_run):
+                bad.append(f"{m.group(1)}× ({prose[max(0, m.start() - 50) : m.end()]!r}): {why}")
+            continue
+        around = prose[max(0, m.start() - 30) : m.start()] + prose[m.end() : m.end() + 14]
+        quotient = QUOTIENT.search(prose[max(0, m.start() - 40) : m.start()])
+        if quotient and _within(m.group(1), float(quotient.group(1)) / float(quotient.group(2))):
+            continue  # "0.71 vs 0.25 (2.8×)": the quotient of the two figures printed before it
+        if not TARGET.search(around) and not ratio_backed(m.group(1), cited):
+            bad.append(
+                f"{m.group(1)}× in '{section.splitlines()[0][:60]}' ({prose[max(0, m.start() - 50) : m.end()]!r})"
+            )
     return bad
 
 
@@ -379,18 +419,19 @@ def _described(rows: list[dict], column: str, labels: list[str]) -> list[dict]:
     return chosen
 
 
-def unbacked_cells(text: str, rows: list[dict]) -> list[str]:
+def unbacked_cells(text: str, ledger: Ledger) -> list[str]:
     """Each table cell whose unit is in its header (``table_cells``) that the rows it describes (``_described``,
     among those cited in its section) do not hold."""
-    by_run, by_group = _indexed(rows)
-    bad = []
-    for section in _sections(text):
-        cited = _cited(section, by_run, by_group)
-        for printed, unit, line, _, column, labels in table_cells(section):
-            kind, scale = UNITS.get(unit, (unit, 1.0))
-            values = [v for r in _described(cited, column, labels) for v in _row_values(r)]
-            if not any(k == kind and _within(printed, v / scale) for k, v in values):
-                bad.append(f"{printed} {unit} in '{section.splitlines()[0][:60]}' ({line[:90]!r})")
+    return [bad for section in _sections(text) for bad in ledger.judged(_unbacked_cells_in, section)]
+
+
+def _unbacked_cells_in(section: str, ledger: Ledger) -> list[str]:
+    """``unbacked_cells`` of one section."""
+    bad, cited = [], ledger.cited(section)
+    for printed, unit, line, _, column, labels in table_cells(section):
+        kind, scale = UNITS.get(unit, (unit, 1.0))
+        if not any(k == kind and _within(printed, v / scale) for k, v in ledger.figures(cited, column, tuple(labels))):
+            bad.append(f"{printed} {unit} in '{section.splitlines()[0][:60]}' ({line[:90]!r})")
     return bad
 
 
@@ -401,21 +442,21 @@ def prose_figures(text: str) -> list[re.Match]:
 
 
 @pytest.fixture(scope="module")
-def rows() -> list[dict]:
-    return _rows()
+def ledger() -> Ledger:
+    return Ledger(_rows())
 
 
 @pytest.mark.parametrize("page", PAGES)
-def test_each_page_cites_runs_in_the_ledger_and_prints_only_their_figures(page, rows):
+def test_each_page_cites_runs_in_the_ledger_and_prints_only_their_figures(page, ledger):
     text = (ROOT / page).read_text()
-    assert cited_runs_missing(text, rows) == []
-    assert unledgered_figures(text, rows) == []
-    assert wrong_check_counts(text, rows) == [] and wrong_scores(text, rows) == []
-    assert wrong_run_check_counts(text, rows) == []
+    assert cited_runs_missing(text, ledger) == []
+    assert unledgered_figures(text, ledger) == []
+    assert wrong_check_counts(text, ledger) == [] and wrong_scores(text, ledger) == []
+    assert wrong_run_check_counts(text, ledger) == []
     assert wrong_second_scores(text) == []
 
 
-def test_the_readme_prints_check_counts_and_mutation_scores_from_the_ledger(rows):
+def test_the_readme_prints_check_counts_and_mutation_scores_from_the_ledger(ledger):
     text = (ROOT / "README.md").read_text()
     assert CHECKS.findall(text) and len(SCORE.findall(text)) >= 2 and len(SECOND_SCORE.findall(text)) >= 2
 
@@ -426,10 +467,10 @@ BACKED = [p for p in PAGES if p != "reports/README.md"]
 
 
 @pytest.mark.parametrize("page", BACKED)
-def test_each_ratio_and_table_cell_is_a_ledger_figure_or_derived_from_two(page, rows):
+def test_each_ratio_and_table_cell_is_a_ledger_figure_or_derived_from_two(page, ledger):
     text = (ROOT / page).read_text()
-    assert unbacked_ratios(text, rows) == []
-    assert unbacked_cells(text, rows) == []
+    assert unbacked_ratios(text, ledger) == []
+    assert unbacked_cells(text, ledger) == []
 
 
 def _edited_by_one_percent(text: str, start: int, end: int) -> str | None:
@@ -439,9 +480,9 @@ def _edited_by_one_percent(text: str, start: int, end: int) -> str | None:
 
 
 @pytest.mark.parametrize("page", BACKED)
-def test_every_ratio_and_table_cell_edited_by_one_percent_fails(page, rows):
+def test_every_ratio_and_table_cell_edited_by_one_percent_fails(page, ledger):
     """Each measured ratio and each table cell with its unit in the header, in turn made 1% larger (printed to the
-    same precision: where that changes the text), is a value its rows or its derivation do not give."""
+    same precision: where that changes the text), is a value its ledger or its derivation do not give."""
     text = (ROOT / page).read_text()
     code = [m.span() for m in CODE.finditer(text)]
     spans = []
@@ -453,36 +494,36 @@ def test_every_ratio_and_table_cell_edited_by_one_percent_fails(page, rows):
         for number, _, line, offset, _, _ in table_cells(section):
             for at in re.finditer(re.escape(line), text):
                 spans.append((at.start() + offset, at.start() + offset + len(number)))
-    before = set(unbacked_ratios(text, rows)) | set(unbacked_cells(text, rows))
+    before = set(unbacked_ratios(text, ledger)) | set(unbacked_cells(text, ledger))
     escaped = []
     for start, end in spans:
         edited = _edited_by_one_percent(text, start, end)
-        after = set(unbacked_ratios(edited, rows)) | set(unbacked_cells(edited, rows)) if edited else before
+        after = set(unbacked_ratios(edited, ledger)) | set(unbacked_cells(edited, ledger)) if edited else before
         if edited and not after - before:
             escaped.append(text[max(0, start - 50) : end + 2])
     assert escaped == []
 
 
 @pytest.mark.parametrize("page", PAGES)
-def test_every_figure_of_a_page_edited_by_one_percent_fails(page, rows):
+def test_every_figure_of_a_page_edited_by_one_percent_fails(page, ledger):
     """Each figure in turn made 1% larger (printed to the same precision: where that changes the text) is a value
-    the rows it describes do not hold (a table cell: its column's and its row's; prose: its section's runs)."""
+    the ledger it describes do not hold (a table cell: its column's and its row's; prose: its section's runs)."""
     text = (ROOT / page).read_text()
     escaped = []
     for m in prose_figures(text):
         edited = _edited_by_one_percent(text, *m.span(1))
-        if edited and not unledgered_figures(edited, rows):
+        if edited and not unledgered_figures(edited, ledger):
             escaped.append(text[max(0, m.start() - 40) : m.end()])
     assert escaped == []
 
 
-def test_a_check_count_beside_its_runs_edited_by_one_fails(rows):
+def test_a_check_count_beside_its_runs_edited_by_one_fails(ledger):
     text = (ROOT / "reports/README.md").read_text()
     for old in ("82 passed, 173 checks", "127 / 132 checks", "(7 and 4 checks;"):
-        assert old in text and not wrong_run_check_counts(text, rows)
+        assert old in text and not wrong_run_check_counts(text, ledger)
         n = re.search(r"(\d+) checks", old).group(1)
         edited = text.replace(old, old.replace(f"{n} checks", f"{int(n) + 1} checks"))
-        assert wrong_run_check_counts(edited, rows), old
+        assert wrong_run_check_counts(edited, ledger), old
 
 
 @pytest.mark.parametrize(
@@ -498,14 +539,64 @@ def test_a_check_count_beside_its_runs_edited_by_one_fails(rows):
         ("captured step 72.4 ms", "captured step 71.4 ms"),
     ],
 )
-def test_a_figure_edited_to_a_value_the_ledger_does_not_hold_fails(old, new, rows):
+def test_a_figure_edited_to_a_value_the_ledger_does_not_hold_fails(old, new, ledger):
     text = (ROOT / "README.md").read_text()
     assert old in text
     edited = text.replace(old, new)
     assert (
-        cited_runs_missing(edited, rows)
-        or wrong_check_counts(edited, rows)
-        or wrong_scores(edited, rows)
+        cited_runs_missing(edited, ledger)
+        or wrong_check_counts(edited, ledger)
+        or wrong_scores(edited, ledger)
         or wrong_second_scores(edited)
-        or unledgered_figures(edited, rows)
+        or unledgered_figures(edited, ledger)
     )
+
+
+def _row(run: str, check: str, value: float, unit: str = "", detail: str = "", group: str = "g") -> dict:
+    row = {"run_id": run, "group": group, "kind": "bench", "check": check, "value": value, "threshold": None}
+    return row | {"unit": unit, "detail": detail, "verdict": "None"}
+
+
+def _scanned(text: str, rows: list[dict]) -> list[str]:
+    """The prose figures of ``text`` (no tables) that no row cited in their section holds, by a scan of every row of
+    the ledger for every figure: what ``unledgered_figures`` finds through its index."""
+    bad = []
+    for section in _sections(text):
+        runs, names = set(RUN.findall(section)), set(re.findall(r"`([^`\n]+)`", section))
+        cited = [r for r in rows if r["run_id"] in runs or r["group"] in names]
+        for m in FIGURE.finditer(CODE.sub("", section)):
+            kind, scale = UNITS[m.group(3)]
+            for printed in filter(None, m.group(1, 2)):
+                if not any(k == kind and _within(printed, v / scale) for r in cited for k, v in _row_values(r)):
+                    bad.append(f"{printed} {m.group(3)}")
+    return bad
+
+
+def test_the_indexed_ledger_finds_the_figures_a_scan_of_every_row_finds():
+    a, b = "20260101T000000Z-bench", "20260101T000001Z-memory"
+    rows = [_row(a, "fwd: step ms", 12.34, detail="min 11.9 max 12.8"), _row(a, "wall s", 95.0, unit="s")]
+    rows += [_row(b, "peak (GiB)", 40.21, group="issue9"), _row(b, "reserved", 512.0, unit="MiB", group="issue9")]
+    page = (
+        f"# Speed\n\nRun {a}: a step of 12.3 ms (11.9-12.8 ms), 1.6 min in all.\n\n"
+        f"# Memory\n\nIn `issue9`: 40.2 GiB at peak, 0.5 GiB reserved, 43.2 GB.\n\n# Nothing cited\n\nA 12.3 ms step.\n"
+    )
+    ledger = Ledger(rows)
+    variants = [page, page.replace(a, b), page.replace("`issue9`", f"`g` {a}")]
+    variants += [edited for m in prose_figures(page) if (edited := _edited_by_one_percent(page, *m.span(1)))]
+    for text in variants:  # one index for all of them, as the 1%-edit cases use it, and a fresh one for each
+        found = [bad.split(" in ")[0] for bad in unledgered_figures(text, ledger)]
+        assert found == _scanned(text, rows) == [bad.split(" in ")[0] for bad in unledgered_figures(text, Ledger(rows))]
+    assert _scanned(page, rows) == ["12.3 ms"] and len(variants) == 8
+    assert all(_scanned(text, rows) != ["12.3 ms"] for text in variants[1:])
+
+
+@pytest.mark.parametrize("page", ["docs/fused.md", "reports/README.md"])
+def test_an_edited_page_gets_from_the_indexed_ledger_the_verdicts_a_fresh_index_gives(page, ledger):
+    """The verdicts kept for a page's unchanged sections are those its sections get afresh."""
+    text = (ROOT / page).read_text()
+    edits = [edited for m in prose_figures(text) if (edited := _edited_by_one_percent(text, *m.span(1)))]
+    for edited in (edits[len(edits) // 3], edits[-1]):
+        fresh = Ledger(ledger.rows)
+        for judge in (unledgered_figures, unbacked_ratios, unbacked_cells) if page in BACKED else (unledgered_figures,):
+            assert judge(edited, ledger) == judge(edited, fresh), judge.__name__
+        assert unledgered_figures(edited, ledger)
