@@ -50,6 +50,7 @@ class Rendezvous:
     nnodes: int
     nproc_per_node: int
     join_timeout_s: int = 120
+    read_timeout_s: int | None = None  # how long a node waits for the store to answer (torch's default: 60 s)
 
     def __post_init__(self) -> None:
         parse_endpoint(self.endpoint)
@@ -67,6 +68,8 @@ class Rendezvous:
         if not 0 <= node < self.nnodes:
             raise ValueError(f"node {node}: expected 0 to {self.nnodes - 1} for a job of {self.nnodes} node(s)")
         conf = f"join_timeout={self.join_timeout_s},is_host={'true' if node == 0 else 'false'}"
+        if self.read_timeout_s is not None:
+            conf += f",read_timeout={self.read_timeout_s}"
         return [
             f"--nnodes={self.nnodes}",
             f"--nproc-per-node={self.nproc_per_node}",
@@ -230,6 +233,9 @@ def not_joined(result: JobResult) -> str | None:
     )
 
 
+FOLLOWER_WAIT_S = 3600  # a node other than node 0 waits this long for node 0, which runs the references in between
+
+
 def free_port() -> int:
     """A TCP port free on this host now (for a rendezvous on localhost)."""
     import socket
@@ -256,9 +262,24 @@ class Topology:
     def judge(self) -> bool:
         return 0 in self.local_nodes
 
-    def rendezvous(self, job_id: str, join_timeout_s: int, nnodes: int | None = None) -> Rendezvous:
-        endpoint = self.endpoint or f"127.0.0.1:{free_port()}"
-        return Rendezvous(endpoint, job_id, nnodes or self.nnodes, self.nproc_per_node, join_timeout_s)
+    def rendezvous(self, job_id: str, join_timeout_s: int, *, job_index: int | None = None) -> Rendezvous:
+        """The rendezvous of one job of every node. Across hosts, job ``job_index`` of the tier's fixed list meets at
+        node 0's PORT + ``job_index``: a node never reaches the store of another job (one that is still ending, say),
+        and a node other than node 0, which may arrive while node 0's host still judges the job before, waits for
+        the store and the others ``follower_wait_s``. On one host: a free localhost port."""
+        if self.endpoint is None:
+            return Rendezvous(f"127.0.0.1:{free_port()}", job_id, self.nnodes, self.nproc_per_node, join_timeout_s)
+        if job_index is None:
+            raise ValueError(f"job {job_id!r}: across hosts every job of every node needs its index in the tier's list")
+        host, port = parse_endpoint(self.endpoint)
+        wait = None if self.judge else FOLLOWER_WAIT_S
+        return Rendezvous(
+            f"{host}:{port + job_index}", job_id, self.nnodes, self.nproc_per_node, wait or join_timeout_s, wait
+        )
+
+    def local_rendezvous(self, job_id: str, join_timeout_s: int, nnodes: int) -> Rendezvous:
+        """A job of this host's nodes only (``nnodes`` of them, here), on a free localhost port."""
+        return Rendezvous(f"127.0.0.1:{free_port()}", job_id, nnodes, self.nproc_per_node, join_timeout_s)
 
 
 def topology(visible: int, nodes: int | None = None, node_rank: int | None = None, endpoint: str | None = None):

@@ -38,6 +38,8 @@ from lora_suite.settings.config import CONFIG_DIR, TierConfig
 pytestmark = [pytest.mark.gpu, pytest.mark.multinode]
 CONFIG = CONFIG_DIR / "multinode.yaml"
 JOB_TIMEOUT_S = 420
+# The jobs that span nodes, in the order every host runs them; across hosts job i meets at node 0's PORT + i.
+JOBS = ("ddp", "fsdp", "planted-dcp", "planted-no-sync", "node-lost", "never-joined")
 SOURCE = "configs/multinode.yaml"
 
 
@@ -54,8 +56,12 @@ class Jobs:
     end_s: float  # criteria.rank_failure_seconds_max
 
     def run(self, name: str, *, nnodes: int | None = None, nodes=None, **worker) -> MN.JobResult:
-        """Job ``name`` (its rendezvous id ``multinode-<name>``, the same on every host); this host's nodes of it."""
-        rdzv = self.topo.rendezvous(f"multinode-{name}", int(self.join_s), nnodes)
+        """Job ``name`` (its rendezvous id ``multinode-<name>``, its port across hosts from its place in ``JOBS``, the
+        same on every host); this host's nodes of it. ``nnodes``: a job of this host's nodes only (one-node)."""
+        if nnodes is not None:
+            rdzv = self.topo.local_rendezvous(f"multinode-{name}", int(self.join_s), nnodes)
+        else:
+            rdzv = self.topo.rendezvous(f"multinode-{name}", int(self.join_s), job_index=JOBS.index(name))
         started = list(self.topo.local_nodes if nodes is None else nodes)
         started = [k for k in started if k < rdzv.nnodes]
         devices = list(self.topo.devices[: len(started)]) if self.topo.devices else None
@@ -64,7 +70,7 @@ class Jobs:
             started,
             CONFIG,
             self.base / name,
-            timeout_s=JOB_TIMEOUT_S,
+            timeout_s=JOB_TIMEOUT_S + (rdzv.read_timeout_s or 0),  # a follower also waits for node 0
             devices=devices,
             implementation=self.tier.impl.name,
             **worker,

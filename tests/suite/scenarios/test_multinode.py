@@ -56,7 +56,13 @@ def test_one_host_splits_its_gpus_into_nodes_and_across_hosts_runs_its_own_node(
     assert MN.topology(5, nodes=2).devices == ("0,1", "2,3")  # the fifth GPU idles: nodes are of equal size
     two = MN.topology(8, nodes=2, node_rank=1, endpoint="hostA:29500")
     assert (two.nproc_per_node, two.local_nodes, two.devices, two.judge) == (8, (1,), None, False)
-    assert two.rendezvous("j", 30).endpoint == "hostA:29500"
+    follower = two.rendezvous("j", 30, job_index=2)  # job 2 of the tier's list meets at PORT + 2
+    assert follower.endpoint == "hostA:29502" and follower.join_timeout_s == follower.read_timeout_s == 3600
+    assert "read_timeout=3600" in follower.torchrun_args(1)[6]  # it waits while node 0's host judges the job before
+    judge = MN.topology(8, nodes=2, node_rank=0, endpoint="hostA:29500").rendezvous("j", 30, job_index=0)
+    assert (judge.endpoint, judge.join_timeout_s, judge.read_timeout_s) == ("hostA:29500", 30, None)
+    with pytest.raises(ValueError, match="across hosts every job of every node needs its index"):
+        two.rendezvous("j", 30)
     with pytest.raises(ValueError, match="1 GPU.s. visible: 2 nodes on one host need at least 2"):
         MN.topology(1)
     with pytest.raises(ValueError, match="--node-rank 2: expected 0 to 1 with --rdzv-endpoint"):
@@ -147,3 +153,24 @@ def test_node_0_clears_what_an_earlier_job_left_in_a_reused_folder(tmp_path):
         (tmp_path / stale).write_text("{}")
     MN.clear_job_folder(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["node0.err"]  # the logs are rewritten by the next launch
+
+
+def test_a_node_that_arrives_before_node_0_waits_for_it(twelve_steps, tmp_path):
+    """Across hosts node 1 often comes first (node 0's host is still judging the job before): with the follower's
+    read timeout it waits for node 0's store instead of failing at once."""
+    import threading
+    import time
+
+    port = MN.free_port()
+    early = MN.Rendezvous(f"127.0.0.1:{port}", "wait", 2, 1, join_timeout_s=60, read_timeout_s=60)
+    done: dict = {}
+    waiting = threading.Thread(
+        target=lambda: done.update(n1=MN.launch_nodes(early, [1], twelve_steps, tmp_path, timeout_s=200, device="cpu"))
+    )
+    waiting.start()
+    time.sleep(8)  # node 1's agent is up and waiting for a store nobody hosts yet
+    node0 = MN.Rendezvous(f"127.0.0.1:{port}", "wait", 2, 1, join_timeout_s=60)
+    res = MN.launch_nodes(node0, [0], twelve_steps, tmp_path, timeout_s=200, device="cpu")
+    waiting.join()
+    assert res.nodes[0].returncode == 0 and done["n1"].nodes[0].returncode == 0, res.summary() + done["n1"].summary()
+    assert len(res.ranks) == 2 and {r["node"] for r in res.ranks} == {0, 1}
