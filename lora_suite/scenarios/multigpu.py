@@ -135,11 +135,15 @@ def launch(config: str | Path, out: str | Path, nproc: int, *, timeout_s: float,
 
 
 def failure_summary(result: LaunchResult) -> str | None:
-    """What the job's output says failed: torchrun's root-cause rank and each rank's first error line
-    (``[rankN]: SomeError: message``); None when there is neither."""
+    """What the job's output says failed (``failure_lines`` of its stderr and stdout)."""
+    return failure_lines(result.stderr + "\n" + result.stdout)
+
+
+def failure_lines(text: str) -> str | None:
+    """torchrun's root-cause rank and each rank's first error line (``[rankN]: SomeError: message``) in ``text``, a
+    job's output; None when there is neither."""
     import re
 
-    text = result.stderr + "\n" + result.stdout
     first: dict[str, str] = {}
     for ln in text.splitlines():
         m = re.match(r"\[rank(\d+)\]: \w+(\.\w+)*(Error|Exception)\b", ln)
@@ -280,6 +284,14 @@ def fsdp_peak_bound(peak_one_gpu: float, terms: dict[str, int], factor: int) -> 
     return sharded_peak(peak_one_gpu, terms["sharded"], terms["transient"], factor)
 
 
+def as_bits(t):
+    """``t``'s bits as integers of its element's width (a view, no copy): what a checksum or a digest reads, so that
+    -0.0 and 0.0, or two NaNs of other payloads, differ as they do in memory."""
+    import torch
+
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
 def base_checksums(model) -> dict[str, tuple[float, float]]:
     """Per frozen parameter, two sums over its bits (plain and position-weighted), taken on the whole tensor
     (gathered when sharded: a collective, every rank calls it). Equal before and after training: untouched."""
@@ -291,15 +303,7 @@ def base_checksums(model) -> dict[str, tuple[float, float]]:
     for name, p in model.named_parameters():
         if p.requires_grad:
             continue
-        bits = full_tensor(p.detach()).contiguous().view(-1)
-        bits = (
-            bits.view(torch.int16)
-            if bits.element_size() == 2
-            else bits.view(torch.int32)
-            if bits.element_size() == 4
-            else bits
-        )
-        v = bits.to(torch.float64)
+        v = as_bits(full_tensor(p.detach()).contiguous().view(-1)).to(torch.float64)
         pos = torch.arange(1, v.numel() + 1, device=v.device, dtype=torch.float64) % 65521
         sums[name] = (float(v.sum()), float((v * pos).sum()))
     return sums

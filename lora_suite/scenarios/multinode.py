@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from lora_suite.scenarios.multigpu import failure_summary, launch_env, worker_args
+from lora_suite.scenarios.multigpu import failure_lines, launch_env, worker_args
 from lora_suite.scenarios.multinode_checks import read_heartbeats
 from lora_suite.scenarios.process_tree import kill_tree
 
@@ -141,13 +141,11 @@ class JobResult:
         return any(n.returncode is None for n in self.nodes)
 
     def summary(self) -> str:
-        """One line per node: how it ended and its first errors (``multigpu.failure_summary``)."""
-        from lora_suite.scenarios.multigpu import LaunchResult
-
+        """One line per node: how it ended and its first errors (``multigpu.failure_lines``)."""
         lines = []
         for n in self.nodes:
             how = "timed out" if n.returncode is None else f"exit {n.returncode}"
-            errors = failure_summary(LaunchResult(0, n.returncode, self.seconds, n.stdout, n.stderr, []))
+            errors = failure_lines(n.stderr + "\n" + n.stdout)
             lines.append(f"node {n.node}: {how}" + (f"; {errors}" if errors else ""))
         return "\n".join(lines)
 
@@ -268,7 +266,7 @@ class Topology:
         and a node other than node 0, which may arrive while node 0's host still judges the job before, waits for
         the store and the others ``follower_wait_s``. On one host: a free localhost port."""
         if self.endpoint is None:
-            return Rendezvous(f"127.0.0.1:{free_port()}", job_id, self.nnodes, self.nproc_per_node, join_timeout_s)
+            return self.local_rendezvous(job_id, join_timeout_s, self.nnodes)
         if job_index is None:
             raise ValueError(f"job {job_id!r}: across hosts every job of every node needs its index in the tier's list")
         host, port = parse_endpoint(self.endpoint)

@@ -71,19 +71,14 @@ def stop_node_hook(node: int, local_rank: int, stop_node: int | None, stop_at: i
 def adapters_digest(adapters: dict) -> str:
     """SHA-256 over every adapter tensor's bytes, whole (a collective where FSDP2 shards them), in name order."""
     from lora_core.adapters import full_tensor
+    from lora_suite.scenarios.multigpu import as_bits
 
     h = hashlib.sha256()
     for name in sorted(adapters):
         t = full_tensor(adapters[name].detach()).contiguous().cpu()
         h.update(name.encode())
-        h.update(t.view(-1).view(dtype=_bits(t)).numpy().tobytes())
+        h.update(as_bits(t.view(-1)).numpy().tobytes())
     return h.hexdigest()
-
-
-def _bits(t):
-    import torch
-
-    return {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
 
 
 def ranks_digests(adapters: dict) -> list[str]:

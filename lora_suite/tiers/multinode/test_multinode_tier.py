@@ -63,7 +63,6 @@ class Jobs:
         else:
             rdzv = self.topo.rendezvous(f"multinode-{name}", int(self.join_s), job_index=JOBS.index(name))
         started = list(self.topo.local_nodes if nodes is None else nodes)
-        started = [k for k in started if k < rdzv.nnodes]
         devices = list(self.topo.devices[: len(started)]) if self.topo.devices else None
         res = MN.launch_nodes(
             rdzv,
@@ -83,7 +82,7 @@ class Jobs:
 
     def require(self, res: MN.JobResult, what: str) -> MN.JobResult:
         """``res`` if it finished with every rank's record; else the test fails with each node's end and errors."""
-        if not res.ok and self.topo.judge:
+        if not res.ok:
             pytest.fail(
                 f"{what} job did not finish with every rank's record after {res.seconds:.0f} s:\n{res.summary()}"
             )
@@ -100,8 +99,9 @@ def _jobs(tier, request, tmp_path) -> Jobs:
         pytest.skip(f"the multinode tier does not fit here: {exc}")
     cfg = tier.config("multinode")
     crit = cfg.criteria
-    needed = ("resume_at_step", "rendezvous_join_seconds", "rank_failure_seconds_max", "loss_match_factor")
-    if unset := [k for k in needed + ("loss_match_floor", "control_perturbation") if getattr(crit, k) is None]:
+    needed = ("resume_at_step", "rendezvous_join_seconds", "rank_failure_seconds_max", "loss_match_factor",
+              "loss_match_floor", "control_perturbation")  # fmt: skip
+    if unset := [k for k in needed if getattr(crit, k) is None]:
         pytest.fail(f"{SOURCE}: criteria {unset} are null; the multinode tier judges with each of them")
     assert crit.resume_at_step and crit.rendezvous_join_seconds and crit.rank_failure_seconds_max  # checked above
     base = Path(shared) if shared else tmp_path
