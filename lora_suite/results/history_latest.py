@@ -17,7 +17,7 @@ import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from lora_suite.results.history_data import Group
+from lora_suite.results.history_data import Group, Point
 
 
 @dataclass(frozen=True)
@@ -31,16 +31,6 @@ class Latest:
     regression: str = ""  # what the compare gate found against the GPU's previous run; "" when nothing
 
 
-@dataclass(frozen=True)
-class Cell:
-    """A figure's value in one GPU's latest run."""
-
-    value: float
-    threshold: float | None = None
-    op: str = ""
-    passed: bool = True
-
-
 @dataclass
 class SideBySide:
     """One implementation and tier: ``latest[gpu]`` (absent: that GPU has no run of them) and ``cells[figure][gpu]``
@@ -50,13 +40,13 @@ class SideBySide:
     tier: str
     gpus: tuple[str, ...]
     latest: dict[str, Latest] = field(default_factory=dict)
-    cells: dict[str, dict[str, Cell]] = field(default_factory=dict)
+    cells: dict[str, dict[str, Point]] = field(default_factory=dict)  # a figure's point in that GPU's latest run
 
     @property
     def figures(self) -> list[str]:
         return sorted(self.cells)
 
-    def cell(self, figure: str, gpu: str) -> Cell | None:
+    def cell(self, figure: str, gpu: str) -> Point | None:
         return self.cells.get(figure, {}).get(gpu)
 
 
@@ -76,8 +66,7 @@ def latest_per_gpu(groups: list[Group]) -> list[SideBySide]:
         for name, points in g.figures.items():
             point = next((p for p in reversed(points) if p.run == run), None)
             if point is not None:
-                cell = Cell(point.value, point.threshold, point.op, point.passed)
-                table.cells.setdefault(name, {})[g.gpu] = cell
+                table.cells.setdefault(name, {})[g.gpu] = point
     return [tables[k] for k in sorted(tables)]
 
 

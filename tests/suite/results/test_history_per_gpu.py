@@ -15,12 +15,22 @@ import pytest
 from lora_suite.cli import main as lora_suite
 from lora_suite.results import history, ledger, synthetic_history
 from lora_suite.results.history_data import Group
-from lora_suite.results.history_latest import Cell, latest_per_gpu
+from lora_suite.results.history_latest import latest_per_gpu
 from tests.suite.results.headless import chromium, open_offline, page_data
 
 SHOT = Path(__file__).resolve().parents[3] / "reports" / "ci" / "history-per-gpu.png"  # kept beside history-page.png
 H100, H200, A100 = synthetic_history.GPUS
 RUN = "20260303T021700Z-quick"  # the fleet's last night of quick: every GPU type's run has this id
+
+
+def _cell(value, threshold=None, op="", passed=True):
+    """What a cell shows, as the page draws it."""
+    return (value, threshold, op, passed)
+
+
+def _shown(point):
+    """A side-by-side cell (the figure's point in that GPU's latest run) as the page shows it."""
+    return None if point is None else (point.value, point.threshold, point.op, point.passed)
 
 
 def _check0(night: int, gpu: str) -> float:
@@ -42,10 +52,12 @@ def test_each_gpu_type_shows_its_latest_run_side_by_side():
         g: (RUN, dt.datetime(2026, 3, 3, 2, 17, tzinfo=dt.timezone.utc), "0000003") for g in (A100, H100, H200)
     }
     for gpu in quick.gpus:
-        assert quick.cell("check 0", gpu) == Cell(_check0(3, gpu), 1.2, "<=", True)
-        assert quick.cell("step ms", gpu) == Cell(50.0 + 10 * synthetic_history.GPUS.index(gpu) + 3)
-    assert quick.cell("check 1", H200) == Cell(1.5, 1.2, "<=", False)  # its last night failed, the others passed
-    assert quick.cell("check 1", H100) == Cell(1.0, 1.2, "<=", True)
+        assert _shown(quick.cell("check 0", gpu)) == _cell(_check0(3, gpu), 1.2, "<=", True)
+        assert _shown(quick.cell("step ms", gpu)) == _cell(50.0 + 10 * synthetic_history.GPUS.index(gpu) + 3)
+    assert _shown(quick.cell("check 1", H200)) == _cell(
+        1.5, 1.2, "<=", False
+    )  # its last night failed, the others passed
+    assert _shown(quick.cell("check 1", H100)) == _cell(1.0, 1.2, "<=", True)
     assert quick.latest[H200].regression == "check check 1: passed -> failed" and quick.latest[H100].regression == ""
 
 
@@ -53,7 +65,7 @@ def test_a_gpu_without_a_run_of_the_tier_has_an_empty_column():
     memory = _table(latest_per_gpu(history.collect_rows(synthetic_history.fleet())), "memory")
     assert memory.gpus == (A100, H100, H200)  # every GPU type of the history has its column
     assert A100 not in memory.latest and all(memory.cell(f, A100) is None for f in memory.figures)
-    assert memory.cell("check 0", H100) == Cell(_check0(3, H100), 1.2, "<=", True)
+    assert _shown(memory.cell("check 0", H100)) == _cell(_check0(3, H100), 1.2, "<=", True)
 
 
 def test_the_latest_run_is_per_gpu_and_a_figure_it_lacks_is_not_taken_from_an_older_run():
@@ -66,9 +78,11 @@ def test_the_latest_run_is_per_gpu_and_a_figure_it_lacks_is_not_taken_from_an_ol
     tables = latest_per_gpu(history.collect_rows(rows))
     memory, quick = _table(tables, "memory"), _table(tables, "quick")
     assert memory.latest[H200].run == "20260302T021700Z-memory" and memory.latest[H100].run == "20260303T021700Z-memory"
-    assert memory.cell("check 0", H200) == Cell(_check0(2, H200), 1.2, "<=", True)  # its night 2, not the H100's 3
-    assert memory.cell("check 0", H100) == Cell(_check0(3, H100), 1.2, "<=", True)
-    assert quick.cell("step ms", H100) is None and quick.cell("step ms", H200) == Cell(63.0)
+    assert _shown(memory.cell("check 0", H200)) == _cell(
+        _check0(2, H200), 1.2, "<=", True
+    )  # its night 2, not the H100's 3
+    assert _shown(memory.cell("check 0", H100)) == _cell(_check0(3, H100), 1.2, "<=", True)
+    assert quick.cell("step ms", H100) is None and _shown(quick.cell("step ms", H200)) == _cell(63.0)
 
 
 def test_two_groups_of_one_gpu_implementation_and_tier_are_refused():
