@@ -43,7 +43,7 @@ TABLE = (
 COLUMNS = ("operation", "impl", "median ms", "least round ms", "greatest round ms", "÷ torch merge", "range", "verdict")
 NOT_TIMED = "merge and unmerge: implementations not timed, and why"
 GUARD_SOURCE = (
-    "tol = 8·(u_bf16 + u_fp32·√in) against float64 (lora_suite/engine/parity.py), the bound layer_checks.merged "
+    "tol = 8·(u_bf16 + u_fp32·√in) against float64 (lora_suite/judges/parity.py), the bound layer_checks.merged "
     "judges a merge by; the adapters the layer still holds zeroed first (invariant_checks.merge_folds)"
 )
 

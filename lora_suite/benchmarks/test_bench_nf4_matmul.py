@@ -31,7 +31,7 @@ import torch
 
 from lora_core.nf4 import dequantize_nf4, quantize_nf4
 from lora_core.ops.nf4_matmul import CONFIG, WEIGHT_FIRST_CONFIG
-from lora_suite.engine.parity import compare, tolerance
+from lora_suite.judges.parity import compare, tolerance
 from lora_suite.measure.round_spread import Spread
 from lora_suite.measure.timing import interleaved_rounds
 

@@ -1,5 +1,5 @@
 """Layer probes: one decoder block's projections, adapted through *any* implementation's ``inject``, run forward and
-backward on random inputs; ``lora_suite.engine.probe_judge`` judges the run tensor by tensor against float64 computed
+backward on random inputs; ``lora_suite.judges.probe_judge`` judges the run tensor by tensor against float64 computed
 from the same base and adapter tensors.
 
 The probe is the smallest model every implementation can take as it takes a Llama: a ``ProbeBlock`` with an

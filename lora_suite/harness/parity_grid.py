@@ -4,8 +4,8 @@ the tensors beyond tolerance, which must be none of the grid's."""
 
 from __future__ import annotations
 
-from lora_suite.engine.parity import GRID_COLUMNS, grid_row
 from lora_suite.harness.report_records import Series
+from lora_suite.judges.parity import GRID_COLUMNS, grid_row
 
 
 def report_grid(run_report, check, cases, grid: tuple[str, str, str], source: str, title: str = "", x: str = "x"):

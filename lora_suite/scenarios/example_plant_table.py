@@ -42,6 +42,10 @@ _DEFECTS = {
         "the first model's settings kept on the implementation (saved for every later model)"
     ),
     "served_by_kept_on_the_implementation": "served_by's first answer kept on the implementation",
+    "lora_input_grad_nan_to_num": "NaN/Inf replaced in the gradient the LoRA path returns to its input",
+    "rank_cut_at_tile": "only the first 128 rank components used (right at r <= 128)",
+    "load_takes_complete_pairs": "load_adapter takes a folder holding part of the adapters (complete pairs only checked)",
+    "merge_oriented_by_shape": "merge delta oriented by the weight's shape (transposed on square layers)",
 }
 
 # The checks that more than one plant must fail.
@@ -85,6 +89,10 @@ _CHECKS = {
     "inference_cast_cache_kept_over_to": _LIFECYCLE,
     "settings_kept_on_the_implementation": _SHARED_STATE,
     "served_by_kept_on_the_implementation": _SHARED_STATE,
+    "lora_input_grad_nan_to_num": _NAN_KEPT,
+    "rank_cut_at_tile": "layer properties: drawn cases off the float64 function",
+    "load_takes_complete_pairs": "folder with one layer's adapters missing: refused",
+    "merge_oriented_by_shape": "layer properties: drawn cases whose merged weights are not W + s·B·A rounded once",
 }
 
 # The plants only the extended tier can catch (the quick tier catches the rest): the leak's check must be a memory

@@ -297,6 +297,12 @@ def load_takes_what_fits():
 
 
 from lora_suite.scenarios.example_plants_arch import base_bias_dropped, base_bias_left_trainable  # noqa: E402,F401
+from lora_suite.scenarios.example_plants_edges import (  # noqa: E402,F401
+    load_takes_complete_pairs,
+    lora_input_grad_nan_to_num,
+    merge_oriented_by_shape,
+    rank_cut_at_tile,
+)
 from lora_suite.scenarios.example_plants_state import (  # noqa: E402,F401
     inference_cast_cache_kept_over_to,
     inference_weight_cached,

@@ -2,7 +2,7 @@
 ``--lora-impl lora_suite.scenarios.example_plants:<name>``; ``example_plant_table.PLANTS`` names the check that must
 catch it): a value computed once and reused, or one that depends on what ran before. Each passes every check that
 judges one call or one fixed sequence (the parity grid, eval mode, merge, the round trip); the adapter lifecycle
-(``lora_suite.engine.lifecycle``) catches it within a few rules.
+(``lora_suite.judges.lifecycle``) catches it within a few rules.
 
 - ``inference_weight_cached``: inference (eval mode, no grad) runs on W + s·B·A cached at its first call;
   ``load_adapter`` empties the cache, an optimizer step does not: eval after more training shows the old adapters;

@@ -10,7 +10,7 @@ A timed call runs on a fresh copy of the saved layer (``fresh``: the adapted lay
 outside the timed region, so no call runs on weights an earlier one changed), then is guarded outside it (``guard``):
 with every adapter tensor the layer still holds zeroed, each projection's output on a fixed input is, after a merge,
 the float64 adapted function x Wᵀ + s·(x Aᵀ) Bᵀ and, after an unmerge, the base function x Wᵀ, within the parity
-tolerance the suite judges a merge by (``lora_suite.engine.parity.tolerance``: 8·(u_bf16 + u_fp32·√in), 0.031;
+tolerance the suite judges a merge by (``lora_suite.judges.parity.tolerance``: 8·(u_bf16 + u_fp32·√in), 0.031;
 ``layer_checks.merged``, docs/lora-spec.md MERGE). Zeroed first, as in ``invariant_checks.merge_folds``: a merge that did
 nothing then gives the base function and fails; ``Reference.reach``: how far apart the two functions are, in tolerances.
 
@@ -36,8 +36,8 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from lora_suite.engine.parity import compare, tolerance
 from lora_suite.implementations.contract import AdapterSpec, ImplementationError, LoRAImplementation, adapted_modules
+from lora_suite.judges.parity import compare, tolerance
 from lora_suite.measure.round_spread import Spread, speedup
 from lora_suite.measure.timing import PairedEstimate, TimingStats
 from lora_suite.scenarios.fused_table import schedule

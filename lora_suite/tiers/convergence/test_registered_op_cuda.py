@@ -13,7 +13,7 @@ import torch
 
 import lora_core
 from lora_core.ops.registered import lora_linear_op
-from lora_suite.engine.parity import random_case
+from lora_suite.judges.parity import random_case
 
 pytestmark = [pytest.mark.gpu, pytest.mark.convergence, pytest.mark.needs_feature("lora_core_ops")]
 

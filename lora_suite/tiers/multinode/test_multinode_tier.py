@@ -211,10 +211,10 @@ def _peft_reads(jobs: Jobs, trained, folder) -> None:
     except ImportError as exc:
         tier.check.not_applicable("fsdp: PEFT's loader reads the gathered folder", f"peft does not import ({exc})")
         return
-    from lora_suite.engine import peft_folder as PF
     from lora_suite.engine.models import build_model
     from lora_suite.engine.prepare import DTYPES, adapter_spec
     from lora_suite.engine.probes import spec_scale
+    from lora_suite.judges import peft_folder as PF
 
     def base():
         return build_model(cfg.model, cfg.weights, DTYPES[cfg.dtype], "cuda", seed=cfg.train.seed).model

@@ -1,4 +1,4 @@
-"""The adapter's lifecycle for the implementation under test, whatever it is (``lora_suite.engine.lifecycle``): rule
+"""The adapter's lifecycle for the implementation under test, whatever it is (``lora_suite.judges.lifecycle``): rule
 sequences drawn by Hypothesis (training steps with SGD or AdamW, forwards in train and eval mode, two forwards before
 one backward, a checkpointed forward, adapters rewritten in place, merge, save, load into a fresh model or the same
 one, a cast of the whole block to another dtype), and after every rule the model must compute the float64 function of
@@ -14,9 +14,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lora_suite.engine import lifecycle as LC
 from lora_suite.engine import probes as P
 from lora_suite.implementations import AdapterSpec
+from lora_suite.judges import lifecycle as LC
 
 pytestmark = [pytest.mark.gpu, pytest.mark.quick]
 
@@ -28,7 +28,7 @@ ODD_BIAS = P.BlockShape("lifecycle-bias", 192, 128, 64, 320, bias=True)  # Qwen2
 # alpha = 12 over r = 8: s = 1.5, no whole-number ratio (as the scaling tests of test_layer_invariants.py)
 R, ALPHA = 8, 12.0
 # The sequences of one dtype in two parts of 12, each its own test (side by side over the tier's workers): one test of
-# 24 took ~27 s on an H200 (run 20261127T112541Z-quick) and set the tier's wall time (lora_suite/engine/lifecycle.py _settings).
+# 24 took ~27 s on an H200 (run 20261127T112541Z-quick) and set the tier's wall time (lora_suite/judges/lifecycle.py _settings).
 PARTS = 2
 
 

@@ -1,4 +1,4 @@
-"""The adapter round trip of the implementation under test (``lora_suite.engine.round_trip``): three training steps,
+"""The adapter round trip of the implementation under test (``lora_suite.judges.round_trip``): three training steps,
 ``save_adapter``, a fresh model, ``load_adapter``: the folder holds the trained tensors, the fresh model gets them
 back bitwise and computes the trained logits bitwise; folders with a planted wrong lora_alpha, r or use_rslora are
 refused (or honoured), never loaded as if they matched, on a model with rsLoRA too; folders whose weights do not fit (an adapter missing, a tensor of no
@@ -11,12 +11,12 @@ import dataclasses
 
 import pytest
 
-from lora_suite.engine import broken_folders as BF
-from lora_suite.engine import peft_folder as PF
-from lora_suite.engine import round_trip as RT
 from lora_suite.engine.models import build_model
 from lora_suite.engine.prepare import DTYPES, adapter_spec
 from lora_suite.engine.probes import spec_scale
+from lora_suite.judges import broken_folders as BF
+from lora_suite.judges import peft_folder as PF
+from lora_suite.judges import round_trip as RT
 
 pytestmark = [pytest.mark.gpu, pytest.mark.quick, pytest.mark.model_code]
 STEPS = 3  # enough to move every adapter (B starts at zero) and the logits bitwise

@@ -2,7 +2,7 @@
 Qwen3 with q/k norms, Gemma 2 with tied embeddings and soft-capping, Mistral, Phi-3 with fused projections, Qwen3-MoE)
 x the implementation under test: the whole adapted model against the float64 function of the base with W + s·B·A in
 place of each adapted weight, its base weights and biases frozen and untouched by a step, every target adapted
-(``lora_suite.engine.model_function``). A family the implementation declares it cannot adapt is recorded as not
+(``lora_suite.judges.model_function``). A family the implementation declares it cannot adapt is recorded as not
 applicable with its own reason; so are the MoE's expert parameters (the contract has no per-expert adapter yet).
 
 Each family is a 2-layer model of about 100 000 parameters in fp32 (judged at fp32-level error): well under a second
@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lora_suite.engine import model_function as MF
 from lora_suite.engine.architectures import ARCHITECTURES
+from lora_suite.judges import model_function as MF
 
 pytestmark = [pytest.mark.gpu, pytest.mark.quick, pytest.mark.model_code]  # builds transformers models
 

@@ -21,9 +21,9 @@ import torch.nn.functional as F
 
 from lora_core.ops import kernel_variants as kv
 from lora_core.ops.linear_cross_entropy import linear_cross_entropy
-from lora_suite.engine.parity import MLP_STAGES as STAGES
-from lora_suite.engine.parity import compare, tolerance
 from lora_suite.harness.parity_grid import report_grid
+from lora_suite.judges.parity import MLP_STAGES as STAGES
+from lora_suite.judges.parity import compare, tolerance
 
 pytestmark = [pytest.mark.gpu, pytest.mark.quick, pytest.mark.needs_feature("lora_core_ops")]
 

@@ -4,7 +4,7 @@ replays bitwise equal to eager (a whole model's fused step-0 gradients: ``test_m
 
 Reference: the unfused layers composed by autograd in float64 (``lora_linear_torch``, F.silu), independent of
 the fused code. Tolerance: ``FUSED_STAGES · tolerance(dtype, k)`` with k the largest inner dimension, where
-``tolerance`` is the single LoRA op's bound (``lora_suite/engine/parity.py``), relative to max|ref| or, for the MLP,
+``tolerance`` is the single LoRA op's bound (``lora_suite/judges/parity.py``), relative to max|ref| or, for the MLP,
 the floor its sums' cancellation sets (``_mlp_floors``). Why 3 stages: the longest chain
 (dx of the MLP) stores three rounded intermediates of its own scale, each within one op's bound: dact (the
 down projection's backward), d(gu) (the SwiGLU backward, its inputs rounded) and dx (gate and up's backward);
@@ -28,9 +28,9 @@ from lora_core.ops import kernel_variants as kv
 from lora_core.ops.fused_mlp import MLPBases, lora_mlp
 from lora_core.ops.fused_qkv import QKVBases, lora_qkv
 from lora_core.ops.lora_linear import lora_linear_torch
-from lora_suite.engine.parity import MLP_STAGES as FUSED_STAGES
-from lora_suite.engine.parity import compare, tolerance
 from lora_suite.harness.parity_grid import report_grid
+from lora_suite.judges.parity import MLP_STAGES as FUSED_STAGES
+from lora_suite.judges.parity import compare, tolerance
 
 pytestmark = [pytest.mark.gpu, pytest.mark.quick, pytest.mark.needs_feature("lora_core_ops")]
 

@@ -29,7 +29,7 @@ from lora_core.ops import cupy_lora
 from lora_core.ops import fused_engine as fe
 from lora_core.ops import kernel_variants as kv
 from lora_core.ops import linear_cross_entropy as lce
-from lora_suite.engine.parity import UNIT_ROUNDOFF
+from lora_suite.judges.parity import UNIT_ROUNDOFF
 
 pytestmark = [pytest.mark.gpu, pytest.mark.quick, pytest.mark.needs_feature("lora_core_ops")]
 

@@ -1,5 +1,5 @@
 """The invariants of a correct LoRA layer that the parity grid cannot see, for the implementation under test whatever it
-is (``docs/lora-spec.md`` gives each one's source; ``lora_suite.engine.invariant_checks`` computes them):
+is (``docs/lora-spec.md`` gives each one's source; ``lora_suite.judges.invariant_checks`` computes them):
 
 - the initial state as ``inject`` leaves it (the grid randomises the adapters first): the base model's function,
   adapters that can learn;
@@ -17,12 +17,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lora_suite.engine import invariant_checks as I
-from lora_suite.engine import layer_checks as L
-from lora_suite.engine import probe_judge as PJ
 from lora_suite.engine import probes as P
-from lora_suite.engine import two_models as TM
 from lora_suite.implementations import AdapterSpec
+from lora_suite.judges import invariant_checks as I
+from lora_suite.judges import layer_checks as L
+from lora_suite.judges import probe_judge as PJ
+from lora_suite.judges import two_models as TM
 
 pytestmark = [pytest.mark.gpu, pytest.mark.quick]
 

@@ -12,7 +12,7 @@ import torch
 import torch.utils.checkpoint
 
 import lora_core
-from lora_suite.engine.parity import compare, random_case, run_candidate, tolerance
+from lora_suite.judges.parity import compare, random_case, run_candidate, tolerance
 
 # lora_core's cupy op itself, below the model level: not applicable to an implementation that does not use it
 pytestmark = [pytest.mark.gpu, pytest.mark.quick, pytest.mark.needs_feature("lora_core_ops")]

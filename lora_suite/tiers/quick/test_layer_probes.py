@@ -1,6 +1,6 @@
 """The implementation under test at the layer level, whatever it is: a probe block (q, k, v, o and a SwiGLU MLP)
 adapted through its own ``inject`` and judged against float64 from the same tensors (``lora_suite.engine.probes``,
-``lora_suite.engine.layer_checks``): outputs, input gradients, dA and dB over dtypes, layouts, Llama and odd shapes;
+``lora_suite.judges.layer_checks``): outputs, input gradients, dA and dB over dtypes, layouts, Llama and odd shapes;
 determinism, eval mode, merged weights, captured replays, accumulation, inputs without grad, NaN rows, a side
 stream, autocast.
 
@@ -15,12 +15,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lora_suite.engine import invariant_checks as I
-from lora_suite.engine import layer_checks as L
-from lora_suite.engine import probe_judge as PJ
 from lora_suite.engine import probes as P
 from lora_suite.harness.report import Series
 from lora_suite.implementations import AdapterSpec
+from lora_suite.judges import invariant_checks as I
+from lora_suite.judges import layer_checks as L
+from lora_suite.judges import probe_judge as PJ
 
 pytestmark = [pytest.mark.gpu, pytest.mark.quick]
 

@@ -13,7 +13,7 @@ from lora_core.nf4 import (
     quantize_nf4_reference,
     roundtrip_error_bound,
 )
-from lora_suite.engine.parity import compare, random_case, reference_f64, run_candidate, tolerance
+from lora_suite.judges.parity import compare, random_case, reference_f64, run_candidate, tolerance
 
 # lora_core's NF4 kernels itself, below the model level: not applicable to an implementation that does not use them
 pytestmark = [pytest.mark.gpu, pytest.mark.quick, pytest.mark.needs_feature("lora_core_ops")]

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from lora_core.nf4 import NF4Tensor, dequantize_nf4, quantize_nf4
-from lora_suite.engine.parity import compare, tolerance
+from lora_suite.judges.parity import compare, tolerance
 
 pytestmark = [pytest.mark.gpu, pytest.mark.quick, pytest.mark.needs_feature("lora_core_ops")]
 

@@ -3,9 +3,9 @@ every tensor compared and failing with the first failures named."""
 
 from __future__ import annotations
 
-from lora_suite.engine.parity import GRID_COLUMNS, TensorError
 from lora_suite.harness.parity_grid import report_grid
 from lora_suite.harness.report import RunReport
+from lora_suite.judges.parity import GRID_COLUMNS, TensorError
 
 
 class _Checks:

@@ -20,7 +20,7 @@ MODEL_CODE = (
     "import peft",
     "importorskip('peft'",
     "peft_impl",
-    "MF.judge",  # lora_suite.engine.model_function: a transformers model of each architecture
+    "MF.judge",  # lora_suite.judges.model_function: a transformers model of each architecture
 )  # what in a test's source builds a model
 
 

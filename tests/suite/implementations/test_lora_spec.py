@@ -18,18 +18,18 @@ SPEC = ROOT / "docs" / "lora-spec.md"
 # The modules whose every check must have a row: the layer and round-trip checks and the quick tests that record them
 # (the table also names checks of the smoke run and the longer tiers; those need only exist).
 COVERED = (
-    "lora_suite/engine/layer_checks.py",
-    "lora_suite/engine/invariant_checks.py",
-    "lora_suite/engine/round_trip.py",
-    "lora_suite/engine/peft_folder.py",
-    "lora_suite/engine/broken_folders.py",
+    "lora_suite/judges/layer_checks.py",
+    "lora_suite/judges/invariant_checks.py",
+    "lora_suite/judges/round_trip.py",
+    "lora_suite/judges/peft_folder.py",
+    "lora_suite/judges/broken_folders.py",
     "lora_suite/tiers/quick/test_layer_probes.py",
     "lora_suite/tiers/quick/test_layer_invariants.py",
     "lora_suite/tiers/quick/test_adapter_round_trip.py",
-    "lora_suite/engine/layer_properties.py",
-    "lora_suite/engine/merge_rounding.py",
-    "lora_suite/engine/non_finite_checks.py",
-    "lora_suite/engine/two_models.py",
+    "lora_suite/judges/layer_properties.py",
+    "lora_suite/judges/merge_rounding.py",
+    "lora_suite/judges/non_finite_checks.py",
+    "lora_suite/judges/two_models.py",
     "lora_suite/tiers/quick/test_layer_properties.py",
 )
 REPOSITORIES = {

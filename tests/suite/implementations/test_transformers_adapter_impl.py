@@ -226,9 +226,9 @@ def test_on_a_bitsandbytes_nf4_base_it_wraps_peft_s_4bit_layer_and_reloads(tiny_
 @adapts
 def test_the_quick_tier_s_layer_properties_and_lifecycle_hold_on_the_probe_block(one_thread):
     """A module that is not a transformers model (the probe block) gets the mixin's own functions."""
-    from lora_suite.engine import layer_properties as LP
-    from lora_suite.engine import lifecycle as LC
     from lora_suite.engine import probes as P
+    from lora_suite.judges import layer_properties as LP
+    from lora_suite.judges import lifecycle as LC
 
     impl = resolve_implementation(NAME)
     for prop in ("function", "merge", "non_finite"):

@@ -280,7 +280,8 @@ from lora_suite.mutation.mutant_source import install_from_env
 
 install_from_env()
 import torch
-from lora_suite.engine import layer_checks as L, probe_judge as PJ, probes as P
+from lora_suite.engine import probes as P
+from lora_suite.judges import layer_checks as L, probe_judge as PJ
 from lora_suite.implementations import AdapterSpec, resolve_implementation
 
 shape = P.BlockShape("tiny", 48, 40, 16, 76)

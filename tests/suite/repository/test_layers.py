@@ -8,7 +8,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 # Bottom up (docs/reports.md, "Layout"): a module may import its own layer and those below it.
-LAYERS = ("settings", "measure", "implementations", "engine", "scenarios", "harness", "results", "mutation", "cli")
+LAYERS = (
+    "settings",
+    "measure",
+    "implementations",
+    "engine",
+    "judges",
+    "scenarios",
+    "harness",
+    "results",
+    "mutation",
+    "cli",
+)
 
 
 def imported_modules(path: Path) -> list[tuple[int, str]]:

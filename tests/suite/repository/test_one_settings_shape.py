@@ -13,7 +13,7 @@ HOME = ("lora_suite/settings/config.py", "AdapterSpec")
 RANK = {"r", "rank", "lora_r", "lora_rank"}
 ALPHA = {"alpha", "lora_alpha"}
 # the other LoRA settings: with a rank and an alpha, one of these makes a class a second shape of them
-# (a drawn test case's r and alpha alone, engine/layer_properties.py's LayerCase, are not)
+# (a drawn test case's r and alpha alone, judges/layer_properties.py's LayerCase, are not)
 OTHERS = {"targets", "target_modules", "target_names", "use_rslora", "adapter_dtype", "quantize"}
 
 

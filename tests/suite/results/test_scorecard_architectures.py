@@ -1,5 +1,5 @@
 """The scorecard's implementation × architecture matrix on the CPU, from quick-tier reports whose records are the
-verdicts ``lora_suite.engine.model_function`` gives on the CPU (as ``tiers/quick/test_architectures.py`` records them
+verdicts ``lora_suite.judges.model_function`` gives on the CPU (as ``tiers/quick/test_architectures.py`` records them
 on a GPU): lora_core's torch backend (Phi-3 not applicable, with its reason) and the example with its bias dropped
 (failing on Qwen2 only)."""
 
@@ -9,9 +9,9 @@ import json
 
 import torch
 
-from lora_suite.engine import model_function as MF
 from lora_suite.engine.architectures import ARCHITECTURES, NAMES
 from lora_suite.implementations import resolve_implementation
+from lora_suite.judges import model_function as MF
 from lora_suite.results.scorecard import build, main
 from lora_suite.scenarios import example_plants as EP
 

@@ -9,13 +9,13 @@ import dataclasses
 import pytest
 import torch
 
-from lora_suite.engine import broken_folders as BF
-from lora_suite.engine import layer_checks as L
-from lora_suite.engine import probe_judge as PJ
 from lora_suite.engine import probes as P
-from lora_suite.engine import round_trip as RT
 from lora_suite.engine.prepare import prepare, targets_left_out
 from lora_suite.implementations import AdapterSpec
+from lora_suite.judges import broken_folders as BF
+from lora_suite.judges import layer_checks as L
+from lora_suite.judges import probe_judge as PJ
+from lora_suite.judges import round_trip as RT
 from lora_suite.scenarios import example_plants as EP
 
 SHAPE = P.BlockShape("tiny", 48, 40, 16, 76)
@@ -118,6 +118,25 @@ def test_the_example_refuses_a_folder_whose_weights_do_not_fit_and_a_lenient_loa
     lenient.name = "lenient"
     v = verdict(lenient)
     assert not v.passed and v.name == f"folder with {what}: refused (never loaded in part)"
+
+
+def test_a_loader_that_checks_only_the_pairs_it_finds_escapes_one_missing_tensor_and_not_a_missing_layer(
+    tiny_cfg, tmp_path
+):
+    """The partial-folder class: a loader that refuses a lone A or B, an unknown tensor and a wrong shape, but loads
+    whatever complete pairs the folder holds, is refused only by the folders that hold part of the layers."""
+    cfg = dataclasses.replace(tiny_cfg, dtype="float32")
+    impl = EP.load_takes_complete_pairs()
+    passed = {}
+    for i, what in enumerate(BF.BROKEN):
+        trained = prepare(cfg, "cpu", implementation=impl)
+        passed[what] = BF.broken_folder(
+            trained, lambda: prepare(cfg, "cpu", implementation=impl), tmp_path / f"p{i}", what
+        ).passed
+    assert [w for w, ok in passed.items() if not ok] == [
+        "one layer's adapters missing",
+        "half the layers' adapters missing",
+    ]
 
 
 @pytest.mark.parametrize("name", ["torch", "peft"])

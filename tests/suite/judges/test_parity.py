@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from lora_suite.engine.parity import UNIT_ROUNDOFF, compare, parity, random_case, tolerance
+from lora_suite.judges.parity import UNIT_ROUNDOFF, compare, parity, random_case, tolerance
 
 
 def test_tolerance_is_c_times_unit_roundoff():
@@ -40,7 +40,7 @@ def test_float64_reference_is_the_formula_and_agrees_with_autograd():
     here float64 autograd through plain F.linear checks the hand-written formula."""
     import inspect
 
-    import lora_suite.engine.parity as P
+    import lora_suite.judges.parity as P
 
     assert "lora_linear_torch(" not in inspect.getsource(P.reference_f64)
     gen = torch.Generator().manual_seed(1)
@@ -66,7 +66,7 @@ def test_a_wrong_torch_backend_is_caught_by_the_formula_reference(monkeypatch):
 
 
 def test_a_grid_row_names_the_tensor_worst_against_its_tolerance_and_every_failure():
-    from lora_suite.engine.parity import GRID_COLUMNS, TensorError, grid_row
+    from lora_suite.judges.parity import GRID_COLUMNS, TensorError, grid_row
 
     good = TensorError("y", 1e-4, 1.0, 1e-4, 1e-3, 0, (0,))
     bad = TensorError("dA", 5e-3, 1.0, 5e-3, 2e-3, 7, (1, 2))

@@ -1,9 +1,10 @@
 """Adapter folders that do not fit the model, which ``load_adapter`` must refuse (``BROKEN``, judged by
 ``broken_folder``): an adapter missing, a tensor that fits no adapter, an adapter of another shape, a config that is
-absent or unreadable. A loader that takes the rest leaves a layer as it was (peft#2773: weights silently not loaded),
+absent or unreadable; a folder holding only part of the adapters (one layer's pair gone, only half the layers
+kept: every pair left complete and of the right shape). A loader that takes the rest leaves a layer as it was (peft#2773: weights silently not loaded),
 reads a tensor into a layer of another shape, or loads weights under settings it guessed. Each defect is planted in a
 copy of the saved folder (``copy_beside``) and loaded into a fresh model (``load_fresh``, which names the refusal);
-``lora_suite.engine.round_trip`` plants its wrong configs the same way."""
+``lora_suite.judges.round_trip`` plants its wrong configs the same way."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from lora_suite.engine.peft_folder import CONFIG_FILE, PEFT_PREFIX, WEIGHTS_FILE
 from lora_suite.engine.prepare import Prepared
+from lora_suite.judges.peft_folder import CONFIG_FILE, PEFT_PREFIX, WEIGHTS_FILE
 from lora_suite.measure.criteria import Verdict
 
 
@@ -34,6 +35,19 @@ def _tensors(change: Callable[[dict], dict]) -> Callable[[Path], None]:
 
 def _drop_one(tensors: dict) -> dict:
     return dict(list(tensors.items())[:-1])
+
+
+def _drop_layer(tensors: dict) -> dict:
+    """Both adapters (A and B) of the first adapted layer gone: every pair left is complete."""
+    first = next(iter(tensors)).rsplit(".lora_", 1)[0]
+    return {k: v for k, v in tensors.items() if k.rsplit(".lora_", 1)[0] != first}
+
+
+def _keep_half(tensors: dict) -> dict:
+    """Only the first half of the adapted layers' pairs kept (a save cut short, a shard of a sharded save)."""
+    layers = list(dict.fromkeys(k.rsplit(".lora_", 1)[0] for k in tensors))
+    kept = set(layers[: max(1, len(layers) // 2)])
+    return {k: v for k, v in tensors.items() if k.rsplit(".lora_", 1)[0] in kept}
 
 
 def _add_unknown(tensors: dict) -> dict:
@@ -63,6 +77,8 @@ def _config_text(text: str | None) -> Callable[[Path], None]:
 # another shape, or loads weights under settings it guessed (no config, or one it could not read).
 BROKEN = {
     "an adapter missing": _tensors(_drop_one),
+    "one layer's adapters missing": _tensors(_drop_layer),
+    "half the layers' adapters missing": _tensors(_keep_half),
     "a tensor that fits no adapter": _tensors(_add_unknown),
     "an adapter of another shape": _tensors(_reshape_one),
     "no adapter_config.json": _config_text(None),

@@ -9,8 +9,8 @@ import dataclasses
 
 import pytest
 
-from lora_suite.engine import round_trip as RT
 from lora_suite.engine.prepare import prepare
+from lora_suite.judges import round_trip as RT
 
 pytest.importorskip("peft")
 from lora_suite.implementations.peft_impl import PeftImplementation  # noqa: E402

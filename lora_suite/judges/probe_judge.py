@@ -9,7 +9,7 @@ The reference (``reference``) is the probe block's function by autograd in float
 on the same tensors: the base weights as they were before injection (or, for a 4-bit base, as the implementation
 itself multiplies with them: ``probes.effective_weight``), b where the shape has biases, and Â, B̂ each adapter
 rounded to the activation dtype first (the cast every implementation makes or is allowed to make; see
-``lora_suite.engine.parity.reference_f64``). Tolerances are ``parity.tolerance`` for one LoRA linear and
+``lora_suite.judges.parity.reference_f64``). Tolerances are ``parity.tolerance`` for one LoRA linear and
 ``MLP_STAGES`` of it for the MLP (its derivation: ``parity.MLP_STAGES``); each tensor's error is normalised by
 max(max|ref|, its cancellation floor) (``floors``, from the absolute reference). ``dtype_errors`` names the
 outputs and gradients not in the dtype F.linear and autograd give.
@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lora_suite.engine.parity import MLP_STAGES, TensorError, cancellation_floor, compare, tolerance
 from lora_suite.engine.probes import INPUTS, MLP, OUTPUTS, Probe, ProbeInputs, ProbeRun
+from lora_suite.judges.parity import MLP_STAGES, TensorError, cancellation_floor, compare, tolerance
 
 
 def _adapter_pairs(probe: Probe, act: torch.dtype) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:

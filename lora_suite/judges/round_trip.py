@@ -2,8 +2,8 @@
 ``load_adapter``, and get the trained model back bitwise; a folder whose scale is not the model's must be refused
 (or honoured), never loaded as if it matched; and where the folder is PEFT's format on a 16-bit base, PEFT's own
 loader reads the same tensors and the same scale. PEFT's format and its loader's reading are judged by
-``lora_suite.engine.peft_folder``; folders that do not fit the model, which must be refused, by
-``lora_suite.engine.broken_folders``.
+``lora_suite.judges.peft_folder``; folders that do not fit the model, which must be refused, by
+``lora_suite.judges.broken_folders``.
 
 Why bitwise: the fresh model has the same base weights (same seed), the loaded adapters must be the trained ones
 bit for bit, and the same implementation on the same inputs must compute the same logits (``layer_checks``'s
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
-from lora_suite.engine.broken_folders import copy_beside, load_fresh
-from lora_suite.engine.layer_checks import none_of
-from lora_suite.engine.peft_folder import CONFIG_FILE, WEIGHTS_FILE, saved_folder_verdicts, saved_tensors
 from lora_suite.engine.prepare import Prepared
+from lora_suite.judges.broken_folders import copy_beside, load_fresh
+from lora_suite.judges.layer_checks import none_of
+from lora_suite.judges.peft_folder import CONFIG_FILE, WEIGHTS_FILE, saved_folder_verdicts, saved_tensors
 from lora_suite.measure.criteria import Verdict
 
 

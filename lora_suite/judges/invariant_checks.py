@@ -27,10 +27,10 @@ import dataclasses
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from lora_suite.engine import probe_judge as PJ
 from lora_suite.engine import probes as P
-from lora_suite.engine.layer_checks import PARITY_SOURCE, none_of
-from lora_suite.engine.parity import compare
+from lora_suite.judges import probe_judge as PJ
+from lora_suite.judges.layer_checks import PARITY_SOURCE, none_of
+from lora_suite.judges.parity import compare
 from lora_suite.measure.criteria import Verdict
 
 INIT_SOURCE = "LoRA (arXiv 2106.09685) §4.1: B = 0 at the start, so ΔW = BA = 0; PEFT init_lora_weights=True"

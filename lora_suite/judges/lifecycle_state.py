@@ -1,5 +1,5 @@
 """The adapted probe block as a sequence of lifecycle rules leaves it, and what it must then compute
-(``lora_suite.engine.lifecycle`` draws the sequences).
+(``lora_suite.judges.lifecycle`` draws the sequences).
 
 The state is the probe (``lora_suite.engine.probes``), the base weights W₀ the reference uses (in the block's
 current dtype), the mode (train or eval), the adapters folded by a merge (None while unmerged), the adapters of the
@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from lora_suite.engine import probe_judge as PJ
 from lora_suite.engine import probes as P
 from lora_suite.implementations import AdapterSpec, LoRAImplementation
+from lora_suite.judges import probe_judge as PJ
 
 # The dtype change rule casts the whole block to the partner of its current dtype and back: fp32 -> bf16 rounds
 # every tensor once (RNE), bf16 -> fp32 is exact.

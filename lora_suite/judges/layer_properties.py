@@ -13,9 +13,9 @@ rsLoRA, is in general not representable in bf16 or fp16: a stack that rounds its
    roundoff, a 16-bit path at its own), in the dtypes F.linear and autograd give; and the base (weights and biases)
    bitwise untouched, not trainable, given no gradient;
 2. ``merge``: where the implementation merges, every merged weight element is W + s·B·A rounded once
-   (``lora_suite.engine.merge_rounding``);
+   (``lora_suite.judges.merge_rounding``);
 3. ``non_finite``: a NaN or ±Inf in one token's input or upstream gradient reaches what F.linear and autograd say it
-   reaches, and nothing else (``lora_suite.engine.non_finite_checks``).
+   reaches, and nothing else (``lora_suite.judges.non_finite_checks``).
 
 Reproduce a printed case with ``check_case(impl, LayerCase(...), device)`` (``python -m`` examples in
 ``docs/verdicts.md``).
@@ -24,136 +24,32 @@ Reproduce a printed case with ``check_case(impl, LayerCase(...), device)`` (``py
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
 
 import torch
 from hypothesis import assume
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
-from lora_suite.engine import layer_checks as L
-from lora_suite.engine import merge_rounding as MR
-from lora_suite.engine import non_finite_checks as NF
-from lora_suite.engine import probe_judge as PJ
 from lora_suite.engine import probes as P
-from lora_suite.engine.hypothesis_profiles import DrawnRun, Falsified, run_drawn
-from lora_suite.implementations import AdapterSpec, LoRAImplementation
+from lora_suite.implementations import LoRAImplementation
+from lora_suite.judges import layer_checks as L
+from lora_suite.judges import merge_rounding as MR
+from lora_suite.judges import non_finite_checks as NF
+from lora_suite.judges import probe_judge as PJ
+from lora_suite.judges.hypothesis_profiles import DrawnRun, Falsified, run_drawn
+from lora_suite.judges.layer_cases import (  # noqa: F401  (re-exported: LP.LayerCase is the printed reproduction)
+    BF16,
+    CONFIGS,
+    MAX_RANK,
+    LayerCase,
+    Limits,
+    bias_reason,
+    cases,
+    exact_in,
+    explicit,
+    ranks,
+)
 from lora_suite.measure.criteria import Verdict
-
-F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
-CONFIGS = {  # name: (activation and base dtype, adapter dtype), as the probe grids name them
-    "fp32": (F32, F32),
-    "fp16": (F16, F16),
-    "bf16": (BF16, BF16),
-    "fp16-act+fp32-adapters": (F16, F32),
-    "bf16-act+fp32-adapters": (BF16, F32),
-}
-LAYOUTS = ("2d", "3d", "noncontig")
-MAX_RANK = 256
-
-
-@dataclass(frozen=True)
-class LayerCase:
-    """One drawn case; its ``repr`` is the Python that rebuilds it."""
-
-    config: str
-    hidden: int
-    q_out: int
-    kv_out: int
-    intermediate: int
-    tokens: int
-    layout: str
-    r: int
-    alpha: float
-    rslora: bool
-    bias: bool
-    seed: int
-    nf4: bool = False  # the implementation's own 4-bit base (one that has no 16-bit base)
-
-    def shape(self) -> P.BlockShape:
-        return P.BlockShape("drawn", self.hidden, self.q_out, self.kv_out, self.intermediate, self.bias)
-
-    def dtypes(self) -> tuple[torch.dtype, torch.dtype]:
-        return CONFIGS[self.config]
-
-    def spec(self) -> AdapterSpec:
-        adapter = self.dtypes()[1]
-        return AdapterSpec(P.PROBE_TARGETS, self.r, self.alpha, self.rslora, adapter, "nf4" if self.nf4 else None)
-
-    def scale(self) -> float:
-        return self.alpha / (math.sqrt(self.r) if self.rslora else self.r)
-
-
-def exact_in(value: float, dtype: torch.dtype) -> bool:
-    """Whether ``value`` is representable in ``dtype`` (its round trip through it gives it back)."""
-    return float(torch.tensor(value, dtype=torch.float64).to(dtype).double()) == value
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What an implementation lets the properties draw (from its ``not_applicable``) and how large: the CPU self-tests
-    use tiny widths, the quick tier on a GPU wider ones."""
-
-    configs: tuple[str, ...]
-    rslora: bool
-    bias: bool
-    nf4: bool
-    two_d: bool
-    max_width: int
-    max_tokens: int
-
-    @classmethod
-    def of(cls, impl: LoRAImplementation, max_width: int = 64, max_tokens: int = 40) -> Limits:
-        mixed = impl.reason_not_applicable("fp32_adapters_on_16bit_base") is None
-        configs = tuple(c for c, (act, ad) in CONFIGS.items() if mixed or act == ad)
-        nf4 = impl.reason_not_applicable("bf16_base") is not None
-        return cls(
-            configs,
-            impl.reason_not_applicable("rslora") is None,
-            bias_reason(impl) is None and not nf4,
-            nf4,
-            impl.reason_not_applicable("inputs_2d") is None,
-            max_width,
-            max_tokens,
-        )
-
-
-def bias_reason(impl: LoRAImplementation) -> str | None:
-    """Why the implementation takes no base bias (its ``linear_bias`` feature)."""
-    return impl.reason_not_applicable("linear_bias")
-
-
-def cases(limits: Limits) -> st.SearchStrategy[LayerCase]:
-    """Drawn cases within ``limits``; widths in NF4's blocks of 64 where the base is 4-bit."""
-    if limits.nf4:
-        width = st.integers(1, max(1, limits.max_width // 64)).map(lambda k: 64 * k)
-    else:
-        width = st.integers(1, limits.max_width)
-    return st.builds(
-        LayerCase,
-        config=st.sampled_from(limits.configs),
-        hidden=width,
-        q_out=width,
-        kv_out=width,
-        intermediate=width,
-        tokens=st.integers(2, limits.max_tokens),
-        layout=st.sampled_from(LAYOUTS if limits.two_d else ("3d",)),
-        r=st.integers(1, MAX_RANK),
-        alpha=st.floats(0.05, 128.0, allow_nan=False, allow_infinity=False),
-        rslora=st.booleans() if limits.rslora else st.just(False),
-        bias=st.booleans() if limits.bias else st.just(False),
-        seed=st.integers(0, 2**16 - 1),
-        nf4=st.just(limits.nf4),
-    )
-
-
-def explicit(limits: Limits) -> list[LayerCase]:
-    """Cases run first whatever is drawn: a scale inexact in bf16 and fp16 (7.3 / 3) in the first configuration and,
-    where a bias is taken, on a biased block; so that every run judges both classes."""
-    w = 64 if limits.nf4 else 37
-    base = LayerCase(limits.configs[0], w, w, w, w, 5, "3d", 3, 7.3, False, limits.bias, 11, limits.nf4)
-    return [base, LayerCase(**{**asdict(base), "config": limits.configs[-1], "seed": 12})]
-
 
 RANGE_MARGIN = 16.0  # a case is in range when every sum's terms stay 16x below the dtype's largest finite value
 
@@ -215,8 +111,30 @@ def merge(impl: LoRAImplementation, case: LayerCase, device) -> None:
         raise Falsified(f"s = {case.scale()!r}: {v.detail}")
 
 
-def non_finite(impl: LoRAImplementation, case: LayerCase, device, value: float, token: int) -> None:
-    """Property 3: ``value`` in token ``token`` (mod the count) of the input, then of q's upstream gradient."""
+SITE_KINDS = ("input", "upstream", "lora_A", "lora_B")  # where the general non-finite case poisons (NF.sites)
+
+
+def site_of(probe: P.Probe, kind: str, i: int, value: float) -> str:
+    """The ``i``-th (mod their count) poison site of ``kind`` in ``probe`` where ``value`` is judged (±Inf: linear
+    sites only, ``non_finite_checks.linear_site``)."""
+    if kind not in SITE_KINDS:
+        raise ValueError(f"site kind {kind!r} is not one of {SITE_KINDS}")
+    prefix = {"input": tuple(P.INPUTS), "upstream": ("dy:",)}.get(kind)
+    pool = [
+        site
+        for site in NF.sites(probe)
+        if (site.startswith(prefix) if prefix else site.endswith(f".{kind}"))
+        and (math.isnan(value) or NF.linear_site(site))
+    ]
+    return pool[i % len(pool)]
+
+
+def non_finite(
+    impl: LoRAImplementation, case: LayerCase, device, value: float, token: int, site: tuple[str, int] = ("lora_B", 0)
+) -> None:
+    """Property 3: ``value`` in token ``token`` (mod the count) of the input, then of q's upstream gradient (the
+    attention's fixed cases); then in one element (``token``) of the drawn ``site`` (kind, index): every tensor's
+    non-finite elements the float64 function's (``non_finite_checks.poisoned_anywhere``)."""
     probe, inputs = build(impl, case, device)
     t = token % case.tokens
     bad = []
@@ -224,6 +142,10 @@ def non_finite(impl: LoRAImplementation, case: LayerCase, device, value: float, 
         v = check(probe, inputs, value, t)
         if not v.passed:
             bad.append(f"{v.name.split(':')[0]} (token {t}): {v.detail}")
+    where = site_of(probe, site[0], site[1], value)
+    v = NF.poisoned_anywhere(probe, inputs, where, token, value)
+    if not v.passed:
+        bad.append(f"{v.name.split(': tensors')[0]} (element {token}): {v.detail}")
     if bad:
         raise Falsified("; ".join(bad))
 
@@ -249,24 +171,40 @@ SOURCES = {
 POISONS = (math.nan, math.inf, -math.inf)
 
 
+TALLIED = (  # what run_property counts: the classes the fixed grids miss, each a coverage check of the quick tier
+    "scale inexact in bf16",
+    "base bias",
+    "rank of 128 or more",
+    "rank above a layer's smaller width",
+    "square block",
+)
+
+
 def run_property(name: str, impl: LoRAImplementation, limits: Limits, device, *, scale: float = 1.0) -> DrawnRun:
     """One property's drawn run (``hypothesis_profiles.run_drawn``) for ``impl`` within ``limits``; its tally counts
-    the cases whose scale is inexact in bf16 and those with a base bias (what the run judged, not what it skipped)."""
+    the cases of each class the fixed grids miss (``TALLIED``) that the property judged (merge: bias-free cases only)."""
     drawn, fixed = cases(limits), explicit(limits)
-    tally = {"scale inexact in bf16": 0, "base bias": 0}
+    tally = dict.fromkeys(TALLIED, 0)
 
     def counted(case: LayerCase) -> LayerCase:
+        if name == "merge" and case.bias:
+            return case
+        widths = (case.hidden, case.q_out, case.kv_out, case.intermediate)
         tally["scale inexact in bf16"] += not exact_in(case.scale(), BF16)
         tally["base bias"] += case.bias
+        tally["rank of 128 or more"] += case.r >= 128
+        tally["rank above a layer's smaller width"] += case.r > min(widths)
+        tally["square block"] += len(set(widths)) == 1
         return case
 
     if name == "non_finite":
-        poison = st.tuples(drawn, st.sampled_from(POISONS), st.integers(0, 1 << 10))
+        site = st.tuples(st.sampled_from(SITE_KINDS), st.integers(0, 1 << 6))
+        poison = st.tuples(drawn, st.sampled_from(POISONS), st.integers(0, 1 << 10), site)
         run = run_drawn(
-            lambda c: non_finite(impl, counted(c[0]), device, c[1], c[2]),
+            lambda c: non_finite(impl, counted(c[0]), device, c[1], c[2], c[3]),
             poison,
             scale=scale,
-            explicit=[(fixed[0], math.nan, 0)],
+            explicit=[(fixed[0], math.nan, 0, ("lora_B", 0)), (fixed[-1], math.inf, 5, ("lora_A", 1))],
         )
     else:
         body = {"function": function, "merge": merge}[name]

@@ -1,4 +1,4 @@
-"""The layer invariants of ``lora_suite.engine.invariant_checks`` on the CPU: the shipped example passes each of them
+"""The layer invariants of ``lora_suite.judges.invariant_checks`` on the CPU: the shipped example passes each of them
 (and the scale grids of ``tiers/quick/test_layer_invariants.py``), and each planted defect of
 ``lora_suite.scenarios.example_plants`` fails exactly the check ``PLANTS`` names for it."""
 
@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lora_suite.engine import invariant_checks as I
-from lora_suite.engine import layer_checks as L
-from lora_suite.engine import probe_judge as PJ
 from lora_suite.engine import probes as P
 from lora_suite.implementations import AdapterSpec
+from lora_suite.judges import invariant_checks as I
+from lora_suite.judges import layer_checks as L
+from lora_suite.judges import probe_judge as PJ
 from lora_suite.scenarios import example_plants as EP
 
 SHAPE = P.BlockShape("tiny", 48, 40, 16, 76)
@@ -101,8 +101,8 @@ def test_the_kept_input_plant_passes_the_parity_grid_alone():
 def test_two_models_keep_their_own_state(plant, tmp_path):
     """Issue 55: state kept on the implementation object (4 surviving value mutants of the example) is caught; the
     example as shipped, the torch reference and PEFT pass."""
-    from lora_suite.engine.two_models import two_models
     from lora_suite.implementations.lookup import resolve_implementation
+    from lora_suite.judges.two_models import two_models
 
     impls = [getattr(EP, plant)()] if plant else [EP._example().make(), resolve_implementation("torch")]
     if not plant:

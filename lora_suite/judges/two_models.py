@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from lora_suite.engine import probes as P
-from lora_suite.engine.layer_checks import none_of
 from lora_suite.implementations import AdapterSpec, LoRAImplementation
+from lora_suite.judges.layer_checks import none_of
 from lora_suite.measure.criteria import Verdict
 
 SOURCE = "a stack's state lives on each model (PEFT keeps LoraConfig per model); two_models.py"

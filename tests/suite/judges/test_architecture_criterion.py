@@ -1,5 +1,5 @@
 """The architectures of ``lora_suite.engine.architectures`` and the whole-model criterion of
-``lora_suite.engine.model_function`` on the CPU: each family builds offline, deterministic, with the traits it is
+``lora_suite.judges.model_function`` on the CPU: each family builds offline, deterministic, with the traits it is
 there for; the criterion passes for lora_core's torch backend, PEFT and the example on every family (or names why
 not), and fails on the planted defects of the architecture class, which pass the layer checks of the bias-free probe."""
 
@@ -9,12 +9,12 @@ import pytest
 import torch
 from torch import nn
 
-from lora_suite.engine import invariant_checks as I
-from lora_suite.engine import layer_checks as L
-from lora_suite.engine import model_function as MF
 from lora_suite.engine import probes as P
 from lora_suite.engine.architectures import ARCHITECTURES, NAMES
 from lora_suite.implementations import AdapterSpec, resolve_implementation
+from lora_suite.judges import invariant_checks as I
+from lora_suite.judges import layer_checks as L
+from lora_suite.judges import model_function as MF
 from lora_suite.scenarios import example_plants as EP
 from lora_suite.scenarios.example_plant_table import PLANTS
 

@@ -2,7 +2,7 @@
 ``adapter_model.safetensors`` with PEFT's key names), its tensors under the canonical names, what the format
 promises beyond their values (each tensor in its adapter's dtype, adapters only, a config recording the model's r,
 lora_alpha, use_rslora and targets), and PEFT's own loader reading the tensors and the scale back
-(``peft_loader``). ``lora_suite.engine.round_trip`` judges a folder with these."""
+(``peft_loader``). ``lora_suite.judges.round_trip`` judges a folder with these."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from lora_suite.engine.layer_checks import none_of
 from lora_suite.engine.prepare import Prepared
+from lora_suite.judges.layer_checks import none_of
 from lora_suite.measure.criteria import Verdict
 
 PEFT_PREFIX = "base_model.model."

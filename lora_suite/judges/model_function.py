@@ -6,7 +6,7 @@ How it is judged (``build_case``, then the verdict functions, each returning ``V
 - the reference is a float64 copy of the un-adapted model, taken before ``inject`` (same weights, biases, norms, the
   tied embedding one tensor); the adapters are read through the contract (``adapter_parameters``) and set to random
   values first (A std 1/√in, B std 1/√r: B non-zero, so that dA matters), each rounded to the activation dtype as
-  ``lora_suite.engine.probe_judge.reference`` does;
+  ``lora_suite.judges.probe_judge.reference`` does;
 - forward: the same input ids through both, logits compared (``torch.func.functional_call`` puts W' in place of each
   adapted weight of the copy, nothing else changes); backward: the same upstream gradient G of the logits
   (L = Σ logits ⊙ G), and from autograd's dL/dW' through the float64 copy
@@ -19,7 +19,7 @@ How it is judged (``build_case``, then the verdict functions, each returning ``V
   gradient; after one SGD step over whatever is trainable (as a trainer over ``model.parameters()`` takes it) every
   base weight and bias is bitwise what it was, and the model computes the float64 function of its new adapters.
 
-Tolerance (``model_tolerance``): the parity error model (``lora_suite.engine.parity.tolerance``: 8·(u_dtype +
+Tolerance (``model_tolerance``): the parity error model (``lora_suite.judges.parity.tolerance``: 8·(u_dtype +
 u_fp32·√k), k the longest inner dimension) for one LoRA linear, times ``STAGES_PER_LAYER`` for each decoder layer
 and once more for the LM head: a layer's chain stores rounded intermediates in two sub-blocks (attention: q/k/v,
 scores, the softmax-weighted sum, o; MLP: ``parity.MLP_STAGES``), each within one linear's bound of its own scale,
@@ -40,10 +40,10 @@ from torch import nn
 from torch.func import functional_call
 
 from lora_suite.engine.architectures import Architecture
-from lora_suite.engine.layer_checks import none_of
-from lora_suite.engine.parity import MLP_STAGES, compare, tolerance
 from lora_suite.engine.probes import spec_scale
 from lora_suite.implementations import AdapterSpec, LoRAImplementation, adapted_modules
+from lora_suite.judges.layer_checks import none_of
+from lora_suite.judges.parity import MLP_STAGES, compare, tolerance
 from lora_suite.measure.criteria import Verdict
 
 if TYPE_CHECKING:

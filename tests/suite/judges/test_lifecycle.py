@@ -1,4 +1,4 @@
-"""The adapter lifecycle (``lora_suite.engine.lifecycle``) on the CPU under the derandomised profile: the torch
+"""The adapter lifecycle (``lora_suite.judges.lifecycle``) on the CPU under the derandomised profile: the torch
 reference implementation, PEFT and the shipped example keep the float64 function of their current adapters through
 every rule sequence drawn (each rule reached); each planted state defect of ``example_plants_state`` breaks it, with
 the shrunk sequence in the verdict's detail (which ``replay`` reproduces), and passes every check that existed
@@ -12,15 +12,15 @@ from collections import Counter
 import pytest
 import torch
 
-from lora_suite.engine import layer_checks as L
-from lora_suite.engine import lifecycle as LC
-from lora_suite.engine import probe_judge as PJ
 from lora_suite.engine import probes as P
-from lora_suite.engine import round_trip as RT
 from lora_suite.engine.prepare import prepare
 from lora_suite.implementations import AdapterSpec, LoRAImplementation, resolve_implementation
+from lora_suite.judges import layer_checks as L
+from lora_suite.judges import lifecycle as LC
+from lora_suite.judges import probe_judge as PJ
+from lora_suite.judges import round_trip as RT
 from lora_suite.scenarios import example_plants as EP
-from tests.suite.engine.test_invariant_checks import invariant_verdicts
+from tests.suite.judges.test_invariant_checks import invariant_verdicts
 
 SHAPE = P.BlockShape("tiny-bias", 48, 40, 16, 76, bias=True)  # base biases: judged kept and frozen through every rule
 PLAIN = P.BlockShape("tiny", 48, 40, 16, 76)  # the shape the earlier checks' CPU tests use

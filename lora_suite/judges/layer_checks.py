@@ -19,9 +19,9 @@ import math
 
 import torch
 
-from lora_suite.engine import probe_judge as PJ
 from lora_suite.engine import probes as P
-from lora_suite.engine.parity import compare
+from lora_suite.judges import probe_judge as PJ
+from lora_suite.judges.parity import compare
 from lora_suite.measure.criteria import Verdict
 
 KINDS = {  # tensor kind -> which of ProbeRun.tensors() names it holds
@@ -30,7 +30,7 @@ KINDS = {  # tensor kind -> which of ProbeRun.tensors() names it holds
     "dA": lambda n: n.endswith(".lora_A]"),
     "dB": lambda n: n.endswith(".lora_B]"),
 }
-PARITY_SOURCE = "tol = 8·(u_dtype + u_fp32·√k), x3 for the MLP chain; lora_suite/engine/parity.py"
+PARITY_SOURCE = "tol = 8·(u_dtype + u_fp32·√k), x3 for the MLP chain; lora_suite/judges/parity.py"
 
 
 def none_of(name: str, bad: list[str], source: str, sep: str = "; ", shown: int | None = 3) -> Verdict:

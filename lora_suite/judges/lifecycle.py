@@ -47,18 +47,18 @@ from hypothesis.stateful import (
 )
 
 from lora_suite.engine import probes as P
-from lora_suite.engine.hypothesis_profiles import suite_settings
-from lora_suite.engine.lifecycle_state import PARTNER, Build, Lifecycle, LifecycleBroken  # noqa: F401 (re-exported)
 from lora_suite.implementations import AdapterSpec, LoRAImplementation
+from lora_suite.judges.hypothesis_profiles import suite_settings
+from lora_suite.judges.lifecycle_state import PARTNER, Build, Lifecycle, LifecycleBroken  # noqa: F401 (re-exported)
 from lora_suite.measure.criteria import Verdict
 
 
 def _settings(parts: int = 1) -> settings:
-    """The suite's profile (``lora_suite.engine.hypothesis_profiles``: derandomised ``ci`` by default, ``nightly``
+    """The suite's profile (``lora_suite.judges.hypothesis_profiles``: derandomised ``ci`` by default, ``nightly``
     by ``LORA_SUITE_HYPOTHESIS_PROFILE``) with twice its sequences, shared by ``parts`` runs, the lifecycle's one
     place to change it: ``ci`` then runs 24 sequences of up to 8 rules, each followed by its check (12 in each of two
     parts). Why twice: Hypothesis enables a random subset of the rules in each sequence (swarm testing), and 12
-    sequences left a rule unreached under some derandomised seeds (``tests/suite/engine/test_lifecycle.py`` asserts
+    sequences left a rule unreached under some derandomised seeds (``tests/suite/judges/test_lifecycle.py`` asserts
     that every rule is reached); 24 cost ~5 s per dtype on the CPU's tiny probe, ~27 s on an H200 shared by the quick
     tier's workers, hence the parts (each its own test, run side by side)."""
     return suite_settings(scale=2.0 / parts)
@@ -69,7 +69,7 @@ PART_SEED = 55_000  # part k of a derandomised run draws from seed PART_SEED + k
 
 SOURCE = (
     "after every rule the float64 function of the current adapters (eval = current weights, merged = unmerged, "
-    "loaded = saved), base bitwise frozen; PEFT's testing_common.py; tol: lora_suite/engine/parity.py"
+    "loaded = saved), base bitwise frozen; PEFT's testing_common.py; tol: lora_suite/judges/parity.py"
 )
 
 
@@ -201,7 +201,7 @@ def failure_detail(exc: BaseException) -> str:
     notes = [n for n in getattr(exc, "__notes__", []) if n.strip()]
     program = "\n".join(notes) if notes else "(Hypothesis printed no program)"
     return (
-        f"{type(exc).__name__}: {exc}\nshrunk sequence (rerun it with lora_suite.engine.lifecycle.replay):\n{program}"
+        f"{type(exc).__name__}: {exc}\nshrunk sequence (rerun it with lora_suite.judges.lifecycle.replay):\n{program}"
     )
 
 
