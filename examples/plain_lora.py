@@ -13,7 +13,9 @@ The suite talks to an implementation only through ``lora_suite.implementations.L
 - ``save_adapter`` / ``load_adapter`` write and read a PEFT-format folder (``adapter_config.json`` and
   ``adapter_model.safetensors`` with PEFT's key names), so PEFT itself can load what you save;
 - ``served_by(model)`` says which code path served the latest forward (the suite refuses a silent fallback);
-- ``merge_adapters(model)`` (optional) folds the adapters into the base weights;
+- ``merge_adapters(model)`` (optional) folds the adapters into the base weights, ``unmerge_adapters(model)`` takes
+  them out again; ``disabled_adapters(model)`` (a context: the base model's function inside) and
+  ``set_adapter_scale(model, factor)`` (PEFT's ``set_scale``) are optional too: drop what your stack does not offer;
 - ``not_applicable`` names what the implementation cannot do, with the reason the report prints.
 
 The layer computes y = x Wᵀ + s·(x Aᵀ) Bᵀ with s = alpha / r (alpha / √r with rsLoRA); A is kaiming-uniform and B
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -42,8 +45,9 @@ class PlainLoRALinear(nn.Module):
     def __init__(self, base: nn.Linear, r: int, alpha: float, use_rslora: bool, adapter_dtype: torch.dtype | None):
         super().__init__()
         self.base = base  # shares the model's weight: no second copy of the base
-        self.r, self.alpha = r, alpha
+        self.r, self.alpha, self.use_rslora = r, alpha, use_rslora
         self.scale = alpha / (math.sqrt(r) if use_rslora else r)
+        self.enabled = True  # False inside PlainLoRA.disabled_adapters: the base function
         w = base.weight
         dtype = adapter_dtype or w.dtype
         self.lora_A = nn.Parameter(torch.empty(r, base.in_features, device=w.device, dtype=dtype))
@@ -61,6 +65,8 @@ class PlainLoRALinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.calls += 1
+        if not self.enabled:
+            return self.base(x)
         a, b = self.lora_A.to(x.dtype), self.lora_B.to(x.dtype)  # the adapters in the activations' dtype
         return self.base(x) + self.scale * F.linear(F.linear(x, a), b)
 
@@ -145,13 +151,43 @@ class PlainLoRA(LoRAImplementation):
         return self.expected_path if ran and all(ran) else f"plain-lora: {ran.count(False)} layers that never ran"
 
     def merge_adapters(self, model):
-        """Fold each adapter into its base weight (W + s·B·A, in fp32, rounded once) and put the plain linear back."""
+        """Fold each adapter into its base weight (W + s·B·A, in fp32, rounded once) and put the plain linear back
+        (the LoRA layer is kept aside on the model, for ``unmerge_adapters``)."""
+        merged = model.__dict__.setdefault("_plain_lora_merged", {})
         for path, m in self.layers(model).items():
             with torch.no_grad():
                 delta = m.scale * (m.lora_B.float() @ m.lora_A.float())
                 m.base.weight.copy_((m.base.weight.float() + delta).to(m.base.weight.dtype))
             parent, _, leaf = path.rpartition(".")
             setattr(model.get_submodule(parent) if parent else model, leaf, m.base)
+            merged[path] = m
+
+    def unmerge_adapters(self, model):
+        """Take each merged adapter out of its base weight (W − s·B·A, in fp32, rounded once) and put its LoRA layer
+        back."""
+        for path, m in model.__dict__.pop("_plain_lora_merged", {}).items():
+            with torch.no_grad():
+                delta = m.scale * (m.lora_B.float() @ m.lora_A.float())
+                m.base.weight.copy_((m.base.weight.float() - delta).to(m.base.weight.dtype))
+            parent, _, leaf = path.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, leaf, m)
+
+    @contextmanager
+    def disabled_adapters(self, model):
+        """Inside the block every layer computes its base function; after it (an exception too) the adapters again."""
+        layers = list(self.layers(model).values())
+        for m in layers:
+            m.enabled = False
+        try:
+            yield
+        finally:
+            for m in layers:
+                m.enabled = True
+
+    def set_adapter_scale(self, model, factor):
+        """Every layer's scale set to ``factor`` times alpha/r (alpha/√r with rsLoRA): PEFT's ``set_scale``."""
+        for m in self.layers(model).values():
+            m.scale = factor * m.alpha / (math.sqrt(m.r) if m.use_rslora else m.r)
 
 
 def make() -> PlainLoRA:

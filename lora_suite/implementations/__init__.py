@@ -16,6 +16,10 @@ alpha, rsLoRA, adapter dtype, base storage), an implementation
 - ``served_by(model)`` says which code path served the latest forward of every adapted layer (the tiers
   compare it with ``expected_path``: no silent fallback), and ``op_calls()`` counts the LoRA op calls where
   the implementation can (None where it cannot);
+- optionally, the operations a user calls on an adapted model (``OPERATIONS``): ``merge_adapters`` and
+  ``unmerge_adapters``, ``disabled_adapters`` (a context: the base function inside) and ``set_adapter_scale`` (PEFT's
+  ``set_scale``); one not offered is recorded not applicable with ``operation_reason`` (the stack's own reason, in
+  ``operation_reasons``), and the adapter lifecycle draws the rest;
 - optionally, ``load_model(model, spec)`` returns the model to inject into, for a stack that trains only models its own
   loader read (Unsloth: the suite then builds the weights into host memory a layer at a time and leaves quantisation
   to that loader), and ``preload()`` imports what must come before transformers.
@@ -32,6 +36,7 @@ from lora_suite.implementations.contract import (
     DEFAULT,
     ENTRY_POINT_GROUP,
     FEATURES,
+    OPERATIONS,
     AdapterSpec,
     ImplementationError,
     LoRAImplementation,
@@ -56,6 +61,7 @@ from lora_suite.implementations.peft_impl import (
 )
 
 __all__ = [
+    "OPERATIONS",
     "BUILTINS",
     "BUNDLED",
     "DEFAULT",

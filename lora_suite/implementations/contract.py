@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,23 @@ FEATURES = {
     "gated_gelu_mlp": "an MLP whose gate is a GELU, not a SiLU (Gemma's GeGLU: gelu_pytorch_tanh)",
     "float64_reference_model": "a float64 copy of the whole model run in the same process (the architecture checks' "
     "reference): a stack that patches transformers' functions process-wide with kernels that take no float64 has none",
+}
+
+
+# The operations a user calls on an adapted model beyond training, each an optional method of the contract (operation ->
+# (method, what it does)). One that an implementation does not override is recorded not applicable with
+# ``operation_reason``: the stack offers no such call (or, where overridden there, the stack's own reason).
+OPERATIONS = {
+    "merge": ("merge_adapters", "fold s·B·A into every base weight (PEFT's merge)"),
+    "unmerge": ("unmerge_adapters", "take a merged s·B·A out of every base weight and apply the adapters again"),
+    "disable": (
+        "disabled_adapters",
+        "a context in which the model computes its base function (PEFT's disable_adapter)",
+    ),
+    "rescale": (
+        "set_adapter_scale",
+        "every adapter's scale set to a factor times alpha/r or alpha/√r (PEFT's set_scale)",
+    ),
 }
 
 
@@ -93,6 +111,7 @@ class LoRAImplementation:
     name: str = ""
     expected_path: str = ""  # what served_by() returns when every adapted layer ran the path under test
     not_applicable: dict[str, str] = {}  # feature (FEATURES) -> why this implementation cannot do it
+    operation_reasons: dict[str, str] = {}  # operation (OPERATIONS) it does not override -> the stack's own why
     # True: inject() may be given each decoder layer as the model is built (a quantised base then never exists
     # in 16 bits as a whole); False: it is given the whole model once built.
     inject_per_layer: bool = False
@@ -150,6 +169,33 @@ class LoRAImplementation:
         """Why the merged-weights check does not apply (None where ``merge_adapters`` is implemented)."""
         if type(self).merge_adapters is LoRAImplementation.merge_adapters:
             return f"{self.name} implements no merge_adapters (optional in the contract)"
+        return None
+
+    def unmerge_adapters(self, model: nn.Module) -> None:
+        """Optional: undo ``merge_adapters``: every base weight back to W (W + s·B·A − s·B·A, rounded twice), the
+        adapters applied again and trainable (PEFT's ``unmerge``)."""
+        raise NotImplementedError
+
+    def disabled_adapters(self, model: nn.Module) -> AbstractContextManager[None]:
+        """Optional: a context manager inside which ``model`` computes its base function, the adapters kept; on exit,
+        by an exception too, they apply again as before (PEFT's ``disable_adapter``)."""
+        raise NotImplementedError
+
+    def set_adapter_scale(self, model: nn.Module, factor: float) -> None:
+        """Optional: every adapted layer's scale set to ``factor`` times its own (alpha/r, or alpha/√r under rsLoRA),
+        not compounded with an earlier factor; ``factor`` 1 restores it (PEFT's ``LoraLayer.set_scale``)."""
+        raise NotImplementedError
+
+    def operation_reason(self, op: str) -> str | None:
+        """Why the operation ``op`` (``OPERATIONS``) cannot be judged on this implementation, or None. Merge asks
+        ``merge_reason``; the others, where the method is not overridden, say the stack offers no such call."""
+        if op not in OPERATIONS:
+            raise ValueError(f"operation {op!r} is not one of {sorted(OPERATIONS)}")
+        if op == "merge":
+            return self.merge_reason()
+        method, what = OPERATIONS[op]
+        if getattr(type(self), method) is getattr(LoRAImplementation, method):
+            return self.operation_reasons.get(op) or f"{self.name} offers no {method} (to {what})"
         return None
 
     def served_by_adapted_layers(self, model: nn.Module, wrong_layer, inactive) -> str:

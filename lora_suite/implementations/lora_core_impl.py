@@ -16,6 +16,12 @@ class LoraCoreImplementation(LoRAImplementation):
     """This project's ``lora_core.LoRALinear`` on one backend (``cupy``: the system under test; ``torch``)."""
 
     inject_per_layer = True
+    operation_reasons = {
+        "unmerge": "lora_core's merge_lora turns each LoRA layer into a plain linear: nothing is left to unmerge",
+        "disable": "lora_core.LoRALinear has no switch that turns its adapters off for a call",
+        "rescale": "lora_core.LoRALinear fixes its scale (lora_scale(r, alpha, use_rslora)) at construction and offers "
+        "no call to set it",
+    }
 
     def __init__(self, backend: str):
         self.name = self.expected_path = self.backend = backend

@@ -24,6 +24,12 @@ from lora_suite.implementations.wrapped import WrappedLinearPeer
 
 class LoralibImplementation(WrappedLinearPeer):
     name = expected_path = "loralib"
+    operation_reasons = {
+        "unmerge": "loralib folds its adapters into the weight on eval() and takes them out on train() (merge_weights), "
+        "driven by the mode alone: it offers no merge or unmerge call (this adapter builds it with merge_weights=False)",
+        "disable": "loralib.Linear has no switch that turns its adapters off for a call",
+        "rescale": "loralib.Linear fixes its scaling lora_alpha / r at construction and offers no call to set it",
+    }
     not_applicable = {
         "fp32_adapters_on_16bit_base": "loralib's forward computes x @ lora_A.T in the activations' dtype; "
         "adapters must share the base's dtype (set lora.adapter_dtype to it)",

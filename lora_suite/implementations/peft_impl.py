@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -119,6 +120,37 @@ class PeftImplementation(LoRAImplementation):
         for m in model.modules():
             if isinstance(m, LoraLayer):
                 m.merge()
+
+    def _lora_layers(self, model):
+        from peft.tuners.lora import LoraLayer
+
+        return [m for m in model.modules() if isinstance(m, LoraLayer)]
+
+    def unmerge_adapters(self, model):
+        """PEFT's own unmerge of each LoRA layer (``LoraLayer.unmerge``: W −= s·B·A, the adapters apply again)."""
+        for m in self._lora_layers(model):
+            m.unmerge()
+
+    @contextmanager
+    def disabled_adapters(self, model):
+        """PEFT's ``enable_adapters(False)`` on every tuner layer for the block, ``enable_adapters(True)`` after it
+        whatever happens inside (what ``PeftModel.disable_adapter`` does)."""
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+        for m in layers:
+            m.enable_adapters(False)
+        try:
+            yield
+        finally:
+            for m in layers:
+                m.enable_adapters(True)
+
+    def set_adapter_scale(self, model, factor):
+        """PEFT's ``LoraLayer.set_scale(adapter, factor)`` on every LoRA layer, for each of its adapters."""
+        for m in self._lora_layers(model):
+            for adapter in list(m.scaling):
+                m.set_scale(adapter, factor)
 
     def wrong_layer(self, m: nn.Module) -> str | None:
         """Why ``m`` is not the layer this implementation puts in, or None."""

@@ -33,6 +33,11 @@ class TorchtuneImplementation(WrappedLinearPeer):
         "moe_experts": "torchtune's LoRALinear wraps one linear; its MoE LoRA lives in its own expert modules, "
         "not transformers' 3-D parameters",
     }
+    operation_reasons = {
+        "unmerge": "torchtune merges a state dict (get_merged_lora_ckpt) into a new checkpoint, never a model in place: "
+        "there is nothing to unmerge",
+        "rescale": "torchtune's LoRALinear fixes its scale alpha / rank at construction and offers no call to set it",
+    }
     library, layer_name = "torchtune.modules.peft", "LoRALinear"
     description = "torchtune: torchtune {version} modules.peft.LoRALinear, eager torch ops"
 
@@ -53,6 +58,13 @@ class TorchtuneImplementation(WrappedLinearPeer):
         with torch.no_grad():
             layer.initialize_parameters()  # type: ignore[operator]  # layer_type is torchtune's LoRALinear (untyped)
         return layer
+
+    def disabled_adapters(self, model):
+        """torchtune's own ``disable_adapter(model)`` context (its DPO recipes' reference model): every LoRA module's
+        ``disabled`` set for the block and cleared after it."""
+        from torchtune.modules.peft import disable_adapter
+
+        return disable_adapter(model)
 
     def adapters_of(self, layer):
         return layer.lora_a.weight, layer.lora_b.weight

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 Case = TypeVar("Case")  # what a strategy draws and a property's body takes
 ENV = "LORA_SUITE_HYPOTHESIS_PROFILE"
 # name -> (derandomize, max_examples, stateful_step_count)
-PROFILES = {"ci": (True, 12, 8), "nightly": (False, 200, 25)}
+PROFILES = {"ci": (True, 12, 12), "nightly": (False, 200, 25)}
 
 
 def profile_name() -> str:

@@ -9,7 +9,11 @@ Rules, drawn in random orders, each with the preconditions it needs:
 - two forwards, then one backward of both (gradients: the sum of each forward's);
 - a non-reentrant ``torch.utils.checkpoint`` forward and its backward;
 - new values written into the adapters in place (a user's init, ``load_state_dict``);
-- ``merge_adapters`` (where implemented; the rules that need adapters are then off);
+- ``merge_adapters`` (where implemented; the rules that need adapters are then off), and again on a merged model
+  (nothing folded twice); ``unmerge_adapters`` (where implemented: the adapters back, the base W₀ within rounding);
+- a forward inside ``disabled_adapters`` (the base function; with an exception raised inside the block too, after
+  which the adapters must apply again); ``set_adapter_scale`` to a factor (0.5, 1, 1/3, 2.7: the scale then that
+  factor times the spec's, never compounded);
 - ``save_adapter`` (once at the start of every sequence, and as a rule); ``load_adapter`` of the last save into a
   fresh probe built the same way (same seed), after that fresh model has run once in each mode, or into the model
   itself;
@@ -56,7 +60,7 @@ from lora_suite.measure.criteria import Verdict
 def _settings(parts: int = 1) -> settings:
     """The suite's profile (``lora_suite.judges.hypothesis_profiles``: derandomised ``ci`` by default, ``nightly``
     by ``LORA_SUITE_HYPOTHESIS_PROFILE``) with twice its sequences, shared by ``parts`` runs, the lifecycle's one
-    place to change it: ``ci`` then runs 24 sequences of up to 8 rules, each followed by its check (12 in each of two
+    place to change it: ``ci`` then runs 24 sequences of up to 12 rules, each followed by its check (12 in each of two
     parts). Why twice: Hypothesis enables a random subset of the rules in each sequence (swarm testing), and 12
     sequences left a rule unreached under some derandomised seeds (``tests/suite/judges/test_lifecycle.py`` asserts
     that every rule is reached); 24 cost ~5 s per dtype on the CPU's tiny probe, ~27 s on an H200 shared by the quick
@@ -64,6 +68,8 @@ def _settings(parts: int = 1) -> settings:
     return suite_settings(scale=2.0 / parts)
 
 
+# The factors the rescale rule sets (set_adapter_scale): inexact in every binary format but 0.5 and 1 (which restores)
+FACTORS = (0.5, 1.0, 1 / 3, 2.7)
 PART_SEED = 55_000  # part k of a derandomised run draws from seed PART_SEED + k (one part alone: Hypothesis' own)
 
 
@@ -93,7 +99,7 @@ class _Rules(RuleBasedStateMachine):
     ``ran`` set on it)."""
 
     build: Build
-    can_merge = can_cast = False
+    can_merge = can_cast = can_unmerge = can_disable = can_rescale = False
     runs: list | None = None
     ran: Counter
 
@@ -156,6 +162,26 @@ class _Rules(RuleBasedStateMachine):
     @_counted
     def merge(self):
         self.life.merge()
+        self.life.check()  # the merged function, then a second merge: nothing folded twice (checked after the rule)
+        self.life.merge_again()
+
+    @precondition(lambda self: self.can_unmerge and self.life.merged is not None)
+    @rule()
+    @_counted
+    def unmerge(self):
+        self.life.unmerge()
+
+    @precondition(lambda self: self.can_disable and self.life.merged is None)
+    @rule(raise_inside=st.booleans())
+    @_counted
+    def disabled_forward(self, raise_inside):
+        self.life.disabled_forward(self.life.next_seed(), raise_inside)
+
+    @precondition(lambda self: self.can_rescale and self.life.merged is None)
+    @rule(factor=st.sampled_from(FACTORS))
+    @_counted
+    def rescale(self, factor):
+        self.life.rescale(factor)
 
     @precondition(_unmerged)
     @rule()
@@ -185,9 +211,13 @@ def lifecycle_machine(
     """The state machine class of ``build``'s probe (each instance one fresh probe; ``runs`` gets one entry per
     instance, ``ran`` each rule's calls). Merge only where the implementation merges on a 16-bit base; the dtype
     change only on a 16-bit base."""
+    can_merge = build.impl.merge_reason() is None and build.spec.quantize is None
     attrs = {
         "build": build,
-        "can_merge": build.impl.merge_reason() is None and build.spec.quantize is None,
+        "can_merge": can_merge,
+        "can_unmerge": can_merge and build.impl.operation_reason("unmerge") is None,
+        "can_disable": build.impl.operation_reason("disable") is None,
+        "can_rescale": build.impl.operation_reason("rescale") is None,
         "can_cast": build.spec.quantize is None and build.dtype in PARTNER,
         "runs": runs,
         "ran": Counter() if ran is None else ran,

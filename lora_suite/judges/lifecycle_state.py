@@ -40,6 +40,10 @@ CHECK_SEED = 424242  # the inputs every after-rule check uses (a rule's own come
 LR = {"sgd": 0.1, "adamw": 2e-2}
 
 
+class _RaisedInside(Exception):
+    """Raised inside ``disabled_adapters`` by the rule that checks an exception restores the adapters."""
+
+
 class LifecycleBroken(AssertionError):
     """A rule (or the check after it) found the model off the function of its current adapters."""
 
@@ -94,6 +98,7 @@ class Lifecycle:
         self.weights = dict(probe.weights)  # W₀ per module path, in the block's current dtype
         self.biases = dict(probe.biases)  # the base biases likewise (empty when the shape has none)
         self.merged: dict[str, torch.Tensor] | None = None
+        self.factor = 1.0  # the factor of the last set_adapter_scale: the model's scale is probe.scale times it
         self.names = sorted(probe.adapters)
         self.optimizer: torch.optim.Optimizer | None = None
         self._opt_key: tuple[str, tuple[tuple[int, torch.dtype], ...]] | None = None
@@ -123,16 +128,24 @@ class Lifecycle:
         else:  # a Probe holds parameters: the folded copies as frozen ones (their storage, not a copy)
             adapters = {n: torch.nn.Parameter(t, requires_grad=False) for n, t in self.merged.items()}
         return dataclasses.replace(
-            self.probe, weights=self.weights, biases=self.biases, adapters=adapters, dtype=self.dtype
+            self.probe,
+            weights=self.weights,
+            biases=self.biases,
+            adapters=adapters,
+            dtype=self.dtype,
+            scale=self.probe.scale * self.factor,
         )
 
     def run_probe(self) -> P.Probe:
         return dataclasses.replace(self.probe, adapters={} if self.merged is not None else self.live())
 
     # judging
-    def judge(self, what: str, inputs: P.ProbeInputs, got: P.ProbeRun, ref: P.ProbeRun) -> None:
-        """Every tensor ``ref`` holds within its tolerance, every output in the activation dtype."""
-        probe = self.reference_probe()
+    def judge(
+        self, what: str, inputs: P.ProbeInputs, got: P.ProbeRun, ref: P.ProbeRun, probe: P.Probe | None = None
+    ) -> None:
+        """Every tensor ``ref`` holds within its tolerance, every output in the activation dtype (``probe``: the
+        reference's, the current adapters' by default)."""
+        probe = probe or self.reference_probe()
         bad = [e.describe() for e in PJ.judge(probe, inputs, got, ref) if not e.ok]
         bad += [
             f"{n}: {o.dtype} (expected {self.dtype})" for n, o in zip(P.OUTPUTS, got.outputs) if o.dtype != self.dtype
@@ -256,6 +269,45 @@ class Lifecycle:
         self.build.impl.merge_adapters(self.probe.block)
         self.merged = folded
         self.frozen = self._snapshot()  # the merged weights: untouched from now on
+
+    def merge_again(self) -> None:
+        """``merge_adapters`` on a merged model: nothing is folded twice (the merged weights stay bitwise as they are)."""
+        self.build.impl.merge_adapters(self.probe.block)
+
+    def unmerge(self) -> None:
+        """``unmerge_adapters``: the adapters apply again, bitwise the ones folded, and the base weights are W₀ again
+        within the rounding of one merge and one unmerge (judged through the function: the reference keeps W₀)."""
+        assert self.merged is not None, "an unmerge follows a merge"
+        self.build.impl.unmerge_adapters(self.probe.block)
+        folded, self.merged = self.merged, None
+        live = self.live()
+        bad = [n for n, t in folded.items() if n not in live or not torch.equal(live[n].detach(), t)]
+        if bad:
+            raise LifecycleBroken(f"unmerge: adapters not the ones the merge folded: {_describe(bad)}")
+        self.frozen = self._snapshot()  # W₀ + ΔW − ΔW as rounded: untouched from now on
+
+    def disabled_forward(self, seed: int, raise_inside: bool) -> None:
+        """A forward inside ``disabled_adapters`` (and, with ``raise_inside``, an exception raised in the block and
+        caught outside it): the base function there; the adapters apply again after it (the check after the rule)."""
+        inputs = self.build.inputs(seed, self.dtype)
+        base = dataclasses.replace(self.reference_probe(), adapters={})
+        ref = PJ.reference(base, inputs, inputs_require_grad=False, backward=False)
+        got = None
+        try:
+            with self.build.impl.disabled_adapters(self.probe.block):
+                got = P.run_probe(self.run_probe(), inputs, inputs_require_grad=False, backward=False)
+                if raise_inside:
+                    raise _RaisedInside
+        except _RaisedInside:
+            pass
+        assert got is not None, "the forward ran inside the block"
+        self.judge("forward with the adapters disabled (the base function)", inputs, got, ref, base)
+
+    def rescale(self, factor: float) -> None:
+        """``set_adapter_scale(factor)``: the model's scale is ``factor`` times the spec's from now on (not compounded
+        with an earlier factor)."""
+        self.build.impl.set_adapter_scale(self.probe.block, factor)
+        self.factor = factor
 
     def save(self) -> None:
         self.saves += 1

@@ -46,6 +46,10 @@ _DEFECTS = {
     "rank_cut_at_tile": "only the first 128 rank components used (right at r <= 128)",
     "load_takes_complete_pairs": "load_adapter takes a folder holding part of the adapters (complete pairs only checked)",
     "merge_oriented_by_shape": "merge delta oriented by the weight's shape (transposed on square layers)",
+    "unmerge_leaves_delta": "unmerge puts the adapters back and leaves s·B·A in the base weight",
+    "disable_not_restored_on_error": "adapters left disabled after an exception inside disabled_adapters",
+    "rescale_ignores_rslora": "set_adapter_scale sets factor · alpha / r under rsLoRA",
+    "rescale_compounds": "set_adapter_scale multiplies the current scale (compounds) instead of setting it",
 }
 
 # The checks that more than one plant must fail.
@@ -93,6 +97,10 @@ _CHECKS = {
     "rank_cut_at_tile": "layer properties: drawn cases off the float64 function",
     "load_takes_complete_pairs": "folder with one layer's adapters missing: refused",
     "merge_oriented_by_shape": "layer properties: drawn cases whose merged weights are not W + s·B·A rounded once",
+    "unmerge_leaves_delta": _LIFECYCLE,
+    "disable_not_restored_on_error": _LIFECYCLE,
+    "rescale_ignores_rslora": _LIFECYCLE,
+    "rescale_compounds": _LIFECYCLE,
 }
 
 # The plants only the extended tier can catch (the quick tier catches the rest): the leak's check must be a memory

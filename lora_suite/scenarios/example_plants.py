@@ -303,6 +303,12 @@ from lora_suite.scenarios.example_plants_edges import (  # noqa: E402,F401
     merge_oriented_by_shape,
     rank_cut_at_tile,
 )
+from lora_suite.scenarios.example_plants_ops import (  # noqa: E402,F401
+    disable_not_restored_on_error,
+    rescale_compounds,
+    rescale_ignores_rslora,
+    unmerge_leaves_delta,
+)
 from lora_suite.scenarios.example_plants_state import (  # noqa: E402,F401
     inference_cast_cache_kept_over_to,
     inference_weight_cached,
