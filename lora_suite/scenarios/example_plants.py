@@ -298,10 +298,12 @@ def load_takes_what_fits():
 
 from lora_suite.scenarios.example_plants_arch import base_bias_dropped, base_bias_left_trainable  # noqa: E402,F401
 from lora_suite.scenarios.example_plants_edges import (  # noqa: E402,F401
+    load_keys_stripped_of_weight,
     load_takes_complete_pairs,
     lora_input_grad_nan_to_num,
     merge_oriented_by_shape,
     rank_cut_at_tile,
+    trainable_by_substring,
 )
 from lora_suite.scenarios.example_plants_ops import (  # noqa: E402,F401
     disable_not_restored_on_error,

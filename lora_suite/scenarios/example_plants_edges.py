@@ -46,19 +46,24 @@ def _rank_cut(self, x):
 rank_cut_at_tile = _forward_plant("rank_cut_at_tile", _rank_cut)
 
 
+def _settings_checked(model, path) -> None:
+    """The example's own check of the folder's settings (r, lora_alpha, use_rslora), which these plants keep."""
+    import json
+
+    config = json.loads((Path(path) / "adapter_config.json").read_text())
+    for key, want in model._plain_lora.items():
+        if config.get(key, False if key == "use_rslora" else None) != want:
+            raise ValueError(f"{path} has {key}={config.get(key)!r}, the model {want!r}")
+
+
 def load_takes_complete_pairs():
     """load_adapter checks each adapter it finds (its A and B both present, shapes that fit) and loads those, but never
     asks that every adapted layer be in the folder: a folder holding part of the adapters loads without a word."""
 
     def load_adapter(self, model, path):
-        import json
-
         from safetensors.torch import load_file
 
-        config = json.loads((Path(path) / "adapter_config.json").read_text())  # the example's settings check, kept
-        for key, want in model._plain_lora.items():
-            if config.get(key, False if key == "use_rslora" else None) != want:
-                raise ValueError(f"{path} has {key}={config.get(key)!r}, the model {want!r}")
+        _settings_checked(model, path)
         prefix = _example().PEFT_PREFIX
         tensors = load_file(str(Path(path) / "adapter_model.safetensors"))
         params = self.adapter_parameters(model)
@@ -97,3 +102,38 @@ def merge_oriented_by_shape():
             setattr(model.get_submodule(parent) if parent else model, leaf, m.base)
 
     return _planted("merge_oriented_by_shape", merge_adapters=merge_adapters)
+
+
+def trainable_by_substring():
+    """inject marks trainable every parameter whose name holds ``lora_`` (loralib's mark_only_lora_as_trainable), and
+    nothing else: a base weight under a module named ``lora_x`` trains with the adapters."""
+    example_inject = _example().PlainLoRA.inject
+
+    def inject(self, model, spec):
+        adapted = example_inject(self, model, spec)
+        for n, p in model.named_parameters():
+            p.requires_grad_("lora_" in n)
+        return adapted
+
+    return _planted("trainable_by_substring", inject=inject)
+
+
+def load_keys_stripped_of_weight():
+    """load_adapter names a folder tensor by its key with every ``.weight`` removed and loads those it finds: a layer
+    under a module named ``weight`` (``block.weight.lora_A.weight`` becomes ``block.lora_A``) keeps its adapters as
+    they were, silently (peft#2773's class)."""
+
+    def load_adapter(self, model, path):
+        from safetensors.torch import load_file
+
+        _settings_checked(model, path)
+        prefix = _example().PEFT_PREFIX
+        tensors = load_file(str(Path(path) / "adapter_model.safetensors"))
+        params = self.adapter_parameters(model)
+        with torch.no_grad():
+            for key, t in tensors.items():
+                name = key.removeprefix(prefix).replace(".weight", "")
+                if name in params:
+                    params[name].copy_(t)
+
+    return _planted("load_keys_stripped_of_weight", load_adapter=load_adapter)

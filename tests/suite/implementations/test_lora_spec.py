@@ -30,6 +30,7 @@ COVERED = (
     "lora_suite/judges/merge_rounding.py",
     "lora_suite/judges/non_finite_checks.py",
     "lora_suite/judges/two_models.py",
+    "lora_suite/judges/name_collisions.py",
     "lora_suite/tiers/quick/test_layer_properties.py",
 )
 REPOSITORIES = {
