@@ -102,10 +102,13 @@ class PlainLoRA(LoRAImplementation):
         for p in model.parameters():
             p.requires_grad_(False)
         for path, linear in chosen:
-            parent, _, leaf = path.rpartition(".")
-            layer = self.layer_type(linear, spec.r, spec.alpha, spec.use_rslora, spec.adapter_dtype)
+            parent, _, leaf = path.rpartition(".")  # r and alpha per module: spec.rank_pattern, alpha_pattern
+            layer = self.layer_type(
+                linear, spec.rank_of(leaf), spec.alpha_of(leaf), spec.use_rslora, spec.adapter_dtype
+            )
             setattr(model.get_submodule(parent) if parent else model, leaf, layer)
         model._plain_lora = {"r": spec.r, "lora_alpha": spec.alpha, "use_rslora": spec.use_rslora}
+        model._plain_lora.update(rank_pattern=spec.ranks, alpha_pattern=spec.alphas)  # PEFT's per-module overrides
         return [path for path, _ in chosen]
 
     def layers(self, model) -> dict[str, PlainLoRALinear]:
@@ -135,7 +138,8 @@ class PlainLoRA(LoRAImplementation):
         path = Path(path)
         config = json.loads((path / "adapter_config.json").read_text())
         for key, want in model._plain_lora.items():  # the same tensors under another scale are another model
-            if config.get(key, False if key == "use_rslora" else None) != want:
+            absent = False if key == "use_rslora" else {} if key.endswith("_pattern") else None
+            if config.get(key, absent) != want:
                 raise ImplementationError(f"plain-lora: {path} has {key}={config.get(key)!r}, the model {want!r}")
         tensors = load_file(str(path / "adapter_model.safetensors"))
         params = self.adapter_parameters(model)

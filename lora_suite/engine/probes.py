@@ -108,6 +108,12 @@ class Probe:
     scale: float
     dtype: torch.dtype
     biases: dict[str, torch.Tensor] = field(default_factory=dict)
+    # module path -> its own scale where the spec overrides r or alpha for it (rank_pattern, alpha_pattern)
+    scales: dict[str, float] = field(default_factory=dict)
+
+    def scale_at(self, path: str) -> float:
+        """The scale the adapted layer at ``path`` applies: its override, else ``scale``."""
+        return self.scales.get(path, self.scale)
 
     def run_names(self) -> list[str]:
         """The names ``ProbeRun.tensors`` gives, in order."""
@@ -165,7 +171,9 @@ def _build(impl, shape, spec, dtype, device, seed: int, randomise: bool = True) 
         for _name, p in adapters.items() if randomise else ():
             fan = p.shape[1]
             p.copy_((torch.randn(p.shape, device=device, generator=gen) * fan**-0.5).to(p.dtype))
-    return Probe(impl, spec, shape, block, weights, adapters, adapted, spec_scale(spec), dtype, biases)
+    scales = {path: spec.scale_of(path.rsplit(".", 1)[-1]) for path in weights}
+    scales = {path: v for path, v in scales.items() if v != spec_scale(spec)}
+    return Probe(impl, spec, shape, block, weights, adapters, adapted, spec_scale(spec), dtype, biases, scales)
 
 
 def effective_weight(probe: Probe, path: str) -> torch.Tensor:

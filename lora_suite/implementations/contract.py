@@ -27,6 +27,7 @@ FEATURES = {
     "cuda_graph_capture": "training steps captured in a CUDA graph (train.cuda_graph)",
     "fp32_adapters_on_16bit_base": "fp32 adapters over a 16-bit base (PEFT's default mixed precision)",
     "rslora": "rank-stabilised scaling s = alpha / sqrt(r)",
+    "rank_pattern": "per-module rank and alpha overriding r and alpha (PEFT's rank_pattern and alpha_pattern)",
     "bf16_base": "a 16-bit base weight (lora.quantize: null)",
     "partial_groups": "LoRA on part of a fusable group of projections (q and v without k)",
     "autocast_fp32_inputs": "fp32 activations under torch.autocast (mixed precision over an fp32 model)",

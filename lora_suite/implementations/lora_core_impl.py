@@ -9,6 +9,7 @@ ARCHITECTURE_LIMITS = {
     "fused_projections": "lora_core.inject refuses targets outside a Llama block's names (lora_core/targets.py: "
     "q_proj ... down_proj), so Phi-3's qkv_proj and gate_up_proj cannot be named",
     "moe_experts": "lora_core.LoRALinear wraps nn.Linear only; 3-D expert parameters are not linears",
+    "rank_pattern": "lora_core.inject_lora takes one r and one alpha for every target (no per-module override)",
 }
 
 

@@ -58,6 +58,8 @@ class PeftImplementation(LoRAImplementation):
             lora_dropout=0.0,
             use_rslora=spec.use_rslora,
             bias="none",
+            rank_pattern=spec.ranks,
+            alpha_pattern=spec.alphas,
         )
         for p in model.parameters():
             p.requires_grad_(False)
@@ -111,6 +113,7 @@ class PeftImplementation(LoRAImplementation):
         expect = None
         if config is not None:
             expect = {"r": config.r, "lora_alpha": config.lora_alpha, "use_rslora": bool(config.use_rslora)}
+            expect.update(rank_pattern=dict(config.rank_pattern or {}), alpha_pattern=dict(config.alpha_pattern or {}))
         load_peft_tensors(self.name, self.adapter_parameters(model), path, expect)
 
     def merge_adapters(self, model):
@@ -169,6 +172,17 @@ class PeftImplementation(LoRAImplementation):
         return self.served_by_adapted_layers(model, self.wrong_layer, inactive)
 
 
+def _same_setting(key: str, got, want) -> bool:
+    """Whether a folder's setting ``got`` is the model's ``want``: use_rslora as a bool, the patterns as {name:
+    number} (absent = {}), r and lora_alpha as numbers."""
+    if key == "use_rslora":
+        return bool(got) == bool(want)
+    if key.endswith("_pattern"):
+        got = got or {}
+        return isinstance(got, dict) and {k: float(v) for k, v in got.items()} == {k: float(v) for k, v in want.items()}
+    return got is not None and float(got) == float(want)
+
+
 def load_peft_tensors(
     who: str, adapters: dict[str, nn.Parameter], path: str | Path, expect: dict | None = None
 ) -> None:
@@ -189,18 +203,17 @@ def load_peft_tensors(
         raise ImplementationError(f"{who}: {path / CONFIG_FILE} is not valid JSON ({exc})") from None
     if not isinstance(config, dict):
         raise ImplementationError(f"{who}: {path / CONFIG_FILE} holds a JSON {type(config).__name__}, not an object")
-    for key, want in (expect or {}).items():
+    expect = dict(expect or {})
+    if expect:  # per-module overrides: none unless the model has them (a loader that ignored them would load
+        expect.setdefault("rank_pattern", {})  # the tensors under one scale)
+        expect.setdefault("alpha_pattern", {})
+    for key, want in expect.items():
         got = config.get(key, False if key == "use_rslora" else None)
-        if got is None or (float(got) != float(want) if key != "use_rslora" else bool(got) != bool(want)):
+        if not _same_setting(key, got, want):
             raise ImplementationError(
                 f"{who}: {path / CONFIG_FILE} has {key}={got!r}, the model's adapters have {key}={want!r}: "
                 "these tensors were trained under another scale"
             )
-    if expect and (config.get("alpha_pattern") or config.get("rank_pattern")):
-        raise ImplementationError(
-            f"{who}: {path / CONFIG_FILE} has per-module rank_pattern/alpha_pattern, which this "
-            "implementation does not read: refusing rather than loading them under one scale"
-        )
     tensors = load_file(str(path / WEIGHTS_FILE))
     by_key = {f"{PREFIX}{name}.weight": p for name, p in adapters.items()}
     unknown = sorted(set(tensors) - set(by_key))

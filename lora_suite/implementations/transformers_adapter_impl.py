@@ -128,6 +128,8 @@ class TransformersAdapterImplementation(BnbBase, PeftImplementation):
             lora_dropout=0.0,
             use_rslora=spec.use_rslora,
             bias="none",
+            rank_pattern=spec.ranks,
+            alpha_pattern=spec.alphas,
         )
         mixin(model, "add_adapter")(config)  # freezes all but the adapters, makes "default" the active adapter
         mixin(model, "enable_adapters")()
@@ -203,6 +205,7 @@ class TransformersAdapterImplementation(BnbBase, PeftImplementation):
                 f"adapters target {sorted(_leaves(ours))}"
             )
         expect = {"r": config.r, "lora_alpha": config.lora_alpha, "use_rslora": bool(config.use_rslora)}
+        expect.update(rank_pattern=dict(config.rank_pattern or {}), alpha_pattern=dict(config.alpha_pattern or {}))
         copies = {
             n: torch.nn.Parameter(torch.empty(p.shape, dtype=p.dtype), requires_grad=False)
             for n, p in self.adapter_parameters(model).items()

@@ -81,6 +81,8 @@ class UnslothImplementation(BnbBase, PeftImplementation):
         "pre_patch, unsloth_zoo's temporary_patches), so a float64 copy of the model in the same process runs "
         "Unsloth's code, not an independent reference (an H100 run at d75fb77: 'Expected mat_a to be Float32, "
         "BFloat16 or Float16 matrix, got Double' in unsloth_compiled_cache/moe_utils.py for the float64 Qwen3-MoE)",
+        rank_pattern="Unsloth's FastLanguageModel.get_peft_model, the call its models are adapted through, takes one r "
+        "and one lora_alpha for every target module",
         autocast_fp32_inputs="Unsloth's kernels hand fp32 activations under autocast back to PEFT's forward "
         "(unsloth/kernels/fast_lora.py, _autocast_dtype_mismatch): no Unsloth kernel to judge there",
     )

@@ -9,6 +9,7 @@ freezing, the dtype check, a forward-count hook (``served_by``'s evidence), PEFT
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -74,11 +75,24 @@ class WrappedLinearPeer(LoRAImplementation):
                     f"{self.name}: adapter dtype {dtype} on a {linear.weight.dtype} base at "
                     f"{path}: {self.not_applicable['fp32_adapters_on_16bit_base']}"
                 )
-            layer = self.wrap(linear, spec)
+            leaf = path.rsplit(".", 1)[-1]  # the library builds each layer with its own r and alpha
+            own = dataclasses.replace(
+                spec, r=spec.rank_of(leaf), alpha=spec.alpha_of(leaf), rank_pattern=(), alpha_pattern=()
+            )
+            layer = self.wrap(linear, own)
             layer._lora_suite_calls = 0  # type: ignore[assignment]  # torch stub: Module.__setattr__ takes Tensor/Module
             layer.register_forward_hook(count_call)
             replace_module(model, path, layer)
+        model._lora_suite_patterns = {"rank_pattern": spec.ranks, "alpha_pattern": spec.alphas}  # for the folder
         return [path for path, _ in chosen]
+
+    def _base_rank_alpha(self, layers, model, patterns) -> tuple[int, float]:
+        """The folder's r and lora_alpha: those of a layer no pattern overrides (every layer's where none does)."""
+        named = {path.rsplit(".", 1)[-1]: m for path, m in model.named_modules() if isinstance(m, self.layer_type)}
+        plain = [m for leaf, m in named.items() if leaf not in patterns["rank_pattern"]]
+        r = self.rank_alpha(plain[0] if plain else layers[0])[0]
+        plain = [m for leaf, m in named.items() if leaf not in patterns["alpha_pattern"]]
+        return r, self.rank_alpha(plain[0] if plain else layers[0])[1]
 
     def adapter_parameters(self, model):
         out = {}
@@ -92,7 +106,8 @@ class WrappedLinearPeer(LoRAImplementation):
         if not layers:
             raise ImplementationError(f"{self.name}: the model has no {self.layer_type.__name__} layers to save")
         adapters = self.adapter_parameters(model)
-        r, alpha = self.rank_alpha(layers[0])
+        patterns = getattr(model, "_lora_suite_patterns", {"rank_pattern": {}, "alpha_pattern": {}})
+        r, alpha = self._base_rank_alpha(layers, model, patterns)
         config = {
             "peft_type": "LORA",
             "task_type": "CAUSAL_LM",
@@ -103,6 +118,7 @@ class WrappedLinearPeer(LoRAImplementation):
             "bias": "none",
             "fan_in_fan_out": False,
             "target_modules": sorted({p.rsplit(".", 1)[-1] for p in adapted_modules(adapters)}),
+            **patterns,
         }
         return save_peft_tensors(adapters, config, path)
 
@@ -110,8 +126,9 @@ class WrappedLinearPeer(LoRAImplementation):
         layers = [m for m in model.modules() if isinstance(m, self.layer_type)]
         expect = None
         if layers:
-            r, alpha = self.rank_alpha(layers[0])
-            expect = {"r": r, "lora_alpha": alpha, "use_rslora": False}
+            patterns = getattr(model, "_lora_suite_patterns", {"rank_pattern": {}, "alpha_pattern": {}})
+            r, alpha = self._base_rank_alpha(layers, model, patterns)
+            expect = {"r": r, "lora_alpha": alpha, "use_rslora": False, **patterns}
         load_peft_tensors(self.name, self.adapter_parameters(model), path, expect)
 
     def served_by(self, model):

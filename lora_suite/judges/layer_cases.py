@@ -45,6 +45,9 @@ class LayerCase:
     bias: bool
     seed: int
     nf4: bool = False  # the implementation's own 4-bit base (one that has no 16-bit base)
+    pattern: bool = (
+        False  # per-module overrides (PEFT's rank_pattern, alpha_pattern): v_proj's r and alpha, down_proj's alpha
+    )
 
     def shape(self) -> P.BlockShape:
         return P.BlockShape("drawn", self.hidden, self.q_out, self.kv_out, self.intermediate, self.bias)
@@ -54,7 +57,13 @@ class LayerCase:
 
     def spec(self) -> AdapterSpec:
         adapter = self.dtypes()[1]
-        return AdapterSpec(P.PROBE_TARGETS, self.r, self.alpha, self.rslora, adapter, "nf4" if self.nf4 else None)
+        ranks: tuple[str, ...] = ()
+        alphas: tuple[str, ...] = ()
+        if self.pattern:  # another rank and alpha for v_proj, another alpha for down_proj, both inexact scales
+            ranks = (f"v_proj={self.r + 3 if self.r <= 8 else self.r // 2}",)
+            alphas = (f"v_proj={self.alpha * 1.7 + 0.3!r}", f"down_proj={self.alpha / 2.9!r}")
+        quantize = "nf4" if self.nf4 else None
+        return AdapterSpec(P.PROBE_TARGETS, self.r, self.alpha, self.rslora, adapter, quantize, ranks, alphas)
 
     def scale(self) -> float:
         return self.alpha / (math.sqrt(self.r) if self.rslora else self.r)
@@ -75,6 +84,7 @@ class Limits:
     bias: bool
     nf4: bool
     two_d: bool
+    pattern: bool
     max_width: int
     max_tokens: int
 
@@ -89,6 +99,7 @@ class Limits:
             bias_reason(impl) is None and not nf4,
             nf4,
             impl.reason_not_applicable("inputs_2d") is None,
+            impl.reason_not_applicable("rank_pattern") is None,
             max_width,
             max_tokens,
         )
@@ -126,6 +137,7 @@ def _case_of_widths(limits: Limits, ws: tuple[int, int, int, int]) -> st.SearchS
         bias=st.booleans() if limits.bias else st.just(False),
         seed=st.integers(0, 2**16 - 1),
         nf4=st.just(limits.nf4),
+        pattern=st.booleans() if limits.pattern else st.just(False),
     )
 
 
@@ -148,6 +160,19 @@ def explicit(limits: Limits) -> list[LayerCase]:
         limits.configs[0], narrow, narrow, narrow, narrow, 6, "3d", MAX_RANK, 300.7, False, False, 13, limits.nf4
     )
     oblong = LayerCase(
-        limits.configs[-1], w, narrow, 2 * narrow, w, 4, "3d", MAX_RANK // 2 + 3, 41.3, False, False, 14, limits.nf4
+        limits.configs[-1],
+        w,
+        narrow,
+        2 * narrow,
+        w,
+        4,
+        "3d",
+        MAX_RANK // 2 + 3,
+        41.3,
+        False,
+        False,
+        14,
+        limits.nf4,
+        limits.pattern,  # and per-module overrides where the stack takes them
     )
     return [base, LayerCase(**{**asdict(base), "config": limits.configs[-1], "seed": 12}), square, oblong]

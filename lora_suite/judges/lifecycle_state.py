@@ -134,6 +134,7 @@ class Lifecycle:
             adapters=adapters,
             dtype=self.dtype,
             scale=self.probe.scale * self.factor,
+            scales={path: v * self.factor for path, v in self.probe.scales.items()},
         )
 
     def run_probe(self) -> P.Probe:

@@ -71,7 +71,7 @@ def element_bounds(probe: P.Probe, adapters: dict[str, torch.Tensor], path: str)
     """(E, bound) of one projection: the exact merged weight and each element's allowed error."""
     w = probe.weights[path].double()
     a, b = adapters[f"{path}.lora_A"], adapters[f"{path}.lora_B"]
-    s, r = probe.scale, a.shape[0]
+    s, r = probe.scale_at(path), a.shape[0]
     product, magnitude = b.double() @ a.double(), b.double().abs() @ a.double().abs()
     delta = s * product
     exact = w + delta

@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 
 from lora_suite.engine.prepare import Prepared
+from lora_suite.engine.probes import spec_scale
+from lora_suite.implementations import AdapterSpec
 from lora_suite.judges.layer_checks import none_of
 from lora_suite.measure.criteria import Verdict
 
@@ -91,22 +93,45 @@ def saved_folder_verdicts(
 
 
 def peft_loader(
-    trained: Prepared, build_base: Callable[[], torch.nn.Module], folder: Path, scale: float
+    trained: Prepared, build_base: Callable[[], torch.nn.Module], folder: Path, spec: AdapterSpec
 ) -> list[Verdict]:
     """PEFT's own loader (``PeftModel.from_pretrained``) on the folder ``round_trip`` wrote, over a fresh base:
-    each LoRA layer's A and B must be the trained tensors and its scaling the model's scale."""
+    each LoRA layer's A and B must be the trained tensors and its scaling the model's scale (its own where ``spec``
+    overrides its r or alpha: rank_pattern, alpha_pattern)."""
     import peft
     from peft.tuners.lora import LoraLayer
 
-    model = peft.PeftModel.from_pretrained(build_base(), str(folder), is_trainable=False)
     want = {n: p.detach() for n, p in trained.adapters.items()}
+    scale = spec_scale(spec)
+    try:
+        model = peft.PeftModel.from_pretrained(build_base(), str(folder), is_trainable=False)
+    except Exception as exc:  # noqa: BLE001  (PEFT refusing the folder is the verdict: named, not a crash)
+        why = f"PEFT's loader refused the folder: {type(exc).__name__}: {str(exc)[:300]}"
+        return [
+            Verdict(
+                f"PEFT's loader: adapters missing or not bitwise the trained ones (of {len(want)})",
+                len(want),
+                "==",
+                0,
+                "peft.PeftModel.from_pretrained on the saved folder",
+                why,
+            ),
+            Verdict(
+                f"PEFT's loader: layers whose scaling is not {scale:g} (of {0})",
+                math.inf,
+                "==",
+                0,
+                "lora_alpha / r (alpha / sqrt(r) with use_rslora) in adapter_config.json",
+                why,
+            ),
+        ]
     found, bad_t, bad_s = {}, [], []
     base = model.get_submodule("base_model.model")
     for path, m in base.named_modules():
         if isinstance(m, LoraLayer) and "default" in m.lora_A:
             found[f"{path}.lora_A"] = base.get_parameter(f"{path}.lora_A.default.weight").detach()
             found[f"{path}.lora_B"] = base.get_parameter(f"{path}.lora_B.default.weight").detach()
-            if not math.isclose(float(m.scaling["default"]), scale, rel_tol=1e-9):
+            if not math.isclose(float(m.scaling["default"]), spec.scale_of(path.rsplit(".", 1)[-1]), rel_tol=1e-9):
                 bad_s.append(f"{path}: {m.scaling['default']}")
     for n, t in want.items():
         if n not in found or found[n].shape != t.shape or not torch.equal(found[n].to(t.dtype), t):

@@ -45,9 +45,9 @@ def reference(
     probe: Probe, inputs: ProbeInputs, *, inputs_require_grad: bool = True, backward: bool = True
 ) -> ProbeRun:
     """The probe's function in float64 by autograd on the same tensors (none of the code under test):
-    each projection ``x Wᵀ + b + s·(x Âᵀ) B̂ᵀ`` with Â, B̂ the adapters rounded to the activation dtype (b where the
+    each projection ``x Wᵀ + b + s·(x Âᵀ) B̂ᵀ`` (s its own where the spec overrides its r or alpha) with Â, B̂ the adapters rounded to the activation dtype (b where the
     shape has biases)."""
-    s, act = probe.scale, inputs.x.dtype
+    act = inputs.x.dtype
     w = {path: t.double() for path, t in probe.weights.items()}
     bias = {path: t.double() for path, t in probe.biases.items()}
     leaves = {path.rsplit(".", 1)[-1]: path for path in w}
@@ -61,7 +61,7 @@ def reference(
             y = y + bias[path]
         if path in ad:
             a, b = ad[path]
-            y = y + s * ((x @ a.T) @ b.T)
+            y = y + probe.scale_at(path) * ((x @ a.T) @ b.T)
         return y
 
     x, x_o, x_m = xs

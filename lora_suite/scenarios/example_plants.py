@@ -306,7 +306,9 @@ from lora_suite.scenarios.example_plants_edges import (  # noqa: E402,F401
     trainable_by_substring,
 )
 from lora_suite.scenarios.example_plants_ops import (  # noqa: E402,F401
+    alpha_pattern_ignored,
     disable_not_restored_on_error,
+    patterns_not_saved,
     rescale_compounds,
     rescale_ignores_rslora,
     unmerge_leaves_delta,

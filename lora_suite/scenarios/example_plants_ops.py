@@ -57,3 +57,40 @@ def rescale_compounds():
             m.scale = m.scale * factor
 
     return _planted("rescale_compounds", set_adapter_scale=set_adapter_scale)
+
+
+def alpha_pattern_ignored():
+    """inject builds every layer with the spec's alpha, whatever alpha_pattern says (r per module kept): the layers a
+    pattern names run at the wrong scale."""
+
+    def inject(self, model, spec):
+        import dataclasses
+
+        from lora_suite.scenarios.example_plant_base import _example
+
+        return _example().PlainLoRA.inject(self, model, dataclasses.replace(spec, alpha_pattern=()))
+
+    return _planted("alpha_pattern_ignored", inject=inject)
+
+
+def patterns_not_saved():
+    """save_adapter leaves rank_pattern and alpha_pattern out of adapter_config.json and load_adapter does not ask for
+    them: its own round trip is bitwise (the tensors carry their ranks), but the folder says every layer has r and
+    alpha, so PEFT (or anyone) reads it wrong."""
+    from lora_suite.scenarios.example_plant_base import _example
+
+    def save_adapter(self, model, path):
+        patterns = {k: model._plain_lora.pop(k) for k in ("rank_pattern", "alpha_pattern")}
+        try:
+            return _example().PlainLoRA.save_adapter(self, model, path)
+        finally:
+            model._plain_lora.update(patterns)
+
+    def load_adapter(self, model, path):
+        patterns = {k: model._plain_lora.pop(k) for k in ("rank_pattern", "alpha_pattern")}
+        try:
+            _example().PlainLoRA.load_adapter(self, model, path)
+        finally:
+            model._plain_lora.update(patterns)
+
+    return _planted("patterns_not_saved", save_adapter=save_adapter, load_adapter=load_adapter)

@@ -124,6 +124,31 @@ class AdapterSpec(Checked):
     # by name, so the YAML is read without torch (adapter_dtype.py). fp32 adapters on a 16-bit base: PEFT's default.
     adapter_dtype: AdapterDtype = AdapterDtype("float32")
     quantize: str | None = None  # None (16-bit base) or "nf4"
+    # Per-module overrides by leaf module name (PEFT's rank_pattern and alpha_pattern), as "name=value" entries:
+    # ("v_proj=4",) gives v_proj r 4 whatever r says; a name not listed takes r and alpha
+    rank_pattern: tuple[str, ...] = ()
+    alpha_pattern: tuple[str, ...] = ()
+
+    @property
+    def ranks(self) -> dict[str, int]:
+        """``rank_pattern`` as {leaf name: r}."""
+        return {k: int(v) for k, v in (e.split("=", 1) for e in self.rank_pattern)}
+
+    @property
+    def alphas(self) -> dict[str, float]:
+        """``alpha_pattern`` as {leaf name: alpha}."""
+        return {k: float(v) for k, v in (e.split("=", 1) for e in self.alpha_pattern)}
+
+    def rank_of(self, leaf: str) -> int:
+        return self.ranks.get(leaf, self.r)
+
+    def alpha_of(self, leaf: str) -> float:
+        return self.alphas.get(leaf, self.alpha)
+
+    def scale_of(self, leaf: str) -> float:
+        """The scale of the module named ``leaf``: alpha/r, or alpha/√r under rsLoRA, with its overrides."""
+        r = self.rank_of(leaf)
+        return self.alpha_of(leaf) / (r**0.5 if self.use_rslora else r)
 
     @property
     def dtype_name(self) -> str | None:

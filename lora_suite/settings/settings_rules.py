@@ -15,6 +15,7 @@ how it words its message: ``lora_suite.settings.rule_kinds``; the type checks be
 
 from __future__ import annotations
 
+import math
 import re
 
 from lora_suite.settings.adapter_dtype import ADAPTER_DTYPES
@@ -51,6 +52,18 @@ def first_problem(obj) -> tuple[str, str] | None:
 def rules_of(cls) -> tuple[Rule, ...]:
     """The rules of ``cls`` (or of the settings class it extends)."""
     return next((RULES[c.__name__] for c in cls.__mro__ if c.__name__ in RULES), ())
+
+
+def _entry(entry, kind) -> bool:
+    """Whether ``entry`` is "name=value" with a name and a value of ``kind`` (int: >= 1; float: finite, > 0)."""
+    if not isinstance(entry, str) or "=" not in entry:
+        return False
+    name, value = entry.split("=", 1)
+    try:
+        number = kind(value)
+    except ValueError:
+        return False
+    return bool(name.strip()) and (number >= 1 if kind is int else math.isfinite(number) and number > 0)
 
 
 def _nonblank(v, obj) -> bool:
@@ -125,6 +138,18 @@ RULES: dict[str, tuple[Rule, ...]] = {
             form=NOT_ONE_OF,
         ),
         one_of("quantize", (None, "nf4")),
+        holds(
+            "rank_pattern",
+            lambda v, obj: all(_entry(e, int) for e in v),
+            "entries 'name=r', each r a whole number >= 1 (PEFT's rank_pattern)",
+            lambda obj: [{"rank_pattern": ("v_proj=0",)}],
+        ),
+        holds(
+            "alpha_pattern",
+            lambda v, obj: all(_entry(e, float) for e in v),
+            "entries 'name=alpha', each alpha finite and > 0 (PEFT's alpha_pattern)",
+            lambda obj: [{"alpha_pattern": ("v_proj=nan",)}],
+        ),
     ),
     "DataSettings": (
         one_of("source", ("embedded", "jsonl")),

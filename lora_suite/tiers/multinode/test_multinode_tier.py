@@ -213,13 +213,12 @@ def _peft_reads(jobs: Jobs, trained, folder) -> None:
         return
     from lora_suite.engine.models import build_model
     from lora_suite.engine.prepare import DTYPES, adapter_spec
-    from lora_suite.engine.probes import spec_scale
     from lora_suite.judges import peft_folder as PF
 
     def base():
         return build_model(cfg.model, cfg.weights, DTYPES[cfg.dtype], "cuda", seed=cfg.train.seed).model
 
-    for v in PF.peft_loader(trained, base, folder, spec_scale(adapter_spec(cfg, None))):
+    for v in PF.peft_loader(trained, base, folder, adapter_spec(cfg, None)):
         tier.check(f"fsdp: {v.name}", v.value, v.op, v.threshold, source=v.source, detail=v.detail)
 
 

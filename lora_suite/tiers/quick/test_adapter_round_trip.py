@@ -8,12 +8,12 @@ Tests that each build their own model, so that worker processes (``--workers``) 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 
 import pytest
 
 from lora_suite.engine.models import build_model
 from lora_suite.engine.prepare import DTYPES, adapter_spec
-from lora_suite.engine.probes import spec_scale
 from lora_suite.judges import broken_folders as BF
 from lora_suite.judges import name_collisions as NC
 from lora_suite.judges import peft_folder as PF
@@ -57,6 +57,32 @@ def test_an_rslora_adapter_round_trips_and_its_setting_is_read(tier, tmp_path):
         tier.check(f"rsLoRA: {v.name}", v.value, v.op, v.threshold, source=v.source, detail=v.detail)
 
 
+def test_per_module_rank_and_alpha_round_trip(tier, tmp_path):
+    """The round trip on a model whose last target takes its own r and alpha (PEFT's rank_pattern and alpha_pattern):
+    the folder must record them, PEFT's loader must read the same tensors and scales, and a folder with another
+    lora_alpha must not load as matching."""
+    name = "per-module rank and alpha: every round-trip check"
+    if why := tier.impl.reason_not_applicable("rank_pattern"):
+        tier.check.not_applicable(name, why)
+        return
+    cfg = tier.config("quick")
+    leaf = cfg.lora.targets[-1] if cfg.lora.targets != ("all-linear",) else "v_proj"
+    lora = dataclasses.replace(cfg.lora, rank_pattern=(f"{leaf}={cfg.lora.r + 3}",), alpha_pattern=(f"{leaf}=7.3",))
+    cfg = dataclasses.replace(cfg, lora=lora)
+    trained = tier.prepare(cfg)
+    RT.train_a_few(trained, STEPS, cfg.train.lr)
+    folder = tmp_path / "adapter"
+    verdicts = RT.round_trip(trained, lambda: tier.prepare(cfg), folder, tampered=("lora_alpha",))
+    if not cfg.lora.quantize and importlib.util.find_spec("peft") is not None:  # PEFT's loader: on a 16-bit base
+
+        def base():
+            return build_model(cfg.model, cfg.weights, DTYPES[cfg.dtype], "cuda", seed=cfg.train.seed).model
+
+        verdicts += PF.peft_loader(trained, base, folder, adapter_spec(cfg, None))
+    for v in verdicts:
+        tier.check(f"per-module rank and alpha: {v.name}", v.value, v.op, v.threshold, source=v.source, detail=v.detail)
+
+
 @pytest.mark.parametrize("what", list(BF.BROKEN))
 def test_a_folder_whose_weights_do_not_fit_is_refused(tier, tmp_path, what):
     cfg = tier.config("quick")
@@ -88,8 +114,7 @@ def test_peft_loader_reads_the_saved_folder(tier, tmp_path):
     def base():
         return build_model(cfg.model, cfg.weights, DTYPES[cfg.dtype], "cuda", seed=cfg.train.seed).model
 
-    scale = spec_scale(adapter_spec(cfg, None))
-    for v in PF.peft_loader(trained, base, folder, scale):
+    for v in PF.peft_loader(trained, base, folder, adapter_spec(cfg, None)):
         tier.check(v.name, v.value, v.op, v.threshold, source=v.source, detail=v.detail)
 
 

@@ -27,6 +27,7 @@ COVERAGE = {
     "rank of 128 or more": "the ranks people train at (128 to 256): the probe grids stop at r = 8",
     "rank above a layer's smaller width": "r > min(in, out), where a rank cut to the layer's width shows",
     "square block": "square layers (in = out), where a merge oriented by the weight's shape goes wrong",
+    "per-module rank and alpha": "PEFT's rank_pattern and alpha_pattern: a layer's own r and alpha, its own scale",
 }
 # which property must have judged each class (the merge property judges bias-free cases only)
 COVERED_BY = {
@@ -35,6 +36,7 @@ COVERED_BY = {
     "rank of 128 or more": "function",
     "rank above a layer's smaller width": "function",
     "square block": "merge",
+    "per-module rank and alpha": "function",
 }
 
 
@@ -63,6 +65,10 @@ def test_layer_contract_holds_on_drawn_cases(prop, lora_impl, check, run_report)
             continue
         if what == "base bias" and not limits.bias:
             reason = LP.bias_reason(lora_impl) or f"{lora_impl.name}'s base is always 4-bit"
+            check.not_applicable(f"layer properties: drawn cases judged with a {what}", reason)
+            continue
+        if what == "per-module rank and alpha" and not limits.pattern:
+            reason = lora_impl.reason_not_applicable("rank_pattern") or "(no reason given)"
             check.not_applicable(f"layer properties: drawn cases judged with a {what}", reason)
             continue
         check(f"layer properties: drawn cases judged with a {what}", run.tally[what], ">=", 1, source=why)

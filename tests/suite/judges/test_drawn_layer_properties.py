@@ -39,7 +39,10 @@ def test_the_properties_hold_for_correct_stacks(name):
         if prop == "merge":  # bias-free cases only: half the blocks drawn square, and a square case run first
             assert run.tally["square block"] >= 1 and run.tally["base bias"] == 0, run.tally
         else:
-            assert min(run.tally.values()) >= 1, (prop, run.tally)
+            drawn = {
+                k: n for k, n in run.tally.items() if k != "per-module rank and alpha" or LP.Limits.of(impl).pattern
+            }
+            assert min(drawn.values()) >= 1, (prop, run.tally)
 
 
 PLANTS = [
