@@ -84,7 +84,10 @@ def test_a_folder_whose_patterns_are_not_the_models_is_refused(name, tiny_cfg, t
 def test_alpha_pattern_ignored_fails_only_the_cases_with_a_pattern():
     impl = EP.alpha_pattern_ignored()
     assert LP.check_case(impl, CASE) == []
-    assert [b.split(":")[0] for b in LP.check_case(impl, dataclasses.replace(CASE, pattern=True))] == ["function", "merge"]
+    assert [b.split(":")[0] for b in LP.check_case(impl, dataclasses.replace(CASE, pattern=True))] == [
+        "function",
+        "merge",
+    ]
 
 
 def test_patterns_not_saved_passes_its_own_round_trip_and_fails_peft_loader(tiny_cfg, tmp_path):
