@@ -27,6 +27,7 @@ FEATURES = {
     "cuda_graph_capture": "training steps captured in a CUDA graph (train.cuda_graph)",
     "fp32_adapters_on_16bit_base": "fp32 adapters over a 16-bit base (PEFT's default mixed precision)",
     "rslora": "rank-stabilised scaling s = alpha / sqrt(r)",
+    "peft_default_init": "A drawn U(±1/√in) (kaiming-uniform, a = √5) and B zero: PEFT's init_lora_weights=True",
     "rank_pattern": "per-module rank and alpha overriding r and alpha (PEFT's rank_pattern and alpha_pattern)",
     "bf16_base": "a 16-bit base weight (lora.quantize: null)",
     "partial_groups": "LoRA on part of a fusable group of projections (q and v without k)",

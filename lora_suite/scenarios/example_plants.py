@@ -300,6 +300,7 @@ from lora_suite.scenarios.example_plants_arch import base_bias_dropped, base_bia
 from lora_suite.scenarios.example_plants_edges import (  # noqa: E402,F401
     load_keys_stripped_of_weight,
     load_takes_complete_pairs,
+    lora_a_init_spread,
     lora_input_grad_nan_to_num,
     merge_oriented_by_shape,
     rank_cut_at_tile,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from lora_suite.scenarios.example_plant_base import _example, _forward_plant, _lora, _planted
+from lora_suite.scenarios.example_plant_base import _example, _forward_plant, _layer_init_then, _lora, _planted
 
 
 class _CleanGradient(torch.autograd.Function):
@@ -138,3 +138,15 @@ def load_keys_stripped_of_weight():
                     params[name].copy_(t)
 
     return _planted("load_keys_stripped_of_weight", load_adapter=load_adapter)
+
+
+def _kaiming_default_a(layer, example_init, base, r, alpha, use_rslora, adapter_dtype):
+    example_init(base, r, alpha, use_rslora, adapter_dtype)
+    with torch.no_grad():
+        torch.nn.init.kaiming_uniform_(layer.lora_A)  # a = 0, torch's default: bound √(6/in), not 1/√in
+
+
+def lora_a_init_spread():
+    """A drawn with kaiming_uniform_'s default a = 0 (a forgotten a=√5): U(±√(6/in)), √6 ≈ 2.45 times PEFT's spread.
+    Every function check passes (B is still zero); training starts from another point than the reference's."""
+    return _layer_init_then("lora_a_init_spread", _kaiming_default_a)

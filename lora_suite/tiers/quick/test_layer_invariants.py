@@ -19,6 +19,7 @@ import torch
 
 from lora_suite.engine import probes as P
 from lora_suite.implementations import AdapterSpec
+from lora_suite.judges import init_spread as IS
 from lora_suite.judges import invariant_checks as I
 from lora_suite.judges import layer_checks as L
 from lora_suite.judges import probe_judge as PJ
@@ -59,6 +60,11 @@ def test_initial_adapters_give_the_base_function_and_can_learn(lora_impl, check)
     for shape in (SMALL, ODD):
         _record(check, I.initial_outputs(*_probe(lora_impl, shape, F32, randomise=False)))
         _record(check, I.initial_gradients(*_probe(lora_impl, shape, BF16, randomise=False)))
+    name = "at initialisation: A not U(±1/√in) or B not zero (PEFT's default init; of {} tensors)"
+    if why := lora_impl.reason_not_applicable("peft_default_init"):
+        check.not_applicable(name.format("N"), why)
+    else:
+        _record(check, IS.initial_spread(lora_impl, DEV))
 
 
 @pytest.mark.parametrize("scaling", list(SCALINGS))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lora_suite.engine import probes as P
-from lora_suite.implementations import AdapterSpec
+from lora_suite.implementations import AdapterSpec, resolve_implementation
 from lora_suite.judges import invariant_checks as I
 from lora_suite.judges import layer_checks as L
 from lora_suite.judges import probe_judge as PJ
@@ -110,3 +110,24 @@ def test_two_models_keep_their_own_state(plant, tmp_path):
     for i, impl in enumerate(impls):
         v = two_models(impl, SHAPE, F32, "cpu", tmp_path / str(i))
         assert v.passed != bool(plant), (impl.name, v.detail)
+
+
+def test_the_init_spread_holds_for_correct_stacks_and_fails_a_forgotten_a_and_a_nudged_one():
+    """PEFT's default init (A U(±1/√in), B 0) for the torch reference, PEFT and the example; the plant that forgets
+    a=√5 (√6 times the spread) and a stack whose a is √6 (7% narrower: a mutant that survived before) both fail it."""
+    import math
+
+    from lora_suite.judges import init_spread as IS
+
+    for impl in (resolve_implementation("torch"), resolve_implementation("peft"), EP._example().make()):
+        v = IS.initial_spread(impl, "cpu")
+        assert v.passed, (impl.name, v.detail)
+    assert "max|A|·√in" in IS.initial_spread(EP.lora_a_init_spread(), "cpu").detail
+
+    def nudged(layer, example_init, *args):
+        example_init(*args)
+        with torch.no_grad():
+            torch.nn.init.kaiming_uniform_(layer.lora_A, a=math.sqrt(6))
+
+    v = IS.initial_spread(EP._layer_init_then("nudged", nudged), "cpu")
+    assert not v.passed and "std of A·√in" in v.detail, v.detail
