@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from lora_suite.implementations.contract import require_module
 from lora_suite.implementations.wrapped import WrappedLinearPeer
 
 
@@ -62,9 +63,7 @@ class TorchtuneImplementation(WrappedLinearPeer):
     def disabled_adapters(self, model):
         """torchtune's own ``disable_adapter(model)`` context (its DPO recipes' reference model): every LoRA module's
         ``disabled`` set for the block and cleared after it."""
-        from torchtune.modules.peft import disable_adapter
-
-        return disable_adapter(model)
+        return require_module(self.name, self.library, when="use").disable_adapter(model)
 
     def adapters_of(self, layer):
         return layer.lora_a.weight, layer.lora_b.weight

@@ -54,10 +54,12 @@ def build(impl: LoRAImplementation, device, seed: int = 0) -> tuple[Colliding, d
     """A fresh block of seeded weights (std 1/√in), adapted by ``impl`` on every name; its base weights before."""
     torch.manual_seed(seed)
     model = Colliding(device)
+    linears = {n: model.block.get_submodule(n) for n in NAMES}
     with torch.no_grad():
-        for m in model.block.children():
+        for m in linears.values():
+            assert isinstance(m, nn.Linear), "Colliding holds linears"
             m.weight.normal_(0, WIDTH**-0.5)
-    weights = {n: getattr(model.block, n).weight.detach().clone() for n in NAMES}
+    weights = {n: m.weight.detach().clone() for n, m in linears.items() if isinstance(m, nn.Linear)}
     impl.inject(model, AdapterSpec(NAMES, R, ALPHA, False, torch.float32))
     return model, weights
 

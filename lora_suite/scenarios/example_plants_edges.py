@@ -52,7 +52,7 @@ def _settings_checked(model, path) -> None:
 
     config = json.loads((Path(path) / "adapter_config.json").read_text())
     for key, want in model._plain_lora.items():
-        absent = False if key == "use_rslora" else {} if key.endswith("_pattern") else None
+        absent: object = False if key == "use_rslora" else {} if key.endswith("_pattern") else None
         if config.get(key, absent) != want:
             raise ValueError(f"{path} has {key}={config.get(key)!r}, the model {want!r}")
 

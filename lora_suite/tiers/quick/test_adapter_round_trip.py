@@ -15,7 +15,6 @@ import pytest
 from lora_suite.engine.models import build_model
 from lora_suite.engine.prepare import DTYPES, adapter_spec
 from lora_suite.judges import broken_folders as BF
-from lora_suite.judges import name_collisions as NC
 from lora_suite.judges import peft_folder as PF
 from lora_suite.judges import round_trip as RT
 
@@ -115,15 +114,4 @@ def test_peft_loader_reads_the_saved_folder(tier, tmp_path):
         return build_model(cfg.model, cfg.weights, DTYPES[cfg.dtype], "cuda", seed=cfg.train.seed).model
 
     for v in PF.peft_loader(trained, base, folder, adapter_spec(cfg, None)):
-        tier.check(v.name, v.value, v.op, v.threshold, source=v.source, detail=v.detail)
-
-
-def test_modules_named_like_the_words_of_adapter_keys_keep_their_own_adapters(tier):
-    """A block of linears named weight, bias, default, base_layer, lora_x, q and q_proj, all targeted
-    (``lora_suite.judges.name_collisions``): each adapted once, the base frozen, the float64 function, the round trip
-    bitwise; a stack whose inject refuses such names is recorded not applicable in its own words."""
-    verdicts, refused = NC.name_collisions(tier.impl, "cuda")
-    if refused:
-        tier.check.not_applicable(f"{NC.LABEL}: every check", refused)
-    for v in verdicts:
         tier.check(v.name, v.value, v.op, v.threshold, source=v.source, detail=v.detail)

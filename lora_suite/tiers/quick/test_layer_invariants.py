@@ -22,6 +22,7 @@ from lora_suite.implementations import AdapterSpec
 from lora_suite.judges import init_spread as IS
 from lora_suite.judges import invariant_checks as I
 from lora_suite.judges import layer_checks as L
+from lora_suite.judges import name_collisions as NC
 from lora_suite.judges import probe_judge as PJ
 from lora_suite.judges import two_models as TM
 
@@ -120,3 +121,14 @@ def test_activation_checkpointing_gives_the_plain_gradients(use_reentrant, lora_
 def test_one_implementation_adapts_two_models_apart(lora_impl, check, tmp_path):
     """State across models: one implementation object adapting two models with different settings (two_models.py)."""
     _record(check, TM.two_models(lora_impl, SMALL, BF16, DEV, tmp_path, adapter_dtype=_adapter_dtype(lora_impl, BF16)))
+
+
+def test_modules_named_like_the_words_of_adapter_keys_keep_their_own_adapters(lora_impl, check):
+    """A block of linears named weight, bias, default, base_layer, lora_x, q and q_proj, all targeted
+    (``lora_suite.judges.name_collisions``): each adapted once, the base frozen, the float64 function, the round trip
+    bitwise; a stack whose inject refuses such names is recorded not applicable in its own words."""
+    verdicts, refused = NC.name_collisions(lora_impl, DEV)
+    if refused:
+        check.not_applicable(f"{NC.LABEL}: every check", refused)
+    for v in verdicts:
+        check(v.name, v.value, v.op, v.threshold, source=v.source, detail=v.detail)
