@@ -196,7 +196,13 @@ class Lifecycle:
         self.probe.block.train(training)
 
     def _opt(self, kind: str) -> torch.optim.Optimizer:
+        """The rule's optimizer over the live adapters. AdamW over fp16 adapters runs as SGD: without an fp32 master
+        copy (AMP keeps one for this reason) AdamW's second moment g² underflows fp16 (below 6e-8) and its eps 1e-8
+        rounds to 0 there, so it divides 0 by 0 (an H100 run of loralib, fp16 adapters: NaN after one step): the
+        optimizer's arithmetic in fp16, not the stack's."""
         live = self.live()
+        if kind == "adamw" and any(p.dtype == torch.float16 for p in live.values()):
+            kind = "sgd"
         key = (kind, tuple((id(p), p.dtype) for p in live.values()))
         if key != self._opt_key:
             make = torch.optim.SGD if kind == "sgd" else torch.optim.AdamW
