@@ -80,6 +80,7 @@ class PlainLoRA(LoRAImplementation):
         "moe_experts": "plain-lora adapts nn.Linear layers; 3-D expert parameters are not linears",
     }
     layer_type = PlainLoRALinear
+    operation_reasons = {"adapters": "plain-lora's layer holds one adapter: there is no second one to add or switch to"}
 
     def describe(self) -> str:
         return "plain-lora: the suite's example implementation (examples/plain_lora.py), eager torch ops"

@@ -56,6 +56,10 @@ OPERATIONS = {
         "set_adapter_scale",
         "every adapter's scale set to a factor times alpha/r or alpha/√r (PEFT's set_scale)",
     ),
+    "adapters": (
+        "add_named_adapter",
+        "hold several adapters under their names, one active (PEFT's add_adapter, set_adapter, delete_adapter)",
+    ),
 }
 
 
@@ -186,6 +190,21 @@ class LoRAImplementation:
     def set_adapter_scale(self, model: nn.Module, factor: float) -> None:
         """Optional: every adapted layer's scale set to ``factor`` times its own (alpha/r, or alpha/√r under rsLoRA),
         not compounded with an earlier factor; ``factor`` 1 restores it (PEFT's ``LoraLayer.set_scale``)."""
+        raise NotImplementedError
+
+    def add_named_adapter(self, model: nn.Module, name: str, spec: AdapterSpec) -> None:
+        """Optional, with ``set_active_adapter`` and ``delete_named_adapter``: a second adapter named ``name`` on the
+        same targets (PEFT's ``add_adapter``), the active one unchanged. ``adapter_parameters`` always lists the active
+        adapter's tensors under the canonical names; an inactive adapter is frozen and untouched by training."""
+        raise NotImplementedError
+
+    def set_active_adapter(self, model: nn.Module, name: str) -> None:
+        """Make ``name`` the adapter every adapted layer applies and trains (PEFT's ``set_adapter``)."""
+        raise NotImplementedError
+
+    def delete_named_adapter(self, model: nn.Module, name: str) -> None:
+        """Remove the inactive adapter ``name`` from every adapted layer (PEFT's ``delete_adapter``); the name may be
+        added again."""
         raise NotImplementedError
 
     def operation_reason(self, op: str) -> str | None:

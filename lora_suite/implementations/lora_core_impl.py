@@ -18,6 +18,7 @@ class LoraCoreImplementation(LoRAImplementation):
 
     inject_per_layer = True
     operation_reasons = {
+        "adapters": "lora_core.LoRALinear holds one adapter (lora_A, lora_B): there is no second one to add or switch to",
         "unmerge": "lora_core's merge_lora turns each LoRA layer into a plain linear: nothing is left to unmerge",
         "disable": "lora_core.LoRALinear has no switch that turns its adapters off for a call",
         "rescale": "lora_core.LoRALinear fixes its scale (lora_scale(r, alpha, use_rslora)) at construction and offers "

@@ -25,6 +25,7 @@ from lora_suite.implementations.wrapped import WrappedLinearPeer
 class LoralibImplementation(WrappedLinearPeer):
     name = expected_path = "loralib"
     operation_reasons = {
+        "adapters": "loralib.Linear holds one adapter (lora_A, lora_B): there is no second one to add or switch to",
         "unmerge": "loralib folds its adapters into the weight on eval() and takes them out on train() (merge_weights), "
         "driven by the mode alone: it offers no merge or unmerge call (this adapter builds it with merge_weights=False)",
         "disable": "loralib.Linear has no switch that turns its adapters off for a call",

@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # imported where adapters are handled (contract.py says why)
 
     from lora_suite.settings.config import AdapterSpec
 
-_PEFT_PARAM = re.compile(r"^(?P<path>.+)\.(?P<which>lora_[AB])\.default\.weight$")
+_PEFT_PARAM = re.compile(r"^(?P<path>.+)\.(?P<which>lora_[AB])\.(?P<adapter>[^.]+)\.weight$")
 
 
 class PeftImplementation(LoRAImplementation):
@@ -83,12 +83,46 @@ class PeftImplementation(LoRAImplementation):
         return adapted_modules(adapters)
 
     def adapter_parameters(self, model):
-        out = {}
+        """The active adapter's tensors (``default`` unless ``set_active_adapter`` chose another) by canonical name."""
+        out, active = {}, {}
         for name, p in model.named_parameters():
             m = _PEFT_PARAM.match(name)
             if m:
-                out[f"{m['path']}.{m['which']}"] = p
+                if m["path"] not in active:
+                    layer = model.get_submodule(m["path"])
+                    active[m["path"]] = set(getattr(layer, "active_adapters", ["default"]))
+                if m["adapter"] in active[m["path"]]:
+                    out[f"{m['path']}.{m['which']}"] = p
         return out
+
+    def add_named_adapter(self, model, name, spec):
+        """PEFT's ``inject_adapter_in_model`` again under ``name``: each LoRA layer gains the adapter (its own init,
+        in the active adapter's dtype); the active adapter stays."""
+        import peft
+
+        config = getattr(model, "_lora_suite_peft_config", None)
+        if config is None:
+            raise ImplementationError(
+                f"{self.name}: the model was not injected by this implementation (no LoRA config)"
+            )
+        active = self.adapter_parameters(model)
+        dtype = next(iter(active.values())).dtype
+        peft.inject_adapter_in_model(config, model, adapter_name=name)
+        for m in self._lora_layers(model):
+            for which in (m.lora_A, m.lora_B):
+                if name in which:
+                    which[name].to(dtype)
+            m.set_adapter(list(m.active_adapters))  # PEFT's own: the active adapter trainable, the others frozen
+
+    def set_active_adapter(self, model, name):
+        """PEFT's ``LoraLayer.set_adapter(name)`` on every LoRA layer (the others frozen)."""
+        for m in self._lora_layers(model):
+            m.set_adapter(name)
+
+    def delete_named_adapter(self, model, name):
+        """PEFT's ``LoraLayer.delete_adapter(name)`` on every LoRA layer."""
+        for m in self._lora_layers(model):
+            m.delete_adapter(name)
 
     def save_adapter(self, model, path):
         from safetensors.torch import save_file

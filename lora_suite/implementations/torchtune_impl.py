@@ -35,6 +35,7 @@ class TorchtuneImplementation(WrappedLinearPeer):
         "not transformers' 3-D parameters",
     }
     operation_reasons = {
+        "adapters": "torchtune's LoRALinear holds one adapter (lora_a, lora_b): there is no second one to add or switch to",
         "unmerge": "torchtune merges a state dict (get_merged_lora_ckpt) into a new checkpoint, never a model in place: "
         "there is nothing to unmerge",
         "rescale": "torchtune's LoRALinear fixes its scale alpha / rank at construction and offers no call to set it",

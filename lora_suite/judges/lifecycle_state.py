@@ -118,7 +118,10 @@ class Lifecycle:
         self.weights = dict(probe.weights)  # W₀ per module path, in the block's current dtype
         self.biases = dict(probe.biases)  # the base biases likewise (empty when the shape has none)
         self.merged: dict[str, torch.Tensor] | None = None
-        self.factor = 1.0  # the factor of the last set_adapter_scale: the model's scale is probe.scale times it
+        # per adapter, the factor of the last set_adapter_scale (it sets every adapter the model holds; one added later
+        # starts at its spec's scale): the active adapter's scale is probe.scale times its factor
+        self.factors = {"default": 1.0}
+        self.present, self.active = ["default"], "default"  # the adapters the model holds by name, the active one
         self.names = sorted(probe.adapters)
         self.optimizer: torch.optim.Optimizer | None = None
         self._opt_key: tuple[str, tuple[tuple[int, torch.dtype], ...]] | None = None
@@ -153,8 +156,8 @@ class Lifecycle:
             biases=self.biases,
             adapters=adapters,
             dtype=self.dtype,
-            scale=self.probe.scale * self.factor,
-            scales={path: v * self.factor for path, v in self.probe.scales.items()},
+            scale=self.probe.scale * self.factors[self.active],
+            scales={path: v * self.factors[self.active] for path, v in self.probe.scales.items()},
         )
 
     def run_probe(self) -> P.Probe:
@@ -338,7 +341,36 @@ class Lifecycle:
         """``set_adapter_scale(factor)``: the model's scale is ``factor`` times the spec's from now on (not compounded
         with an earlier factor)."""
         self.build.impl.set_adapter_scale(self.probe.block, factor)
-        self.factor = factor
+        self.factors = dict.fromkeys(self.present, factor)
+
+    def add_adapter(self, name: str, seed: int) -> None:
+        """``add_named_adapter(name)`` (deleted first if the model holds it: a name reused), its tensors then set to
+        new values through the stack's own switch (set active, written in place, the previous one active again): the
+        active adapter and its function unchanged, the new one frozen and untouched from now on."""
+        impl, block = self.build.impl, self.probe.block
+        if name in self.present:
+            impl.delete_named_adapter(block, name)
+            self.present.remove(name)
+        impl.add_named_adapter(block, name, self.build.spec)
+        self.present.append(name)
+        self.factors[name] = 1.0
+        impl.set_active_adapter(block, name)
+        self.rewrite(seed)
+        impl.set_active_adapter(block, self.active)
+        self.frozen = self._snapshot()
+
+    def switch_adapter(self, name: str) -> None:
+        """``set_active_adapter(name)``: the model computes and trains that adapter, the others frozen."""
+        self.build.impl.set_active_adapter(self.probe.block, name)
+        self.active = name
+        self.frozen = self._snapshot()
+
+    def delete_adapter(self, name: str) -> None:
+        """``delete_named_adapter`` of an inactive adapter: gone, the active one's function unchanged."""
+        self.build.impl.delete_named_adapter(self.probe.block, name)
+        self.present.remove(name)
+        del self.factors[name]
+        self.frozen = self._snapshot()
 
     def save(self) -> None:
         self.saves += 1

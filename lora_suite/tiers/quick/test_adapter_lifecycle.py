@@ -32,7 +32,12 @@ ODD_BIAS = P.BlockShape("lifecycle-bias", 192, 128, 64, 320, bias=True)  # Qwen2
 # dtypes s = 7.3/8 = 0.9125 (bf16 holds 0.91015625, fp16 0.9125 ± 2⁻¹¹): a scale rounded through 16 bits, or one a
 # rescale recomputes as alpha/r under rsLoRA, is then off
 R, ALPHA, ALPHA_16 = 8, 12.0, 7.3
-OP_RULES = {"unmerge": "the unmerge rule", "disable": "the disabled-adapters rule", "rescale": "the rescale rule"}
+OP_RULES = {
+    "unmerge": "the unmerge rule",
+    "disable": "the disabled-adapters rule",
+    "rescale": "the rescale rule",
+    "adapters": "the several-adapters rules (add, switch, delete, a name reused)",
+}
 # The sequences of one dtype in two parts of 12, each its own test (side by side over the tier's workers): one test of
 # 24 took ~27 s on an H200 (run 20261127T112541Z-quick) and set the tier's wall time (lora_suite/judges/lifecycle.py _settings).
 PARTS = 2

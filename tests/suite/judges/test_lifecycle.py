@@ -15,6 +15,7 @@ import torch
 from lora_suite.engine import probes as P
 from lora_suite.engine.prepare import prepare
 from lora_suite.implementations import AdapterSpec, LoRAImplementation, resolve_implementation
+from lora_suite.implementations.peft_impl import PeftImplementation
 from lora_suite.judges import layer_checks as L
 from lora_suite.judges import lifecycle as LC
 from lora_suite.judges import probe_judge as PJ
@@ -43,8 +44,17 @@ RULES = {
     "unmerge",
     "disabled_forward",
     "rescale",
+    "add_adapter",
+    "switch_adapter",
+    "delete_adapter",
 }
-OP_RULES = {"unmerge": "unmerge", "disable": "disabled_forward", "rescale": "rescale"}  # operation -> its rule
+# operation -> its rules
+OP_RULES = {
+    "unmerge": ("unmerge",),
+    "disable": ("disabled_forward",),
+    "rescale": ("rescale",),
+    "adapters": ("add_adapter", "switch_adapter", "delete_adapter"),
+}
 # plant -> the rule its shrunk sequence must hold (the state it leaves stale)
 STATE_PLANTS = {
     "inference_weight_cached": ("state.train_step(", "state.rewrite_adapters(", "state.rescale("),
@@ -83,7 +93,7 @@ def test_correct_stacks_keep_the_function_of_their_current_adapters(name, dtype)
         assert v.passed, v.detail
         assert v.name.startswith(f"{str(dtype)[6:]}: adapter lifecycle: rule sequences whose model left")
         assert v.name.endswith(f", part {k + 1} of 2)"), v.name
-    offered = RULES - {rule for op, rule in OP_RULES.items() if impl.operation_reason(op)}
+    offered = RULES - {rule for op, rules in OP_RULES.items() if impl.operation_reason(op) for rule in rules}
     offered -= {"cast_to_other_dtype"} if dtype not in LC.PARTNER else set()
     assert set(ran) == offered, f"rules never reached: {offered - set(ran)}, or reached though not offered"
 
@@ -159,4 +169,33 @@ def test_a_crash_inside_a_rule_is_a_failure_naming_the_error():
     v = LC.run_lifecycle(EP._planted("load_raises", load_adapter=load_adapter), SHAPE, SPEC, F32, "cpu")
     assert not v.passed and "RuntimeError: cannot read" in v.detail, v.detail
     steps = [line for line in v.detail.splitlines() if line.startswith("state.") and "check()" not in line]
-    assert steps == ["state.save_at_start()", "state.load_saved_adapter(into='fresh model')", "state.teardown()"], steps
+    assert steps[0] == "state.save_at_start()" and steps[-2:] == [
+        "state.load_saved_adapter(into='fresh model')",
+        "state.teardown()",
+    ], steps
+    assert len(steps) <= 4, steps  # shrunk: the checkpoint, at most one rule before the load, the load
+
+
+class SwitchLeavesTheOldAdapterTrainable(PeftImplementation):
+    """set_active_adapter that points every layer at the new adapter (PEFT's ``_active_adapter``) without PEFT's
+    requires_grad bookkeeping: the adapter switched away from stays trainable, so an optimizer built over the model's
+    trainable parameters trains it too."""
+
+    name = expected_path = "peft"
+
+    def set_active_adapter(self, model, name):
+        for m in self._lora_layers(model):
+            m._active_adapter = name
+            for which in (m.lora_A, m.lora_B):
+                which[name].requires_grad_(True)
+
+
+def test_an_adapter_switch_that_leaves_the_old_adapter_trainable_breaks_the_lifecycle():
+    pytest.importorskip("peft")
+    v = LC.run_lifecycle(SwitchLeavesTheOldAdapterTrainable(), SHAPE, SPEC, F32, "cpu")
+    assert (
+        not v.passed
+        and "trainable" in v.detail
+        and ("state.switch_adapter(" in v.detail or "state.add_adapter(" in v.detail)
+    ), v.detail
+    assert LC.run_lifecycle(PeftImplementation(), SHAPE, SPEC, F32, "cpu").passed
