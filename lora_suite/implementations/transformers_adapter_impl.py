@@ -72,6 +72,7 @@ MIXIN_METHODS = (
     "disable_adapters",
     "active_adapters",
     "get_adapter_state_dict",
+    "delete_adapter",
 )
 
 
@@ -134,6 +135,26 @@ class TransformersAdapterImplementation(BnbBase, PeftImplementation):
         mixin(model, "add_adapter")(config)  # freezes all but the adapters, makes "default" the active adapter
         mixin(model, "enable_adapters")()
         return self.count_and_train(model, spec)
+
+    def add_named_adapter(self, model, name, spec):
+        """transformers' own ``add_adapter(config, adapter_name=name)`` with the first adapter's config (in its
+        adapters' dtype), then the adapter that was active set again (``set_adapter``)."""
+        active = mixin(model, "active_adapters")()
+        dtype = next(iter(self.adapter_parameters(model).values())).dtype
+        mixin(model, "add_adapter")(self._config(model), adapter_name=name)
+        mixin(model, "set_adapter")(active)
+        for m in self._lora_layers(model):
+            for which in (m.lora_A, m.lora_B):
+                if name in which:
+                    which[name].to(dtype)
+
+    def set_active_adapter(self, model, name):
+        """transformers' own ``set_adapter(name)``."""
+        mixin(model, "set_adapter")(name)
+
+    def delete_named_adapter(self, model, name):
+        """transformers' own ``delete_adapter(name)``."""
+        mixin(model, "delete_adapter")(name)
 
     def _config(self, model):
         config = getattr(model, "peft_config", {}).get(ADAPTER) if getattr(model, "_hf_peft_config_loaded", 0) else None

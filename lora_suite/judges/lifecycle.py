@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import ast
 from collections import Counter
+from typing import Any
 
 import torch
 from hypothesis import seed as hypothesis_seed
@@ -138,7 +139,7 @@ def run_lifecycle(
 # A fixed sequence through every rule (those a stack does not offer are left out by their preconditions), run after
 # the drawn ones in part 1: the rules the draws reach vary with the seed and with the rules a stack offers (swarm
 # testing enables a random subset per sequence), so without it a rule can go unjudged in a run.
-TOUR = (
+TOUR: tuple[tuple[str, dict[str, object]], ...] = (
     ("train_step", {"optimizer": "adamw"}),
     ("set_mode", {"training": False}),
     ("forward", {"grad": False}),
@@ -167,7 +168,7 @@ TOUR = (
 def tour(build: Build, ran: Counter | None = None) -> None:
     """``TOUR`` on a fresh machine of ``build``: each rule whose precondition holds at its turn, the check after it;
     raises what a broken rule or check raises, with the steps run (in ``replay``'s form) in its message."""
-    state = lifecycle_machine(build, ran=ran)()
+    state: Any = lifecycle_machine(build, ran=ran)()  # the rules' class: its rule methods, by name
     done = ["state.save_at_start()"]
     try:
         state.save_at_start()

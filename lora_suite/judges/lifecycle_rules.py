@@ -14,6 +14,7 @@ from pathlib import Path
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from lora_suite.judges import lifecycle_ops as LO
 from lora_suite.judges.lifecycle_state import PARTNER, Build, Lifecycle
 
 ADAPTER_NAMES = ("second", "third")  # the adapters the rules add beside "default" (a name added again is reused)
@@ -137,25 +138,25 @@ class _Rules(RuleBasedStateMachine):
     def merge(self):
         self.life.merge()
         self.life.check()  # the merged function, then a second merge: nothing folded twice (checked after the rule)
-        self.life.merge_again()
+        LO.merge_again(self.life)
 
     @precondition(_can_unmerge)
     @rule()
     @_counted
     def unmerge(self):
-        self.life.unmerge()
+        LO.unmerge(self.life)
 
     @precondition(_can_disable)
     @rule(raise_inside=st.booleans())
     @_counted
     def disabled_forward(self, raise_inside):
-        self.life.disabled_forward(self.life.next_seed(), raise_inside)
+        LO.disabled_forward(self.life, self.life.next_seed(), raise_inside)
 
     @precondition(_can_rescale)
     @rule(factor=st.sampled_from(FACTORS))
     @_counted
     def rescale(self, factor):
-        self.life.rescale(factor)
+        LO.rescale(self.life, factor)
 
     @precondition(_can_add)
     @rule(name=st.sampled_from(ADAPTER_NAMES))
@@ -163,20 +164,20 @@ class _Rules(RuleBasedStateMachine):
     def add_adapter(self, name):
         if name == self.life.active:  # the active adapter is never deleted to reuse its name: switch away first
             return
-        self.life.add_adapter(name, self.life.next_seed())
+        LO.add_adapter(self.life, name, self.life.next_seed())
 
     @precondition(_two_held)
     @rule(i=st.integers(0, 3))
     @_counted
     def switch_adapter(self, i):
-        self.life.switch_adapter(self.life.present[i % len(self.life.present)])
+        LO.switch_adapter(self.life, self.life.present[i % len(self.life.present)])
 
     @precondition(_two_held)
     @rule(i=st.integers(0, 3))
     @_counted
     def delete_adapter(self, i):
         others = [n for n in self.life.present if n != self.life.active]
-        self.life.delete_adapter(others[i % len(others)])
+        LO.delete_adapter(self.life, others[i % len(others)])
 
     @precondition(_unmerged)
     @rule()

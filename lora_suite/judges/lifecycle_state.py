@@ -60,10 +60,6 @@ def _in_range(what: str, ref: P.ProbeRun, dtype: torch.dtype) -> None:
     )
 
 
-class _RaisedInside(Exception):
-    """Raised inside ``disabled_adapters`` by the rule that checks an exception restores the adapters."""
-
-
 class LifecycleBroken(AssertionError):
     """A rule (or the check after it) found the model off the function of its current adapters."""
 
@@ -87,7 +83,7 @@ class Build:
         return P.random_inputs(self.shape, self.tokens, dtype, self.device, seed=seed)
 
 
-def _describe(bad: list[str], shown: int = 3) -> str:
+def describe(bad: list[str], shown: int = 3) -> str:
     more = f" (and {len(bad) - shown} more)" if len(bad) > shown else ""
     return "; ".join(bad[:shown]) + more
 
@@ -126,7 +122,7 @@ class Lifecycle:
         self.optimizer: torch.optim.Optimizer | None = None
         self._opt_key: tuple[str, tuple[tuple[int, torch.dtype], ...]] | None = None
         probe.block.train()
-        self.frozen = self._snapshot()
+        self.frozen = self.snapshot()
 
     def next_seed(self) -> int:
         """The seed of the next rule's inputs or values: 1, 2, ... in the order the rules run (so that a printed
@@ -142,7 +138,7 @@ class Lifecycle:
         ids = {id(p) for p in self.live().values()}
         return {n: p for n, p in self.probe.block.named_parameters() if id(p) not in ids}
 
-    def _snapshot(self) -> dict[str, torch.Tensor]:
+    def snapshot(self) -> dict[str, torch.Tensor]:
         return {n: p.detach().clone() for n, p in self._base_now().items()}
 
     def reference_probe(self) -> P.Probe:
@@ -176,7 +172,7 @@ class Lifecycle:
             f"{n}: {o.dtype} (expected {self.dtype})" for n, o in zip(P.OUTPUTS, got.outputs) if o.dtype != self.dtype
         ]
         if bad:
-            raise LifecycleBroken(f"{what}: beyond the float64 function of the current adapters: {_describe(bad)}")
+            raise LifecycleBroken(f"{what}: beyond the float64 function of the current adapters: {describe(bad)}")
 
     def forward(self, seed: int, *, grad: bool, what: str, ref: P.ProbeRun | None = None) -> P.ProbeRun:
         """One forward in the current mode (grad enabled or not, no backward), outputs judged against ``ref`` (the
@@ -204,7 +200,7 @@ class Lifecycle:
                 bad.append(f"adapter_parameters lists {len(live)} adapters, {len(self.names)} after inject")
             bad += [f"{n} not trainable" for n, p in live.items() if not p.requires_grad]
         if bad:
-            raise LifecycleBroken(f"base parameters or adapters: {_describe(bad)}")
+            raise LifecycleBroken(f"base parameters or adapters: {describe(bad)}")
         mode = self.training
         try:
             self.probe.block.train()
@@ -302,75 +298,7 @@ class Lifecycle:
         folded = {n: p.detach().clone() for n, p in self.live().items()}
         self.build.impl.merge_adapters(self.probe.block)
         self.merged = folded
-        self.frozen = self._snapshot()  # the merged weights: untouched from now on
-
-    def merge_again(self) -> None:
-        """``merge_adapters`` on a merged model: nothing is folded twice (the merged weights stay bitwise as they are)."""
-        self.build.impl.merge_adapters(self.probe.block)
-
-    def unmerge(self) -> None:
-        """``unmerge_adapters``: the adapters apply again, bitwise the ones folded, and the base weights are W₀ again
-        within the rounding of one merge and one unmerge (judged through the function: the reference keeps W₀)."""
-        assert self.merged is not None, "an unmerge follows a merge"
-        self.build.impl.unmerge_adapters(self.probe.block)
-        folded, self.merged = self.merged, None
-        live = self.live()
-        bad = [n for n, t in folded.items() if n not in live or not torch.equal(live[n].detach(), t)]
-        if bad:
-            raise LifecycleBroken(f"unmerge: adapters not the ones the merge folded: {_describe(bad)}")
-        self.frozen = self._snapshot()  # W₀ + ΔW − ΔW as rounded: untouched from now on
-
-    def disabled_forward(self, seed: int, raise_inside: bool) -> None:
-        """A forward inside ``disabled_adapters`` (and, with ``raise_inside``, an exception raised in the block and
-        caught outside it): the base function there; the adapters apply again after it (the check after the rule)."""
-        inputs = self.build.inputs(seed, self.dtype)
-        base = dataclasses.replace(self.reference_probe(), adapters={})
-        ref = PJ.reference(base, inputs, inputs_require_grad=False, backward=False)
-        got = None
-        try:
-            with self.build.impl.disabled_adapters(self.probe.block):
-                got = P.run_probe(self.run_probe(), inputs, inputs_require_grad=False, backward=False)
-                if raise_inside:
-                    raise _RaisedInside
-        except _RaisedInside:
-            pass
-        assert got is not None, "the forward ran inside the block"
-        self.judge("forward with the adapters disabled (the base function)", inputs, got, ref, base)
-
-    def rescale(self, factor: float) -> None:
-        """``set_adapter_scale(factor)``: the model's scale is ``factor`` times the spec's from now on (not compounded
-        with an earlier factor)."""
-        self.build.impl.set_adapter_scale(self.probe.block, factor)
-        self.factors = dict.fromkeys(self.present, factor)
-
-    def add_adapter(self, name: str, seed: int) -> None:
-        """``add_named_adapter(name)`` (deleted first if the model holds it: a name reused), its tensors then set to
-        new values through the stack's own switch (set active, written in place, the previous one active again): the
-        active adapter and its function unchanged, the new one frozen and untouched from now on."""
-        impl, block = self.build.impl, self.probe.block
-        if name in self.present:
-            impl.delete_named_adapter(block, name)
-            self.present.remove(name)
-        impl.add_named_adapter(block, name, self.build.spec)
-        self.present.append(name)
-        self.factors[name] = 1.0
-        impl.set_active_adapter(block, name)
-        self.rewrite(seed)
-        impl.set_active_adapter(block, self.active)
-        self.frozen = self._snapshot()
-
-    def switch_adapter(self, name: str) -> None:
-        """``set_active_adapter(name)``: the model computes and trains that adapter, the others frozen."""
-        self.build.impl.set_active_adapter(self.probe.block, name)
-        self.active = name
-        self.frozen = self._snapshot()
-
-    def delete_adapter(self, name: str) -> None:
-        """``delete_named_adapter`` of an inactive adapter: gone, the active one's function unchanged."""
-        self.build.impl.delete_named_adapter(self.probe.block, name)
-        self.present.remove(name)
-        del self.factors[name]
-        self.frozen = self._snapshot()
+        self.frozen = self.snapshot()  # the merged weights: untouched from now on
 
     def save(self) -> None:
         self.saves += 1
@@ -383,7 +311,7 @@ class Lifecycle:
         live = self.live()
         bad = [n for n, t in self.saved.items() if n not in live or not torch.equal(live[n].detach(), t.to(live[n]))]
         if bad:
-            raise LifecycleBroken(f"{what}: adapters not the saved ones: {_describe(bad)}")
+            raise LifecycleBroken(f"{what}: adapters not the saved ones: {describe(bad)}")
 
     def load_fresh(self) -> None:
         """A fresh probe built the same way (same seed), its adapters rewritten (so that a load that changes nothing
