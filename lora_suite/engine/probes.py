@@ -108,12 +108,13 @@ class Probe:
     scale: float
     dtype: torch.dtype
     biases: dict[str, torch.Tensor] = field(default_factory=dict)
-    # module path -> its own scale where the spec overrides r or alpha for it (rank_pattern, alpha_pattern)
-    scales: dict[str, float] = field(default_factory=dict)
 
     def scale_at(self, path: str) -> float:
-        """The scale the adapted layer at ``path`` applies: its override, else ``scale``."""
-        return self.scales.get(path, self.scale)
+        """The scale the adapted layer at ``path`` applies: ``scale`` times its own over the spec's (1 unless the spec
+        overrides its r or alpha: rank_pattern, alpha_pattern), so that a ``scale`` set in place of the spec's (the
+        lifecycle's rescale) carries to every layer."""
+        own = self.spec.scale_of(path.rsplit(".", 1)[-1])
+        return self.scale * (own / spec_scale(self.spec))
 
     def run_names(self) -> list[str]:
         """The names ``ProbeRun.tensors`` gives, in order."""
@@ -171,9 +172,7 @@ def _build(impl, shape, spec, dtype, device, seed: int, randomise: bool = True) 
         for _name, p in adapters.items() if randomise else ():
             fan = p.shape[1]
             p.copy_((torch.randn(p.shape, device=device, generator=gen) * fan**-0.5).to(p.dtype))
-    scales = {path: spec.scale_of(path.rsplit(".", 1)[-1]) for path in weights}
-    scales = {path: v for path, v in scales.items() if v != spec_scale(spec)}
-    return Probe(impl, spec, shape, block, weights, adapters, adapted, spec_scale(spec), dtype, biases, scales)
+    return Probe(impl, spec, shape, block, weights, adapters, adapted, spec_scale(spec), dtype, biases)
 
 
 def effective_weight(probe: Probe, path: str) -> torch.Tensor:

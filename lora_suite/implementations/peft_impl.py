@@ -108,11 +108,16 @@ class PeftImplementation(LoRAImplementation):
         active = self.adapter_parameters(model)
         dtype = next(iter(active.values())).dtype
         peft.inject_adapter_in_model(config, model, adapter_name=name)
+        self._cast_adapter(model, name, dtype)
+        for m in self._lora_layers(model):
+            m.set_adapter(list(m.active_adapters))  # PEFT's own: the active adapter trainable, the others frozen
+
+    def _cast_adapter(self, model, name: str, dtype) -> None:
+        """Every layer's adapter ``name`` cast in place to ``dtype`` (PEFT makes a new adapter in its own dtype)."""
         for m in self._lora_layers(model):
             for which in (m.lora_A, m.lora_B):
                 if name in which:
                     which[name].to(dtype)
-            m.set_adapter(list(m.active_adapters))  # PEFT's own: the active adapter trainable, the others frozen
 
     def set_active_adapter(self, model, name):
         """PEFT's ``LoraLayer.set_adapter(name)`` on every LoRA layer (the others frozen)."""

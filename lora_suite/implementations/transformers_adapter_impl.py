@@ -143,10 +143,7 @@ class TransformersAdapterImplementation(BnbBase, PeftImplementation):
         dtype = next(iter(self.adapter_parameters(model).values())).dtype
         mixin(model, "add_adapter")(self._config(model), adapter_name=name)
         mixin(model, "set_adapter")(active)
-        for m in self._lora_layers(model):
-            for which in (m.lora_A, m.lora_B):
-                if name in which:
-                    which[name].to(dtype)
+        self._cast_adapter(model, name, dtype)
 
     def set_active_adapter(self, model, name):
         """transformers' own ``set_adapter(name)``."""

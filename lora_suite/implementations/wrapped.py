@@ -106,7 +106,7 @@ class WrappedLinearPeer(LoRAImplementation):
         if not layers:
             raise ImplementationError(f"{self.name}: the model has no {self.layer_type.__name__} layers to save")
         adapters = self.adapter_parameters(model)
-        patterns = getattr(model, "_lora_suite_patterns", {"rank_pattern": {}, "alpha_pattern": {}})
+        patterns = _patterns(model)
         r, alpha = self._base_rank_alpha(layers, model, patterns)
         config = {
             "peft_type": "LORA",
@@ -126,7 +126,7 @@ class WrappedLinearPeer(LoRAImplementation):
         layers = [m for m in model.modules() if isinstance(m, self.layer_type)]
         expect = None
         if layers:
-            patterns = getattr(model, "_lora_suite_patterns", {"rank_pattern": {}, "alpha_pattern": {}})
+            patterns = _patterns(model)
             r, alpha = self._base_rank_alpha(layers, model, patterns)
             expect = {"r": r, "lora_alpha": alpha, "use_rslora": False, **patterns}
         load_peft_tensors(self.name, self.adapter_parameters(model), path, expect)
@@ -155,3 +155,8 @@ def save_peft_tensors(adapters: dict[str, nn.Parameter], config: dict, path: str
         metadata={"format": "pt"},
     )
     return path
+
+
+def _patterns(model: nn.Module) -> dict[str, dict]:
+    """The per-module overrides ``inject`` adapted ``model`` with (PEFT's names), empty where it had none."""
+    return getattr(model, "_lora_suite_patterns", {"rank_pattern": {}, "alpha_pattern": {}})

@@ -17,10 +17,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
-from hypothesis import HealthCheck, Phase, example, given, settings
+from hypothesis import HealthCheck, Phase, assume, example, given, settings
 from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
 
 Case = TypeVar("Case")  # what a strategy draws and a property's body takes
 ENV = "LORA_SUITE_HYPOTHESIS_PROFILE"
@@ -50,6 +51,25 @@ def suite_settings(*, scale: float = 1.0) -> settings:
         phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink),
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
     )
+
+
+RANGE_MARGIN = 16.0  # a case is in range when what it sums stays 16x below the dtype's largest finite value
+
+
+def below_range(values: Iterable[float], dtype) -> bool:
+    """Whether every magnitude in ``values`` stays ``RANGE_MARGIN`` below ``dtype``'s largest finite value."""
+    import torch
+
+    top = float(torch.finfo(dtype).max) / RANGE_MARGIN
+    return all(v < top for v in values)
+
+
+def outside_the_contract(why: str) -> NoReturn:
+    """A drawn case (or rule sequence) whose exact values leave its dtype's range: rejected as a case (Hypothesis'
+    ``assume``), never judged; outside a Hypothesis run (a printed case rerun by hand) a ValueError saying ``why``."""
+    if currently_in_test_context():
+        assume(False)
+    raise ValueError(f"{why} (by {RANGE_MARGIN}x margin): not a case to judge")
 
 
 class Falsified(AssertionError):

@@ -26,9 +26,7 @@ from __future__ import annotations
 import math
 
 import torch
-from hypothesis import assume
 from hypothesis import strategies as st
-from hypothesis.control import currently_in_test_context
 
 from lora_suite.engine import probes as P
 from lora_suite.implementations import LoRAImplementation
@@ -36,7 +34,13 @@ from lora_suite.judges import layer_checks as L
 from lora_suite.judges import merge_rounding as MR
 from lora_suite.judges import non_finite_checks as NF
 from lora_suite.judges import probe_judge as PJ
-from lora_suite.judges.hypothesis_profiles import DrawnRun, Falsified, run_drawn
+from lora_suite.judges.hypothesis_profiles import (
+    DrawnRun,
+    Falsified,
+    below_range,
+    outside_the_contract,
+    run_drawn,
+)
 from lora_suite.judges.layer_cases import (  # noqa: F401  (re-exported: LP.LayerCase is the printed reproduction)
     BF16,
     CONFIGS,
@@ -51,8 +55,6 @@ from lora_suite.judges.layer_cases import (  # noqa: F401  (re-exported: LP.Laye
 )
 from lora_suite.measure.criteria import Verdict
 
-RANGE_MARGIN = 16.0  # a case is in range when every sum's terms stay 16x below the dtype's largest finite value
-
 
 def build(impl: LoRAImplementation, case: LayerCase, device) -> tuple[P.Probe, P.ProbeInputs]:
     """The case's probe and inputs. A case whose exact values leave the activation dtype's range (fp16 overflows at
@@ -63,9 +65,7 @@ def build(impl: LoRAImplementation, case: LayerCase, device) -> tuple[P.Probe, P
     layout = "2d" if case.layout == "3d" else case.layout
     inputs = P.random_inputs(case.shape(), lead, dtype, device, layout=layout, seed=case.seed + 1)
     if not in_range(probe, inputs):
-        if currently_in_test_context():
-            assume(False)
-        raise ValueError(f"{case!r}: its values leave {dtype}'s range (by {RANGE_MARGIN}x margin): not a case to judge")
+        outside_the_contract(f"{case!r}: its values leave {dtype}'s range")
     return probe, inputs
 
 
@@ -74,9 +74,8 @@ def in_range(probe: P.Probe, inputs: P.ProbeInputs) -> bool:
     fp16 can be left: the drawn terms stay many orders below fp32's and bf16's max (3e38), so those are not computed."""
     if inputs.x.dtype != torch.float16:
         return True
-    top = torch.finfo(inputs.x.dtype).max / RANGE_MARGIN
     terms = PJ.absolute_reference(probe, inputs).tensors().values()
-    return all(float(t.abs().max()) < top for t in terms if t is not None)
+    return below_range((float(t.abs().max()) for t in terms if t is not None), inputs.x.dtype)
 
 
 def _frozen_snapshot(probe: P.Probe) -> dict[str, torch.Tensor]:

@@ -21,13 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from hypothesis import assume
-from hypothesis.control import currently_in_test_context
 from torch.utils.checkpoint import checkpoint
 
 from lora_suite.engine import probes as P
 from lora_suite.implementations import AdapterSpec, LoRAImplementation
 from lora_suite.judges import probe_judge as PJ
+from lora_suite.judges.hypothesis_profiles import below_range, outside_the_contract
 
 # The dtype change rule casts the whole block to the partner of its current dtype and back: fp32 -> bf16 rounds
 # every tensor once (RNE), bf16 -> fp32 is exact.
@@ -42,22 +41,11 @@ CHECK_SEED = 424242  # the inputs every after-rule check uses (a rule's own come
 LR = {"sgd": 0.1, "adamw": 2e-2}
 
 
-RANGE_MARGIN = 16.0  # as the layer properties': a reference within 16x of the dtype's largest finite value
-
-
 def _in_range(what: str, ref: P.ProbeRun, dtype: torch.dtype) -> None:
     """A sequence whose float64 outputs leave fp16's range (training on the unbounded loss Σ⟨y, dy⟩ grows them; fp16
-    overflows at 65504) is outside the contract: rejected as a case (Hypothesis' ``assume``), not judged."""
-    if dtype != torch.float16:
-        return
-    top = float(torch.finfo(dtype).max) / RANGE_MARGIN
-    if all(float(o.abs().max()) < top for o in ref.outputs):
-        return
-    if currently_in_test_context():
-        assume(False)
-    raise ValueError(
-        f"{what}: the float64 outputs leave {dtype}'s range (by {RANGE_MARGIN}x margin): not a case to judge"
-    )
+    overflows at 65504) is outside the contract, as a layer property's case is (``hypothesis_profiles``)."""
+    if dtype == torch.float16 and not below_range((float(o.abs().max()) for o in ref.outputs), dtype):
+        outside_the_contract(f"{what}: the float64 outputs leave {dtype}'s range")
 
 
 class LifecycleBroken(AssertionError):
@@ -153,7 +141,6 @@ class Lifecycle:
             adapters=adapters,
             dtype=self.dtype,
             scale=self.probe.scale * self.factors[self.active],
-            scales={path: v * self.factors[self.active] for path, v in self.probe.scales.items()},
         )
 
     def run_probe(self) -> P.Probe:
