@@ -78,6 +78,15 @@ class PlainLoRA(LoRAImplementation):
         "op_call_count": "plain-lora keeps no count of op calls; served_by() checks each layer ran",
         "lora_core_ops": "lora_core's own op and kernels, which plain-lora does not use",
         "moe_experts": "plain-lora adapts nn.Linear layers; 3-D expert parameters are not linears",
+        "lora_bias": "plain-lora's layer holds lora_A and lora_B only: no bias on B",
+        "layers_to_transform": "plain-lora adapts every nn.Linear whose name is a target: it takes no list of layers",
+        "modules_to_save": "plain-lora trains and saves its adapters only",
+        "embedding_target": "plain-lora adapts nn.Linear layers only",
+        "dora": "plain-lora computes W·x + s·B·A·x only (no DoRA magnitude)",
+        **{
+            f"init_{k}": "plain-lora draws A kaiming-uniform and B zero, PEFT's default: no other init"
+            for k in ("gaussian", "random_b", "pissa", "olora")
+        },
     }
     layer_type = PlainLoRALinear
     operation_reasons = {"adapters": "plain-lora's layer holds one adapter: there is no second one to add or switch to"}

@@ -159,6 +159,7 @@ def prepare(
         else resolve_implementation(implementation or cfg.implementation)
     )
     spec = adapter_spec(cfg, quantize)
+    impl.refuse_unsupported(spec)
     _refuse_what_impl_cannot(cfg, impl, spec, quantize)
     per_layer = impl.inject_per_layer
     # An implementation that trains only models its own loader read (load_model: Unsloth's) gets the built weights

@@ -31,6 +31,9 @@ def axolotl_mlp_kernel(activation: str) -> str:
     raise ImplementationError(f"axolotl: MLP activation {activation!r}: Axolotl's kernels have SwiGLU and GeGLU only")
 
 
+_KERNEL_INPUTS = "Axolotl's fused LoRA kernels (axolotl.kernels.lora) take the base weight and bias, A, B and s"
+
+
 class AxolotlImplementation(BnbBase, PeftImplementation):
     name = expected_path = "axolotl"
     not_applicable = dict(PeftImplementation.not_applicable)
@@ -45,6 +48,8 @@ class AxolotlImplementation(BnbBase, PeftImplementation):
             autocast_fp32_inputs="Axolotl's LoRA Functions multiply fp32 activations by 16-bit weights without "
             "autocast's cast (an H100 run at 9ea3c11: 'self and mat2 must have the same dtype, but got BFloat16 and "
             "Float')",
+            lora_bias=_KERNEL_INPUTS + "; a bias on B is left out of them",
+            dora=_KERNEL_INPUTS + "; Axolotl's config refuses its LoRA kernels with DoRA (peft_use_dora)",
         )
 
     def describe(self) -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 # What an implementation adapts: the LoRA settings' one shape, defined with the other settings (re-exported)
+from lora_suite.settings.config import INITS as INIT_NAMES
 from lora_suite.settings.config import AdapterSpec  # noqa: F401
 
 if TYPE_CHECKING:  # torch is imported where a model is adapted, not where an implementation is named: the
@@ -37,6 +38,19 @@ FEATURES = {
     "fused_projections": "fused target linears by their own names (Phi-3's qkv_proj and gate_up_proj)",
     "moe_experts": "mixture-of-experts weights held as 3-D parameters (PEFT's target_parameters)",
     "gated_gelu_mlp": "an MLP whose gate is a GELU, not a SiLU (Gemma's GeGLU: gelu_pytorch_tanh)",
+    "lora_bias": "a trainable bias b_B on B (PEFT's lora_bias): y = W·x + b + s·(B·A·x + b_B); merged, b + s·b_B",
+    "layers_to_transform": "adapters on the listed decoder layers only (PEFT's layers_to_transform)",
+    "modules_to_save": "whole modules trained as a copy and saved beside the adapters, the original kept and frozen "
+    "(PEFT's modules_to_save)",
+    "embedding_target": "LoRA on the input embedding, E' = E + s·(B·A)ᵀ with A (r, vocab), B (hidden, r) "
+    "(PEFT's lora_embedding_A and lora_embedding_B)",
+    "lm_head_target": "LoRA on the output projection (lm_head) as on any linear",
+    "init_gaussian": "A drawn N(0, (1/r)²), B zero (PEFT's init_lora_weights='gaussian')",
+    "init_random_b": "A and B both drawn: the adapter is not a no-op at the start (PEFT's init_lora_weights=False)",
+    "init_pissa": "PiSSA: s·B·A the top-r singular part of W and the base W - s·B·A (PEFT's init_lora_weights='pissa')",
+    "init_olora": "OLoRA: B·A = Q_r·R_r of W's QR and the base W - s·B·A (PEFT's init_lora_weights='olora')",
+    "dora": "DoRA: W' = m ⊙ (W + s·B·A) / ‖W + s·B·A‖ per output row, the norm a constant in the backward "
+    "(PEFT's use_dora)",
     "float64_reference_model": "a float64 copy of the whole model run in the same process (the architecture checks' "
     "reference): a stack that patches transformers' functions process-wide with kernels that take no float64 has none",
 }
@@ -61,6 +75,27 @@ OPERATIONS = {
         "hold several adapters under their names, one active (PEFT's add_adapter, set_adapter, delete_adapter)",
     ),
 }
+
+
+# AdapterSpec.init -> the feature a stack declares for it ("default" is PEFT's init_lora_weights=True)
+INITS = {
+    "default": "peft_default_init",
+    "gaussian": "init_gaussian",
+    "random_b": "init_random_b",
+    "pissa": "init_pissa",
+    "olora": "init_olora",
+}
+assert tuple(INITS) == INIT_NAMES, "one feature for each AdapterSpec.init value"
+# Target names that are not decoder-layer linears, -> the feature a stack declares for them
+SPECIAL_TARGETS = {"embed_tokens": "embedding_target", "lm_head": "lm_head_target"}
+
+
+def spec_features(spec: AdapterSpec) -> list[str]:
+    """The FEATURES ``spec`` asks of a stack beyond one plain adapter per target linear (its options, in order)."""
+    out = [f for f in ("lora_bias", "layers_to_transform", "modules_to_save") if getattr(spec, f)]
+    out += [SPECIAL_TARGETS[t] for t in spec.targets if t in SPECIAL_TARGETS]
+    out += ["dora"] if spec.use_dora else []
+    return out + ([INITS[spec.init]] if spec.init != "default" else [])
 
 
 class ImplementationError(ValueError):
@@ -242,6 +277,19 @@ class LoRAImplementation:
         is lora_core's. Comparison runs (the torch reference, the control) are built on the same quantised
         weights this way (``prepare(..., base_from=)``), so they judge the LoRA layer and not two quantisers."""
         return False
+
+    def refuse_unsupported(self, spec: AdapterSpec) -> None:
+        """Raise ``ImplementationError`` naming each option of ``spec`` this stack declares it cannot do, with its
+        reason: an option is never dropped on the way to a stack that does not have it (``spec_features``)."""
+        whys = [f"{f} ({FEATURES[f]}): {why}" for f in spec_features(spec) if (why := self.reason_not_applicable(f))]
+        if whys:
+            raise ImplementationError(f"{self.name}: the LoRA settings ask for what it cannot do: " + "; ".join(whys))
+
+    def option_parameters(self, model: nn.Module) -> dict[str, nn.Parameter]:
+        """The trainable tensors an option adds beyond A and B, by canonical name: ``<path>.lora_bias`` (B's bias),
+        ``<path>.lora_magnitude`` (DoRA's m), ``<path>.saved.<name>`` (a ``modules_to_save`` copy's parameter).
+        Empty by default: a stack without these options has none."""
+        return {}
 
     def reason_not_applicable(self, feature: str) -> str | None:
         if feature not in FEATURES:

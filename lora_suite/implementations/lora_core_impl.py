@@ -4,12 +4,23 @@ from __future__ import annotations
 
 from lora_suite.implementations.contract import ImplementationError, LoRAImplementation
 
+_ONE_INIT = "lora_core.LoRALinear draws A kaiming-uniform (a = √5) and B zero: it offers no other init"
 # What lora_core's injection cannot adapt (found by trying; lora_suite.tiers.quick.test_architectures records it)
 ARCHITECTURE_LIMITS = {
     "fused_projections": "lora_core.inject refuses targets outside a Llama block's names (lora_core/targets.py: "
     "q_proj ... down_proj), so Phi-3's qkv_proj and gate_up_proj cannot be named",
     "moe_experts": "lora_core.LoRALinear wraps nn.Linear only; 3-D expert parameters are not linears",
     "rank_pattern": "lora_core.inject_lora takes one r and one alpha for every target (no per-module override)",
+    "lora_bias": "lora_core.LoRALinear holds A, B and a scale: it has no bias on B",
+    "layers_to_transform": "lora_core.inject_lora adapts every linear whose name is a target: it takes no list of layers",
+    "modules_to_save": "lora_core trains its adapters only: it keeps no trained copy of a whole module",
+    "embedding_target": "lora_core.LoRALinear wraps nn.Linear only; an embedding is not one",
+    "lm_head_target": "lora_core.inject refuses targets outside a Llama block's names (lora_core/targets.py)",
+    "init_gaussian": _ONE_INIT,
+    "init_random_b": _ONE_INIT,
+    "init_pissa": _ONE_INIT,
+    "init_olora": _ONE_INIT,
+    "dora": "lora_core.LoRALinear computes W·x + s·B·A·x: it has no magnitude vector (DoRA)",
 }
 
 

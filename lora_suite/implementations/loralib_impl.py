@@ -21,6 +21,8 @@ from torch import nn
 
 from lora_suite.implementations.wrapped import WrappedLinearPeer
 
+_ONE_INIT = "loralib.Linear's reset_parameters draws lora_A kaiming-uniform (a = √5) and zeroes lora_B: no other init"
+
 
 class LoralibImplementation(WrappedLinearPeer):
     name = expected_path = "loralib"
@@ -39,6 +41,18 @@ class LoralibImplementation(WrappedLinearPeer):
         "op_call_count": "loralib's layers keep no call counter; served_by() checks the layer types instead",
         "lora_core_ops": "these tests call lora_core's cupy op and kernels directly, which loralib does not use",
         "moe_experts": "loralib adapts nn.Linear (and Embedding, Conv) layers; 3-D expert parameters are none of them",
+        "lora_bias": "loralib.Linear's adapters are the matrices lora_A and lora_B: it has no bias on B",
+        "layers_to_transform": "loralib takes no list of layers: the caller replaces each layer it wants by a "
+        "loralib.Linear",
+        "modules_to_save": "loralib trains its lora_ parameters (mark_only_lora_as_trainable); it keeps no trained copy "
+        "of a whole module",
+        "embedding_target": "loralib.Embedding keeps A as (r, vocab) and B as (hidden, r) but the suite's loralib "
+        "adapter builds loralib.Linear layers only: not judged yet",
+        "init_gaussian": _ONE_INIT,
+        "init_random_b": _ONE_INIT,
+        "init_pissa": _ONE_INIT,
+        "init_olora": _ONE_INIT,
+        "dora": "loralib implements LoRA only: it has no magnitude vector (DoRA)",
     }
     library, layer_name = "loralib", "Linear"
     description = "loralib: Microsoft loralib {version} loralib.Linear (merge_weights=False), eager torch ops"

@@ -4,11 +4,11 @@ and writes."""
 from __future__ import annotations
 
 import json
-import re
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lora_suite.implementations import peft_names
 from lora_suite.implementations.contract import ImplementationError, LoRAImplementation, adapted_modules
 
 if TYPE_CHECKING:  # imported where adapters are handled (contract.py says why)
@@ -17,7 +17,8 @@ if TYPE_CHECKING:  # imported where adapters are handled (contract.py says why)
 
     from lora_suite.settings.config import AdapterSpec
 
-_PEFT_PARAM = re.compile(r"^(?P<path>.+)\.(?P<which>lora_[AB])\.(?P<adapter>[^.]+)\.weight$")
+# AdapterSpec.init -> PEFT's init_lora_weights
+PEFT_INIT = {"default": True, "gaussian": "gaussian", "random_b": False, "pissa": "pissa", "olora": "olora"}
 
 
 class PeftImplementation(LoRAImplementation):
@@ -50,22 +51,31 @@ class PeftImplementation(LoRAImplementation):
             raise ImplementationError(
                 f"peft: quantize={spec.quantize!r} is not supported: {self.not_applicable['nf4_base']}"
             )
-        targets = "all-linear" if tuple(spec.targets) == ("all-linear",) else list(spec.targets)
-        config = peft.LoraConfig(
-            r=spec.r,
-            lora_alpha=spec.alpha,
-            target_modules=targets,
-            lora_dropout=0.0,
-            use_rslora=spec.use_rslora,
-            bias="none",
-            rank_pattern=spec.ranks,
-            alpha_pattern=spec.alphas,
-        )
+        config = peft.LoraConfig(**self.lora_config_args(spec))
         for p in model.parameters():
             p.requires_grad_(False)
         peft.inject_adapter_in_model(config, model)
         model._lora_suite_peft_config = config  # for save_adapter
         return self.count_and_train(model, spec)
+
+    @staticmethod
+    def lora_config_args(spec: AdapterSpec) -> dict:
+        """PEFT's ``LoraConfig`` arguments for ``spec`` (dropout 0, no base bias trained)."""
+        return dict(
+            r=spec.r,
+            lora_alpha=spec.alpha,
+            target_modules="all-linear" if tuple(spec.targets) == ("all-linear",) else list(spec.targets),
+            lora_dropout=0.0,
+            use_rslora=spec.use_rslora,
+            bias="none",
+            rank_pattern=spec.ranks,
+            alpha_pattern=spec.alphas,
+            lora_bias=spec.lora_bias,
+            layers_to_transform=list(spec.layers_to_transform) or None,
+            modules_to_save=list(spec.modules_to_save) or None,
+            init_lora_weights=PEFT_INIT[spec.init],
+            use_dora=spec.use_dora,
+        )
 
     def count_and_train(self, model, spec: AdapterSpec) -> list[str]:
         """After PEFT's injection: the adapted modules (none is an error naming the targets), a forward-count hook
@@ -80,19 +90,32 @@ class PeftImplementation(LoRAImplementation):
             layer._lora_suite_calls = 0
             layer.register_forward_hook(count_call)
         trainable_in(adapters, spec.adapter_dtype)
+        options = self.option_parameters(model)
+        trainable_in({n: p for n, p in options.items() if peft_names.SAVED not in n}, spec.adapter_dtype)
+        trainable_in(options, None)
         return adapted_modules(adapters)
 
     def adapter_parameters(self, model):
-        """The active adapter's tensors (``default`` unless ``set_active_adapter`` chose another) by canonical name."""
+        """The active adapter's tensors (``default`` unless ``set_active_adapter`` chose another) by canonical name
+        (``peft_names``: ``<path>.lora_A`` and ``.lora_B``, ``.lora_embedding_A`` and ``_B`` on an embedding)."""
+        return self._active(model, "adapter")
+
+    def option_parameters(self, model):
+        """The active adapter's B bias, DoRA magnitude and saved module copies, by canonical name (``peft_names``)."""
+        return self._active(model, "option")
+
+    def _active(self, model, group: str) -> dict:
         out, active = {}, {}
         for name, p in model.named_parameters():
-            m = _PEFT_PARAM.match(name)
-            if m:
-                if m["path"] not in active:
-                    layer = model.get_submodule(m["path"])
-                    active[m["path"]] = set(getattr(layer, "active_adapters", ["default"]))
-                if m["adapter"] in active[m["path"]]:
-                    out[f"{m['path']}.{m['which']}"] = p
+            found = peft_names.canonical(name)
+            if found is None or found[2] != group:
+                continue
+            path = peft_names.owner(found[0])
+            if path not in active:
+                layer = model.get_submodule(path)
+                active[path] = set(getattr(layer, "active_adapters", None) or ["default"])
+            if found[1] in active[path]:
+                out[found[0]] = p
         return out
 
     def add_named_adapter(self, model, name, spec):
@@ -140,10 +163,8 @@ class PeftImplementation(LoRAImplementation):
         if config is None:
             raise ImplementationError("peft: the model was not injected by this implementation (no LoRA config)")
         config.save_pretrained(str(path))
-        tensors = {
-            f"{PREFIX}{name}.weight": p.detach().to("cpu").contiguous()
-            for name, p in self.adapter_parameters(model).items()
-        }
+        held = {**self.adapter_parameters(model), **self.option_parameters(model)}
+        tensors = {peft_names.folder_key(n, PREFIX): p.detach().to("cpu").contiguous() for n, p in held.items()}
         save_file(tensors, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
         return path
 
@@ -153,7 +174,9 @@ class PeftImplementation(LoRAImplementation):
         if config is not None:
             expect = {"r": config.r, "lora_alpha": config.lora_alpha, "use_rslora": bool(config.use_rslora)}
             expect.update(rank_pattern=dict(config.rank_pattern or {}), alpha_pattern=dict(config.alpha_pattern or {}))
-        load_peft_tensors(self.name, self.adapter_parameters(model), path, expect)
+            expect.update(use_dora=bool(config.use_dora), lora_bias=bool(config.lora_bias))
+        held = {**self.adapter_parameters(model), **self.option_parameters(model)}
+        load_peft_tensors(self.name, held, path, expect)
 
     def merge_adapters(self, model):
         """PEFT's own merge of each LoRA layer (``LoraLayer.merge``: W += s·B·A, the layer then skips its adapters)."""
@@ -211,10 +234,13 @@ class PeftImplementation(LoRAImplementation):
         return self.served_by_adapted_layers(model, self.wrong_layer, inactive)
 
 
+FLAGS = ("use_rslora", "use_dora", "lora_bias")  # a folder's flags: absent means False (PEFT's LoraConfig)
+
+
 def _same_setting(key: str, got, want) -> bool:
     """Whether a folder's setting ``got`` is the model's ``want``: use_rslora as a bool, the patterns as {name:
     number} (absent = {}), r and lora_alpha as numbers."""
-    if key == "use_rslora":
+    if key in FLAGS:
         return bool(got) == bool(want)
     if key.endswith("_pattern"):
         got = got or {}
@@ -247,14 +273,14 @@ def load_peft_tensors(
         expect.setdefault("rank_pattern", {})  # the tensors under one scale)
         expect.setdefault("alpha_pattern", {})
     for key, want in expect.items():
-        got = config.get(key, False if key == "use_rslora" else None)
+        got = config.get(key, False if key in FLAGS else None)
         if not _same_setting(key, got, want):
             raise ImplementationError(
                 f"{who}: {path / CONFIG_FILE} has {key}={got!r}, the model's adapters have {key}={want!r}: "
                 "these tensors were trained under another scale"
             )
     tensors = load_file(str(path / WEIGHTS_FILE))
-    by_key = {f"{PREFIX}{name}.weight": p for name, p in adapters.items()}
+    by_key = {peft_names.folder_key(name, PREFIX): p for name, p in adapters.items()}
     unknown = sorted(set(tensors) - set(by_key))
     missing = sorted(set(by_key) - set(tensors))
     if unknown or missing:

@@ -20,6 +20,8 @@ import torch
 from lora_suite.implementations.contract import require_module
 from lora_suite.implementations.wrapped import WrappedLinearPeer
 
+_ONE_INIT = "torchtune's LoRALinear.initialize_parameters draws lora_a kaiming-uniform and zeroes lora_b: no other init"
+
 
 class TorchtuneImplementation(WrappedLinearPeer):
     name = expected_path = "torchtune"
@@ -33,6 +35,18 @@ class TorchtuneImplementation(WrappedLinearPeer):
         "lora_core_ops": "these tests call lora_core's cupy op and kernels directly, which torchtune does not use",
         "moe_experts": "torchtune's LoRALinear wraps one linear; its MoE LoRA lives in its own expert modules, "
         "not transformers' 3-D parameters",
+        "lora_bias": "torchtune's LoRALinear has no bias on lora_b (its use_bias is the base linear's)",
+        "layers_to_transform": "torchtune takes no list of layers: its model builders adapt every layer of a kind "
+        "(lora_attn_modules, apply_lora_to_mlp)",
+        "modules_to_save": "torchtune trains and saves its adapter parameters (get_adapter_params); it keeps no "
+        "trained copy of a whole module",
+        "embedding_target": "torchtune has no LoRA layer for an embedding",
+        "init_gaussian": _ONE_INIT,
+        "init_random_b": _ONE_INIT,
+        "init_pissa": _ONE_INIT,
+        "init_olora": _ONE_INIT,
+        "dora": "torchtune's DoRA is a separate layer (DoRALinear); the suite's torchtune adapter builds LoRALinear "
+        "only: not judged yet",
     }
     operation_reasons = {
         "adapters": "torchtune's LoRALinear holds one adapter (lora_a, lora_b): there is no second one to add or switch to",

@@ -31,6 +31,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lora_suite.implementations import peft_names
 from lora_suite.implementations.contract import ImplementationError, library_version, require_module
 from lora_suite.implementations.peft_bnb_impl import BnbBase
 from lora_suite.implementations.peft_impl import PeftImplementation, load_peft_tensors
@@ -122,16 +123,7 @@ class TransformersAdapterImplementation(BnbBase, PeftImplementation):
 
         self._refuse_incompatible()
         spec = self._bnb_spec(model, spec)
-        config = peft.LoraConfig(
-            r=spec.r,
-            lora_alpha=spec.alpha,
-            target_modules="all-linear" if tuple(spec.targets) == ("all-linear",) else list(spec.targets),
-            lora_dropout=0.0,
-            use_rslora=spec.use_rslora,
-            bias="none",
-            rank_pattern=spec.ranks,
-            alpha_pattern=spec.alphas,
-        )
+        config = peft.LoraConfig(**self.lora_config_args(spec))
         mixin(model, "add_adapter")(config)  # freezes all but the adapters, makes "default" the active adapter
         mixin(model, "enable_adapters")()
         return self.count_and_train(model, spec)
@@ -171,7 +163,10 @@ class TransformersAdapterImplementation(BnbBase, PeftImplementation):
 
         config = self._config(model)
         state = mixin(model, "get_adapter_state_dict")(ADAPTER)
-        want = {f"{name}.weight" for name in self.adapter_parameters(model)}
+        # an adapted embedding or LM head brings its base weight (PEFT's save_embedding_layers): the folder holds the
+        # adapters only, as PEFT's save_pretrained(save_embedding_layers=False) writes it
+        state = {k: t for k, t in state.items() if not k.endswith(".base_layer.weight")}
+        want = {peft_names.folder_key(name, "") for name in self._held(model)}
         if set(state) != want:
             raise ImplementationError(
                 f"{self.name}: get_adapter_state_dict() gave keys {sorted(set(state) - want)[:5]} beside the "
@@ -191,18 +186,22 @@ class TransformersAdapterImplementation(BnbBase, PeftImplementation):
 
         want = self._checked(model, Path(path))
         if not isinstance(model, PreTrainedModel):
-            load_peft_tensors(self.name, self.adapter_parameters(model), path)
+            load_peft_tensors(self.name, self._held(model), path)
             return
         info = model.load_adapter(str(path), adapter_name=ADAPTER, hotswap=True, is_trainable=True)
         left = {k: sorted(map(str, getattr(info, k, ())))[:5] for k in ("missing_keys", "unexpected_keys")}
         left["mismatched_keys"] = sorted(str(m) for m in getattr(info, "mismatched_keys", ()))[:5]
-        got = self.adapter_parameters(model)
+        got = self._held(model)
         differ = [n for n, t in want.items() if not got[n].requires_grad or not got[n].detach().cpu().equal(t)]
         if any(left.values()) or differ:
             raise ImplementationError(
                 f"{self.name}: transformers' load_adapter of {path} left {left} and adapters not the folder's "
                 f"(or frozen) {differ[:5]}"
             )
+
+    def _held(self, model) -> dict:
+        """Every tensor a folder holds: the adapters and what the options add (``option_parameters``)."""
+        return {**self.adapter_parameters(model), **self.option_parameters(model)}
 
     def _checked(self, model, path: Path) -> dict:
         """The folder's tensors (canonical name -> tensor in the adapter's dtype, on the CPU), read into copies: its
@@ -224,9 +223,10 @@ class TransformersAdapterImplementation(BnbBase, PeftImplementation):
             )
         expect = {"r": config.r, "lora_alpha": config.lora_alpha, "use_rslora": bool(config.use_rslora)}
         expect.update(rank_pattern=dict(config.rank_pattern or {}), alpha_pattern=dict(config.alpha_pattern or {}))
+        expect.update(use_dora=bool(config.use_dora), lora_bias=bool(config.lora_bias))
         copies = {
             n: torch.nn.Parameter(torch.empty(p.shape, dtype=p.dtype), requires_grad=False)
-            for n, p in self.adapter_parameters(model).items()
+            for n, p in self._held(model).items()
         }
         load_peft_tensors(self.name, copies, path, expect)
         return {n: p.data for n, p in copies.items()}

@@ -145,12 +145,13 @@ def save_peft_tensors(adapters: dict[str, nn.Parameter], config: dict, path: str
     from safetensors.torch import save_file
 
     from lora_core.adapters import CONFIG_FILE, PREFIX, WEIGHTS_FILE
+    from lora_suite.implementations.peft_names import folder_key
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     (path / CONFIG_FILE).write_text(json.dumps(config, indent=2))
     save_file(
-        {f"{PREFIX}{name}.weight": p.detach().to("cpu").contiguous() for name, p in adapters.items()},
+        {folder_key(name, PREFIX): p.detach().to("cpu").contiguous() for name, p in adapters.items()},
         str(path / WEIGHTS_FILE),
         metadata={"format": "pt"},
     )

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lora_suite.settings.adapter_dtype import AdapterDtype
-from lora_suite.settings.settings_rules import first_problem
+from lora_suite.settings.settings_rules import INITS, first_problem  # noqa: F401 (INITS re-exported)
 from lora_suite.settings.tier_rules import tier_problem
 
 CONFIG_ENV = "LORA_SUITE_CONFIG_DIR"
@@ -128,6 +128,14 @@ class AdapterSpec(Checked):
     # ("v_proj=4",) gives v_proj r 4 whatever r says; a name not listed takes r and alpha
     rank_pattern: tuple[str, ...] = ()
     alpha_pattern: tuple[str, ...] = ()
+    # PEFT's LoraConfig options (``contract.spec_features`` names the feature each asks of a stack, which refuses an
+    # option it lacks): a bias on B; the decoder layers adapted (() all); whole modules trained and saved by leaf
+    # name; the init (contract.INITS: default, gaussian, random_b, pissa, olora); DoRA
+    lora_bias: bool = False
+    layers_to_transform: tuple[int, ...] = ()
+    modules_to_save: tuple[str, ...] = ()
+    init: str = "default"
+    use_dora: bool = False
 
     @property
     def ranks(self) -> dict[str, int]:

@@ -98,6 +98,9 @@ def _empty_or_identifier(field: str, expected: str, bad: str) -> Rule:
 
 _DTYPES_OR_NONE = (*ADAPTER_DTYPES, None)
 
+# AdapterSpec.init's values: PEFT's init_lora_weights True, "gaussian", False, "pissa", "olora"
+INITS = ("default", "gaussian", "random_b", "pissa", "olora")
+
 # class name -> its rules, checked in order (the first broken one is reported)
 RULES: dict[str, tuple[Rule, ...]] = {
     "LlamaArchitecture": (
@@ -150,6 +153,19 @@ RULES: dict[str, tuple[Rule, ...]] = {
             "entries 'name=alpha', each alpha finite and > 0 (PEFT's alpha_pattern)",
             lambda obj: [{"alpha_pattern": ("v_proj=nan",)}],
         ),
+        holds(
+            "layers_to_transform",
+            lambda v, obj: all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in v),
+            "decoder layer indices, whole numbers >= 0 (PEFT's layers_to_transform; empty: every layer)",
+            lambda obj: [{"layers_to_transform": (-1,)}],
+        ),
+        holds(
+            "modules_to_save",
+            lambda v, obj: all(isinstance(n, str) and n.isidentifier() for n in v),
+            "leaf module names such as 'lm_head' (PEFT's modules_to_save)",
+            lambda obj: [{"modules_to_save": ("lm head",)}],
+        ),
+        one_of("init", INITS),
     ),
     "DataSettings": (
         one_of("source", ("embedded", "jsonl")),

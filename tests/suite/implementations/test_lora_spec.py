@@ -32,6 +32,8 @@ COVERED = (
     "lora_suite/judges/two_models.py",
     "lora_suite/judges/name_collisions.py",
     "lora_suite/tiers/quick/test_layer_properties.py",
+    "lora_suite/judges/adapter_options.py",
+    "lora_suite/tiers/quick/test_adapter_options.py",
 )
 REPOSITORIES = {
     "huggingface/peft",
