@@ -106,7 +106,7 @@ def start(case: OC.OptionCase) -> list[Verdict]:
         bad = _residual(case, paths, held)
     if case.spec.use_dora:
         for p in paths:
-            w = case.reference.get_submodule(p).weight
+            w = case.reference.get_parameter(f"{p}.weight")
             err = compare(f"{p}.lora_magnitude", held[f"{p}.lora_magnitude"], w.norm(dim=1), model_tolerance(case))
             bad += [] if err.ok else [err.describe()]
     if init == "default" and not case.spec.use_dora:
@@ -121,7 +121,7 @@ def _residual(case: OC.OptionCase, paths: list[str], held: dict[str, torch.Tenso
     tol, bad = model_tolerance(case), []
     name_of = {id(p): n for n, p in case.model.named_parameters()}
     for p in paths:
-        w, r = case.reference.get_submodule(p).weight, case.spec.rank_of(p.rsplit(".", 1)[-1])
+        w, r = case.reference.get_parameter(f"{p}.weight"), case.spec.rank_of(p.rsplit(".", 1)[-1])
         s = case.spec.scale_of(p.rsplit(".", 1)[-1])
         ba = held[f"{p}.lora_B"].double() @ held[f"{p}.lora_A"].double()
         if case.spec.init == "pissa":

@@ -45,7 +45,7 @@ def adapted_weights(case: OptionCase, t: dict[str, torch.Tensor], base: dict[str
             out[f"{path}.{rest}"] = value
     for path in dict.fromkeys(owner(n) for n in t if SAVED not in n):
         s = case.spec.scale_of(path.rsplit(".", 1)[-1])
-        w = base.get(f"{path}.weight", case.reference.get_submodule(path).weight)
+        w = base.get(f"{path}.weight", _param(case, f"{path}.weight"))
         if f"{path}.lora_embedding_A" in t:
             out[f"{path}.weight"] = w + s * (t[f"{path}.lora_embedding_B"] @ t[f"{path}.lora_embedding_A"]).T
             continue
@@ -56,8 +56,13 @@ def adapted_weights(case: OptionCase, t: dict[str, torch.Tensor], base: dict[str
             v = (t[f"{path}.lora_magnitude"] / v.detach().norm(dim=1))[:, None] * v
         out[f"{path}.weight"] = v
         if f"{path}.lora_bias" in t:
-            out[f"{path}.bias"] = case.reference.get_submodule(path).bias + s * t[f"{path}.lora_bias"]
+            out[f"{path}.bias"] = _param(case, f"{path}.bias") + s * t[f"{path}.lora_bias"]
     return out
+
+
+def _param(case: OptionCase, name: str) -> torch.Tensor:
+    """A parameter of the float64 copy of the base by name (a tied one under either name)."""
+    return case.reference.get_parameter(name)
 
 
 def reference(case: OptionCase, *, backward: bool = True, base: dict[str, torch.Tensor] | None = None) -> Reference:
