@@ -124,6 +124,28 @@ class GaussianAsKaimingSpread(_Planted):
         return out
 
 
+class FalseInitLeavesBZero(_Planted):
+    """init False (random A and B) that zeroes B like the default: the model is its base at the start."""
+
+    def inject(self, model, spec):
+        out = super().inject(model, spec)
+        with torch.no_grad():
+            for m in _layers(model, torch.nn.Linear):
+                m.lora_B["default"].weight.zero_()
+        return out
+
+
+class HeadScaleTwice(_Planted):
+    """The LM head's adapter scaled by s²."""
+
+    def inject(self, model, spec):
+        out = super().inject(model, spec)
+        for path, m in model.named_modules():
+            if path.endswith("lm_head") and hasattr(m, "scaling"):
+                m.scaling["default"] = m.scaling["default"] ** 2
+        return out
+
+
 class PissaBaseKept(_Planted):
     """PiSSA's adapters drawn but the base left W (the residual not subtracted): the start is not the base function."""
 
@@ -155,6 +177,8 @@ PLANTS = [
     (CopyNotUsed, "modules_to_save", "modules_to_save: logits beyond tolerance of the float64 adapted model"),
     (EmbeddingUnscaled, "embedding", "embedding: logits beyond tolerance of the float64 adapted model"),
     (GaussianAsKaimingSpread, "init_gaussian", "init_gaussian: the adapters as the init leaves them"),
+    (FalseInitLeavesBZero, "init_random_b", "init_random_b: the adapters as the init leaves them"),
+    (HeadScaleTwice, "lm_head", "lm_head: logits beyond tolerance of the float64 adapted model"),
     (PissaBaseKept, "init_pissa", "init_pissa: the adapters as the init leaves them"),
     (MagnitudeNotSaved, "dora", "dora: tensors or logits not restored by save and load"),
 ]
