@@ -74,6 +74,10 @@ OPERATIONS = {
         "add_named_adapter",
         "hold several adapters under their names, one active (PEFT's add_adapter, set_adapter, delete_adapter)",
     ),
+    "combine": (
+        "combine_adapters",
+        "a new adapter whose update is Σ wᵢ·sᵢ·Bᵢ·Aᵢ of adapters it holds (PEFT's add_weighted_adapter, 'cat')",
+    ),
 }
 
 
@@ -240,6 +244,12 @@ class LoRAImplementation:
     def delete_named_adapter(self, model: nn.Module, name: str) -> None:
         """Remove the inactive adapter ``name`` from every adapted layer (PEFT's ``delete_adapter``); the name may be
         added again."""
+        raise NotImplementedError
+
+    def combine_adapters(self, model: nn.Module, names: list[str], weights: list[float], new: str) -> None:
+        """Optional, with ``add_named_adapter``: a new adapter ``new`` on the same layers whose update is exactly
+        Σ wᵢ·sᵢ·Bᵢ·Aᵢ over the adapters ``names`` (their ranks concatenated: PEFT's ``add_weighted_adapter`` with
+        combination ``cat``); the sources and the active adapter unchanged."""
         raise NotImplementedError
 
     def operation_reason(self, op: str) -> str | None:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # imported where adapters are handled (contract.py says why)
 
     from lora_suite.settings.config import AdapterSpec
 
+TUNER = "_lora_suite_tuner"  # the model's attribute holding PEFT's LoraModel (not a submodule)
 # AdapterSpec.init -> PEFT's init_lora_weights
 PEFT_INIT = {"default": True, "gaussian": "gaussian", "random_b": False, "pissa": "pissa", "olora": "olora"}
 
@@ -54,7 +55,9 @@ class PeftImplementation(LoRAImplementation):
         config = peft.LoraConfig(**self.lora_config_args(spec))
         for p in model.parameters():
             p.requires_grad_(False)
-        peft.inject_adapter_in_model(config, model)
+        # what peft.inject_adapter_in_model does, its LoraModel kept (outside the module tree) for the operations
+        # PEFT offers on it only: add_weighted_adapter
+        model.__dict__[TUNER] = peft.tuners.lora.LoraModel(model, config, adapter_name="default")
         model._lora_suite_peft_config = config  # for save_adapter
         return self.count_and_train(model, spec)
 
@@ -131,6 +134,8 @@ class PeftImplementation(LoRAImplementation):
         active = self.adapter_parameters(model)
         dtype = next(iter(active.values())).dtype
         peft.inject_adapter_in_model(config, model, adapter_name=name)
+        if TUNER in model.__dict__:
+            model.__dict__[TUNER].peft_config[name] = config
         self._cast_adapter(model, name, dtype)
         for m in self._lora_layers(model):
             m.set_adapter(list(m.active_adapters))  # PEFT's own: the active adapter trainable, the others frozen
@@ -151,6 +156,21 @@ class PeftImplementation(LoRAImplementation):
         """PEFT's ``LoraLayer.delete_adapter(name)`` on every LoRA layer."""
         for m in self._lora_layers(model):
             m.delete_adapter(name)
+        if TUNER in model.__dict__:
+            model.__dict__[TUNER].peft_config.pop(name, None)
+
+    def combine_adapters(self, model, names, weights, new):
+        """PEFT's ``LoraModel.add_weighted_adapter(names, weights, new, combination_type="cat")`` on the model's own
+        LoraModel, the new adapter cast to the active one's dtype and frozen; each layer's active adapter kept."""
+        tuner = model.__dict__.get(TUNER)
+        if tuner is None:
+            raise ImplementationError(f"{self.name}: the model was not injected by this implementation (no LoraModel)")
+        dtype = next(iter(self.adapter_parameters(model).values())).dtype
+        active = {id(m): list(m.active_adapters) for m in self._lora_layers(model)}
+        tuner.add_weighted_adapter(list(names), list(weights), new, combination_type="cat")
+        self._cast_adapter(model, new, dtype)
+        for m in self._lora_layers(model):
+            m.set_adapter(active.get(id(m), list(m.active_adapters)))
 
     def save_adapter(self, model, path):
         from safetensors.torch import save_file

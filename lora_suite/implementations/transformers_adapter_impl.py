@@ -32,7 +32,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lora_suite.implementations import peft_names
-from lora_suite.implementations.contract import ImplementationError, library_version, require_module
+from lora_suite.implementations.contract import (
+    ImplementationError,
+    LoRAImplementation,
+    library_version,
+    require_module,
+)
 from lora_suite.implementations.peft_bnb_impl import BnbBase
 from lora_suite.implementations.peft_impl import PeftImplementation, load_peft_tensors
 
@@ -99,6 +104,10 @@ class TransformersAdapterImplementation(BnbBase, PeftImplementation):
 
     name = expected_path = "transformers-adapter"
     not_applicable = dict(PeftImplementation.not_applicable)
+    operation_reasons = {
+        "combine": "transformers' PeftAdapterMixin offers no add_weighted_adapter (PEFT's PeftModel and LoraModel do)"
+    }
+    combine_adapters = LoRAImplementation.combine_adapters  # transformers offers no such call (operation_reasons)
 
     def __init__(self):
         require_module(self.name, "peft", "transformers", when="found")

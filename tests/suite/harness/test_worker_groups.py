@@ -21,7 +21,8 @@ MODEL_CODE = (
     "importorskip('peft'",
     "peft_impl",
     "MF.judge",  # lora_suite.judges.model_function: a transformers model of each architecture
-    "AO.judge",  # lora_suite.judges.adapter_options: a transformers model of each option's architecture
+    "AO.judge",
+    "CA.judge",  # lora_suite.judges.combined_adapters: a Llama  # lora_suite.judges.adapter_options: a transformers model of each option's architecture
 )  # what in a test's source builds a model
 
 

@@ -33,6 +33,7 @@ COVERED = (
     "lora_suite/judges/name_collisions.py",
     "lora_suite/tiers/quick/test_layer_properties.py",
     "lora_suite/judges/adapter_options.py",
+    "lora_suite/judges/combined_adapters.py",
     "lora_suite/tiers/quick/test_adapter_options.py",
 )
 REPOSITORIES = {
