@@ -15,14 +15,13 @@ Tolerance: ``model_function.model_tolerance``'s error model for the architecture
 
 from __future__ import annotations
 
-import copy
-
 import torch
 from torch.func import functional_call
 
 from lora_suite.engine.architectures import ARCHITECTURES
 from lora_suite.implementations import AdapterSpec, adapted_modules
 from lora_suite.judges.layer_checks import none_of
+from lora_suite.judges.option_cases import adapt
 from lora_suite.judges.parity import compare, tolerance
 from lora_suite.measure.criteria import Verdict
 
@@ -45,12 +44,7 @@ def not_applicable_reason(impl) -> str | None:
 def judge(impl, device, *, seed: int = 0) -> list[Verdict]:
     arch = ARCHITECTURES["llama"]
     spec = AdapterSpec(TARGETS, R, ALPHA, impl.reason_not_applicable("rslora") is None, torch.float32)
-    model = arch.build(torch.float32, device, seed=seed)
-    reference = copy.deepcopy(model).double().requires_grad_(False)
-    torch.manual_seed(seed)
-    model = impl.load_model(model, spec)
-    impl.inject(model, spec)
-    impl.finish_model(model, spec)
+    model, reference = adapt(impl, arch, spec, device, seed)
     impl.add_named_adapter(model, "other", spec)
     gen = torch.Generator().manual_seed(seed + 1)
     sources = {}

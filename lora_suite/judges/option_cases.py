@@ -90,18 +90,25 @@ def spec_of(option: Option) -> AdapterSpec:
     return AdapterSpec(**{"r": R, "alpha": ALPHA, "adapter_dtype": torch.float32, **option.settings})
 
 
-def build(impl: LoRAImplementation, name: str, device, *, seed: int = 0) -> OptionCase:
-    """Option ``name`` built in fp32 from ``seed``, copied in float64, adapted by ``impl`` (which refuses an option it
-    lacks); random ids and an upstream gradient of the logits. Nothing is randomised yet (``randomise``)."""
-    option = OPTIONS[name]
-    arch, spec = ARCHITECTURES[option.arch], spec_of(option)
-    impl.refuse_unsupported(spec)
+def adapt(impl: LoRAImplementation, arch: Architecture, spec: AdapterSpec, device, seed: int):
+    """``arch`` built in fp32 from ``seed`` and adapted by ``impl`` as a tier would (its loader, inject, finish), with
+    a float64 copy of the base taken before (no gradients): (model, reference)."""
     model = arch.build(torch.float32, device, seed=seed)
     reference = copy.deepcopy(model).double().requires_grad_(False)
     torch.manual_seed(seed)
     model = impl.load_model(model, spec)
     impl.inject(model, spec)
     impl.finish_model(model, spec)
+    return model, reference
+
+
+def build(impl: LoRAImplementation, name: str, device, *, seed: int = 0) -> OptionCase:
+    """Option ``name`` built in fp32 from ``seed``, copied in float64, adapted by ``impl`` (which refuses an option it
+    lacks); random ids and an upstream gradient of the logits. Nothing is randomised yet (``randomise``)."""
+    option = OPTIONS[name]
+    arch, spec = ARCHITECTURES[option.arch], spec_of(option)
+    impl.refuse_unsupported(spec)
+    model, reference = adapt(impl, arch, spec, device, seed)
     after = {n: p.detach().clone() for n, p in model.named_parameters()}
     gen = torch.Generator().manual_seed(seed + 1)
     vocab = arch.config().vocab_size
