@@ -19,7 +19,7 @@ import torch
 from torch.func import functional_call
 
 from lora_suite.engine.architectures import ARCHITECTURES
-from lora_suite.implementations import AdapterSpec, adapted_modules
+from lora_suite.implementations import AdapterSpec
 from lora_suite.judges.layer_checks import none_of
 from lora_suite.judges.option_cases import adapt
 from lora_suite.judges.parity import compare, tolerance
@@ -81,7 +81,7 @@ def judge(impl, device, *, seed: int = 0) -> list[Verdict]:
 
 def _reference(reference, sources: dict[str, dict[str, torch.Tensor]], spec: AdapterSpec, ids) -> torch.Tensor:
     weights = {}
-    for path in adapted_modules(sources["default"]):
+    for path in dict.fromkeys(n.rsplit(".", 1)[0] for n in sources["default"]):
         s = spec.scale_of(path.rsplit(".", 1)[-1])
         delta = sum(
             WEIGHTS[name] * s * t[f"{path}.lora_B"].double() @ t[f"{path}.lora_A"].double()
