@@ -87,11 +87,10 @@ def _spread(values: torch.Tensor, std: float) -> list[str]:
 
 def start(case: OC.OptionCase) -> list[Verdict]:
     """The init options and DoRA's magnitude, read as inject left them (module docstring, 2)."""
-    init, a0 = case.spec.init, case.after_inject
+    init = case.spec.init
     paths = [p for p in OC.adapted_paths(case) if f"{p}.lora_A" in case.adapters]
     name, bad = case.name, []
-    name_of = {id(p): n for n, p in case.model.named_parameters()}
-    held = {n: a0[name_of[id(p)]] for n, p in case.held.items()}
+    held = {n: at_inject(case, p) for n, p in case.held.items()}
     if init == "gaussian":
         bad = _spread(torch.cat([held[f"{p}.lora_A"].flatten() for p in paths]), 1 / case.spec.r)
         bad += [f"{p}.lora_B not zero" for p in paths if bool(held[f"{p}.lora_B"].any())]
@@ -119,7 +118,6 @@ def start(case: OC.OptionCase) -> list[Verdict]:
 def _residual(case: OC.OptionCase, paths: list[str], held: dict[str, torch.Tensor]) -> list[str]:
     """PiSSA / OLoRA: the adapters' product from W's SVD / QR, the base W − s·B·A, the base function at the start."""
     tol, bad = model_tolerance(case), []
-    name_of = {id(p): n for n, p in case.model.named_parameters()}
     for p in paths:
         w, r = case.reference.get_parameter(f"{p}.weight"), case.spec.rank_of(p.rsplit(".", 1)[-1])
         s = case.spec.scale_of(p.rsplit(".", 1)[-1])
@@ -132,9 +130,7 @@ def _residual(case: OC.OptionCase, paths: list[str], held: dict[str, torch.Tenso
             want, got = q[:, :r] @ rr[:r], ba
         err = compare(f"{p}: the adapters' product", got, want, tol)
         bad += [] if err.ok else [err.describe()]
-        layer = case.model.get_submodule(p)
-        base_w = getattr(layer, "base_layer", layer).weight
-        err = compare(f"{p}: the base weight", case.after_inject[name_of[id(base_w)]], w - s * ba, tol)
+        err = compare(f"{p}: the base weight", at_inject(case, base_weight(case, p)), w - s * ba, tol)
         bad += [] if err.ok else [err.describe()]
     with torch.no_grad():
         logits = case.model(case.ids).logits
@@ -147,12 +143,19 @@ def base_now(case: OC.OptionCase) -> dict[str, torch.Tensor]:
     OLoRA): the snapshot, so that a merge that wrote into the weight since is not counted twice."""
     if case.spec.init not in ("pissa", "olora"):
         return {}
-    name_of = {id(p): n for n, p in case.model.named_parameters()}
-    out = {}
-    for p in OC.adapted_paths(case):
-        layer = case.model.get_submodule(p)
-        out[f"{p}.weight"] = case.after_inject[name_of[id(getattr(layer, "base_layer", layer).weight)]].double()
-    return out
+    return {f"{p}.weight": at_inject(case, base_weight(case, p)).double() for p in OC.adapted_paths(case)}
+
+
+def base_weight(case: OC.OptionCase, path: str) -> torch.Tensor:
+    """The live base weight of the adapted module at ``path`` (a PEFT layer's ``base_layer``, else its own)."""
+    layer = case.model.get_submodule(path)
+    return getattr(layer, "base_layer", layer).weight
+
+
+def at_inject(case: OC.OptionCase, param: torch.Tensor) -> torch.Tensor:
+    """The value the model's parameter ``param`` held right after inject (``OptionCase.after_inject``)."""
+    name = next(n for n, p in case.model.named_parameters() if p is param)
+    return case.after_inject[name]
 
 
 def _run(case: OC.OptionCase):

@@ -21,6 +21,7 @@ from torch.func import functional_call
 from lora_suite.engine.architectures import ARCHITECTURES
 from lora_suite.implementations import AdapterSpec
 from lora_suite.judges.layer_checks import none_of
+from lora_suite.judges.model_function import STAGES_PER_LAYER
 from lora_suite.judges.option_cases import adapt
 from lora_suite.judges.parity import compare, tolerance
 from lora_suite.measure.criteria import Verdict
@@ -67,8 +68,8 @@ def judge(impl, device, *, seed: int = 0) -> list[Verdict]:
         got = model(ids).logits
         want = _reference(reference, sources, spec, ids)
     cfg = arch.config()
-    tol = tolerance(torch.float32, max(cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size))
-    err = compare("logits", got, want, tol * (4 * cfg.num_hidden_layers + 1))
+    k = max(cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, ids.numel())
+    err = compare("logits", got, want, tolerance(torch.float32, k) * (STAGES_PER_LAYER * cfg.num_hidden_layers + 1))
     return [
         none_of(
             "combined adapters: logits beyond tolerance of W + Σ wᵢ·sᵢ·Bᵢ·Aᵢ",
