@@ -149,7 +149,9 @@ def base_now(case: OC.OptionCase) -> dict[str, torch.Tensor]:
 def base_weight(case: OC.OptionCase, path: str) -> torch.Tensor:
     """The live base weight of the adapted module at ``path`` (a PEFT layer's ``base_layer``, else its own)."""
     layer = case.model.get_submodule(path)
-    return getattr(layer, "base_layer", layer).weight
+    weight = getattr(layer, "base_layer", layer).weight
+    assert isinstance(weight, torch.Tensor), f"{path}: an adapted module's base weight is a parameter"
+    return weight
 
 
 def at_inject(case: OC.OptionCase, param: torch.Tensor) -> torch.Tensor:
