@@ -36,7 +36,8 @@ from lora_suite.implementations.peft_names import SAVED
 from lora_suite.judges import option_cases as OC
 from lora_suite.judges import option_reference as REF
 from lora_suite.judges.layer_checks import none_of
-from lora_suite.judges.parity import compare, tolerance
+from lora_suite.judges.model_function import arch_tolerance
+from lora_suite.judges.parity import compare
 from lora_suite.measure.criteria import Verdict
 
 SOURCE = "PEFT's LoraConfig options as option_reference.py computes them in float64; option_cases.py's table"
@@ -44,11 +45,7 @@ STEP_LR = 0.5
 
 
 def model_tolerance(case: OC.OptionCase) -> float:
-    from lora_suite.judges.model_function import STAGES_PER_LAYER
-
-    cfg = case.arch.config()
-    k = max(cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, case.ids.numel())
-    return tolerance(torch.float32, k) * (STAGES_PER_LAYER * cfg.num_hidden_layers + 1)
+    return arch_tolerance(case.arch, torch.float32, case.ids.numel())
 
 
 def placement(case: OC.OptionCase) -> list[Verdict]:

@@ -21,9 +21,9 @@ from torch.func import functional_call
 from lora_suite.engine.architectures import ARCHITECTURES
 from lora_suite.implementations import AdapterSpec
 from lora_suite.judges.layer_checks import none_of
-from lora_suite.judges.model_function import STAGES_PER_LAYER
+from lora_suite.judges.model_function import arch_tolerance
 from lora_suite.judges.option_cases import adapt
-from lora_suite.judges.parity import compare, tolerance
+from lora_suite.judges.parity import compare
 from lora_suite.measure.criteria import Verdict
 
 TARGETS, R, ALPHA = ("q_proj", "v_proj", "down_proj"), 4, 7.0
@@ -67,9 +67,7 @@ def judge(impl, device, *, seed: int = 0) -> list[Verdict]:
     with torch.no_grad():
         got = model(ids).logits
         want = _reference(reference, sources, spec, ids)
-    cfg = arch.config()
-    k = max(cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, ids.numel())
-    err = compare("logits", got, want, tolerance(torch.float32, k) * (STAGES_PER_LAYER * cfg.num_hidden_layers + 1))
+    err = compare("logits", got, want, arch_tolerance(arch, torch.float32, ids.numel()))
     return [
         none_of(
             "combined adapters: logits beyond tolerance of W + Σ wᵢ·sᵢ·Bᵢ·Aᵢ",

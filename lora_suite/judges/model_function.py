@@ -168,9 +168,14 @@ def reference_run(case: ArchCase, *, backward: bool = True) -> FunctionRun:
 
 def model_tolerance(case: ArchCase) -> float:
     """One LoRA linear's parity bound × the stages of the whole model (module docstring)."""
-    cfg = case.arch.config()
-    k = max(cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, case.ids.numel())
-    return tolerance(case.dtype, k) * (STAGES_PER_LAYER * cfg.num_hidden_layers + 1)
+    return arch_tolerance(case.arch, case.dtype, case.ids.numel())
+
+
+def arch_tolerance(arch: Architecture, dtype: torch.dtype, tokens: int) -> float:
+    """``model_tolerance`` of ``arch`` in ``dtype`` over ``tokens`` input tokens, for any case built on it."""
+    cfg = arch.config()
+    k = max(cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, tokens)
+    return tolerance(dtype, k) * (STAGES_PER_LAYER * cfg.num_hidden_layers + 1)
 
 
 def targets_adapted(case: ArchCase) -> Verdict:
