@@ -14,11 +14,14 @@ Rules, drawn in random orders, each with the preconditions it needs:
 - a forward inside ``disabled_adapters`` (the base function; with an exception raised inside the block too, after
   which the adapters must apply again); ``set_adapter_scale`` to a factor (0.5, 1, 1/3, 2.7: the scale then that
   factor times the spec's, never compounded); a second adapter added (its name reused after a delete), switched to
-  and deleted (where the stack holds several: the active one's function, the others frozen and untouched);
+  and deleted (where the stack holds several: the active one's function, the others frozen and untouched); two
+  adapters combined by weight into a third (where the stack combines: its update Σ wᵢ·sᵢ·Bᵢ·Aᵢ with the scales of
+  the moment, the name reused, the sources untouched), which the other rules may then switch to, train and delete;
 - ``save_adapter`` (once at the start of every sequence, and as a rule); ``load_adapter`` of the last save into a
   fresh probe built the same way (same seed), after that fresh model has run once in each mode, or into the model
   itself;
-- the whole block cast to another floating dtype (fp32 <-> bf16; not on a 4-bit base, not after a merge).
+- the whole block cast to another floating dtype (fp32 <-> bf16; not on a 4-bit base, not after a merge or an
+  unmerge).
 
 After every rule (``lifecycle_state.Lifecycle.check``) the model computes the float64 function of its *current*
 adapters, y = x W₀ᵀ + s·(x Âᵀ) B̂ᵀ within the parity tolerance, in train mode with grad and in eval mode without
@@ -147,12 +150,18 @@ TOUR: tuple[tuple[str, dict[str, object]], ...] = (
     ("two_forwards_one_backward", {}),
     ("rescale", {"factor": 1 / 3}),
     ("disabled_forward", {"raise_inside": True}),
+    ("rescale", {"factor": 2.7}),
     ("add_adapter", {"name": "second"}),
     ("switch_adapter", {"i": 1}),
     ("train_step", {"optimizer": "sgd"}),
     ("switch_adapter", {"i": 0}),
     ("delete_adapter", {"i": 0}),
     ("add_adapter", {"name": "second"}),
+    ("combine_adapters", {"w": 0}),
+    ("switch_adapter", {"i": 2}),
+    ("train_step", {"optimizer": "adamw"}),
+    ("switch_adapter", {"i": 0}),
+    ("combine_adapters", {"w": 1}),
     ("save", {}),
     ("rewrite_adapters", {}),
     ("load_saved_adapter", {"into": "same model"}),
@@ -165,26 +174,68 @@ TOUR: tuple[tuple[str, dict[str, object]], ...] = (
 )
 
 
-def tour(build: Build, ran: Counter | None = None) -> None:
-    """``TOUR`` on a fresh machine of ``build``: each rule whose precondition holds at its turn, the check after it;
-    raises what a broken rule or check raises, with the steps run (in ``replay``'s form) in its message."""
+Step = tuple[str, dict[str, object]]
+
+
+def _line(name: str, kwargs: dict[str, object]) -> str:
+    return f"state.{name}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
+
+
+def _breaks(build: Build, steps: list[Step], ran: Counter | None = None) -> tuple[BaseException, int] | None:
+    """Run ``steps`` on a fresh machine of ``build`` (after ``save_at_start``), each step whose precondition holds
+    followed by the check: the exception that broke it and the index of its step, or None. A step whose precondition
+    does not hold is skipped (the drawn sequences never run it there)."""
     state: Any = lifecycle_machine(build, ran=ran)()  # the rules' class: its rule methods, by name
-    done = ["state.save_at_start()"]
+    k = -1
     try:
         state.save_at_start()
         state.check()
-        for name, kwargs in TOUR:
+        for k in range(len(steps)):
+            name, kwargs = steps[k]
             if NEEDS.get(name, _always)(state):
-                done.append(f"state.{name}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})")
                 getattr(state, name)(**kwargs)
                 state.check()
-    except Exception as exc:
-        raise LifecycleBroken(
-            f"{type(exc).__name__}: {exc}\nthe fixed tour (lifecycle.TOUR), up to the step that broke:\n"
-            + "\n".join(done)
-        ) from exc
+    except Exception as exc:  # noqa: BLE001  (whatever broke is the finding; the caller names it)
+        return exc, k
     finally:
         state.teardown()
+    return None
+
+
+def shrink(build: Build, steps: list[Step], kind: type[BaseException]) -> list[Step]:
+    """The failing ``steps`` made smaller by deleting runs of steps (halves, then quarters, ... then single steps)
+    while the sequence still breaks with a ``kind`` exception: Hypothesis' shrinking, for the fixed tour."""
+    size = max(1, len(steps) // 2)
+    while True:
+        i = 0
+        while i < len(steps):
+            trial = steps[:i] + steps[i + size :]
+            broke = _breaks(build, trial)
+            if broke is not None and isinstance(broke[0], kind):
+                steps = trial
+            else:
+                i += size
+        if size == 1:
+            return steps
+        size = max(1, size // 2)
+
+
+def tour(build: Build, ran: Counter | None = None) -> None:
+    """``TOUR`` on a fresh machine of ``build``: each rule whose precondition holds at its turn, the check after it.
+    Where it breaks, raises ``LifecycleBroken`` with the exception and the tour shrunk (``shrink``) to the steps that
+    still break it, in ``replay``'s form."""
+    steps = list(TOUR)
+    broke = _breaks(build, steps, ran)
+    if broke is None:
+        return
+    exc, k = broke
+    shrunk = shrink(build, steps[: k + 1], type(exc))
+    lines = ["state.save_at_start()", *(_line(n, a) for n, a in shrunk)]
+    program = "\n".join(["state = AdapterLifecycle()", *(f"{line}\nstate.check()" for line in lines)])
+    raise LifecycleBroken(
+        f"{type(exc).__name__}: {exc}\nshrunk sequence of the fixed tour (lifecycle.TOUR; rerun it with "
+        f"lora_suite.judges.lifecycle.replay):\n{program}"
+    ) from exc
 
 
 def replay(build: Build, program: str) -> None:

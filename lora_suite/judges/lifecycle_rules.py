@@ -20,6 +20,8 @@ from lora_suite.judges.lifecycle_state import PARTNER, Build, Lifecycle
 ADAPTER_NAMES = ("second", "third")  # the adapters the rules add beside "default" (a name added again is reused)
 # The factors the rescale rule sets (set_adapter_scale): inexact in every binary format but 0.5 and 1 (which restores)
 FACTORS = (0.5, 1.0, 1 / 3, 2.7)
+# The weights the combination rule gives its two sources (the active adapter, another): negative, inexact, one of 1
+WEIGHTS = ((0.7, -1.3), (1.0, 0.3), (-0.45, 2.0))
 
 
 def _counted(method):
@@ -61,12 +63,17 @@ def _two_held(self) -> bool:
     return _can_add(self) and len(self.life.present) > 1
 
 
+def _can_combine(self) -> bool:
+    life = self.life
+    return self.can_combine and _two_held(self) and any(n not in (life.active, LO.COMBINED) for n in life.present)
+
+
 def _saved(self) -> bool:
     return self.life.saved is not None
 
 
 def _can_cast(self) -> bool:
-    return self.can_cast and self.life.merged is None
+    return self.can_cast and self.life.merged is None and not self.life.unmerged
 
 
 class _Rules(RuleBasedStateMachine):
@@ -74,7 +81,7 @@ class _Rules(RuleBasedStateMachine):
     ``ran`` set on it)."""
 
     build: Build
-    can_merge = can_cast = can_unmerge = can_disable = can_rescale = can_hold_several = False
+    can_merge = can_cast = can_unmerge = can_disable = can_rescale = can_hold_several = can_combine = False
     runs: list | None = None
     ran: Counter
 
@@ -179,6 +186,16 @@ class _Rules(RuleBasedStateMachine):
         others = [n for n in self.life.present if n != self.life.active]
         LO.delete_adapter(self.life, others[i % len(others)])
 
+    @precondition(_can_combine)
+    @rule(w=st.integers(0, len(WEIGHTS) - 1))
+    @_counted
+    def combine_adapters(self, w):
+        life = self.life
+        if life.active == LO.COMBINED:  # its name is reused by deleting it: never the active one
+            return
+        other = next(n for n in life.present if n not in (life.active, LO.COMBINED))
+        LO.combine(life, [life.active, other], WEIGHTS[w])
+
     @precondition(_unmerged)
     @rule()
     @_counted
@@ -215,6 +232,8 @@ def lifecycle_machine(
         "can_disable": build.impl.operation_reason("disable") is None,
         "can_rescale": build.impl.operation_reason("rescale") is None,
         "can_hold_several": build.impl.operation_reason("adapters") is None,
+        "can_combine": build.impl.operation_reason("adapters") is None
+        and build.impl.operation_reason("combine") is None,
         "can_cast": build.spec.quantize is None and build.dtype in PARTNER,
         "runs": runs,
         "ran": Counter() if ran is None else ran,
@@ -239,6 +258,7 @@ NEEDS = {
     "add_adapter": _can_add,
     "switch_adapter": _two_held,
     "delete_adapter": _two_held,
+    "combine_adapters": _can_combine,
     "load_saved_adapter": _saved,
     "cast_to_other_dtype": _can_cast,
 }

@@ -102,9 +102,13 @@ class Lifecycle:
         self.weights = dict(probe.weights)  # W₀ per module path, in the block's current dtype
         self.biases = dict(probe.biases)  # the base biases likewise (empty when the shape has none)
         self.merged: dict[str, torch.Tensor] | None = None
+        self.unmerged = False  # an unmerge ran on this probe: its base is W₀ within one merge's rounding, no closer
         # per adapter, the factor of the last set_adapter_scale (it sets every adapter the model holds; one added later
         # starts at its spec's scale): the active adapter's scale is probe.scale times its factor
         self.factors = {"default": 1.0}
+        # per adapter, its own scale before any factor: the spec's, or 1 for one a combination made (its sources'
+        # scales are folded into its B)
+        self.scales = {"default": probe.scale}
         self.present, self.active = ["default"], "default"  # the adapters the model holds by name, the active one
         self.names = sorted(probe.adapters)
         self.optimizer: torch.optim.Optimizer | None = None
@@ -140,7 +144,7 @@ class Lifecycle:
             biases=self.biases,
             adapters=adapters,
             dtype=self.dtype,
-            scale=self.probe.scale * self.factors[self.active],
+            scale=self.scales[self.active] * self.factors[self.active],
         )
 
     def run_probe(self) -> P.Probe:
@@ -173,13 +177,17 @@ class Lifecycle:
         self.judge(what, inputs, got, ref)
         return ref
 
+    def base_changes(self, now: dict[str, torch.Tensor] | None = None) -> list[str]:
+        """The parameters of the snapshot (base weights, inactive adapters) gone or not bitwise as they were."""
+        now = self._base_now() if now is None else now
+        return [f"{n} gone" for n in self.frozen if n not in now] + [f"{n} changed" for n in _changed(now, self.frozen)]
+
     def check(self) -> None:
         """After every rule: the base untouched and frozen, the adapters listed and trainable, and the function of
         the current adapters in a train-mode forward with grad and an eval-mode forward without."""
         now = self._base_now()
-        bad = [f"{n} gone" for n in self.frozen if n not in now]
+        bad = self.base_changes(now)
         bad += [f"{n} appeared" for n in now if n not in self.frozen]
-        bad += [f"{n} changed" for n in _changed(now, self.frozen)]
         bad += [f"{n} trainable or holding a gradient" for n, p in now.items() if p.requires_grad or p.grad is not None]
         if self.merged is None:
             live = self.live()
@@ -315,7 +323,9 @@ class Lifecycle:
     def to_partner_dtype(self) -> None:
         """The whole block cast to the partner dtype: base weights, adapters, the snapshots with it. (Not after a
         merge: a merged weight rounded to bf16 is W₀ + ΔW rounded as a whole, no longer a function of the folded
-        adapters that fp32's tolerance could judge.)"""
+        adapters that fp32's tolerance could judge; nor after an unmerge: the base is then W₀ + ΔW − ΔW as rounded in
+        the dtype of the merge, within that dtype's tolerance of W₀ but not fp32's after a cast, and a near-tie
+        rounds it to another bf16 value than W₀'s.)"""
         new = PARTNER[self.dtype]
         self.probe.block.to(new)
         self.dtype = new

@@ -37,6 +37,7 @@ OP_RULES = {
     "disable": "the disabled-adapters rule",
     "rescale": "the rescale rule",
     "adapters": "the several-adapters rules (add, switch, delete, a name reused)",
+    "combine": "the combination rule (adapters combined by weight)",
 }
 # The sequences of one dtype in two parts of 12, each its own test (side by side over the tier's workers): one test of
 # 24 took ~27 s on an H200 (run 20261127T112541Z-quick) and set the tier's wall time (lora_suite/judges/lifecycle.py _settings).

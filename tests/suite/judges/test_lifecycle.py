@@ -47,13 +47,15 @@ RULES = {
     "add_adapter",
     "switch_adapter",
     "delete_adapter",
+    "combine_adapters",
 }
 # operation -> its rules
 OP_RULES = {
     "unmerge": ("unmerge",),
     "disable": ("disabled_forward",),
     "rescale": ("rescale",),
-    "adapters": ("add_adapter", "switch_adapter", "delete_adapter"),
+    "adapters": ("add_adapter", "switch_adapter", "delete_adapter", "combine_adapters"),
+    "combine": ("combine_adapters",),
 }
 # plant -> the rule its shrunk sequence must hold (the state it leaves stale)
 STATE_PLANTS = {
