@@ -8,6 +8,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,8 +16,13 @@ from typing import TYPE_CHECKING, Any
 from lora_suite.settings.config import INITS as INIT_NAMES
 from lora_suite.settings.config import AdapterSpec  # noqa: F401
 
-if TYPE_CHECKING:  # torch is imported where a model is adapted, not where an implementation is named: the
-    from torch import nn  # controlling process of a run spread over workers resolves --lora-impl and imports no torch
+# torch is imported where a model is adapted, not where an implementation is named: the controlling process of a run
+# spread over workers resolves --lora-impl and imports no torch
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import torch
+    from torch import nn
 
 from lora_suite.settings.implementation_names import DEFAULT, ENTRY_POINT_GROUP  # noqa: F401 (re-exported)
 
@@ -97,9 +103,30 @@ SPECIAL_TARGETS = {"embed_tokens": "embedding_target", "lm_head": "lm_head_targe
 def spec_features(spec: AdapterSpec) -> list[str]:
     """The FEATURES ``spec`` asks of a stack beyond one plain adapter per target linear (its options, in order)."""
     out = [f for f in ("lora_bias", "layers_to_transform", "modules_to_save") if getattr(spec, f)]
+    out += ["moe_experts"] if spec.target_parameters else []
     out += [SPECIAL_TARGETS[t] for t in spec.targets if t in SPECIAL_TARGETS]
     out += ["dora"] if spec.use_dora else []
     return out + ([INITS[spec.init]] if spec.init != "default" else [])
+
+
+@dataclass(frozen=True)
+class ExpertAdapter:
+    """The adapter of one 3-D expert parameter W of shape (E, d₁, d₂) as stored: expert e's weight becomes
+
+        W'ₑ = Wₑ + s·Bₑ·Aₑ,   Aₑ: (r, d₂),  Bₑ: (d₁, r)
+
+    (s the spec's scale of the parameter's leaf name), the factors read from the stack's own trainable tensors ``a``
+    and ``b`` through its layout: ``a3(t)`` gives (E, r, d₂), ``b3(t)`` (E, d₁, r), for the tensors themselves and
+    for their gradients alike (PEFT: A (E·r, d₂) expert-major rows, B (d₁, r·E) expert-minor columns)."""
+
+    a: nn.Parameter
+    b: nn.Parameter
+    a3: Callable[[torch.Tensor], torch.Tensor]
+    b3: Callable[[torch.Tensor], torch.Tensor]
+
+    def factors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(A (E, r, d₂), B (E, d₁, r)) of the tensors now."""
+        return self.a3(self.a.detach()), self.b3(self.b.detach())
 
 
 class ImplementationError(ValueError):
@@ -299,6 +326,12 @@ class LoRAImplementation:
         """The trainable tensors an option adds beyond A and B, by canonical name: ``<path>.lora_bias`` (B's bias),
         ``<path>.lora_magnitude`` (DoRA's m), ``<path>.saved.<name>`` (a ``modules_to_save`` copy's parameter).
         Empty by default: a stack without these options has none."""
+        return {}
+
+    def expert_adapters(self, model: nn.Module) -> dict[str, ExpertAdapter]:
+        """The active adapter of each 3-D expert parameter adapted (``AdapterSpec.target_parameters``), by the
+        parameter's name in the un-adapted model (``<experts path>.<parameter>``). Empty by default: a stack that
+        adapts no expert parameter (``moe_experts`` declared not applicable) has none."""
         return {}
 
     def reason_not_applicable(self, feature: str) -> str | None:

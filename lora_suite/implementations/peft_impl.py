@@ -35,9 +35,6 @@ class PeftImplementation(LoRAImplementation):
         "lora_core's NF4 storage is not a layer PEFT can wrap",
         "op_call_count": "PEFT's layers keep no call counter; served_by() checks the layer types instead",
         "lora_core_ops": "these tests call lora_core's cupy op and kernels directly, which PEFT does not use",
-        "moe_experts": "PEFT wraps transformers 5's 3-D expert parameters (its ParamWrapper, also when target_modules "
-        "names them), but under names the contract cannot pair with one (r, in) / (out, r) adapter per module "
-        "(experts.lora_A and experts.base_layer.lora_A): no per-expert adapter shape to compare with yet (issue 55)",
     }
 
     def describe(self) -> str:
@@ -78,6 +75,7 @@ class PeftImplementation(LoRAImplementation):
             modules_to_save=list(spec.modules_to_save) or None,
             init_lora_weights=PEFT_INIT[spec.init],
             use_dora=spec.use_dora,
+            target_parameters=list(spec.target_parameters) or None,
         )
 
     def count_and_train(self, model, spec: AdapterSpec) -> list[str]:
@@ -96,6 +94,7 @@ class PeftImplementation(LoRAImplementation):
         options = self.option_parameters(model)
         trainable_in({n: p for n, p in options.items() if peft_names.SAVED not in n}, spec.adapter_dtype)
         trainable_in(options, None)
+        trainable_in(self._active(model, "expert"), spec.adapter_dtype)
         return adapted_modules(adapters)
 
     def adapter_parameters(self, model):
@@ -107,17 +106,27 @@ class PeftImplementation(LoRAImplementation):
         """The active adapter's B bias, DoRA magnitude and saved module copies, by canonical name (``peft_names``)."""
         return self._active(model, "option")
 
+    def expert_adapters(self, model):
+        """Each PEFT ``ParamWrapper`` of the active adapter (``peft_names.expert_adapters``)."""
+        return peft_names.expert_adapters(model, self._active(model, "expert"))
+
     def _active(self, model, group: str) -> dict:
-        out, active = {}, {}
+        """The active adapter's parameters of ``group``: "adapter" (A and B of a linear or embedding), "option",
+        or "expert" (a ``ParamWrapper``'s A and B, by the wrapper's path)."""
+        from peft.tuners.lora.layer import ParamWrapper
+
+        out, active, experts = {}, {}, {}
         for name, p in model.named_parameters():
             found = peft_names.canonical(name)
-            if found is None or found[2] != group:
+            if found is None:
                 continue
             path = peft_names.owner(found[0])
             if path not in active:
                 layer = model.get_submodule(path)
                 active[path] = set(getattr(layer, "active_adapters", None) or ["default"])
-            if found[1] in active[path]:
+                experts[path] = isinstance(layer, ParamWrapper)
+            kind = "expert" if experts[path] and found[2] == "adapter" else found[2]
+            if kind == group and found[1] in active[path]:
                 out[found[0]] = p
         return out
 
@@ -183,7 +192,7 @@ class PeftImplementation(LoRAImplementation):
         if config is None:
             raise ImplementationError("peft: the model was not injected by this implementation (no LoRA config)")
         config.save_pretrained(str(path))
-        held = {**self.adapter_parameters(model), **self.option_parameters(model)}
+        held = {**self.adapter_parameters(model), **self.option_parameters(model), **self._active(model, "expert")}
         tensors = {peft_names.folder_key(n, PREFIX): p.detach().to("cpu").contiguous() for n, p in held.items()}
         save_file(tensors, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
         return path
@@ -195,7 +204,7 @@ class PeftImplementation(LoRAImplementation):
             expect = {"r": config.r, "lora_alpha": config.lora_alpha, "use_rslora": bool(config.use_rslora)}
             expect.update(rank_pattern=dict(config.rank_pattern or {}), alpha_pattern=dict(config.alpha_pattern or {}))
             expect.update(use_dora=bool(config.use_dora), lora_bias=bool(config.lora_bias))
-        held = {**self.adapter_parameters(model), **self.option_parameters(model)}
+        held = {**self.adapter_parameters(model), **self.option_parameters(model), **self._active(model, "expert")}
         load_peft_tensors(self.name, held, path, expect)
 
     def merge_adapters(self, model):

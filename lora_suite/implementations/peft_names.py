@@ -11,10 +11,16 @@ beside ``original_module.*``. Canonical names (``LoRAImplementation.adapter_para
 
 A folder (PEFT's ``adapter_model.safetensors``) keys each without the adapter's name, under ``base_model.model.``:
 ``lora_A.weight``, ``lora_embedding_A``, ``lora_B.bias``, ``lora_magnitude_vector``, and a saved module's own
-parameter names (checked against what PEFT 0.22's ``save_pretrained`` writes)."""
+parameter names (checked against what PEFT 0.22's ``save_pretrained`` writes).
+
+A ``ParamWrapper`` (``target_parameters``) at ``<path>`` adapts the 3-D parameter of its innermost base layer with
+``lora_A.<name>.weight`` (E·r, in) and ``lora_B.<name>.weight`` (out, r·E): its canonical names are those of a
+linear at the wrapper's path (a second wrapper on the same experts sits at ``<path>.base_layer``), its folder keys
+likewise; ``expert_a`` and ``expert_b`` read them per expert as PEFT's ``get_delta_weight`` does."""
 
 from __future__ import annotations
 
+import functools
 import re
 
 PARAM = re.compile(
@@ -65,3 +71,33 @@ def folder_key(name: str, prefix: str) -> str:
     if kind not in FOLDER_SUFFIX:
         raise ValueError(f"{name!r} is not a canonical adapter name (ends in one of {sorted(FOLDER_SUFFIX)})")
     return f"{prefix}{path}.{FOLDER_SUFFIX[kind]}"
+
+
+def expert_a(t, experts: int):
+    """PEFT's ParamWrapper A (E·r, in), or its gradient, as (E, r, in): expert e's rows e·r .. (e+1)·r."""
+    return t.reshape(experts, t.shape[0] // experts, t.shape[1])
+
+
+def expert_b(t, experts: int):
+    """PEFT's ParamWrapper B (out, r·E), or its gradient, as (E, out, r): expert e's columns e, e+E, e+2E, ..."""
+    return t.reshape(t.shape[0], t.shape[1] // experts, experts).permute(2, 0, 1)
+
+
+def expert_adapters(model, held: dict) -> dict:
+    """The ``ExpertAdapter`` of each ParamWrapper whose A and B are in ``held`` (canonical names, the wrapper's
+    path): A (E·r, in) read as (E, r, in), B (out, r·E) as (E, out, r), keyed by the parameter's name in the
+    un-adapted model (the wrappers' ``base_layer`` steps left out)."""
+    from lora_suite.implementations.contract import ExpertAdapter
+
+    out = {}
+    for path in sorted({owner(n) for n in held}):
+        m = model.get_submodule(path)
+        e = int(m.num_experts)
+        name = ".".join(part for part in path.split(".") if part != "base_layer") + "." + m.parameter_name
+        out[name] = ExpertAdapter(
+            held[f"{path}.lora_A"],
+            held[f"{path}.lora_B"],
+            functools.partial(expert_a, experts=e),
+            functools.partial(expert_b, experts=e),
+        )
+    return out

@@ -157,6 +157,7 @@ class UnslothImplementation(BnbBase, PeftImplementation):
                 bias="none",
                 use_gradient_checkpointing=False,
                 use_rslora=spec.use_rslora,
+                target_parameters=list(spec.target_parameters) or None,
             )
         except Exception as exc:  # noqa: BLE001
             raise ImplementationError(f"unsloth: get_peft_model failed: {type(exc).__name__}: {exc}") from exc
@@ -169,6 +170,7 @@ class UnslothImplementation(BnbBase, PeftImplementation):
         for p in model.parameters():
             p.requires_grad_(False)
         trainable_in(adapters, spec.adapter_dtype)
+        trainable_in(self._active(model, "expert"), spec.adapter_dtype)
         paths = adapted_modules(adapters)
         # served_by() evidence: the model's forward calls, and each layer's own (PEFT) forward calls. Not its block's:
         # Unsloth compiles each decoder layer, and a counter changed inside a compiled region recompiles it each call.

@@ -32,7 +32,7 @@ missing adapter moves logits by order 0.1 to 1 of their scale.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
 import torch
@@ -41,7 +41,7 @@ from torch.func import functional_call
 
 from lora_suite.engine.architectures import Architecture
 from lora_suite.engine.probes import spec_scale
-from lora_suite.implementations import AdapterSpec, LoRAImplementation, adapted_modules
+from lora_suite.implementations import AdapterSpec, ExpertAdapter, LoRAImplementation, adapted_modules
 from lora_suite.judges.layer_checks import none_of
 from lora_suite.judges.parity import MLP_STAGES, compare, tolerance
 from lora_suite.measure.criteria import Verdict
@@ -92,6 +92,15 @@ class ArchCase:
     scale: float
     ids: torch.Tensor
     dlogits: torch.Tensor
+    experts: dict[str, ExpertAdapter] = field(default_factory=dict)  # 3-D expert parameters adapted (MoE)
+    spec: AdapterSpec | None = None
+
+    def trained(self) -> dict[str, nn.Parameter]:
+        """Every adapter tensor: the linears' A and B and each expert adapter's (by ``<parameter>.lora_A``/``_B``)."""
+        out = dict(self.adapters)
+        for name, ex in self.experts.items():
+            out[f"{name}.lora_A"], out[f"{name}.lora_B"] = ex.a, ex.b
+        return out
 
     @property
     def dtype(self) -> torch.dtype:
@@ -110,22 +119,28 @@ def build_case(impl, arch: Architecture, dtype: torch.dtype, device, *, seed: in
     expected = [
         p for p, m in model.named_modules() if isinstance(m, nn.Linear) and p.rsplit(".", 1)[-1] in arch.targets
     ]
-    spec = AdapterSpec(arch.targets, R, ALPHA, False, adapter_dtype or torch.float32)
+    experts = () if expert_reason(impl, arch) else arch.parameter_targets
+    spec = AdapterSpec(arch.targets, R, ALPHA, False, adapter_dtype or torch.float32, target_parameters=experts)
     torch.manual_seed(seed)  # an implementation's own random init is the same for the same seed
     model = impl.load_model(model, spec)  # a stack with its own loader trains the model it read back
     live = dict(model.named_parameters())
     base = {n: (live.get(n), before.to(live[n].device) if n in live else before) for n, before in built.items()}
     impl.inject(model, spec)
     impl.finish_model(model, spec)  # the whole model, as prepare() gives it to a tier
-    adapters = impl.adapter_parameters(model)
+    adapters, held = impl.adapter_parameters(model), impl.expert_adapters(model)
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for p in adapters.values():
             p.copy_(torch.randn(p.shape, generator=gen) * p.shape[1] ** -0.5)
+        for ex in held.values():  # per expert: A std 1/√in, B std 1/√r, as for a linear
+            for p, view in ((ex.a, ex.a3), (ex.b, ex.b3)):
+                p.copy_(torch.randn(p.shape, generator=gen) * view(p).shape[-1] ** -0.5)
     vocab = arch.config().vocab_size
     ids = torch.randint(0, vocab, (BATCH, SEQ), generator=gen).to(device)
     dlogits = torch.randn(BATCH, SEQ, vocab, generator=gen).to(device)
-    return ArchCase(arch, impl, model.train(), reference, base, expected, adapters, spec_scale(spec), ids, dlogits)
+    case = ArchCase(arch, impl, model.train(), reference, base, expected, adapters, spec_scale(spec), ids, dlogits)
+    case.experts, case.spec = held, spec
+    return case
 
 
 @dataclass
@@ -141,7 +156,16 @@ def run_model(case: ArchCase) -> FunctionRun:
     logits = case.model(case.ids).logits
     (logits * case.dlogits.to(logits.dtype)).sum().backward()
     grads = {n: None if p.grad is None else p.grad.detach().clone() for n, p in case.adapters.items()}
+    for name, ex in case.experts.items():  # per expert, through the stack's own layout
+        for end, p, view in (("lora_A", ex.a, ex.a3), ("lora_B", ex.b, ex.b3)):
+            grads[f"{name}.{end}"] = None if p.grad is None else view(p.grad.detach()).clone()
     return FunctionRun(logits.detach(), grads)
+
+
+def expert_scale(case: ArchCase, name: str) -> float:
+    """The spec's scale of the expert parameter ``name`` (its leaf name's rank and alpha)."""
+    assert case.spec is not None, "a case with expert adapters keeps its spec"
+    return case.spec.scale_of(name.rsplit(".", 1)[-1])
 
 
 def reference_run(case: ArchCase, *, backward: bool = True) -> FunctionRun:
@@ -154,12 +178,22 @@ def reference_run(case: ArchCase, *, backward: bool = True) -> FunctionRun:
         assert isinstance(w, torch.Tensor), f"{path}: an adapted module's weight is a parameter"
         merged[f"{path}.weight"] = (w + s * b @ a).requires_grad_(backward)
         factors[path] = (a, b)
+    for name, ex in case.experts.items():  # W'ₑ = Wₑ + s·Bₑ·Aₑ for every expert at once (E, d₁, d₂)
+        a3, b3 = (t.to(act).double() for t in ex.factors())
+        w = case.reference.get_parameter(name)
+        merged[name] = (w + expert_scale(case, name) * b3 @ a3).requires_grad_(backward)
+        factors[name] = (a3, b3)
     with torch.set_grad_enabled(backward):
         logits = functional_call(case.reference, merged, (case.ids,)).logits
     grads: dict[str, torch.Tensor | None] = {}
     if backward:
         (logits * case.dlogits.double()).sum().backward()
         for path, (a, b) in factors.items():
+            if path in case.experts:  # batched over experts: dAₑ = s·Bₑᵀ·dWₑ, dBₑ = s·dWₑ·Aₑᵀ
+                dw, se = merged[path].grad, expert_scale(case, path)
+                assert dw is not None, f"{path}: the merged expert weights require a gradient"
+                grads[f"{path}.lora_A"], grads[f"{path}.lora_B"] = se * b.mT @ dw, se * dw @ a.mT
+                continue
             dw = merged[f"{path}.weight"].grad
             assert dw is not None, f"{path}: the merged weight requires a gradient"
             grads[f"{path}.lora_A"], grads[f"{path}.lora_B"] = s * b.T @ dw, s * dw @ a.T
@@ -182,6 +216,11 @@ def targets_adapted(case: ArchCase) -> Verdict:
     """Every target linear of the base model has adapters under its own path."""
     got = set(adapted_modules(case.adapters))
     missing = [p for p in case.expected if p not in got]
+    if case.spec is not None and case.spec.target_parameters:  # every expert parameter of a target leaf name
+        leaves = set(case.spec.target_parameters)
+        params = [n for n, p in case.reference.named_parameters() if p.dim() == 3 and n.rsplit(".", 1)[-1] in leaves]
+        missing += [f"{n} (expert parameter)" for n in params if n not in case.experts]
+        missing += [f"{n}: {why}" for n, ex in case.experts.items() if (why := _expert_shape(case, n, ex))]
     return none_of(
         f"{case.arch.name}: target projections left without adapters (of {len(case.expected)})",
         missing,
@@ -191,8 +230,20 @@ def targets_adapted(case: ArchCase) -> Verdict:
     )
 
 
+def _expert_shape(case: ArchCase, name: str, ex: ExpertAdapter) -> str | None:
+    """What is wrong with the factor shapes of the expert adapter ``name`` (A (E, r, d₂), B (E, d₁, r) for W (E, d₁,
+    d₂), r the spec's rank of its leaf name), or None."""
+    assert case.spec is not None, "a case with expert adapters keeps its spec"
+    e, d1, d2 = case.reference.get_parameter(name).shape
+    r = case.spec.rank_of(name.rsplit(".", 1)[-1])
+    a3, b3 = ex.factors()
+    if tuple(a3.shape) != (e, r, d2) or tuple(b3.shape) != (e, d1, r):
+        return f"factors A {tuple(a3.shape)}, B {tuple(b3.shape)}, expected ({e}, {r}, {d2}) and ({e}, {d1}, {r})"
+    return None
+
+
 def _base_params(case: ArchCase) -> dict[str, nn.Parameter]:
-    ids = {id(p) for p in case.adapters.values()}
+    ids = {id(p) for p in case.trained().values()}
     return {n: p for n, p in case.model.named_parameters() if id(p) not in ids}
 
 

@@ -136,6 +136,9 @@ class AdapterSpec(Checked):
     modules_to_save: tuple[str, ...] = ()
     init: str = "default"
     use_dora: bool = False
+    # 3-D expert parameters adapted by leaf name (PEFT's target_parameters: "gate_up_proj", "mlp.experts.down_proj"),
+    # one rank-r adapter per expert
+    target_parameters: tuple[str, ...] = ()
 
     @property
     def ranks(self) -> dict[str, int]:

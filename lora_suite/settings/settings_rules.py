@@ -166,6 +166,12 @@ RULES: dict[str, tuple[Rule, ...]] = {
             lambda obj: [{"modules_to_save": ("lm head",)}],
         ),
         one_of("init", INITS),
+        holds(
+            "target_parameters",
+            lambda v, obj: all(isinstance(n, str) and all(part.isidentifier() for part in n.split(".")) for n in v),
+            "parameter names or dotted suffixes such as 'mlp.experts.gate_up_proj' (PEFT's target_parameters)",
+            lambda obj: [{"target_parameters": ("experts.*",)}],
+        ),
     ),
     "DataSettings": (
         one_of("source", ("embedded", "jsonl")),

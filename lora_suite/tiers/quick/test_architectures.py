@@ -3,7 +3,9 @@ Qwen3 with q/k norms, Gemma 2 with tied embeddings and soft-capping, Mistral, Ph
 x the implementation under test: the whole adapted model against the float64 function of the base with W + s·B·A in
 place of each adapted weight, its base weights and biases frozen and untouched by a step, every target adapted
 (``lora_suite.judges.model_function``). A family the implementation declares it cannot adapt is recorded as not
-applicable with its own reason; so are the MoE's expert parameters (the contract has no per-expert adapter yet).
+applicable with its own reason; so are the MoE's expert parameters where the stack does not adapt them. Where it
+does (PEFT's ``target_parameters``), every expert's W + s·Bₑ·Aₑ is in the function, and routing, merge and round trip
+of the expert adapters are judged (``lora_suite.judges.expert_adapters``).
 
 Each family is a 2-layer model of about 100 000 parameters in fp32 (judged at fp32-level error): well under a second
 each on a GPU."""
@@ -14,6 +16,7 @@ import pytest
 import torch
 
 from lora_suite.engine.architectures import ARCHITECTURES
+from lora_suite.judges import expert_adapters as EA
 from lora_suite.judges import model_function as MF
 
 pytestmark = [pytest.mark.gpu, pytest.mark.quick, pytest.mark.model_code]  # builds transformers models
@@ -31,6 +34,8 @@ def test_architecture_computes_the_adapted_base_function(name, lora_impl, check,
         check.not_applicable(f"{name}: every check of this architecture", why)
         return
     verdicts = MF.judge(lora_impl, arch, torch.float32, DEV)
+    if arch.parameter_targets and not MF.expert_reason(lora_impl, arch):  # routing, merge, round trip of experts
+        verdicts += EA.judge(lora_impl, arch, torch.float32, DEV)
     for v in verdicts:
         check(v.name, v.value, v.op, v.threshold, source=v.source, detail=v.detail)
     failed = [v.name for v in verdicts if not v.passed]
