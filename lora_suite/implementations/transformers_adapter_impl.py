@@ -209,8 +209,9 @@ class TransformersAdapterImplementation(BnbBase, PeftImplementation):
             )
 
     def _held(self, model) -> dict:
-        """Every tensor a folder holds: the adapters and what the options add (``option_parameters``)."""
-        return {**self.adapter_parameters(model), **self.option_parameters(model)}
+        """Every tensor a folder holds: the adapters, what the options add (``option_parameters``) and the expert
+        adapters (PEFT's ParamWrapper tensors)."""
+        return {**self.adapter_parameters(model), **self.option_parameters(model), **self._active(model, "expert")}
 
     def _checked(self, model, path: Path) -> dict:
         """The folder's tensors (canonical name -> tensor in the adapter's dtype, on the CPU), read into copies: its

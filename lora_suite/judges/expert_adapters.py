@@ -109,7 +109,10 @@ def round_trip_verdict(case: MF.ArchCase, folder: Path, seed: int) -> Verdict:
                 for end, p in (("lora_A", ex.a), ("lora_B", ex.b))
                 if not torch.equal(p.detach(), saved[f"{n}.{end}"].detach())
             ]
-    fresh_case = dataclasses.replace(fresh, ids=case.ids, dlogits=case.dlogits, experts=now)
+    # the reference of the tensors the model holds now (a loader may put new parameters in place of the old ones)
+    fresh_case = dataclasses.replace(
+        fresh, ids=case.ids, dlogits=case.dlogits, experts=now, adapters=impl.adapter_parameters(fresh.model)
+    )
     with torch.no_grad():
         got = fresh.model(case.ids).logits
     logits = compare("logits", got, MF.reference_run(fresh_case, backward=False).logits, MF.model_tolerance(case))
