@@ -61,10 +61,20 @@ def routing_verdict(case: MF.ArchCase) -> Verdict:
     )
 
 
+def merge_reason(case: MF.ArchCase) -> str | None:
+    """Why the merge of the experts is not judged on ``case``: the stack merges nothing, or its base is 4-bit."""
+    if case.built is not None:
+        return (
+            f"{case.impl.name}'s base is 4-bit: merging re-quantises W + s·B·A of every adapted linear, no longer "
+            "the adapted function within a tolerance"
+        )
+    return case.impl.merge_reason()
+
+
 def merge_verdicts(case: MF.ArchCase) -> list[Verdict]:
     """``merge_adapters`` (then ``unmerge_adapters`` where offered): the logits of the float64 adapted model."""
     name, impl, tol = case.arch.name, case.impl, MF.model_tolerance(case)
-    if impl.merge_reason() is not None:
+    if merge_reason(case) is not None:
         return []
     want = MF.reference_run(case, backward=False).logits
     impl.merge_adapters(case.model)
@@ -125,13 +135,13 @@ def round_trip_verdict(case: MF.ArchCase, folder: Path, seed: int) -> Verdict:
     )
 
 
-def judge(impl, arch: Architecture, dtype: torch.dtype, device, *, seed: int = 0) -> list[Verdict]:
+def judge(impl, arch: Architecture, dtype: torch.dtype, device, *, seed: int = 0) -> tuple[list[Verdict], str | None]:
     """The routing, merge and round-trip verdicts of ``arch``'s expert adapters (the caller checks that ``impl``
-    adapts them: ``model_function.expert_reason``)."""
+    adapts them: ``model_function.expert_reason``), and why the merge was not judged (None: it was)."""
     case = MF.build_case(impl, arch, dtype, device, seed=seed)
     folder = Path(tempfile.mkdtemp(prefix="lora-experts-"))
     try:
         out = [round_trip_verdict(case, folder, seed), routing_verdict(case)]
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    return out + merge_verdicts(case)
+    return out + merge_verdicts(case), merge_reason(case)

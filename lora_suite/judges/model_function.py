@@ -42,6 +42,7 @@ from torch.func import functional_call
 from lora_suite.engine.architectures import Architecture
 from lora_suite.engine.probes import spec_scale
 from lora_suite.implementations import AdapterSpec, ExpertAdapter, LoRAImplementation, adapted_modules
+from lora_suite.judges import stack_reference
 from lora_suite.judges.layer_checks import none_of
 from lora_suite.judges.parity import MLP_STAGES, compare, tolerance
 from lora_suite.measure.criteria import Verdict
@@ -62,13 +63,18 @@ WHOLE = (
 )  # features an architecture needs of a stack before any check applies
 
 
+def four_bit(impl: LoRAImplementation) -> bool:
+    """Whether ``impl``'s base is always 4-bit (``bf16_base`` not applicable): its cases are built in fp32 and
+    quantised to NF4 by the stack (compute in fp32), the reference read from its layers (``stack_reference``)."""
+    return impl.reason_not_applicable("bf16_base") is not None
+
+
 def not_applicable_reason(impl: LoRAImplementation, arch: Architecture) -> str | None:
     """Why no check of ``arch`` applies to ``impl`` (a feature it needs, as the implementation declares it), or None.
-    Every family is built unquantised in fp32: a stack whose base is always 4-bit (``bf16_base``) says so too."""
+    A stack whose base is always 4-bit needs an NF4 base it can build (``nf4_base``)."""
     needed = [f for f in arch.features() if f in WHOLE] + ["float64_reference_model"]
+    needed += ["nf4_base"] if four_bit(impl) else []
     whys = [f"{f}: {why}" for f in needed if (why := impl.reason_not_applicable(f))]
-    if why := impl.reason_not_applicable("bf16_base"):
-        whys.insert(0, f"bf16_base: {why} (these models are unquantised fp32)")
     return "; ".join(whys) or None
 
 
@@ -94,6 +100,7 @@ class ArchCase:
     dlogits: torch.Tensor
     experts: dict[str, ExpertAdapter] = field(default_factory=dict)  # 3-D expert parameters adapted (MoE)
     spec: AdapterSpec | None = None
+    built: dict[str, torch.Tensor] | None = None  # a 4-bit base: the weights the suite built, before quantisation
 
     def trained(self) -> dict[str, nn.Parameter]:
         """Every adapter tensor: the linears' A and B and each expert adapter's (by ``<parameter>.lora_A``/``_B``)."""
@@ -120,7 +127,10 @@ def build_case(impl, arch: Architecture, dtype: torch.dtype, device, *, seed: in
         p for p, m in model.named_modules() if isinstance(m, nn.Linear) and p.rsplit(".", 1)[-1] in arch.targets
     ]
     experts = () if expert_reason(impl, arch) else arch.parameter_targets
-    spec = AdapterSpec(arch.targets, R, ALPHA, False, adapter_dtype or torch.float32, target_parameters=experts)
+    quantize = "nf4" if four_bit(impl) else None
+    spec = AdapterSpec(
+        arch.targets, R, ALPHA, False, adapter_dtype or torch.float32, quantize, target_parameters=experts
+    )
     torch.manual_seed(seed)  # an implementation's own random init is the same for the same seed
     model = impl.load_model(model, spec)  # a stack with its own loader trains the model it read back
     live = dict(model.named_parameters())
@@ -128,6 +138,10 @@ def build_case(impl, arch: Architecture, dtype: torch.dtype, device, *, seed: in
     impl.inject(model, spec)
     impl.finish_model(model, spec)  # the whole model, as prepare() gives it to a tier
     adapters, held = impl.adapter_parameters(model), impl.expert_adapters(model)
+    if quantize:  # the base as the stack's 4-bit layers compute with it, and those layers' codes as the base
+        reference = stack_reference.effective_copy(arch, model, dtype, seed=seed)
+        ids_ = {id(p) for p in adapters.values()} | {id(t) for ex in held.values() for t in (ex.a, ex.b)}
+        base = {n: (p, p.detach().clone()) for n, p in model.named_parameters() if id(p) not in ids_}
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for p in adapters.values():
@@ -139,7 +153,7 @@ def build_case(impl, arch: Architecture, dtype: torch.dtype, device, *, seed: in
     ids = torch.randint(0, vocab, (BATCH, SEQ), generator=gen).to(device)
     dlogits = torch.randn(BATCH, SEQ, vocab, generator=gen).to(device)
     case = ArchCase(arch, impl, model.train(), reference, base, expected, adapters, spec_scale(spec), ids, dlogits)
-    case.experts, case.spec = held, spec
+    case.experts, case.spec, case.built = held, spec, built if quantize else None
     return case
 
 
@@ -314,4 +328,5 @@ def step_verdicts(case: ArchCase) -> list[Verdict]:
 def judge(impl, arch: Architecture, dtype: torch.dtype, device, *, seed: int = 0) -> list[Verdict]:
     """Every verdict of ``arch`` for ``impl`` (its applicability checked by the caller: ``not_applicable_reason``)."""
     case = build_case(impl, arch, dtype, device, seed=seed)
-    return [targets_adapted(case), *function_verdicts(case), *step_verdicts(case)]
+    nf4 = [stack_reference.nf4_verdict(arch.name, case.built, case.reference, dtype)] if case.built else []
+    return [targets_adapted(case), *nf4, *function_verdicts(case), *step_verdicts(case)]

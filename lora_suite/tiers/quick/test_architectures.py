@@ -35,7 +35,10 @@ def test_architecture_computes_the_adapted_base_function(name, lora_impl, check,
         return
     verdicts = MF.judge(lora_impl, arch, torch.float32, DEV)
     if arch.parameter_targets and not MF.expert_reason(lora_impl, arch):  # routing, merge, round trip of experts
-        verdicts += EA.judge(lora_impl, arch, torch.float32, DEV)
+        experts, why = EA.judge(lora_impl, arch, torch.float32, DEV)
+        verdicts += experts
+        if why:
+            check.not_applicable(f"{name}: merged experts, logits beyond tolerance of the float64 adapted model", why)
     for v in verdicts:
         check(v.name, v.value, v.op, v.threshold, source=v.source, detail=v.detail)
     failed = [v.name for v in verdicts if not v.passed]

@@ -35,6 +35,7 @@ COVERED = (
     "lora_suite/judges/adapter_options.py",
     "lora_suite/judges/combined_adapters.py",
     "lora_suite/judges/expert_adapters.py",
+    "lora_suite/judges/stack_reference.py",
     "lora_suite/tiers/quick/test_adapter_options.py",
 )
 REPOSITORIES = {

@@ -24,7 +24,7 @@ LOADED = "qwen3_moe: expert adapters saved and loaded into a fresh model, factor
 
 
 def failed(impl) -> list[str]:
-    verdicts = MF.judge(impl, MOE, torch.float32, "cpu") + EA.judge(impl, MOE, torch.float32, "cpu")
+    verdicts = MF.judge(impl, MOE, torch.float32, "cpu") + EA.judge(impl, MOE, torch.float32, "cpu")[0]
     return [v.name.split(" (of ")[0] for v in verdicts if not v.passed]
 
 
