@@ -274,9 +274,9 @@ def judge(impl, name: str, device, *, seed: int = 0) -> tuple[list[Verdict], lis
 
 def not_applicable_reason(impl, name: str) -> str | None:
     """Why option ``name`` is not judged on ``impl``: the option's feature, or what its architecture needs, as the
-    stack declares it (``model_function.not_applicable_reason``)."""
+    stack declares it (``model_function.unquantised_reason``)."""
     from lora_suite.engine.architectures import ARCHITECTURES
-    from lora_suite.judges.model_function import not_applicable_reason as arch_reason
+    from lora_suite.judges.model_function import unquantised_reason as arch_reason
 
     option = OC.OPTIONS[name]
     if why := impl.reason_not_applicable(option.feature):

@@ -34,7 +34,7 @@ SOURCE = "W' = W + Σ wᵢ·sᵢ·Bᵢ·Aᵢ (PEFT's add_weighted_adapter, 'cat'
 def not_applicable_reason(impl) -> str | None:
     """Why the combination is not judged on ``impl``: it holds one adapter, offers no combination, or its
     architecture's float64 reference does not run beside it."""
-    from lora_suite.judges.model_function import not_applicable_reason as arch_reason
+    from lora_suite.judges.model_function import unquantised_reason as arch_reason
 
     for op in ("adapters", "combine"):
         if why := impl.operation_reason(op):

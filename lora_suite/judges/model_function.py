@@ -78,6 +78,15 @@ def not_applicable_reason(impl: LoRAImplementation, arch: Architecture) -> str |
     return "; ".join(whys) or None
 
 
+def unquantised_reason(impl: LoRAImplementation, arch: Architecture) -> str | None:
+    """``not_applicable_reason`` for checks whose models stay unquantised fp32 (the options, the combination): a
+    stack whose base is always 4-bit (``bf16_base``) says so too."""
+    whys = [why] if (why := not_applicable_reason(impl, arch)) else []
+    if why := impl.reason_not_applicable("bf16_base"):
+        whys.insert(0, f"bf16_base: {why} (these models are unquantised fp32)")
+    return "; ".join(whys) or None
+
+
 def expert_reason(impl: LoRAImplementation, arch: Architecture) -> str | None:
     """Why ``arch``'s expert parameters are not adapted by ``impl`` (None: it has none, or the stack adapts them)."""
     return impl.reason_not_applicable("moe_experts") if arch.parameter_targets else None

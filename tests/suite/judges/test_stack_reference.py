@@ -87,3 +87,15 @@ def test_the_nf4_bound_holds_bitsandbytes_with_room_and_refuses_a_coarser_roundi
                 q = case.reference.get_parameter(name)
                 q.copy_(w.double() + 3 * (q - w.double()))
     assert not SR.nf4_verdict("llama", case.built, case.reference, F32).passed
+
+
+def test_the_options_and_the_combination_on_unquantised_models_say_the_base_is_4_bit():
+    """Their cases build unquantised fp32 models: on a stack whose base is always 4-bit they are not applicable with
+    that reason, not run over a base the stack refuses (an H100 quick run of peft-bnb crashed there once)."""
+    from lora_suite.judges import adapter_options as AO
+    from lora_suite.judges import combined_adapters as CA
+    from lora_suite.judges.option_cases import OPTIONS
+
+    impl = _bnb()
+    assert all("bf16_base" in (AO.not_applicable_reason(impl, name) or "") for name in OPTIONS)
+    assert "bf16_base" in (CA.not_applicable_reason(impl) or "")
