@@ -205,7 +205,14 @@ def run_property(name: str, impl: LoRAImplementation, limits: Limits, device, *,
             lambda c: non_finite(impl, counted(c[0]), device, c[1], c[2], c[3]),
             poison,
             scale=scale,
-            explicit=[(fixed[0], math.nan, 0, ("lora_B", 0)), (fixed[-1], math.inf, 5, ("lora_A", 1))],
+            # a NaN in each adapter, whatever is drawn: an Inf cleaned to the largest float overflows back to Inf
+            # through the product, so only a NaN shows a stack that cleans its adapters (mutate's survivor on the
+            # example, run 20261208T002733Z-mutate-plain_lora_make: nan_to_num on A cast to the activation dtype)
+            explicit=[
+                (fixed[0], math.nan, 0, ("lora_B", 0)),
+                (fixed[0], math.nan, 3, ("lora_A", 0)),
+                (fixed[-1], math.inf, 5, ("lora_A", 1)),
+            ],
         )
     else:
         body = {"function": function, "merge": merge}[name]

@@ -31,6 +31,7 @@ _DEFECTS = {
     "merge_delta_bf16": "merged delta formed in bf16 from fp32 adapters",
     "adapter_grads_nan_to_num": "NaN/Inf replaced in the adapters' gradients (a nan_to_num hook)",
     "lora_input_nan_to_num": "NaN/Inf replaced in the LoRA path's input",
+    "lora_a_nan_to_num": "NaN/Inf replaced in A as the forward casts it",
     "inference_weight_cached": (
         "inference weight (W + s·B·A) cached at the first eval no-grad call, kept through training"
     ),
@@ -93,6 +94,7 @@ _CHECKS = {
     "merge_delta_bf16": "layer properties: drawn cases whose merged weights are not W + s·B·A rounded once",
     "adapter_grads_nan_to_num": _NAN_KEPT,
     "lora_input_nan_to_num": _NAN_KEPT,
+    "lora_a_nan_to_num": _NAN_KEPT,
     "inference_weight_cached": _LIFECYCLE,
     "merge_kept_in_eval": _LIFECYCLE,
     "inference_cast_cache_kept_over_to": _LIFECYCLE,

@@ -323,6 +323,7 @@ from lora_suite.scenarios.example_plants_state import (  # noqa: E402,F401
 )
 from lora_suite.scenarios.example_plants_values import (  # noqa: E402,F401
     adapter_grads_nan_to_num,
+    lora_a_nan_to_num,
     lora_input_nan_to_num,
     merge_delta_bf16,
     scale_rounded_bf16,

@@ -61,3 +61,14 @@ def _cleaned_input(self, x):
 
 
 lora_input_nan_to_num = _forward_plant("lora_input_nan_to_num", _cleaned_input)
+
+
+def _a_cleaned(self, x):
+    self.calls += 1
+    a, b = torch.nan_to_num(self.lora_A.to(x.dtype)), self.lora_B.to(x.dtype)
+    return self.base(x) + self.scale * _lora(self, x, a, b)
+
+
+# NaN/Inf replaced in A as the forward casts it (an Inf becomes the largest float, which the product overflows back
+# to Inf: only a NaN shows it)
+lora_a_nan_to_num = _forward_plant("lora_a_nan_to_num", _a_cleaned)

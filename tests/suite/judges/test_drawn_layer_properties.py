@@ -50,6 +50,7 @@ PLANTS = [
     "merge_delta_bf16",
     "adapter_grads_nan_to_num",
     "lora_input_nan_to_num",
+    "lora_a_nan_to_num",
     "lora_input_grad_nan_to_num",
     "rank_cut_at_tile",
     "merge_oriented_by_shape",
