@@ -110,6 +110,7 @@ class ArchCase:
     experts: dict[str, ExpertAdapter] = field(default_factory=dict)  # 3-D expert parameters adapted (MoE)
     spec: AdapterSpec | None = None
     built: dict[str, torch.Tensor] | None = None  # a 4-bit base: the weights the suite built, before quantisation
+    names: stack_reference.ModelingNames | None = None  # the modeling module's names before inject (as_built)
 
     def trained(self) -> dict[str, nn.Parameter]:
         """Every adapter tensor: the linears' A and B and each expert adapter's (by ``<parameter>.lora_A``/``_B``)."""
@@ -130,6 +131,7 @@ def build_case(impl, arch: Architecture, dtype: torch.dtype, device, *, seed: in
     """``arch`` built from ``seed``, copied in float64, adapted by ``impl`` on its linear targets (``adapter_dtype``:
     fp32 where None), the adapters randomised; random ids and an upstream gradient of the logits."""
     model = arch.build(dtype, device, seed=seed)
+    names = stack_reference.ModelingNames.of(model)  # transformers' code as built, before a stack patches it
     reference = copy.deepcopy(model).double().requires_grad_(False)
     built = {n: p.detach().clone() for n, p in model.named_parameters()}
     expected = [
@@ -162,7 +164,7 @@ def build_case(impl, arch: Architecture, dtype: torch.dtype, device, *, seed: in
     ids = torch.randint(0, vocab, (BATCH, SEQ), generator=gen).to(device)
     dlogits = torch.randn(BATCH, SEQ, vocab, generator=gen).to(device)
     case = ArchCase(arch, impl, model.train(), reference, base, expected, adapters, spec_scale(spec), ids, dlogits)
-    case.experts, case.spec, case.built = held, spec, built if quantize else None
+    case.experts, case.spec, case.built, case.names = held, spec, built if quantize else None, names
     return case
 
 
@@ -206,7 +208,7 @@ def reference_run(case: ArchCase, *, backward: bool = True) -> FunctionRun:
         w = case.reference.get_parameter(name)
         merged[name] = (w + expert_scale(case, name) * b3 @ a3).requires_grad_(backward)
         factors[name] = (a3, b3)
-    with torch.set_grad_enabled(backward):
+    with torch.set_grad_enabled(backward), stack_reference.as_built(case.names):
         logits = functional_call(case.reference, merged, (case.ids,)).logits
     grads: dict[str, torch.Tensor | None] = {}
     if backward:

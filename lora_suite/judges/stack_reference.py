@@ -25,7 +25,10 @@ order of |W| itself).
 
 from __future__ import annotations
 
+import sys
+import types
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -38,6 +41,39 @@ from lora_suite.measure.criteria import Verdict
 NF4_HALF_GAP = max(b - a for a, b in zip(NF4_CODE, NF4_CODE[1:])) / 2
 ABSMAX_ERROR = 2.0**-5  # double quantisation: a block's absmax within this fraction of the tensor's largest
 SOURCE = "QLoRA §2 (NF4, block 64, double quantisation); stack_reference.py"
+
+
+@dataclass(frozen=True)
+class ModelingNames:
+    """The names of a transformers modeling module (``modeling_llama``: its functions and classes) as they were
+    when the suite built a model, before any stack was injected."""
+
+    module: types.ModuleType
+    names: dict[str, object]
+
+    @classmethod
+    def of(cls, model: nn.Module) -> ModelingNames:
+        module = sys.modules[type(model).__module__]
+        return cls(module, dict(vars(module)))
+
+
+@contextmanager
+def as_built(names: ModelingNames | None):
+    """For the block, every name of the modeling module that a stack replaced (Liger's ``apply_rotary_pos_emb``,
+    its RMSNorm and MLP classes: patches that hold for the whole process) put back to what it was when the model was
+    built, then the stack's put back again: the float64 reference runs transformers' own code, whatever the stack
+    under test patched."""
+    if names is None:
+        yield
+        return
+    changed = {k: v for k, v in vars(names.module).items() if k in names.names and names.names[k] is not v}
+    for k in changed:
+        setattr(names.module, k, names.names[k])
+    try:
+        yield
+    finally:
+        for k, v in changed.items():
+            setattr(names.module, k, v)
 
 
 def _innermost(m: nn.Module) -> nn.Module:

@@ -1,4 +1,6 @@
-"""The float64 reference of a 4-bit stack (``lora_suite.judges.stack_reference``) on the CPU with bitsandbytes:
+"""The float64 reference of a stack whose model is not the one built (``lora_suite.judges.stack_reference``) on the
+CPU: a process-wide patch of transformers' code (as Liger's) runs in the stack's model and not in the reference; with
+bitsandbytes:
 PEFT on bitsandbytes NF4 is judged on every architecture at fp32-level error against its own dequantised base (the
 NF4 rounding not counted as LoRA error, and judged on its own); a loader that quantises a square weight transposed,
 one that quantises with another block size's statistics, and a doubled LoRA scale on the 4-bit layers each fail the
@@ -12,6 +14,7 @@ import torch
 from lora_suite.engine.architectures import ARCHITECTURES
 from lora_suite.implementations import resolve_implementation
 from lora_suite.implementations.peft_bnb_impl import PeftBnbImplementation, quantize_to_bnb
+from lora_suite.implementations.peft_impl import PeftImplementation
 from lora_suite.judges import model_function as MF
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -99,3 +102,27 @@ def test_the_options_and_the_combination_on_unquantised_models_say_the_base_is_4
     impl = _bnb()
     assert all("bf16_base" in (AO.not_applicable_reason(impl, name) or "") for name in OPTIONS)
     assert "bf16_base" in (CA.not_applicable_reason(impl) or "")
+
+
+class PatchesRopeForTheProcess(PeftImplementation):
+    """PEFT, plus a process-wide patch of transformers' Llama RoPE that rotates nothing (as Liger patches
+    ``modeling_llama.apply_rotary_pos_emb``, here wrong): the float64 reference built in the same process must not
+    run it."""
+
+    name = expected_path = "peft"
+
+    def inject(self, model, spec):
+        from transformers.models.llama import modeling_llama
+
+        modeling_llama.apply_rotary_pos_emb = lambda q, k, *args, **kwargs: (q, k)
+        return super().inject(model, spec)
+
+
+def test_a_process_wide_patch_of_transformers_is_judged_not_shared_by_the_reference():
+    from transformers.models.llama import modeling_llama
+
+    own = modeling_llama.apply_rotary_pos_emb
+    try:
+        assert "llama: logits beyond tolerance of the float64 adapted model" in failed(PatchesRopeForTheProcess())
+    finally:
+        modeling_llama.apply_rotary_pos_emb = own
