@@ -12,6 +12,7 @@ from lora_suite.engine import probes as P
 from lora_suite.implementations import AdapterSpec
 from lora_suite.implementations.peft_impl import PeftImplementation
 from lora_suite.judges import lifecycle as LC
+from tests.suite.judges.test_combined_adapters import SourceRescaled
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 SHAPE = P.BlockShape("tiny", 48, 40, 16, 76)
@@ -45,14 +46,8 @@ class LeavesNewActive(PeftImplementation):
             m.set_adapter(new)
 
 
-class ScalesActiveSource(PeftImplementation):
-    name = expected_path = "peft"
-
-    def combine_adapters(self, model, names, weights, new):
-        super().combine_adapters(model, names, weights, new)
-        with torch.no_grad():
-            for m in self._lora_layers(model):
-                m.lora_B[names[0]].weight.mul_(weights[0])
+# the combination that rescales its first source's B in place (here the active adapter)
+ScalesActiveSource = SourceRescaled
 
 
 def _run(impl):
