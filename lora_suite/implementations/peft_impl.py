@@ -110,6 +110,11 @@ class PeftImplementation(LoRAImplementation):
         """Each PEFT ``ParamWrapper`` of the active adapter (``peft_names.expert_adapters``)."""
         return peft_names.expert_adapters(model, self._active(model, "expert"))
 
+    def _held(self, model) -> dict:
+        """Every tensor a folder holds: the adapters, what the options add (``option_parameters``) and the expert
+        adapters (the ParamWrappers' A and B, by the wrapper's path)."""
+        return {**self.adapter_parameters(model), **self.option_parameters(model), **self._active(model, "expert")}
+
     def _active(self, model, group: str) -> dict:
         """The active adapter's parameters of ``group``: "adapter" (A and B of a linear or embedding), "option",
         or "expert" (a ``ParamWrapper``'s A and B, by the wrapper's path)."""
@@ -192,7 +197,7 @@ class PeftImplementation(LoRAImplementation):
         if config is None:
             raise ImplementationError("peft: the model was not injected by this implementation (no LoRA config)")
         config.save_pretrained(str(path))
-        held = {**self.adapter_parameters(model), **self.option_parameters(model), **self._active(model, "expert")}
+        held = self._held(model)
         tensors = {peft_names.folder_key(n, PREFIX): p.detach().to("cpu").contiguous() for n, p in held.items()}
         save_file(tensors, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
         return path
@@ -204,8 +209,7 @@ class PeftImplementation(LoRAImplementation):
             expect = {"r": config.r, "lora_alpha": config.lora_alpha, "use_rslora": bool(config.use_rslora)}
             expect.update(rank_pattern=dict(config.rank_pattern or {}), alpha_pattern=dict(config.alpha_pattern or {}))
             expect.update(use_dora=bool(config.use_dora), lora_bias=bool(config.lora_bias))
-        held = {**self.adapter_parameters(model), **self.option_parameters(model), **self._active(model, "expert")}
-        load_peft_tensors(self.name, held, path, expect)
+        load_peft_tensors(self.name, self._held(model), path, expect)
 
     def merge_adapters(self, model):
         """PEFT's own merge of each LoRA layer (``LoraLayer.merge``: W += s·B·A, the layer then skips its adapters)."""

@@ -208,11 +208,6 @@ class TransformersAdapterImplementation(BnbBase, PeftImplementation):
                 f"(or frozen) {differ[:5]}"
             )
 
-    def _held(self, model) -> dict:
-        """Every tensor a folder holds: the adapters, what the options add (``option_parameters``) and the expert
-        adapters (PEFT's ParamWrapper tensors)."""
-        return {**self.adapter_parameters(model), **self.option_parameters(model), **self._active(model, "expert")}
-
     def _checked(self, model, path: Path) -> dict:
         """The folder's tensors (canonical name -> tensor in the adapter's dtype, on the CPU), read into copies: its
         target_modules the model's where both are lists (compared by projection name), then ``load_peft_tensors``'

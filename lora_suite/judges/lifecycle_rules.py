@@ -64,8 +64,10 @@ def _two_held(self) -> bool:
 
 
 def _can_combine(self) -> bool:
+    """Two adapters to combine, the active one not the combined one (its name is reused by deleting it)."""
     life = self.life
-    return self.can_combine and _two_held(self) and any(n not in (life.active, LO.COMBINED) for n in life.present)
+    others = [n for n in life.present if n not in (life.active, LO.COMBINED)]
+    return self.can_combine and _two_held(self) and life.active != LO.COMBINED and bool(others)
 
 
 def _saved(self) -> bool:
@@ -191,8 +193,6 @@ class _Rules(RuleBasedStateMachine):
     @_counted
     def combine_adapters(self, w):
         life = self.life
-        if life.active == LO.COMBINED:  # its name is reused by deleting it: never the active one
-            return
         other = next(n for n in life.present if n not in (life.active, LO.COMBINED))
         LO.combine(life, [life.active, other], WEIGHTS[w])
 

@@ -107,8 +107,8 @@ class ArchCase:
     scale: float
     ids: torch.Tensor
     dlogits: torch.Tensor
+    spec: AdapterSpec
     experts: dict[str, ExpertAdapter] = field(default_factory=dict)  # 3-D expert parameters adapted (MoE)
-    spec: AdapterSpec | None = None
     built: dict[str, torch.Tensor] | None = None  # a 4-bit base: the weights the suite built, before quantisation
     names: stack_reference.ModelingNames | None = None  # the modeling module's names before inject (as_built)
 
@@ -149,10 +149,8 @@ def build_case(impl, arch: Architecture, dtype: torch.dtype, device, *, seed: in
     impl.inject(model, spec)
     impl.finish_model(model, spec)  # the whole model, as prepare() gives it to a tier
     adapters, held = impl.adapter_parameters(model), impl.expert_adapters(model)
-    if quantize:  # the base as the stack's 4-bit layers compute with it, and those layers' codes as the base
+    if quantize:  # the base as the stack's 4-bit layers compute with it
         reference = stack_reference.effective_copy(arch, model, dtype, seed=seed)
-        ids_ = {id(p) for p in adapters.values()} | {id(t) for ex in held.values() for t in (ex.a, ex.b)}
-        base = {n: (p, p.detach().clone()) for n, p in model.named_parameters() if id(p) not in ids_}
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for p in adapters.values():
@@ -163,8 +161,13 @@ def build_case(impl, arch: Architecture, dtype: torch.dtype, device, *, seed: in
     vocab = arch.config().vocab_size
     ids = torch.randint(0, vocab, (BATCH, SEQ), generator=gen).to(device)
     dlogits = torch.randn(BATCH, SEQ, vocab, generator=gen).to(device)
-    case = ArchCase(arch, impl, model.train(), reference, base, expected, adapters, spec_scale(spec), ids, dlogits)
-    case.experts, case.spec, case.built, case.names = held, spec, built if quantize else None, names
+    case = ArchCase(
+        arch, impl, model.train(), reference, base, expected, adapters, spec_scale(spec), ids, dlogits, spec, held
+    )
+    case.names = names
+    if quantize:  # the 4-bit layers' codes as the base a step must leave alone; the built weights for nf4_verdict
+        case.base = {n: (p, p.detach().clone()) for n, p in _base_params(case).items()}
+        case.built = built
     return case
 
 
@@ -189,7 +192,6 @@ def run_model(case: ArchCase) -> FunctionRun:
 
 def expert_scale(case: ArchCase, name: str) -> float:
     """The spec's scale of the expert parameter ``name`` (its leaf name's rank and alpha)."""
-    assert case.spec is not None, "a case with expert adapters keeps its spec"
     return case.spec.scale_of(name.rsplit(".", 1)[-1])
 
 
@@ -203,25 +205,25 @@ def reference_run(case: ArchCase, *, backward: bool = True) -> FunctionRun:
         assert isinstance(w, torch.Tensor), f"{path}: an adapted module's weight is a parameter"
         merged[f"{path}.weight"] = (w + s * b @ a).requires_grad_(backward)
         factors[path] = (a, b)
+    expert_factors = {}
     for name, ex in case.experts.items():  # W'ₑ = Wₑ + s·Bₑ·Aₑ for every expert at once (E, d₁, d₂)
         a3, b3 = (t.to(act).double() for t in ex.factors())
         w = case.reference.get_parameter(name)
         merged[name] = (w + expert_scale(case, name) * b3 @ a3).requires_grad_(backward)
-        factors[name] = (a3, b3)
+        expert_factors[name] = (a3, b3)
     with torch.set_grad_enabled(backward), stack_reference.as_built(case.names):
         logits = functional_call(case.reference, merged, (case.ids,)).logits
     grads: dict[str, torch.Tensor | None] = {}
     if backward:
         (logits * case.dlogits.double()).sum().backward()
         for path, (a, b) in factors.items():
-            if path in case.experts:  # batched over experts: dAₑ = s·Bₑᵀ·dWₑ, dBₑ = s·dWₑ·Aₑᵀ
-                dw, se = merged[path].grad, expert_scale(case, path)
-                assert dw is not None, f"{path}: the merged expert weights require a gradient"
-                grads[f"{path}.lora_A"], grads[f"{path}.lora_B"] = se * b.mT @ dw, se * dw @ a.mT
-                continue
             dw = merged[f"{path}.weight"].grad
             assert dw is not None, f"{path}: the merged weight requires a gradient"
             grads[f"{path}.lora_A"], grads[f"{path}.lora_B"] = s * b.T @ dw, s * dw @ a.T
+        for name, (a, b) in expert_factors.items():  # batched over experts: dAₑ = s·Bₑᵀ·dWₑ, dBₑ = s·dWₑ·Aₑᵀ
+            dw, se = merged[name].grad, expert_scale(case, name)
+            assert dw is not None, f"{name}: the merged expert weights require a gradient"
+            grads[f"{name}.lora_A"], grads[f"{name}.lora_B"] = se * b.mT @ dw, se * dw @ a.mT
     return FunctionRun(logits.detach(), grads)
 
 
@@ -241,7 +243,7 @@ def targets_adapted(case: ArchCase) -> Verdict:
     """Every target linear of the base model has adapters under its own path."""
     got = set(adapted_modules(case.adapters))
     missing = [p for p in case.expected if p not in got]
-    if case.spec is not None and case.spec.target_parameters:  # every expert parameter of a target leaf name
+    if case.spec.target_parameters:  # every expert parameter of a target leaf name
         leaves = set(case.spec.target_parameters)
         params = [n for n, p in case.reference.named_parameters() if p.dim() == 3 and n.rsplit(".", 1)[-1] in leaves]
         missing += [f"{n} (expert parameter)" for n in params if n not in case.experts]
@@ -258,7 +260,6 @@ def targets_adapted(case: ArchCase) -> Verdict:
 def _expert_shape(case: ArchCase, name: str, ex: ExpertAdapter) -> str | None:
     """What is wrong with the factor shapes of the expert adapter ``name`` (A (E, r, d₂), B (E, d₁, r) for W (E, d₁,
     d₂), r the spec's rank of its leaf name), or None."""
-    assert case.spec is not None, "a case with expert adapters keeps its spec"
     e, d1, d2 = case.reference.get_parameter(name).shape
     r = case.spec.rank_of(name.rsplit(".", 1)[-1])
     a3, b3 = ex.factors()
