@@ -16,6 +16,7 @@ _EXPORTS = {
     "CupyUnavailableError": "lora_core.backend",
     "backend_call_counts": "lora_core.backend",
     "resolve_backend": "lora_core.backend",
+    "LoRAExperts": "lora_core.experts",
     "FUSABLE": "lora_core.fuse",
     "FuseError": "lora_core.fuse",
     "fuse_lora": "lora_core.fuse",

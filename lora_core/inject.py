@@ -3,7 +3,8 @@
 Targets are the projection names of a Llama block (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj,
 down_proj) or "all-linear" (every nn.Linear except the LM head, as PEFT's shorthand). Everything that is
 not an adapter is frozen. A target that matches nothing is an error: a typo must not silently train
-nothing. With ``quantize="nf4"`` (QLoRA) the targets get NF4 bases and every other linear except the LM
+nothing. ``target_parameters`` adapts a mixture-of-experts block's 3-D expert parameters (``lora_core.experts``).
+With ``quantize="nf4"`` (QLoRA) the targets get NF4 bases and every other linear except the LM
 head becomes a frozen ``NF4Linear``; embeddings and the LM head stay 16-bit, as in QLoRA.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lora_core.experts import LoRAExperts, chosen_experts, expert_modules
 from lora_core.layer import LoRALinear, NF4Linear
 from lora_core.targets import ALL_LINEAR, TARGET_NAMES
 
@@ -39,17 +41,26 @@ def inject_lora(
     adapter_dtype: torch.dtype | None = torch.float32,
     quantize: str | None = None,
     fuse: tuple[str, ...] | list[str] | str = (),
+    target_parameters: tuple[str, ...] | list[str] = (),
 ) -> list[str]:
     """Replace the target linears in place, freeze everything else; return the replaced module names.
 
     ``fuse`` (any of "mlp", "qkv", "o") then routes those parts through the fused paths (``lora_core.fuse``); a
-    part it cannot fuse is an error naming why, never an unfused run.
+    part it cannot fuse is an error naming why, never an unfused run. ``target_parameters`` (leaf names or dotted
+    suffixes, as PEFT's) puts a ``LoRAExperts`` in place of each experts module holding one; the names returned are
+    the linears'. Under ``quantize="nf4"`` the experts keep their dtype (bitsandbytes quantises no 3-D parameter either).
     """
     targets = (targets,) if isinstance(targets, str) else tuple(targets)
-    _check_injectable(model, targets)
+    target_parameters = tuple(target_parameters)
+    _check_injectable(model, targets, bool(target_parameters))
     for p in model.parameters():
         p.requires_grad_(False)
-    chosen = _chosen_linears(model, targets)
+    for name, module, params in chosen_experts(model, target_parameters) if target_parameters else []:
+        lora = LoRAExperts(
+            module, params, r, alpha, use_rslora=use_rslora, backend=backend, adapter_dtype=adapter_dtype
+        )
+        replace_module(model, name, lora)
+    chosen = _chosen_linears(model, targets) if targets else []
     for name, module, _ in chosen:
         replace_module(
             model,
@@ -72,9 +83,10 @@ def inject_lora(
     return [name for name, _, _ in chosen]
 
 
-def _check_injectable(model: nn.Module, targets: tuple[str, ...]) -> None:
-    """A ValueError for a model that already has LoRA layers, or for targets that are unknown (or none)."""
-    already = [name for name, m in model.named_modules() if isinstance(m, LoRALinear)]
+def _check_injectable(model: nn.Module, targets: tuple[str, ...], experts: bool = False) -> None:
+    """A ValueError for a model that already has LoRA layers, or for targets that are unknown (or none, unless
+    ``experts``: expert parameters are targeted)."""
+    already = [name for name, m in model.named_modules() if isinstance(m, (LoRALinear, LoRAExperts))]
     if already:
         raise ValueError(
             f"{type(model).__name__} already has {len(already)} LoRA layer(s) ({already[0]}, ...): inject_lora "
@@ -82,7 +94,7 @@ def _check_injectable(model: nn.Module, targets: tuple[str, ...]) -> None:
             "base model"
         )
     unknown = [t for t in targets if t not in TARGET_NAMES + (ALL_LINEAR,)]
-    if unknown or not targets:
+    if unknown or not (targets or experts):
         raise ValueError(f"targets {unknown or list(targets)} are not among {TARGET_NAMES} or {ALL_LINEAR!r}")
 
 
@@ -139,6 +151,12 @@ def lora_modules(model: nn.Module) -> dict[str, LoRALinear]:
     return {name: m for name, m in model.named_modules() if isinstance(m, LoRALinear)}
 
 
-def adapter_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
-    """Name -> parameter of every adapter (lora_A / lora_B), in module order."""
-    return {f"{name}.{p}": getattr(m, p) for name, m in lora_modules(model).items() for p in ("lora_A", "lora_B")}
+def adapter_parameters(model: nn.Module, *, experts: bool = True) -> dict[str, nn.Parameter]:
+    """Name -> parameter of every adapter (lora_A / lora_B), in module order: the linears', then (``experts``) each
+    ``LoRAExperts``'s factors by their own names (``<path>.adapters.<parameter>.lora_A``)."""
+    out = {f"{name}.{p}": getattr(m, p) for name, m in lora_modules(model).items() for p in ("lora_A", "lora_B")}
+    for path, m in expert_modules(model).items() if experts else []:
+        out.update(
+            {f"{path}.adapters.{n}.{w}": getattr(f, w) for n, f in m.factors().items() for w in ("lora_A", "lora_B")}
+        )
+    return out

@@ -9,7 +9,6 @@ _ONE_INIT = "lora_core.LoRALinear draws A kaiming-uniform (a = √5) and B zero:
 ARCHITECTURE_LIMITS = {
     "fused_projections": "lora_core.inject refuses targets outside a Llama block's names (lora_core/targets.py: "
     "q_proj ... down_proj), so Phi-3's qkv_proj and gate_up_proj cannot be named",
-    "moe_experts": "lora_core.LoRALinear wraps nn.Linear only; 3-D expert parameters are not linears",
     "rank_pattern": "lora_core.inject_lora takes one r and one alpha for every target (no per-module override)",
     "lora_bias": "lora_core.LoRALinear holds A, B and a scale: it has no bias on B",
     "layers_to_transform": "lora_core.inject_lora adapts every linear whose name is a target: it takes no list of layers",
@@ -56,12 +55,24 @@ class LoraCoreImplementation(LoRAImplementation):
             use_rslora=spec.use_rslora,
             adapter_dtype=spec.adapter_dtype,
             quantize=spec.quantize,
+            target_parameters=spec.target_parameters,
         )
 
     def adapter_parameters(self, model):
         from lora_core.inject import adapter_parameters
 
-        return adapter_parameters(model)
+        return adapter_parameters(model, experts=False)
+
+    def expert_adapters(self, model):
+        """Each ``lora_core.LoRAExperts``'s factors, held as the contract reads them (A (E, r, d₂), B (E, d₁, r))."""
+        from lora_core.experts import expert_modules
+        from lora_suite.implementations.contract import ExpertAdapter
+
+        return {
+            f"{path}.{name}": ExpertAdapter(f.lora_A, f.lora_B, _as_held, _as_held)
+            for path, m in expert_modules(model).items()
+            for name, f in m.factors().items()
+        }
 
     def save_adapter(self, model, path):
         from lora_core.adapters import save_peft_adapter
@@ -79,9 +90,11 @@ class LoraCoreImplementation(LoRAImplementation):
         merge_lora(model)
 
     def served_by(self, model):
+        from lora_core.experts import expert_modules
         from lora_core.inject import lora_modules
 
-        return ",".join(sorted({str(m.last_backend) for m in lora_modules(model).values()}))
+        layers = [*lora_modules(model).values(), *expert_modules(model).values()]
+        return ",".join(sorted({str(m.last_backend) for m in layers}))
 
     def op_calls(self):
         import lora_core
@@ -156,6 +169,7 @@ class FusedLoraCoreImplementation(LoraCoreImplementation):
             adapter_dtype=spec.adapter_dtype,
             quantize=spec.quantize,
             fuse=parts,
+            target_parameters=spec.target_parameters,
         )
 
     def finish_model(self, model, spec):
@@ -165,6 +179,7 @@ class FusedLoraCoreImplementation(LoraCoreImplementation):
         fuse_loss(model, backend="cupy")
 
     def served_by(self, model):
+        from lora_core.experts import expert_modules
         from lora_core.fuse import GROUPS, LoRAMLP
         from lora_core.inject import lora_modules
         from lora_core.loss_head import loss_head, loss_path
@@ -176,10 +191,20 @@ class FusedLoraCoreImplementation(LoraCoreImplementation):
             want = fused_leaf.get(name.rsplit(".", 1)[-1], "cupy") if grouped else "cupy"
             if m.last_backend != want:
                 wrong.append(f"{name}: {m.last_backend} (expected {want})")
+        wrong += [
+            f"{n}: {m.last_backend} (expected cupy)"
+            for n, m in expert_modules(model).items()
+            if m.last_backend != "cupy"
+        ]
         head = loss_head(model)  # None on a module that is not a whole causal LM (a probe's layers)
         if head is not None and head.last_backend not in (None, "cupy"):
             wrong.insert(0, f"the training loss: {loss_path(model)} (expected cupy-fused-loss)")
         return self.expected_path if not wrong else "; ".join(wrong[:3]) + (" ..." if len(wrong) > 3 else "")
+
+
+def _as_held(t):
+    """lora_core holds expert factors in the contract's layout already: (E, r, d₂) and (E, d₁, r)."""
+    return t
 
 
 def _parent(model, name: str):

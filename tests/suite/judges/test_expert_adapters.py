@@ -42,8 +42,17 @@ def test_peft_adapts_every_expert_and_passes():
     assert failed(impl) == []
 
 
+def test_lora_core_adapts_every_expert_and_passes():
+    impl = resolve_implementation("torch")  # lora_core.LoRAExperts; the cupy backend runs the same code on the GPU
+    assert MF.expert_reason(impl, MOE) is None
+    case = MF.build_case(impl, MOE, torch.float32, "cpu")
+    assert sorted(case.experts) == ["model.layers.1.mlp.experts.down_proj", "model.layers.1.mlp.experts.gate_up_proj"]
+    assert failed(impl) == []
+
+
 def test_stacks_without_expert_adapters_say_why():
-    assert "3-D expert parameters" in MF.expert_reason(resolve_implementation("torch"), MOE)
+    pytest.importorskip("loralib")
+    assert "3-D expert parameters" in MF.expert_reason(resolve_implementation("loralib"), MOE)
 
 
 class ScaleTwice(PeftImplementation):

@@ -43,18 +43,23 @@ def test_the_matrix_shows_checks_or_the_reason_per_architecture(tmp_path):
     root = tmp_path / "reports"
     for run, impl, names in (
         ("20261127T000000Z-quick-torch", resolve_implementation("torch"), NAMES),
-        ("20261127T000100Z-quick-plain", EP.base_bias_dropped(), ("llama", "qwen2")),  # the CPU's time: two
+        (
+            "20261127T000100Z-quick-plain",
+            EP.base_bias_dropped(),
+            ("llama", "qwen2", "qwen3_moe"),
+        ),  # the CPU's time: three
     ):
         (root / run).mkdir(parents=True)
         (root / run / "report.json").write_text(json.dumps(_report(impl, run, names)))
     card = build([root])
     torch_row, plant_row = card.architectures["torch"], card.architectures["plain-lora"]
-    assert set(torch_row) == set(NAMES) and set(plant_row) == {"llama", "qwen2"}
+    assert set(torch_row) == set(NAMES) and set(plant_row) == {"llama", "qwen2", "qwen3_moe"}
     assert torch_row["phi3"].verdict == "n/a" and "qkv_proj" in torch_row["phi3"].not_applicable[0]
     assert {a: c.verdict for a, c in torch_row.items() if a != "phi3"} == {a: "pass" for a in NAMES if a != "phi3"}
     assert torch_row["qwen2"].judged == 6
-    assert "moe_experts" not in torch_row["qwen3_moe"].not_applicable[0]  # the stack's own reason, not the key
-    assert torch_row["qwen3_moe"].verdict == "pass" and len(torch_row["qwen3_moe"].not_applicable) == 1
+    assert torch_row["qwen3_moe"].verdict == "pass" and torch_row["qwen3_moe"].not_applicable == []  # experts too
+    moe = plant_row["qwen3_moe"]  # the example adapts no expert: the stack's own reason, not the feature's key
+    assert moe.verdict == "pass" and len(moe.not_applicable) == 1 and "moe_experts" not in moe.not_applicable[0]
     assert [a for a, c in plant_row.items() if c.verdict == "fail"] == ["qwen2"]
     assert "qwen2: logits beyond tolerance of the float64 adapted model" in plant_row["qwen2"].failed
     assert main([str(tmp_path / "out"), str(root)]) == 0
@@ -63,7 +68,7 @@ def test_the_matrix_shows_checks_or_the_reason_per_architecture(tmp_path):
     row = next(line for line in md.splitlines() if line.startswith("| torch | pass, 6 checks"))
     assert "n/a: every check of this architecture: fused_projections: lora_core.inject refuses" in row
     plant_line = next(line for line in md.splitlines() if line.startswith("| plain-lora | pass, 6 checks | fail"))
-    assert plant_line.endswith("| not run |")
+    assert plant_line.endswith("3-D expert parameters are not linears] |") and "| not run |" in plant_line
     page = (tmp_path / "out" / "scorecard.html").read_text()
     assert "<h2>Architectures (quick tier)</h2>" in page
     saved = json.loads((tmp_path / "out" / "scorecard.json").read_text())["architectures"]
