@@ -30,8 +30,7 @@ from torch import nn
 from lora_core.backend import resolve_backend, validate_backend_name
 from lora_core.layer import lora_scale
 from lora_core.ops.lora_linear import lora_linear
-
-EXPERT_PARAMETERS = ("gate_up_proj", "down_proj")  # the 3-D parameters of the form above, in registration order
+from lora_core.targets import EXPERT_PARAMETERS  # the 3-D parameters of the form above, in registration order
 
 
 def expert_form_error(experts: nn.Module) -> str | None:

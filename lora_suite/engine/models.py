@@ -8,7 +8,8 @@ back to ``random`` (saying so in ``BuiltModel.weights``, which every report prin
 Random initialisation is done here, not by transformers: the model is created on the ``meta`` device,
 then each piece is materialised directly on the target device in the training dtype and initialised as
 Llama is (Linear and Embedding N(0, 0.02²), RMSNorm weight 1; a bias, where the family has one, N(0, 0.5²)). The
-family (``LlamaArchitecture.family``) picks transformers' classes: Llama, or Qwen2 (q, k and v with a bias).
+family (``LlamaArchitecture.family``) picks transformers' classes: Llama, Qwen2 (q, k and v with a bias), Gemma 2, or
+Qwen3-MoE (every MLP a set of experts; the router's weight and the experts' 3-D parameters N(0, 0.02²) too).
 Pieces are materialised one decoder layer at a time and handed to ``on_layer`` before the next, so a caller can
 quantise or wrap each layer while at most one 16-bit layer exists (a 7B model never exists in 16 bits as a whole).
 """
@@ -54,6 +55,11 @@ def _family(arch: LlamaArchitecture):
         from transformers.models.gemma2.modeling_gemma2 import Gemma2RotaryEmbedding
 
         return Gemma2Config, Gemma2ForCausalLM, Gemma2RotaryEmbedding
+    if arch.family == "qwen3_moe":
+        from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+        from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeRotaryEmbedding
+
+        return Qwen3MoeConfig, Qwen3MoeForCausalLM, Qwen3MoeRotaryEmbedding
     if arch.family == "qwen2":
         from transformers import Qwen2Config, Qwen2ForCausalLM
         from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding
@@ -66,7 +72,21 @@ def _family(arch: LlamaArchitecture):
 
 
 def hf_config(arch: LlamaArchitecture):
+    # a mixture-of-experts family: every layer sparse; transformers' eager expert loop, the computation every stack's
+    # expert adapter is judged against (PEFT's ParamWrapper keeps the module's own forward)
+    moe = (
+        dict(
+            num_experts=arch.num_experts,
+            num_experts_per_tok=arch.num_experts_per_tok,
+            moe_intermediate_size=arch.moe_intermediate_size,
+            mlp_only_layers=[],
+            experts_implementation="eager",
+        )
+        if arch.num_experts
+        else {}
+    )
     return _family(arch)[0](
+        **moe,
         hidden_size=arch.hidden_size,
         intermediate_size=arch.intermediate_size,
         num_hidden_layers=arch.num_hidden_layers,
@@ -216,6 +236,11 @@ def _materialise(module: nn.Module, device: torch.device, gen: torch.Generator, 
                 bias.normal_(0.0, BIAS_STD, generator=gen)
         elif hasattr(sub, "weight") and isinstance(sub.weight, torch.Tensor) and sub.weight.dim() == 1:
             sub.weight.fill_(0.0 if "Gemma" in type(sub).__name__ else 1.0)  # RMSNorm: Gemma's scales by (1 + w)
+    for sub in module.modules():  # after them (the dense families' draws unchanged): an MoE router's (E, H) weight and
+        if not isinstance(sub, (nn.Linear, nn.Embedding)):  # the experts' 3-D parameters, N(0, 0.02²) as transformers
+            for p in sub.parameters(recurse=False):
+                if p.dim() >= 2:
+                    p.normal_(0.0, INIT_STD, generator=gen)
 
 
 def _load_pretrained(cfg: ModelConfig, path: Path, dtype, device, on_layer):

@@ -20,6 +20,7 @@ from lora_suite.engine.data import Batches, tokenizer_for
 from lora_suite.engine.models import BuiltModel, build_model
 from lora_suite.implementations import (
     AdapterSpec,
+    ExpertAdapter,
     ImplementationError,
     LoRAImplementation,
     adapted_modules,
@@ -38,14 +39,27 @@ class Prepared:
     replaced: list[str]  # module names that received adapters
     quantize: str | None  # the base storage actually used (None: 16-bit)
     implementation: LoRAImplementation
-    adapters: dict[str, nn.Parameter]  # canonical name (<module path>.lora_A / .lora_B) -> parameter
+    # canonical name (<module path>.lora_A / .lora_B) -> parameter: every tensor training updates, the expert
+    # adapters' too (<expert parameter>.lora_A / .lora_B, in the stack's own layout)
+    adapters: dict[str, nn.Parameter]
     spec: AdapterSpec | None = None  # what inject was asked for (None only for a Prepared built by hand)
+    experts: dict[str, ExpertAdapter] = dataclasses.field(default_factory=dict)  # the 3-D expert parameters adapted
+
+    def canonical(self) -> dict[str, torch.Tensor]:
+        """``adapters`` with each expert factor seen through its stack's layout (A (E, r, d₂), B (E, d₁, r): views of
+        the parameters, so a copy into them writes the stack's own tensor): the same names and shapes on every stack,
+        for starting two stacks from the same adapters (``copy_adapters``)."""
+        out: dict[str, torch.Tensor] = dict(self.adapters)
+        for name, ex in self.experts.items():
+            out[f"{name}.lora_A"], out[f"{name}.lora_B"] = ex.a3(ex.a.detach()), ex.b3(ex.b.detach())
+        return out
 
     def describe(self, cfg: TierConfig) -> str:
         lora = cfg.lora
         return (
             f"{cfg.model.name}: {self.built.source}; weights={self.built.weights}; {cfg.dtype} base"
-            f"{' stored as NF4' if self.quantize else ''}; LoRA r={lora.r} alpha={lora.alpha} on {list(lora.targets)} "
+            f"{' stored as NF4' if self.quantize else ''}; LoRA r={lora.r} alpha={lora.alpha} on {list(lora.targets)}"
+            f"{f' and expert parameters {list(lora.target_parameters)}' if self.experts else ''} "
             f"({len(self.replaced)} layers, {lora.dtype_name or cfg.dtype} adapters, implementation "
             f"{self.implementation.name}); data {cfg.data.source} "
             f"{cfg.data.batch_size}x{cfg.data.seq_len}"
@@ -185,10 +199,11 @@ def prepare(
         raise ValueError(
             f"implementation {impl.name!r} put no adapters into {cfg.model.name} for targets {list(spec.targets)}"
         )
-    _freeze_all_but(built.model, adapters)
-    replaced = adapted_modules(adapters)
+    trained, experts = trained_parameters(impl, built.model, spec)
+    _freeze_all_but(built.model, trained)
+    replaced = adapted_modules(adapters) + list(experts)
     batches = Batches(cfg.data, tokenizer_for(built.tokenizer), cfg.model.architecture.vocab_size, device)
-    return Prepared(built, built.model, batches, replaced, quantize, impl, adapters, spec)
+    return Prepared(built, built.model, batches, replaced, quantize, impl, trained, spec, experts)
 
 
 def _refuse_what_impl_cannot(
@@ -247,6 +262,24 @@ def _on_layer_hook(
             layer.to("cpu")
 
     return on_layer if per_layer or own_loader or quantizer is not None else None
+
+
+def trained_parameters(
+    impl: LoRAImplementation, model: nn.Module, spec: AdapterSpec | None
+) -> tuple[dict[str, nn.Parameter], dict[str, ExpertAdapter]]:
+    """(every tensor training updates, by canonical name; the expert adapters): ``impl``'s adapters, then, where
+    ``spec`` targets expert parameters, each expert adapter's A and B as ``<expert parameter>.lora_A`` / ``.lora_B``
+    (read again after a load, which may put new tensors in place). None adapted for such a spec is a ValueError."""
+    adapters = impl.adapter_parameters(model)
+    experts = impl.expert_adapters(model) if spec is not None and spec.target_parameters else {}
+    if spec is not None and spec.target_parameters and not experts:
+        raise ValueError(
+            f"implementation {impl.name!r} adapted no expert parameter of {type(model).__name__} for "
+            f"target_parameters {list(spec.target_parameters)}"
+        )
+    for name, ex in experts.items():
+        adapters[f"{name}.lora_A"], adapters[f"{name}.lora_B"] = ex.a, ex.b
+    return adapters, experts
 
 
 def _freeze_all_but(model: nn.Module, adapters: dict[str, nn.Parameter]) -> None:

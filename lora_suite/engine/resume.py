@@ -40,7 +40,7 @@ from lora_suite.engine.checkpoint import (
 )
 from lora_suite.engine.gradients import copy_adapters
 from lora_suite.engine.optimizer import make_optimizer
-from lora_suite.engine.prepare import Prepared
+from lora_suite.engine.prepare import Prepared, trained_parameters
 from lora_suite.engine.trainer import TrainResult, train
 from lora_suite.settings.config import TrainSettings
 
@@ -91,7 +91,7 @@ def resume(prepared: Prepared, settings: TrainSettings, directory: str | Path) -
     implementation lists them after that load, given the saved state; train from the saved step to
     ``settings.steps``. Returns (that step, the result: its losses are those of steps step .. steps − 1)."""
     step = load_adapter_checkpoint(prepared.model, directory, implementation=prepared.implementation)
-    adapters = prepared.implementation.adapter_parameters(prepared.model)
+    adapters, _ = trained_parameters(prepared.implementation, prepared.model, prepared.spec)
     optimizer = make_optimizer(prepared.model, settings, adapters)
     load_optimizer_state(optimizer, directory)
     result = train(prepared.model, prepared.batches, settings, optimizer=optimizer, start_step=step, adapters=adapters)

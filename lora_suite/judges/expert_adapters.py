@@ -145,3 +145,20 @@ def judge(impl, arch: Architecture, dtype: torch.dtype, device, *, seed: int = 0
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return out + merge_verdicts(case), merge_reason(case)
+
+
+def experts_left_untrained(init: dict, final: dict, experts) -> tuple[int, list[str]]:
+    """(experts judged, ``"<parameter>.lora_B expert e"`` of each whose factor training left bitwise at its start):
+    ``init`` and ``final`` hold the adapters by canonical name, each expert factor as (E, ...) (``Prepared.canonical``),
+    ``experts`` the adapted expert parameters' names. Over a whole run every expert is routed to (a run that never
+    routes to one would say so here too); a stack whose expert adapters the optimizer never sees, or whose gradient
+    never reaches them, leaves them all at their start."""
+    judged, left = 0, []
+    for name in experts:
+        for end in ("lora_A", "lora_B"):
+            key = f"{name}.{end}"
+            for e in range(init[key].shape[0]):
+                judged += 1
+                if torch.equal(init[key][e], final[key][e]):
+                    left.append(f"{key} expert {e}")
+    return judged, left

@@ -94,6 +94,12 @@ class LlamaArchitecture(Checked):
     # GeGLU MLP, (1 + w) norms, soft-capped attention and logits: transformers' Gemma2 classes)
     family: str = "llama"
     attention_head_dim: int | None = None  # a head's width where it is not hidden / heads (Gemma 2: 256); None: that
+    # A mixture-of-experts family ("qwen3_moe": Qwen3-MoE's block, transformers' Qwen3Moe classes, whose every MLP is
+    # num_experts experts of width moe_intermediate_size held as 3-D parameters, num_experts_per_tok of them per
+    # token; intermediate_size is then unused): 0 for a dense family
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
 
     @property
     def head_dim(self) -> int:

@@ -34,7 +34,8 @@ from lora_suite.settings.rule_kinds import (
 
 WEIGHTS_MODES = ("auto", "pretrained", "random")
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-ARCHITECTURE_FAMILIES = ("llama", "qwen2", "gemma2")  # what lora_suite.engine.models builds (LlamaArchitecture.family)
+ARCHITECTURE_FAMILIES = ("llama", "qwen2", "gemma2", "qwen3_moe")  # what lora_suite.engine.models builds
+MOE_FAMILIES = ("qwen3_moe",)  # of them, those whose MLPs are experts (LlamaArchitecture.num_experts and the rest)
 NEEDS = "{value}; {expected}"
 
 
@@ -118,6 +119,24 @@ RULES: dict[str, tuple[Rule, ...]] = {
         between("rope_theta", lo=0, lo_open=True, finite=True),
         between("rms_norm_eps", lo=0, lo_open=True, finite=True),
         one_of("family", ARCHITECTURE_FAMILIES),
+        holds(
+            "num_experts",
+            lambda v, obj: v >= 2 if stored(obj, "family") in MOE_FAMILIES else v == 0,
+            f"at least 2 for a mixture-of-experts family {list(MOE_FAMILIES)}, 0 for family={{family}}",
+            lambda obj: [{"num_experts": 1}],
+        ),
+        holds(
+            "num_experts_per_tok",
+            lambda v, obj: 1 <= v <= stored(obj, "num_experts") if stored(obj, "family") in MOE_FAMILIES else v == 0,
+            "1 <= k <= num_experts={num_experts} (0 for a dense family)",
+            lambda obj: [{"num_experts_per_tok": stored(obj, "num_experts") + 1}],
+        ),
+        holds(
+            "moe_intermediate_size",
+            lambda v, obj: v >= 1 if stored(obj, "family") in MOE_FAMILIES else v == 0,
+            f">= 1 for a mixture-of-experts family {list(MOE_FAMILIES)}, 0 for family={{family}}",
+            lambda obj: [{"moe_intermediate_size": 0 if stored(obj, "family") in MOE_FAMILIES else 1}],
+        ),
     ),
     # The LoRA settings: the YAML's lora section and the spec an implementation is given (one class). Which target
     # names exist is the tier's rule against its model (tier_rules) or the implementation's to judge.

@@ -11,7 +11,7 @@ steps=12 when loss_drop_min is set")``; the loader places it in the file (``quic
 
 from __future__ import annotations
 
-from lora_core.targets import TARGET_NAMES  # the system under test owns the target names
+from lora_core.targets import EXPERT_PARAMETERS, TARGET_NAMES  # the system under test owns the target names
 
 # The objects are config.py's (TierConfig and its parts), which imports this module: their names stay unimported here
 # (an import for type checking only would be an import circle, tests/suite/repository/test_import_circles.py).
@@ -40,6 +40,14 @@ def tier_problem(cfg) -> tuple[str, str] | None:
     unknown = [t for t in cfg.lora.targets if t not in TARGET_NAMES + ("all-linear",)]
     if unknown:
         return "lora.targets", f"{unknown} not among {TARGET_NAMES} or 'all-linear'"
+    experts = cfg.lora.target_parameters
+    if experts and not cfg.model.architecture.num_experts:
+        return "lora.target_parameters", (
+            f"{list(experts)} adapts expert parameters, but model {cfg.model.name} (family "
+            f"{cfg.model.architecture.family}) has no experts"
+        )
+    if odd := [t for t in experts if t.rsplit(".", 1)[-1] not in EXPERT_PARAMETERS]:
+        return "lora.target_parameters", f"{odd} name no expert parameter; expected names ending in {EXPERT_PARAMETERS}"
     for key, value, ok, expected in _model_checks(cfg) + _criteria_checks(cfg.criteria, cfg.train, cfg.data):
         if not ok:
             return key, f"{value!r} is out of range; expected {expected}"

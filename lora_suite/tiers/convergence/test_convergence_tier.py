@@ -48,14 +48,16 @@ CONTROL_SEED = 99  # control run i perturbs with the signs of seed CONTROL_SEED 
 RESUME_CHECK = "steps where the resumed run leaves the band around the uninterrupted run"
 
 
-def _run(tier, cfg, implementation, init, perturb=0.0, perturb_seed=CONTROL_SEED, checkpoint=None, kept=None):
-    """Train from the adapters ``init`` (canonical names) with ``implementation`` (a name or the one under test);
-    ``checkpoint``: (step K, directory) where the run writes its checkpoint after step K - 1, its adapters' values
-    at K then put in the dict ``kept``."""
+def _run(
+    tier, cfg, implementation, init, perturb=0.0, perturb_seed=CONTROL_SEED, checkpoint=None, kept=None, final=None
+):
+    """Train from the adapters ``init`` (canonical names: ``Prepared.canonical``) with ``implementation`` (a name or
+    the one under test); ``checkpoint``: (step K, directory) where the run writes its checkpoint after step K - 1, its
+    adapters' values at K then put in the dict ``kept``; ``final``: a dict given the adapters' values at the end."""
     prepared = tier.prepare(cfg, implementation=implementation)
-    copy_adapters(prepared.adapters, init)
+    copy_adapters(prepared.canonical(), init)
     if perturb:
-        perturb_lora_a(prepared.adapters, perturb, seed=perturb_seed)
+        perturb_lora_a(prepared.canonical(), perturb, seed=perturb_seed)
     if checkpoint is not None:
         result, at_checkpoint = train_with_checkpoint(prepared, cfg.train, *checkpoint)
         kept.update(at_checkpoint)
@@ -63,6 +65,8 @@ def _run(tier, cfg, implementation, init, perturb=0.0, perturb_seed=CONTROL_SEED
         result = train(prepared.model, prepared.batches, cfg.train, adapters=prepared.adapters)
     if prepared.implementation is tier.impl:
         tier.check_served(prepared)
+    if final is not None:
+        final.update({n: t.detach().cpu().clone() for n, t in prepared.canonical().items()})
     del prepared
     gc.collect()
     torch.cuda.empty_cache()
@@ -109,20 +113,22 @@ class Prefixed:
         return self.check.not_applicable(self.label + name, reason)
 
 
-def converge(tier, cfg, label: str, tmp_path):
+def converge(tier, cfg, label: str, tmp_path) -> tuple[dict, dict]:
     """The four runs (five with the eager twin of a captured run, six with the resumed one) and every check of the
-    tier on ``cfg``'s model, check and table names prefixed with ``label``."""
+    tier on ``cfg``'s model, check and table names prefixed with ``label``; returns the adapters the run under test
+    started from and ended with (canonical names, on the CPU)."""
     check = Prefixed(tier.check, label)
     crit = cfg.criteria
     name = tier.impl.name
     # The initial adapters every run starts from: those of the first injection (seeded).
     first = tier.prepare(cfg)
-    init = {n: p.detach().clone() for n, p in first.adapters.items()}
+    init = {n: p.detach().clone() for n, p in first.canonical().items()}
     del first
     resume_at = crit.resume_at_step
     kept: dict = {}
     checkpoint = None if resume_at is None else (resume_at, tmp_path / "resume")
-    ours = _run(tier, cfg, None, init, checkpoint=checkpoint, kept=kept)
+    final: dict = {}
+    ours = _run(tier, cfg, None, init, checkpoint=checkpoint, kept=kept, final=final)
     ref = _run(tier, cfg, "torch", init)
     controls = control_losses(tier, cfg, init)
     control = widest_control(controls, ref.losses)
@@ -159,7 +165,8 @@ def converge(tier, cfg, label: str, tmp_path):
     else:
         check.not_applicable(
             captured_check,
-            "train.cuda_graph is off for this run (configs/convergence.yaml or the implementation's declaration)",
+            "train.cuda_graph is off for this run (configs/convergence.yaml, the implementation's declaration, or a "
+            "mixture-of-experts model, whose routing sizes each expert's work on the host)",
         )
 
     rows, beyond = loss_match(ours.losses, ref.losses, control, crit.loss_match_factor, crit.loss_match_floor)
@@ -234,6 +241,7 @@ def converge(tier, cfg, label: str, tmp_path):
         resumed = resume_match(tier, cfg, None, ours.losses, kept, tmp_path / "resume", label)
         how = "max(loss_match_factor*e(t), loss_match_floor), e(t) of a resume by name: configs/convergence.yaml"
         check(f"{RESUME_CHECK} (first: {resumed[:5]})", len(resumed), "==", 0, source=how)
+    return {n: t.cpu() for n, t in init.items()}, final
 
 
 def _resumed(tier, cfg, implementation, how, *args):

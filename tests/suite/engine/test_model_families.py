@@ -40,7 +40,9 @@ def test_the_qwen2_model_yaml_is_smollm2_widths_with_the_qwen2_family():
 
 
 def test_a_family_the_suite_cannot_build_is_refused_by_name():
-    with pytest.raises(SettingsError, match=r"LlamaArchitecture\.family: .*'gpt2'.*\['llama', 'qwen2', 'gemma2'\]"):
+    with pytest.raises(
+        SettingsError, match=r"LlamaArchitecture\.family: .*'gpt2'.*\['llama', 'qwen2', 'gemma2', 'qwen3_moe'\]"
+    ):
         LlamaArchitecture(**{**dataclasses.asdict(TINY_LLAMA), "family": "gpt2"})
 
 
