@@ -15,7 +15,16 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from lora_suite.harness.report_records import Check, Figure, NotApplicable, Outcome, Series  # noqa: F401
+from lora_suite.harness.report_records import (  # noqa: F401
+    MODULE_PREFIX,
+    MODULE_SUFFIX,
+    Check,
+    Figure,
+    NotApplicable,
+    Outcome,
+    Series,
+    folded_not_applicable,
+)
 from lora_suite.harness.report_render import compact_rows, plottable, render_markdown, render_plots  # noqa: F401
 from lora_suite.harness.verdict import run_verdict
 from lora_suite.measure.criteria import OPS as _OPS
@@ -84,9 +93,9 @@ class RunReport:
 
     def mark_module_not_applicable(self, module: str, feature: str, reason: str) -> None:
         """One record per test module and feature, naming how many of its tests it covers: a module of lora_core's
-        kernel tests is one thing an implementation does not have, however many cases it holds."""
-        prefix = "every check of the "
-        suffix = f" test(s) of this module ({feature})"
+        kernel tests is one thing an implementation does not have, however many cases it holds (the report folds the
+        modules of one feature and reason into one record: ``folded_not_applicable``)."""
+        prefix, suffix = MODULE_PREFIX, MODULE_SUFFIX.format(feature=feature)
         for i, r in enumerate(self.not_applicable):
             if r.test == module and r.name.startswith(prefix) and r.name.endswith(suffix):
                 count = int(r.name[len(prefix) : -len(suffix)]) + 1
@@ -120,7 +129,7 @@ class RunReport:
             "summary": self.summary(),
             "outcomes": [asdict(o) for o in self.outcomes],
             "checks": [asdict(c) for c in self.checks],
-            "not_applicable": [asdict(n) for n in self.not_applicable],
+            "not_applicable": [asdict(n) for n in folded_not_applicable(self.not_applicable)],
             "figures": [asdict(f) for f in self.figures],
             "series": [asdict(s) for s in self.series],
         }
@@ -135,7 +144,7 @@ class RunReport:
             counts[o.outcome] = counts.get(o.outcome, 0) + 1
         counts["checks_passed"] = sum(c.passed for c in self.checks)
         counts["checks_failed"] = sum(not c.passed for c in self.checks)
-        counts["checks_not_applicable"] = len(self.not_applicable)
+        counts["checks_not_applicable"] = len(folded_not_applicable(self.not_applicable))
         return counts
 
     def write_json(self, directory: str | Path) -> Path:

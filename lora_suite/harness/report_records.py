@@ -85,3 +85,42 @@ class ReportView(Protocol):
     def summary(self) -> dict[str, int]: ...
 
     def verdict(self) -> tuple[str, str]: ...
+
+
+MODULE_PREFIX, MODULE_SUFFIX = (
+    "every check of the ",
+    " test(s) of this module ({feature})",
+)  # mark_module_not_applicable
+
+
+def folded_not_applicable(records: list[NotApplicable]) -> list[NotApplicable]:
+    """``records`` with the per-module records of one feature and one reason (``mark_module_not_applicable``, from
+    every worker) folded into one, in the place of the first: "every check of the N test(s) of M module(s)
+    (<feature>)", its ``test`` the modules' names; and a record whose check and reason repeat an earlier one's (a
+    tier-wide change each worker recorded) kept once, its tests joined. One thing the implementation does not have
+    is one row of the report, the scorecard and the ledger, however many modules or workers met it."""
+    out: list[NotApplicable] = []
+    groups: dict[tuple[str, str], tuple[int, int, list[str]]] = {}  # (name or feature, reason) -> (index, tests, where)
+    for r in records:
+        feature = _module_feature(r.name)
+        key = (feature if feature is not None else r.name, r.reason)
+        count = int(r.name[len(MODULE_PREFIX) :].split(" ", 1)[0]) if feature is not None else 0
+        at, tests, where = groups.get(key, (len(out), 0, []))
+        if not where:
+            out.append(r)
+        groups[key] = (at, tests + count, where + [r.test])
+    for (what, reason), (at, tests, where) in groups.items():
+        names = ", ".join(dict.fromkeys(sorted(where) if _module_feature(out[at].name) else where))
+        name = out[at].name
+        if _module_feature(name) is not None:
+            name = f"{MODULE_PREFIX}{tests} test(s) of {len(set(where))} module(s) ({what})"
+        out[at] = NotApplicable(names, name, reason)
+    return out
+
+
+def _module_feature(name: str) -> str | None:
+    """The feature of a per-module record's name (``MODULE_PREFIX`` N ``MODULE_SUFFIX``), else None."""
+    head, sep, feature = name.partition(" test(s) of this module (")
+    if not (sep and head.startswith(MODULE_PREFIX) and head[len(MODULE_PREFIX) :].isdigit() and feature.endswith(")")):
+        return None
+    return feature[:-1]

@@ -10,7 +10,7 @@ import os
 from dataclasses import asdict
 from pathlib import Path
 
-from lora_suite.harness.report_records import Check, ReportView, Series
+from lora_suite.harness.report_records import Check, ReportView, Series, folded_not_applicable
 
 COMPACT_ROWS = 40  # a longer series shows its first and last rows and every k-th between them in report.md
 
@@ -168,10 +168,11 @@ def _md_figures(report: ReportView) -> list[str]:
 
 def _md_not_applicable(report: ReportView) -> list[str]:
     """The checks not applicable to the implementation under test, with its reasons."""
-    if not report.not_applicable:
+    records = folded_not_applicable(report.not_applicable)
+    if not records:
         return []
     lines = ["", "## Not applicable to this implementation", "", "| test | check | reason |", "|---|---|---|"]
-    lines += [f"| `{_short(n.test)}` | {n.name} | {_cell(n.reason, 500)} |" for n in report.not_applicable]
+    lines += [f"| `{_short(n.test)}` | {n.name} | {_cell(n.reason, 500)} |" for n in records]
     lines.append("")
     return lines
 

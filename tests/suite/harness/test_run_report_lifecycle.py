@@ -224,7 +224,7 @@ def test_lora_impl_names_the_implementation_and_its_not_applicable_tests(session
         "the toy does not use lora_core",
         "the toy does not use lora_core",
     )
-    assert report["not_applicable"][0]["name"].startswith("every check of the 1 test(s) of this module")
+    assert report["not_applicable"][0]["name"].startswith("every check of the 1 test(s) of 1 module(s)")
     assert report["summary"]["checks_not_applicable"] == 2
 
 

@@ -54,6 +54,8 @@ def test_the_controller_holds_each_record_once_and_replaces_rewritten_ones():
     assert [s.rows for s in controller.series] == [((1,), (2,)), ((1,), (2,))]
     assert all(isinstance(s, Series) and s.columns == ("x",) for s in controller.series)
     assert [n.name for n in controller.not_applicable] == ["every check of the 2 test(s) of this module (feature)"] * 2
+    (folded,) = controller.to_dict()["not_applicable"]  # one feature, one reason: one record of the run
+    assert (folded["test"], folded["name"]) == ("m.py", "every check of the 4 test(s) of 1 module(s) (feature)")
     assert controller.summary()["checks_passed"] == 3
 
 
@@ -190,3 +192,35 @@ def test_a_cuda_error_in_a_worker_stops_every_worker(two_workers):
     failed = [o["test"] for o in report["outcomes"] if o["outcome"] == "failed"]
     assert failed == ["test_sample.py::test_many[0]"]
     assert len(report["outcomes"]) < 40, "the other worker ran on to the end"
+
+
+def test_module_records_fold_per_feature_and_reason_and_nothing_else():
+    from lora_suite.harness.report_records import NotApplicable, folded_not_applicable
+
+    run = _run()
+    run.mark_module_not_applicable("a.py", "kernels", "why")
+    run.mark_not_applicable("t.py::x", "the probe on a 4-bit base", "no nf4")
+    run.mark_module_not_applicable("b.py", "kernels", "why")
+    run.mark_module_not_applicable("b.py", "kernels", "why")
+    run.mark_module_not_applicable("c.py", "kernels", "another reason")
+    run.mark_module_not_applicable("d.py", "graphs", "why")
+    got = folded_not_applicable(run.not_applicable)
+    assert got == [
+        NotApplicable("a.py, b.py", "every check of the 3 test(s) of 2 module(s) (kernels)", "why"),
+        NotApplicable("t.py::x", "the probe on a 4-bit base", "no nf4"),
+        NotApplicable("c.py", "every check of the 1 test(s) of 1 module(s) (kernels)", "another reason"),
+        NotApplicable("d.py", "every check of the 1 test(s) of 1 module(s) (graphs)", "why"),
+    ]
+    assert folded_not_applicable(got) == got  # a report read back is not folded twice
+    assert run.summary()["checks_not_applicable"] == 4
+
+
+def test_a_record_each_worker_repeats_is_one_row():
+    from lora_suite.harness.report_records import NotApplicable, folded_not_applicable
+
+    same = [NotApplicable(f"t{i}.py::x", "bfloat16 base; the tier runs on an NF4 base", "4-bit only") for i in (1, 2)]
+    other = NotApplicable("t3.py::y", "bfloat16 base; the tier runs on an NF4 base", "another reason")
+    assert folded_not_applicable([*same, other]) == [
+        NotApplicable("t1.py::x, t2.py::x", "bfloat16 base; the tier runs on an NF4 base", "4-bit only"),
+        other,
+    ]
