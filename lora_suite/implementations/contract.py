@@ -190,6 +190,9 @@ class LoRAImplementation:
     # True: inject() also fuses the LM head and the loss (no logits in a training step, captured or eager), so
     # --fused-ops liger leaves its own fused linear cross-entropy out and nothing is missing from a captured step
     fuses_loss: bool = False
+    # True: the stack patches transformers for the whole process (at its import, or module-level names), so the
+    # architecture checks' float64 reference runs in a fresh process (lora_suite.judges.separate_reference)
+    separate_reference: bool = False
 
     def describe(self) -> str:
         return self.name

@@ -13,6 +13,7 @@ from lora_suite.implementations.peft_impl import PeftImplementation
 
 class PeftLigerImplementation(BnbBase, PeftImplementation):
     name = expected_path = "peft-liger"
+    separate_reference = True  # the architecture checks' float64 reference: in a fresh process (the patches below)
     not_applicable = dict(PeftImplementation.not_applicable)
 
     def __init__(self):

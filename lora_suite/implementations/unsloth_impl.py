@@ -65,6 +65,7 @@ def unsloth_mlp_kernel(activation: str) -> str:
 
 class UnslothImplementation(BnbBase, PeftImplementation):
     name = expected_path = "unsloth"
+    separate_reference = True  # the architecture checks' float64 reference: in a fresh process (the patches below)
     not_applicable = dict(
         PeftImplementation.not_applicable,
         op_call_count="PEFT's layers under Unsloth's kernels keep no call counter; served_by() checks the kernels and "

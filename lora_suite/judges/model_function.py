@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
-from torch.func import functional_call
 
 from lora_suite.engine.architectures import Architecture
 from lora_suite.engine.probes import spec_scale
@@ -45,6 +44,7 @@ from lora_suite.implementations import AdapterSpec, ExpertAdapter, LoRAImplement
 from lora_suite.judges import stack_reference
 from lora_suite.judges.layer_checks import none_of
 from lora_suite.judges.parity import MLP_STAGES, compare, tolerance
+from lora_suite.judges.reference_math import FunctionRun, reference_factors, reference_math
 from lora_suite.measure.criteria import Verdict
 
 if TYPE_CHECKING:
@@ -72,7 +72,9 @@ def four_bit(impl: LoRAImplementation) -> bool:
 def not_applicable_reason(impl: LoRAImplementation, arch: Architecture) -> str | None:
     """Why no check of ``arch`` applies to ``impl`` (a feature it needs, as the implementation declares it), or None.
     A stack whose base is always 4-bit needs an NF4 base it can build (``nf4_base``)."""
-    needed = [f for f in arch.features() if f in WHOLE] + ["float64_reference_model"]
+    needed = [f for f in arch.features() if f in WHOLE] + (
+        [] if impl.separate_reference else ["float64_reference_model"]
+    )
     needed += ["nf4_base"] if four_bit(impl) else []
     whys = [f"{f}: {why}" for f in needed if (why := impl.reason_not_applicable(f))]
     return "; ".join(whys) or None
@@ -82,6 +84,8 @@ def unquantised_reason(impl: LoRAImplementation, arch: Architecture) -> str | No
     """``not_applicable_reason`` for checks whose models stay unquantised fp32 (the options, the combination): a
     stack whose base is always 4-bit (``bf16_base``) says so too."""
     whys = [why] if (why := not_applicable_reason(impl, arch)) else []
+    if impl.separate_reference and (why := impl.reason_not_applicable("float64_reference_model")):
+        whys.append(f"float64_reference_model: {why} (these checks' references run in the test's process)")
     if why := impl.reason_not_applicable("bf16_base"):
         whys.insert(0, f"bf16_base: {why} (these models are unquantised fp32)")
     return "; ".join(whys) or None
@@ -171,12 +175,6 @@ def build_case(impl, arch: Architecture, dtype: torch.dtype, device, *, seed: in
     return case
 
 
-@dataclass
-class FunctionRun:
-    logits: torch.Tensor
-    grads: dict[str, torch.Tensor | None]  # canonical adapter name -> gradient (None: the adapter got none)
-
-
 def run_model(case: ArchCase) -> FunctionRun:
     """The implementation's logits and adapter gradients for L = Σ logits ⊙ G (gradients set afresh)."""
     for p in case.model.parameters():
@@ -190,41 +188,16 @@ def run_model(case: ArchCase) -> FunctionRun:
     return FunctionRun(logits.detach(), grads)
 
 
-def expert_scale(case: ArchCase, name: str) -> float:
-    """The spec's scale of the expert parameter ``name`` (its leaf name's rank and alpha)."""
-    return case.spec.scale_of(name.rsplit(".", 1)[-1])
-
-
 def reference_run(case: ArchCase, *, backward: bool = True) -> FunctionRun:
-    """The float64 function of the adapted base (module docstring): W' = W + s·B̂·Â at each adapted path."""
-    act, s, merged, factors = case.dtype, case.scale, {}, {}
-    for path in adapted_modules(case.adapters):
-        a = case.adapters[f"{path}.lora_A"].detach().to(act).double()
-        b = case.adapters[f"{path}.lora_B"].detach().to(act).double()
-        w = case.reference.get_submodule(path).weight
-        assert isinstance(w, torch.Tensor), f"{path}: an adapted module's weight is a parameter"
-        merged[f"{path}.weight"] = (w + s * b @ a).requires_grad_(backward)
-        factors[path] = (a, b)
-    expert_factors = {}
-    for name, ex in case.experts.items():  # W'ₑ = Wₑ + s·Bₑ·Aₑ for every expert at once (E, d₁, d₂)
-        a3, b3 = (t.to(act).double() for t in ex.factors())
-        w = case.reference.get_parameter(name)
-        merged[name] = (w + expert_scale(case, name) * b3 @ a3).requires_grad_(backward)
-        expert_factors[name] = (a3, b3)
-    with torch.set_grad_enabled(backward), stack_reference.as_built(case.names):
-        logits = functional_call(case.reference, merged, (case.ids,)).logits
-    grads: dict[str, torch.Tensor | None] = {}
-    if backward:
-        (logits * case.dlogits.double()).sum().backward()
-        for path, (a, b) in factors.items():
-            dw = merged[f"{path}.weight"].grad
-            assert dw is not None, f"{path}: the merged weight requires a gradient"
-            grads[f"{path}.lora_A"], grads[f"{path}.lora_B"] = s * b.T @ dw, s * dw @ a.T
-        for name, (a, b) in expert_factors.items():  # batched over experts: dAₑ = s·Bₑᵀ·dWₑ, dBₑ = s·dWₑ·Aₑᵀ
-            dw, se = merged[name].grad, expert_scale(case, name)
-            assert dw is not None, f"{name}: the merged expert weights require a gradient"
-            grads[f"{name}.lora_A"], grads[f"{name}.lora_B"] = se * b.mT @ dw, se * dw @ a.mT
-    return FunctionRun(logits.detach(), grads)
+    """The float64 function of the adapted base (module docstring): W' = W + s·B̂·Â at each adapted path; in a fresh
+    process for a stack that patches transformers for the whole process (``separate_reference``)."""
+    if case.impl.separate_reference:
+        from lora_suite.judges import separate_reference
+
+        return separate_reference.run(case, backward=backward)
+    return reference_math(
+        case.reference, *reference_factors(case), case.scale, case.ids, case.dlogits, backward, case.names
+    )
 
 
 def model_tolerance(case: ArchCase) -> float:
