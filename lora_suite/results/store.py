@@ -29,6 +29,12 @@ SCHEMA_VERSION = 1
 STORE_ENV = "LORA_SUITE_STORE"
 _PASSWORD = re.compile(r"(://[^:/@\s]*:)([^@\s]*)@")  # scheme://user:PASSWORD@host
 MIGRATION_LOCK = 4_245_045  # PostgreSQL's advisory lock of the schema's creation and migration (any constant)
+# A PostgreSQL server that accepts the connection and never answers is named within 15 s: libpq's connect_timeout
+# holds per address it tries (localhost: ::1, then 127.0.0.1), so 5 s each; a statement the server has not finished
+# in 2 minutes is ended by the server (a store's writes are one run's rows: seconds). A URL's own ?connect_timeout=N or
+# ?options=... wins over these defaults.
+PG_CONNECT_TIMEOUT_S = 5
+PG_STATEMENT_TIMEOUT_MS = 120_000
 _URL = re.compile(r"[a-z][a-z0-9+]*://")  # scheme://: a server's URL, or sqlite:///PATH
 
 
@@ -80,7 +86,21 @@ def _engine(location: str | Path):
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    defaults = {"connect_timeout": PG_CONNECT_TIMEOUT_S, "options": f"-c statement_timeout={PG_STATEMENT_TIMEOUT_MS}"}
+    connect_args = {k: v for k, v in defaults.items() if k not in url.query}
+    return create_engine(url, pool_pre_ping=True, connect_args=connect_args)
+
+
+def _failure(exc: Exception, location: str | Path) -> str:
+    """The first line of a driver's error, the password taken out, and what to do where it is a timeout."""
+    line = _scrub(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, location)
+    if "timeout" in line.lower() and str(location).startswith("postgres"):
+        line += (
+            f" (no answer from the server within connect_timeout={PG_CONNECT_TIMEOUT_S} s per address, or a statement "
+            f"beyond statement_timeout={PG_STATEMENT_TIMEOUT_MS} ms: check that the server is up and reachable; give "
+            "?connect_timeout=N in the URL for a slower one)"
+        )
+    return line
 
 
 def _wal(conn, wait_s: float = 300.0) -> None:
@@ -143,7 +163,7 @@ class Store:
             missing = f"{exc.name} is not installed ({extra})"
             raise LedgerError(f"store {self.name}: {missing}") from None
         except Exception as exc:
-            raise LedgerError(f"store {self.name}: {_scrub(str(exc).splitlines()[0], location)}") from None
+            raise LedgerError(f"store {self.name}: {_failure(exc, location)}") from None
 
     def migrate(self) -> None:
         """Create the tables, or bring a store of an older schema up to ``SCHEMA_VERSION``; refuse a newer one."""
@@ -171,7 +191,7 @@ class Store:
         except LedgerError:
             raise
         except Exception as exc:
-            raise LedgerError(f"store {self.name}: {_scrub(str(exc).splitlines()[0], self.location)}") from None
+            raise LedgerError(f"store {self.name}: {_failure(exc, self.location)}") from None
         return added
 
     def _append_run(self, key: tuple, run_rows: list[dict]) -> int:
@@ -201,7 +221,7 @@ class Store:
                 found = cursor.fetchall()
                 found = [((k, g, i), seq, decode(data)) for k, g, i, seq, data in found]
         except Exception as exc:
-            raise LedgerError(f"store {self.name}: {_scrub(str(exc).splitlines()[0], self.location)}") from None
+            raise LedgerError(f"store {self.name}: {_failure(exc, self.location)}") from None
         found.sort(key=lambda f: (order.get(f[0], 0), f[1]))
         return [r for _, _, r in found]
 
