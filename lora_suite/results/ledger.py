@@ -33,6 +33,7 @@ import gzip
 import json
 import os
 import re
+import zlib
 from pathlib import Path
 
 from filelock import FileLock, Timeout
@@ -234,17 +235,34 @@ def append(path: str | Path, rows: list[dict]) -> int:
 
 
 def read_text(path: Path) -> str:
-    """A ledger file's text; ``.gz``: gzip-compressed (the published ledger, ``reports/ledger.jsonl.gz``)."""
-    return gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    """A ledger file's text; ``.gz``: gzip-compressed (the published ledger, ``reports/ledger.jsonl.gz``). A file that
+    cannot be read, is not gzip, is cut short or is not UTF-8 is a ``LedgerError`` naming it and what is wrong."""
+    try:
+        data = path.read_bytes()
+        return (gzip.decompress(data) if path.suffix == ".gz" else data).decode()
+    except (gzip.BadGzipFile, zlib.error) as exc:
+        raise LedgerError(
+            f"{path}: not a gzip-compressed ledger ({exc}); a .gz ledger is written by this suite"
+        ) from None
+    except EOFError:
+        raise LedgerError(f"{path}: the gzip stream is cut short (a truncated copy?); restore the file") from None
+    except UnicodeDecodeError as exc:
+        raise LedgerError(f"{path}: not UTF-8 text at byte {exc.start}; a ledger is JSON lines") from None
+    except OSError as exc:
+        raise LedgerError(f"{path}: cannot be read ({exc.strerror or exc})") from None
 
 
 def write_text(path: Path, text: str) -> None:
     """Atomically; ``.gz`` compressed with no timestamp, so the same rows give the same bytes."""
-    if path.suffix != ".gz":
-        return atomic_write_text(path, text)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(gzip.compress(text.encode(), compresslevel=9, mtime=0))
-    os.replace(tmp, path)
+    try:
+        if path.suffix != ".gz":
+            return atomic_write_text(path, text)
+        tmp.write_bytes(gzip.compress(text.encode(), compresslevel=9, mtime=0))
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise LedgerError(f"{path}: not written ({exc.strerror or exc}); the ledger is as it was") from None
 
 
 def _store(location):
