@@ -16,6 +16,7 @@ import sys
 
 from lora_suite.cli import campaigns, mutation, preflight, targets
 from lora_suite.cli.usage import UsageError, check_values
+from lora_suite.settings.env_vars import environment_problem
 from lora_suite.settings.memory_options import MEMORY_OPTIONS
 
 TOOLS = {
@@ -294,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
         if not argv[0].startswith("-") and argv[0] not in choices:
             raise UsageError(f"unknown target {argv[0]!r} (expected one of: {', '.join(choices)})")
         check_values(argv)
+        if (problem := environment_problem()) is not None:
+            raise UsageError(problem)
         preflight.check_broken(argv[0], *_broken_and_tiers())
         args, unknown = parser.parse_known_args(argv)
         if unknown:

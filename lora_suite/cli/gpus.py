@@ -7,10 +7,12 @@ import os
 import shutil
 import subprocess
 
+from lora_suite.settings import env_vars
+
 
 def gpu_count() -> int:
     if os.environ.get("GPU_TEST_GPU_COUNT"):  # tests of `all` without GPUs
-        return int(os.environ["GPU_TEST_GPU_COUNT"])
+        return int(env_vars.number("GPU_TEST_GPU_COUNT", 0))
     smi = shutil.which("nvidia-smi")
     if not smi:
         return 0

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
-import os
 import time
+
+from lora_suite.settings import env_vars
 
 
 class ProgressLines(logging.Handler):
@@ -17,7 +18,7 @@ class ProgressLines(logging.Handler):
         super().__init__(logging.INFO)
         self.config = config
         # at most one line per 10 s: long tiers show progress, short tests stay quiet
-        self.min_interval_s = float(os.environ.get("LORA_SUITE_PROGRESS_INTERVAL_S", "10"))
+        self.min_interval_s = env_vars.number("LORA_SUITE_PROGRESS_INTERVAL_S", 10.0)
         self.last = time.monotonic()
 
     def emit(self, record):

@@ -7,7 +7,6 @@ context time, worker count and the workers' final outputs.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -16,6 +15,7 @@ from lora_suite.harness import worker_records
 from lora_suite.harness.figures import record_figure
 from lora_suite.harness.report import RunReport, Series
 from lora_suite.measure import wall_time
+from lora_suite.settings import env_vars
 from lora_suite.settings.config import CONFIG_DIR
 from lora_suite.settings.loader import load_tier_config
 
@@ -63,10 +63,10 @@ def wall_time_breakdown(run: RunReport, state: SessionState) -> None:
     for out in state.worker_outputs:
         for k, v in out.get("kernel_loads", {}).items():
             loads[f"{out['worker']} {k}"] = v
-    t0 = os.environ.get("GPU_TEST_T0")
+    t0 = env_vars.number("GPU_TEST_T0", -1.0)
     session_s = time.perf_counter() - state.start
     rows = wall_time.breakdown(
-        script_start=float(t0) if t0 else None,
+        script_start=t0 if t0 >= 0 else None,
         process_start=wall_time.process_start_epoch(),
         configured=state.configured,
         session_start=state.session_start,
@@ -76,7 +76,7 @@ def wall_time_breakdown(run: RunReport, state: SessionState) -> None:
         clock=state.clock,
         session_s=None if workers else session_s,
         workers=workers,
-        setup_s=float(os.environ[wall_time.SETUP_ENV]) if wall_time.SETUP_ENV in os.environ else None,
+        setup_s=setup if (setup := env_vars.number(wall_time.SETUP_ENV, -1.0)) >= 0 else None,
     )
     if workers:
         rows.append(

@@ -37,6 +37,7 @@ from lora_suite.harness.plugin.state import (
 from lora_suite.harness.progress import ProgressLines
 from lora_suite.harness.report import RunReport
 from lora_suite.implementations import DEFAULT, ImplementationError, implementation_record, resolve_implementation
+from lora_suite.settings.env_vars import environment_problem
 from lora_suite.settings.environment import collect_environment, package_environment
 
 if TYPE_CHECKING:
@@ -73,6 +74,8 @@ def pytest_configure(config: pytest.Config) -> None:
     """Open the run report with the implementation under test; the mailboxes of a run over workers; progress lines.
     First of the plugin's ``pytest_configure`` hooks (``tryfirst``): the session's "configured" moment comes before
     the others' work (selection reads the tier registry)."""
+    if (problem := environment_problem()) is not None:  # before any work: one line, exit 4 (a usage error)
+        raise pytest.UsageError(problem)
     state = session_state(config)
     state.configured = time.time()
     selection = config.getoption("markexpr") or "all"
