@@ -103,6 +103,7 @@ def _quote(s: str) -> str:
 
 def render_scorecard(args) -> int:
     preflight.check_existing("render-scorecard", args.dirs)
+    preflight.check_output("render-scorecard", args.out, folder=True)
     if args.ledger:
         preflight.check_existing("render-scorecard --ledger", [args.ledger], kind="ledger file")
     try:
@@ -151,6 +152,8 @@ def history(args) -> int:
         preflight.check_existing("history --ledger", [args.ledger], kind="ledger file")
     if html.suffix != ".html":
         raise UsageError(f"--html needs a path ending in .html, got {args.html!r}")
+    if args.html:
+        preflight.check_output("history --html", args.html)
     try:
         dirs = ledger.run_folders([Path(d) for d in args.dirs]) if args.dirs else []
         rows = ledger.rows_of_runs(dirs) if dirs else []
@@ -177,6 +180,7 @@ def ledger_command(args) -> int:
         preflight.check_existing("ledger import", [args.file], kind="ledger file or store")
     if args.action == "export":  # the store's rows into FILE
         preflight.check_existing("ledger export --ledger", [path], kind="ledger file or store")
+        preflight.check_output("ledger export", args.file)
     if args.action == "show" and args.ledger:
         preflight.check_existing("ledger show --ledger", [args.ledger], kind="ledger file")
     if args.action == "record":

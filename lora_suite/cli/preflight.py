@@ -136,16 +136,9 @@ def check_ledger_option(args) -> None:
 
 
 def check_store_path(location: str) -> None:
-    """A ledger file or SQLite store may be created, but not a whole missing path (as ``--report-dir``); a database
-    URL other than SQLite's is the server's business."""
-    text = str(location)
-    if "://" in text and not text.startswith("sqlite:///"):
-        return
-    if parent := _missing_parent(text.removeprefix("sqlite:///")):
-        raise UsageError(
-            f"--ledger {location}: its folder {parent} does not exist (expected an existing ledger or store, or "
-            "a new file in an existing folder: create the folder first with mkdir -p)"
-        )
+    """A ledger or store a command writes (``--ledger``): ``check_output``'s rule (one new folder inside an existing
+    one at most); a server's URL other than SQLite's is the server's business."""
+    check_output("--ledger", location)
 
 
 def _missing_parent(path: str) -> Path | None:
@@ -153,6 +146,21 @@ def _missing_parent(path: str) -> Path | None:
     create a whole path from /); None where it may be created."""
     target = Path(path).resolve()
     return None if target.exists() or target.parent.is_dir() else target.parent
+
+
+def check_output(what: str, path: str | Path, *, folder: bool = False) -> None:
+    """A file a command writes (a page, an exported ledger, a SQLite store), or a ``folder`` (a scorecard's), may be
+    new, and so may the one folder it goes in (as ``--report-dir``), but only inside a folder that exists: a
+    mistyped path is refused, never created from /. A server's URL is the server's business."""
+    text = str(path)
+    if "://" in text and not text.startswith("sqlite:///"):
+        return
+    target = Path(text.removeprefix("sqlite:///"))
+    if parent := _missing_parent(str(target if folder else target.parent)):
+        raise UsageError(
+            f"{what} {path}: {parent} does not exist (expected a path in an existing folder, or in a new folder "
+            "inside one: create the folders first with mkdir -p)"
+        )
 
 
 def check_report_dir(path: str) -> None:
