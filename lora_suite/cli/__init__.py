@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from pathlib import Path
 
 from lora_suite.cli import campaigns, mutation, preflight, targets
 from lora_suite.cli.usage import UsageError, check_values
@@ -69,6 +70,18 @@ def _broken_and_tiers() -> tuple[dict, dict]:
     return broken, tiers
 
 
+class _Offered:
+    """An argument group that adds an option only where it applies to the target (``preflight.ONLY_FOR``)."""
+
+    def __init__(self, group, target: str | None):
+        self.group, self.target = group, target
+
+    def add_argument(self, *flags: str, **kwargs):
+        only = preflight.ONLY_FOR.get(flags[-1])
+        if only is None or self.target is None or self.target in only:
+            self.group.add_argument(*flags, **kwargs)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse with the suite's usage errors: one line naming the bad value, then where help is; exit 2."""
 
@@ -86,13 +99,20 @@ def _memory_options(g) -> None:
         g.add_argument(option.name, **kwargs)
 
 
-def _run_options(p: argparse.ArgumentParser, tier: bool = True) -> None:
-    g = p.add_argument_group("run options")
+def _run_options(p: argparse.ArgumentParser, tier: bool = True, target: str | None = None) -> None:
+    """The run options of ``target``: an option of some targets only (``preflight.ONLY_FOR``) is not offered, nor
+    listed by ``--help``, elsewhere (given there, it is refused by name)."""
+    group = p.add_argument_group("run options")
+    g = _Offered(group, target)
     if tier:
         _memory_options(g)
         g.add_argument("--weights", type=_weights, help="auto, pretrained or random: override the tiers' weights mode")
         g.add_argument("--gpus", type=_positive_int("--gpus"), help="multigpu: processes (GPUs) per torchrun job")
-        g.add_argument("--nodes", type=_positive_int("--nodes"), help="multinode: nodes per job (default 2)")
+        g.add_argument(
+            "--nodes",
+            type=_positive_int("--nodes", 2, " (a job over one node is the multigpu tier's)"),
+            help="multinode: nodes per job (default 2)",
+        )
         g.add_argument("--node-rank", type=_node_rank, help="multinode across hosts: the node this host runs")
         g.add_argument("--rdzv-endpoint", type=_endpoint, help="multinode across hosts: node 0's HOST:PORT")
         g.add_argument("--shared-dir", help="multinode across hosts: a folder every node sees")
@@ -150,10 +170,11 @@ def _endpoint(text: str) -> str:
     return text
 
 
-def _positive_int(flag: str):
+def _positive_int(flag: str, least: int = 1, why: str = ""):
     def parse(text: str) -> int:
-        if not re.fullmatch(r"[1-9][0-9]*", text):
-            raise argparse.ArgumentTypeError(f"{flag} must be a positive whole number, got {text!r}")
+        if not re.fullmatch(r"[1-9][0-9]*", text) or int(text) < least:
+            words = "a positive whole number" if least == 1 else f"a whole number >= {least}{why}"
+            raise argparse.ArgumentTypeError(f"{flag} must be {words}, got {text!r}")
         return int(text)
 
     return parse
@@ -202,7 +223,7 @@ def build_parser() -> Parser:
     sub = p.add_subparsers(dest="target", metavar="TARGET", parser_class=Parser)
     for name, t in tiers.items():
         desc = t.entry.description.replace("%", "%%")  # argparse formats help with %
-        _run_options(sub.add_parser(name, help=desc, description=desc))
+        _run_options(sub.add_parser(name, help=desc, description=desc), target=name)
     for name, error in broken.items():  # listed, and refused with its error when run (cli/preflight.py)
         sub.add_parser(name, help=f"BROKEN: {error}".replace("%", "%%"), add_help=False)
     names = ", ".join(n for n, t in tiers.items() if t.entry.in_all)
@@ -210,7 +231,8 @@ def build_parser() -> Parser:
         sub.add_parser(
             "all",
             help=f"the tiers of the registry in order ({names}); those needing more GPUs only where they are visible",
-        )
+        ),
+        target="all",
     )
     _run_options(sub.add_parser("bench", help=TOOLS["bench"]), tier=False)
     _run_options(sub.add_parser("selftest-gpu", help=TOOLS["selftest-gpu"]), tier=False)
@@ -301,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
         args, unknown = parser.parse_known_args(argv)
         if unknown:
             first = unknown[0]
+            if (flag := first.split("=", 1)[0]) in preflight.ONLY_FOR:
+                raise UsageError(f"{flag} applies to {' and '.join(preflight.ONLY_FOR[flag])} only, not to {argv[0]!r}")
             if first.startswith("-"):
                 raise UsageError(f"unknown option {first!r}")
             if args.target in ("all", *registry_names()):
@@ -319,6 +343,8 @@ def _compare(args) -> int:
     if len(args.runs) != 2:
         raise UsageError(f"compare needs two run directories: compare BASELINE RUN, got {len(args.runs)}")
     preflight.check_existing("compare", args.runs)
+    if Path(args.runs[0]).resolve() == Path(args.runs[1]).resolve():
+        raise UsageError(f"compare: {args.runs[0]} is both the baseline and the run; expected two different runs")
     return compare.main(args.runs)
 
 

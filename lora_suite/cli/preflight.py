@@ -21,6 +21,14 @@ from lora_suite.cli.usage import UsageError
 from lora_suite.settings.implementation_names import SpecError, known_names, parse_spec
 
 GPUS_TARGETS = ("multigpu", "all")  # the targets that start torchrun jobs
+# options of some targets only: not offered (nor listed by --help) on the others, and refused there by name
+ONLY_FOR = {
+    "--gpus": GPUS_TARGETS,
+    "--nodes": ("multinode",),
+    "--node-rank": ("multinode",),
+    "--rdzv-endpoint": ("multinode",),
+    "--shared-dir": ("multinode",),
+}
 
 
 def check_multinode_options(target: str, args) -> None:

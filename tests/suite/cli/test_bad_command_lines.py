@@ -26,8 +26,11 @@ CLI_CASES = [
     (["multigpu", "--gpus", "0"], "--gpus must be a positive whole number, got '0'"),
     (["multigpu", "--gpus", "two"], "--gpus must be a positive whole number, got 'two'"),
     (["quick", "--baseline"], "--baseline needs a directory, got ''"),
-    (["multinode", "--nodes", "0"], "--nodes must be a positive whole number, got '0'"),  # issue 59
-    (["quick", "--nodes", "2"], "--nodes: for the multinode tier (lora-suite multinode), not for 'quick'"),
+    (
+        ["multinode", "--nodes", "0"],
+        "--nodes must be a whole number >= 2 (a job over one node is the multigpu tier's), got '0'",
+    ),  # issue 59
+    (["quick", "--nodes", "2"], "--nodes applies to multinode only, not to 'quick'"),
     (["multinode", "--node-rank", "1"], "--node-rank and --shared-dir run one node of a job that spans hosts"),
     (["multinode", "--rdzv-endpoint", "hostA"], "rendezvous endpoint 'hostA': expected HOST:PORT"),
     (["multinode", "--node-rank", "-1"], "--node-rank needs a node index (0 for the node that judges), got '-1'"),
@@ -46,7 +49,7 @@ CLI_CASES = [
     (["all", "extra"], "only one target allowed, got 'all' and 'extra'"),
     (["scorecard", "--jobs", "0"], "--jobs must be a positive whole number, got '0'"),
     (["scorecard", "--lora-impl", "a b"], "--lora-impl must be names separated by commas, got 'a b'"),
-    (["scorecard", "--gpus", "2"], "unknown option '--gpus'"),
+    (["scorecard", "--gpus", "2"], "--gpus applies to multigpu and all only, not to 'scorecard'"),
     (["history", "--html", "page.md"], "--html needs a path ending in .html, got 'page.md'"),
     (["history", "/nonexistent/reports"], "history: /nonexistent/reports does not exist (a run folder)"),
     (["history", "--since", "yesterday"], "unknown option '--since'"),

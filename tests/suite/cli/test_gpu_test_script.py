@@ -320,7 +320,7 @@ def test_scorecard_lanes_run_implementations_at_once_each_logged_then_the_bench_
         (["--lora-impl", "a b"], "--lora-impl must be names separated by commas, got 'a b'"),
         (["--lora-impl"], "--lora-impl needs a value (cupy, torch, peft or package.module:factory), got ''"),
         (["--report-dir", "--check-vram"], "--report-dir needs a directory, got '--check-vram'"),
-        (["--gpus", "2"], "unknown option '--gpus'"),
+        (["--gpus", "2"], "--gpus applies to multigpu and all only, not to 'scorecard'"),
         (["--jobs", "0"], "--jobs must be a positive whole number, got '0'"),
         (["--jobs"], "--jobs needs a whole number >= 1, got ''"),
         (["--no-bench", "x"], "unexpected argument 'x' for scorecard"),
