@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from lora_suite.cli import campaigns, mutation, preflight, targets
-from lora_suite.cli.usage import UsageError, check_values
+from lora_suite.cli.usage import UsageError, check_text_values, check_values
 from lora_suite.settings.env_vars import environment_problem
 from lora_suite.settings.memory_options import MEMORY_OPTIONS
 
@@ -321,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(problem)
         preflight.check_broken(argv[0], *_broken_and_tiers())
         args, unknown = parser.parse_known_args(argv)
+        check_text_values(args)
         if unknown:
             first = unknown[0]
             if (flag := first.split("=", 1)[0]) in preflight.ONLY_FOR:
@@ -335,6 +336,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lora-suite: {exc}", file=sys.stderr)
         print("Run 'lora-suite --help' (or 'lora-suite TARGET --help') for usage.", file=sys.stderr)
         return 2
+    except OSError as exc:  # the machine's answer about a path (too long, no space, no permission): one line, no trace
+        print(f"lora-suite: {_shown_path(exc.filename)}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+
+
+def _shown_path(name) -> str:
+    """A path as a message shows it: a very long one cut in the middle, with its length."""
+    text = str(name)
+    return text if len(text) <= 200 else f"{text[:90]}...{text[-90:]} ({len(text)} characters)"
 
 
 def _compare(args) -> int:

@@ -39,3 +39,18 @@ def check_values(argv: list[str]) -> None:
             value = argv[i + 1] if i + 1 < len(argv) else ""
         if not value or value.startswith("-"):
             raise UsageError(f"{flag} needs {VALUE_OF[flag]}, got {value!r}")
+
+
+def check_text_values(args) -> None:
+    """Every text a command line gave (an option's value, a positional path or name) holds something printable: a
+    blank one, or one with a control character (a newline pasted into a path), is refused naming it, whatever the
+    option, before it becomes a folder or a label."""
+    for dest, value in vars(args).items():
+        for text in value if isinstance(value, list) else [value]:
+            if not isinstance(text, str):
+                continue
+            what = f"--{dest.replace('_', '-')}" if dest not in ("dirs", "runs", "file", "out", "target") else dest
+            if not text.strip():
+                raise UsageError(f"{what} {text!r}: blank; expected a value of printable characters")
+            if any(ord(c) < 32 or ord(c) == 127 for c in text):
+                raise UsageError(f"{what} {text!r}: holds a control character; expected printable characters only")
