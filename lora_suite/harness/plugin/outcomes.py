@@ -91,4 +91,4 @@ class PhaseRecords:
                 reason, location = failure_text(report)
             run.outcomes.append(Outcome(report.nodeid, outcome, round(report.duration, 3), reason, location))
             if state.report_dir:  # report.json after every test: a killed run still leaves what it did
-                state.clock.timed(run.write_json, Path(state.report_dir))
+                state.clock.timed(state.save, run.write_json, Path(state.report_dir))

@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import signal
+import sys
 import time
 from collections.abc import Generator
 from pathlib import Path
@@ -156,7 +157,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     state.start = time.perf_counter()
     state.report_dir = None if is_worker(config) else config.getoption("report_dir")
     if state.report_dir:
-        state.report.write_json(Path(state.report_dir))  # status "running" from the first second
+        state.save(state.report.write_json, Path(state.report_dir))  # status "running" from the first second
 
 
 def _report_tier_wall_time(session: pytest.Session, run: RunReport, start: float | None) -> None:
@@ -234,8 +235,15 @@ def _finish_report(session: pytest.Session, exitstatus: int | pytest.ExitCode) -
         run.status = "complete"
     session.config.stash[SUMMARY_KEY] = []
     _report_tier_wall_time(session, run, state.start)
-    if report_dir:
-        session.config.stash[SUMMARY_KEY].append(f"report: {run.write(Path(report_dir))}")
+    if report_dir and (md := state.save(run.write, Path(report_dir))) is not None:
+        session.config.stash[SUMMARY_KEY].append(f"report: {md}")
+    if state.unsaved:  # the run's evidence is not on disk: the run fails, saying why (after pytest's own summary)
+        line = f"lora-gpu-suite: FAILED: {state.unsaved}"
+        session.config.stash[SUMMARY_KEY].append(line)
+        tr = session.config.pluginmanager.get_plugin("terminalreporter")
+        tr.write_line(line, red=True) if tr is not None else print(line, file=sys.stderr)
+        if session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_terminal_summary(

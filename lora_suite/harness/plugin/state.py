@@ -36,6 +36,18 @@ class SessionState:
     report: RunReport | None = None  # the run report, from the session's start
     clock: SessionClock = dataclasses.field(default_factory=SessionClock)
     start: float | None = None  # the session's start on ``time.perf_counter()``
+    unsaved: str | None = None  # why the run report could not be written (a full disk...), once it could not
+
+    def save(self, write, *args):
+        """``write(*args)`` (the report's), or, where the machine refuses it (``OSError``: no space, no permission),
+        None with the reason kept in ``unsaved``: the run goes on and ends failed saying why, never INTERNALERROR."""
+        try:
+            return write(*args)
+        except OSError as exc:
+            where = exc.filename or (args[0] if args else "")
+            self.unsaved = self.unsaved or f"the run report was not written to {where}: {exc.strerror or exc}"
+            return None
+
     terminated: bool = False  # a SIGTERM stopped the session (run_report's handler)
     report_dir: str | None = None  # report.json rewritten here after each test (never by a worker)
     outbox: Outbox | None = None  # an xdist worker's: the records it has handed over

@@ -305,3 +305,36 @@ def test_a_logged_exception_does_not_keep_what_its_frames_held(session, how):
     result.assert_outcomes(passed=1, failed=1)
     shown = {"exc_info": "ImportError: cannot import name 'tanh'", "argument": "fused op: cannot import name 'tanh'"}
     assert shown[how] in result.stdout.str()
+
+
+@pytest.mark.parametrize("fail_from", [1, 3], ids=["every write after collection", "the disk fills mid-run"])
+def test_a_full_disk_ends_the_run_failed_saying_why_never_internalerror(session, fail_from):
+    """Every write of the report from the ``fail_from``-th on refused with ENOSPC (a full filesystem)."""
+    result, _, _ = session(
+        f"""
+        import errno
+        import pytest
+        from lora_suite.harness import report
+
+        calls = [0]
+        real = report.atomic_write_text
+
+        def full(path, text):
+            calls[0] += 1
+            if calls[0] >= {fail_from}:
+                raise OSError(errno.ENOSPC, "No space left on device", str(path))
+            real(path, text)
+
+        report.atomic_write_text = full
+
+        def test_a():
+            pass
+
+        def test_b():
+            pass
+        """
+    )
+    out = result.stdout.str() + result.stderr.str()
+    assert "INTERNALERROR" not in out and "Traceback" not in out, out[-3000:]
+    assert result.ret == 1, out[-3000:]
+    assert "the run report was not written to" in out and "No space left on device" in out
