@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -95,8 +96,12 @@ def test_the_script_target_runs_compare(tmp_path):
     out = _script_compare(BENCH, run)
     assert out.returncode == 1, out.stdout + out.stderr
     assert "regression(s)" in out.stdout
-    same = _script_compare(BENCH, BENCH)
+    copy = tmp_path / "copy"
+    shutil.copytree(BENCH, copy)
+    same = _script_compare(BENCH, copy)  # the same figures in another run folder: no regression
     assert same.returncode == 0, same.stdout + same.stderr
+    itself = _script_compare(BENCH, BENCH)  # a run against itself compares nothing (issue 72): refused
+    assert itself.returncode == 2 and "both the baseline and the run" in itself.stderr, itself.stdout + itself.stderr
 
 
 def test_nothing_to_compare_is_a_usage_error(tmp_path):
