@@ -29,8 +29,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from lora_core.experts import ExpertFactors, LoRAExperts, expert_modules
-from lora_core.inject import lora_modules
+from lora_core.experts import ExpertFactors, LoRAExperts, expert_factors, expert_modules
+from lora_core.inject import lora_modules, replace_module
 from lora_core.layer import LoRALinear, NF4Linear
 from lora_core.nf4 import dequantize_nf4
 
@@ -86,7 +86,7 @@ def save_peft_adapter(
     layers, experts = lora_modules(model), expert_modules(model)
     if not layers and not experts:
         raise ValueError("the model has no LoRA adapters to save (inject_lora first)")
-    factors = {f"{p}.{n}": f for p, m in experts.items() for n, f in m.factors().items()}
+    factors = expert_factors(model)
     rslora = {m.use_rslora for m in [*layers.values(), *factors.values()]}
     if len(rslora) != 1:
         raise ValueError("PEFT's format has one use_rslora per adapter; the layers mix rsLoRA and LoRA")
@@ -179,8 +179,7 @@ def load_peft_adapter(model: nn.Module, path: str | Path) -> list[str]:
             f"{path / WEIGHTS_FILE} does not fit the model: keys that fit no layer {unexpected[:5]}, "
             f"layers without weights {missing[:5]} ({len(unexpected)} / {len(missing)} in all)"
         )
-    factors = {f"{p}.{n}": f for p, m in experts.items() for n, f in m.factors().items()}
-    every: dict[str, LoRALinear | ExpertFactors] = {**layers, **factors}
+    every: dict[str, LoRALinear | ExpertFactors] = {**layers, **expert_factors(model)}
     for name, f in every.items():
         r = config.get("rank_pattern", {}).get(name, config["r"])
         alpha = config.get("alpha_pattern", {}).get(name, config["lora_alpha"])
@@ -224,11 +223,9 @@ def merge_lora(model: nn.Module, *, nf4: str = "16bit") -> nn.Module:
                 linear.bias.copy_(m.bias)
         linear.requires_grad_(False)
         new = NF4Linear(linear, backend=m.backend) if (m.quantize == "nf4" and nf4 == "nf4") else linear
-        parent_name, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+        replace_module(model, name, new)
     for name, lora in expert_modules(model).items():  # W'ₑ = Wₑ + s·Bₑ·Aₑ, the original module back
-        parent_name, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent_name) if parent_name else model, child, lora.merged())
+        replace_module(model, name, lora.merged())
     return model
 
 

@@ -176,6 +176,11 @@ def expert_modules(model: nn.Module) -> dict[str, LoRAExperts]:
     return {name: m for name, m in model.named_modules() if isinstance(m, LoRAExperts)}
 
 
+def expert_factors(model: nn.Module) -> dict[str, ExpertFactors]:
+    """``<experts path>.<parameter>`` (the parameter's name in the un-adapted model) -> its factors, in module order."""
+    return {f"{path}.{name}": f for path, m in expert_modules(model).items() for name, f in m.factors().items()}
+
+
 def chosen_experts(model: nn.Module, parameters: tuple[str, ...]) -> list[tuple[str, nn.Module, tuple[str, ...]]]:
     """(module path, module, its parameters selected) for every module holding a parameter that ``parameters``
     selects, a leaf name ("gate_up_proj") or a dotted suffix ("mlp.experts.down_proj") as in PEFT's
@@ -196,4 +201,12 @@ def chosen_experts(model: nn.Module, parameters: tuple[str, ...]) -> list[tuple[
     return out
 
 
-__all__ = ["EXPERT_PARAMETERS", "ExpertFactors", "LoRAExperts", "chosen_experts", "expert_form_error", "expert_modules"]
+__all__ = [
+    "EXPERT_PARAMETERS",
+    "ExpertFactors",
+    "LoRAExperts",
+    "chosen_experts",
+    "expert_factors",
+    "expert_form_error",
+    "expert_modules",
+]

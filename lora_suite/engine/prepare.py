@@ -51,7 +51,7 @@ class Prepared:
         for starting two stacks from the same adapters (``copy_adapters``)."""
         out: dict[str, torch.Tensor] = dict(self.adapters)
         for name, ex in self.experts.items():
-            out[f"{name}.lora_A"], out[f"{name}.lora_B"] = ex.a3(ex.a.detach()), ex.b3(ex.b.detach())
+            out[f"{name}.lora_A"], out[f"{name}.lora_B"] = ex.factors()
         return out
 
     def describe(self, cfg: TierConfig) -> str:
@@ -264,6 +264,15 @@ def _on_layer_hook(
     return on_layer if per_layer or own_loader or quantizer is not None else None
 
 
+def with_experts(adapters: dict[str, nn.Parameter], experts: dict[str, ExpertAdapter]) -> dict[str, nn.Parameter]:
+    """Every tensor training updates: ``adapters`` and each expert adapter's A and B, as ``<expert parameter>.lora_A``
+    and ``.lora_B`` (in the stack's own layout)."""
+    out = dict(adapters)
+    for name, ex in experts.items():
+        out[f"{name}.lora_A"], out[f"{name}.lora_B"] = ex.a, ex.b
+    return out
+
+
 def trained_parameters(
     impl: LoRAImplementation, model: nn.Module, spec: AdapterSpec | None
 ) -> tuple[dict[str, nn.Parameter], dict[str, ExpertAdapter]]:
@@ -277,9 +286,7 @@ def trained_parameters(
             f"implementation {impl.name!r} adapted no expert parameter of {type(model).__name__} for "
             f"target_parameters {list(spec.target_parameters)}"
         )
-    for name, ex in experts.items():
-        adapters[f"{name}.lora_A"], adapters[f"{name}.lora_B"] = ex.a, ex.b
-    return adapters, experts
+    return with_experts(adapters, experts), experts
 
 
 def _freeze_all_but(model: nn.Module, adapters: dict[str, nn.Parameter]) -> None:

@@ -65,14 +65,10 @@ class LoraCoreImplementation(LoRAImplementation):
 
     def expert_adapters(self, model):
         """Each ``lora_core.LoRAExperts``'s factors, held as the contract reads them (A (E, r, d₂), B (E, d₁, r))."""
-        from lora_core.experts import expert_modules
+        from lora_core.experts import expert_factors
         from lora_suite.implementations.contract import ExpertAdapter
 
-        return {
-            f"{path}.{name}": ExpertAdapter(f.lora_A, f.lora_B, _as_held, _as_held)
-            for path, m in expert_modules(model).items()
-            for name, f in m.factors().items()
-        }
+        return {n: ExpertAdapter(f.lora_A, f.lora_B, _as_held, _as_held) for n, f in expert_factors(model).items()}
 
     def save_adapter(self, model, path):
         from lora_core.adapters import save_peft_adapter

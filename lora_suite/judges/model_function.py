@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from lora_suite.engine.architectures import Architecture
+from lora_suite.engine.prepare import with_experts
 from lora_suite.engine.probes import spec_scale
 from lora_suite.implementations import AdapterSpec, ExpertAdapter, LoRAImplementation, adapted_modules
 from lora_suite.judges import stack_reference
@@ -118,10 +119,7 @@ class ArchCase:
 
     def trained(self) -> dict[str, nn.Parameter]:
         """Every adapter tensor: the linears' A and B and each expert adapter's (by ``<parameter>.lora_A``/``_B``)."""
-        out = dict(self.adapters)
-        for name, ex in self.experts.items():
-            out[f"{name}.lora_A"], out[f"{name}.lora_B"] = ex.a, ex.b
-        return out
+        return with_experts(self.adapters, self.experts)
 
     @property
     def dtype(self) -> torch.dtype:
